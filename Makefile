@@ -1,0 +1,49 @@
+# Tidal — the two commands a newcomer runs: `make demo` and `make test`.
+# Every target installs what is missing first (`make deps`, seconds when all is there).
+BUILD_DIR ?= build
+BUILD_TYPE ?= Release
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+
+.PHONY: all deps configure build test unit integration demo bench format clean
+
+all: build
+
+deps:
+	@tools/deps.sh
+
+$(BUILD_DIR)/build.ninja: CMakeLists.txt | deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+
+configure: deps $(BUILD_DIR)/build.ninja
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# Every test: unit and integration (ctest labels), incremental build first.
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 900 $(CTEST_ARGS)
+
+unit: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L unit $(CTEST_ARGS)
+
+integration: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
+
+# The main job: a multi-process LoRA fine-tune of the tiny preset on the shipped sample data.
+DEMO_NPROC ?= 2
+demo: build
+	@echo "== tidal demo: LoRA + ZeRO-3 fine-tune of the tiny preset on $(DEMO_NPROC) local ranks =="
+	@mkdir -p out/demo
+	$(BUILD_DIR)/worker/tidal-train --config examples/tiny-lora.yaml --nproc $(DEMO_NPROC) \
+	  --out out/demo > out/demo/steps.jsonl
+	@echo "  per-step JSON lines: out/demo/steps.jsonl"
+
+bench: build
+	bench/step_time_vs_python.sh $(BUILD_DIR)
+
+format:
+	find common worker tests bench -name '*.cc' -o -name '*.h' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR) out

@@ -1,0 +1,85 @@
+// common/yaml_json.cc — yaml-cpp adapter; its exceptions become Status here.
+#include "common/yaml_json.h"
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+namespace tidal {
+namespace {
+
+// YAML 1.2 core schema resolution of plain scalars.
+nlohmann::json PlainScalar(const std::string& s) {
+  static const std::regex kInt(R"([-+]?[0-9]+)");
+  static const std::regex kFloat(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
+  if (s == "null" || s == "Null" || s == "NULL" || s == "~" || s.empty()) return nullptr;
+  if (s == "true" || s == "True" || s == "TRUE") return true;
+  if (s == "false" || s == "False" || s == "FALSE") return false;
+  if (std::regex_match(s, kInt)) {
+    try {
+      return std::stoll(s);
+    } catch (const std::out_of_range&) {
+      return s;
+    }
+  }
+  if (std::regex_match(s, kFloat)) return std::stod(s);
+  return s;
+}
+
+StatusOr<nlohmann::json> Convert(const YAML::Node& node, const std::string& path) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      return nlohmann::json(nullptr);
+    case YAML::NodeType::Scalar:
+      if (node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str")
+        return nlohmann::json(node.Scalar());  // quoted: always a string
+      return PlainScalar(node.Scalar());
+    case YAML::NodeType::Sequence: {
+      nlohmann::json out = nlohmann::json::array();
+      for (size_t i = 0; i < node.size(); ++i) {
+        TIDAL_ASSIGN_OR_RETURN(auto item, Convert(node[i], path + "[" + std::to_string(i) + "]"));
+        out.push_back(std::move(item));
+      }
+      return out;
+    }
+    case YAML::NodeType::Map: {
+      nlohmann::json out = nlohmann::json::object();
+      for (const auto& kv : node) {
+        if (!kv.first.IsScalar())
+          return InvalidArgument(path + ": mapping keys must be plain strings");
+        const std::string key = kv.first.Scalar();
+        const std::string child = path.empty() ? key : path + "." + key;
+        TIDAL_ASSIGN_OR_RETURN(auto value, Convert(kv.second, child));
+        out[key] = std::move(value);
+      }
+      return out;
+    }
+  }
+  return nlohmann::json(nullptr);
+}
+
+}  // namespace
+
+StatusOr<nlohmann::json> ParseYaml(const std::string& text) {
+  try {
+    return Convert(YAML::Load(text), "");
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument("invalid YAML at line " + std::to_string(e.mark.line + 1) + ", column " +
+                           std::to_string(e.mark.column + 1) + ": " + e.msg);
+  }
+}
+
+StatusOr<nlohmann::json> ReadYamlFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("cannot open " + path);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  auto parsed = ParseYaml(buffer.str());
+  if (!parsed.ok()) return parsed.status().WithContext(path);
+  return parsed;
+}
+
+}  // namespace tidal

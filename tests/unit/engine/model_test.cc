@@ -1,0 +1,192 @@
+// The decoder: presets have the advertised sizes, HF configs and directories load, logits
+// from a multi-file HF directory equal the in-memory model's, the model is causal, and merged
+// LoRA weights give the adapted model's outputs.
+#include "worker/engine/model.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/unit/engine/test_util.h"
+#include "worker/engine/comm.h"
+#include "worker/engine/hf_checkpoint.h"
+#include "worker/engine/zero.h"
+
+namespace tidal::engine {
+namespace {
+
+using testing::TempDir;
+
+ModelConfig Tiny(bool tied = true) {
+  auto c = *PresetModelConfig("tiny");
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+LoraSpec Lora() {
+  LoraSpec l;
+  l.rank = 4;
+  l.alpha = 8;
+  l.target_modules = {"q_proj", "k_proj", "down_proj"};
+  return l;
+}
+
+torch::Tensor Logits(ShardedParameters& params, const DecoderModel& model,
+                     const torch::Tensor& tokens) {
+  ForwardContext ctx;
+  ctx.tokens = tokens;
+  std::tie(ctx.rope_cos, ctx.rope_sin) = model.RopeTables(tokens.size(1), torch::kCPU);
+  torch::NoGradGuard no_grad;
+  auto logits = params.Forward(ctx);
+  EXPECT_TRUE(logits.ok()) << logits.status().message();
+  return *logits;
+}
+
+TEST(ModelConfigTest, PresetsHaveTheAdvertisedSizes) {
+  EXPECT_GE(Tiny().BaseParameterCount(), 1'000'000);
+  EXPECT_LE(Tiny().BaseParameterCount(), 5'000'000);
+  const auto small = PresetModelConfig("small")->BaseParameterCount();
+  EXPECT_GT(small, 80'000'000);
+  EXPECT_LT(small, 120'000'000);
+  const auto b1 = PresetModelConfig("1b")->BaseParameterCount();
+  EXPECT_GT(b1, 1'000'000'000);
+  EXPECT_LT(b1, 1'200'000'000);
+  // deepseek-llm-7b-base: 6.91 B parameters.
+  EXPECT_NEAR(PresetModelConfig("7b")->BaseParameterCount() / 1e9, 6.91, 0.01);
+  for (const auto& name : PresetNames()) EXPECT_TRUE(PresetModelConfig(name)->Validate().ok());
+}
+
+TEST(ModelConfigTest, HfConfigParsesAndRefusesWhatIsNotImplemented) {
+  nlohmann::json j = {{"vocab_size", 1000},       {"hidden_size", 64},
+                      {"intermediate_size", 128}, {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4}, {"rope_theta", 5e5}};
+  auto c = ModelConfigFromHfJson(j);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->num_key_value_heads, 4);  // defaults to multi-head attention, as transformers
+  EXPECT_EQ(c->rope_theta, 5e5);
+  auto scaled = j;
+  scaled["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  EXPECT_NE(ModelConfigFromHfJson(scaled).status().message().find("rope_scaling"),
+            std::string::npos);
+  auto missing = j;
+  missing.erase("hidden_size");
+  EXPECT_NE(ModelConfigFromHfJson(missing).status().message().find("hidden_size"),
+            std::string::npos);
+  auto gqa = j;
+  gqa["num_key_value_heads"] = 3;
+  EXPECT_FALSE(ModelConfigFromHfJson(gqa).ok());
+}
+
+class HfDirectoryTest : public ::testing::TestWithParam<std::tuple<bool, int>> {};
+
+TEST_P(HfDirectoryTest, MultiFileDirectoryGivesTheSameLogitsAsTheInMemoryModel) {
+  const auto [tied, stage] = GetParam();
+  DecoderModel model(Tiny(tied), Lora());
+  auto comm = MakeSingleRankComm();
+  ShardedParameters original(model, *comm, {stage, torch::kCPU, torch::kFloat32});
+  ASSERT_TRUE(original.Load(RandomInitReader(model, 11)).ok());
+  auto tokens = torch::randint(0, 256, {2, 24}, torch::kInt64);
+  auto expected = Logits(original, model, tokens);
+
+  auto named = original.GatherFull();
+  ASSERT_TRUE(named.ok());
+  std::vector<std::pair<std::string, torch::Tensor>> base;
+  for (auto& [name, t] : *named)
+    if (name.find(".lora_") == std::string::npos) base.emplace_back(name, t);
+  TempDir dir;
+  ASSERT_TRUE(WriteHfDirectory(dir.path(), model.config(), base, 400'000).ok());
+  ASSERT_TRUE(std::filesystem::exists(dir.path() + "/model.safetensors.index.json"));
+  int shards = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    shards += entry.path().filename().string().starts_with("model-");
+  ASSERT_GE(shards, 3) << "the directory should be split into several shard files";
+
+  auto hf = HfCheckpoint::Open(dir.path());
+  ASSERT_TRUE(hf.ok()) << hf.status().message();
+  DecoderModel loaded_model((*hf)->config(), Lora());
+  ShardedParameters loaded(loaded_model, *comm, {stage, torch::kCPU, torch::kFloat32});
+  ASSERT_TRUE(loaded.Load((*hf)->Reader(loaded_model, 11)).ok());
+  EXPECT_TRUE(torch::equal(Logits(loaded, loaded_model, tokens), expected));
+}
+
+INSTANTIATE_TEST_SUITE_P(TiedAndUntiedAtStage0And3, HfDirectoryTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(0, 3)));
+
+TEST(HfCheckpointTest, MissingOrMisShapedWeightsAreNamed) {
+  DecoderModel model(Tiny(), Lora());
+  auto comm = MakeSingleRankComm();
+  ShardedParameters params(model, *comm, {0, torch::kCPU, torch::kFloat32});
+  ASSERT_TRUE(params.Load(RandomInitReader(model, 1)).ok());
+  auto named = *params.GatherFull();
+  std::vector<std::pair<std::string, torch::Tensor>> base;
+  for (auto& [name, t] : named)
+    if (name.find(".lora_") == std::string::npos && name != "model.norm.weight")
+      base.emplace_back(name, t);
+  TempDir dir;
+  ASSERT_TRUE(WriteHfDirectory(dir.path(), model.config(), base, 1 << 30).ok());
+  auto hf = HfCheckpoint::Open(dir.path());
+  ASSERT_TRUE(hf.ok());
+  ShardedParameters again(model, *comm, {0, torch::kCPU, torch::kFloat32});
+  Status s = again.Load((*hf)->Reader(model, 1));
+  EXPECT_NE(s.message().find("model.norm.weight"), std::string::npos) << s.message();
+
+  auto wider = Tiny();
+  wider.intermediate_size = 256;
+  DecoderModel other(wider, Lora());
+  ShardedParameters mismatched(other, *comm, {0, torch::kCPU, torch::kFloat32});
+  s = mismatched.Load((*hf)->Reader(other, 1));
+  EXPECT_NE(s.message().find("shape"), std::string::npos) << s.message();
+  EXPECT_EQ(HfCheckpoint::Open(dir.path() + "/nope").status().code(), StatusCode::kNotFound);
+}
+
+TEST(ModelTest, OutputsAtAPositionDoNotDependOnLaterTokens) {
+  DecoderModel model(Tiny(), Lora());
+  auto comm = MakeSingleRankComm();
+  ShardedParameters params(model, *comm, {0, torch::kCPU, torch::kFloat32});
+  ASSERT_TRUE(params.Load(RandomInitReader(model, 3)).ok());
+  auto tokens = torch::randint(0, 256, {1, 16}, torch::kInt64);
+  auto changed = tokens.clone();
+  changed.index_put_({0, 12}, (tokens.index({0, 12}) + 1) % 256);
+  auto a = Logits(params, model, tokens), b = Logits(params, model, changed);
+  EXPECT_TRUE(torch::allclose(a.narrow(1, 0, 12), b.narrow(1, 0, 12)));
+  EXPECT_FALSE(torch::allclose(a.narrow(1, 12, 4), b.narrow(1, 12, 4)));
+}
+
+TEST(ModelTest, MergedLoraWeightsReproduceTheAdaptedModel) {
+  DecoderModel model(Tiny(), Lora());
+  auto comm = MakeSingleRankComm();
+  ShardedParameters adapted(model, *comm, {0, torch::kCPU, torch::kFloat32});
+  // Non-zero B so that the adapters matter.
+  auto init = RandomInitReader(model, 5);
+  ASSERT_TRUE(adapted
+                  .Load([&](const ParamSpec& spec, int64_t first,
+                            int64_t count) -> StatusOr<torch::Tensor> {
+                    if (spec.name.find("lora_B") != std::string::npos)
+                      return torch::randn({count}) * 0.05;
+                    return init(spec, first, count);
+                  })
+                  .ok());
+  auto tokens = torch::randint(0, 256, {2, 20}, torch::kInt64);
+  auto expected = Logits(adapted, model, tokens);
+
+  auto merged = MergeLora(*adapted.GatherFull(), model.lora());
+  std::map<std::string, torch::Tensor> by_name(merged.begin(), merged.end());
+  LoraSpec none = Lora();
+  none.target_modules.clear();
+  DecoderModel plain(Tiny(), none);
+  ShardedParameters merged_params(plain, *comm, {0, torch::kCPU, torch::kFloat32});
+  ASSERT_TRUE(merged_params
+                  .Load([&](const ParamSpec& spec, int64_t first,
+                            int64_t count) -> StatusOr<torch::Tensor> {
+                    return by_name.at(spec.name).reshape({-1}).narrow(0, first, count);
+                  })
+                  .ok());
+  auto actual = Logits(merged_params, plain, tokens);
+  // The adapters matter: the base weights alone give other outputs.
+  ShardedParameters base_only(plain, *comm, {0, torch::kCPU, torch::kFloat32});
+  ASSERT_TRUE(base_only.Load(init).ok());
+  EXPECT_FALSE(torch::allclose(Logits(base_only, plain, tokens), expected, 1e-4, 1e-5));
+  EXPECT_TRUE(torch::allclose(actual, expected, 1e-4, 1e-5))
+      << (actual - expected).abs().max().item<double>();
+}
+
+}  // namespace
+}  // namespace tidal::engine

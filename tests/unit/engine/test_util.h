@@ -1,0 +1,51 @@
+// tests/unit/engine/test_util.h — small builders shared by the engine's unit tests.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "worker/engine/train_config.h"
+
+namespace tidal::engine::testing {
+
+inline std::string SampleData() {
+  return std::string(TIDAL_SOURCE_DIR) + "/examples/data/sample.jsonl";
+}
+
+// A fast config for the tiny preset on the shipped sample data.
+inline TrainConfig TinyConfig(int zero_stage, double dropout = 0.0) {
+  TrainConfig c;
+  c.model.preset = "tiny";
+  c.dataset.uri = SampleData();
+  c.dataset.max_seq_len = 32;
+  c.lora.rank = 4;
+  c.lora.alpha = 8;
+  c.lora.dropout = dropout;
+  c.lora.target_modules = {"q_proj", "v_proj", "o_proj", "down_proj"};
+  c.optimization.zero_stage = zero_stage;
+  c.optimization.precision = "fp32";
+  c.optimization.global_batch_size = 4;
+  c.optimization.micro_batch_size = 2;
+  c.optimization.learning_rate = 3e-3;
+  c.optimization.max_steps = 10;
+  return c;
+}
+
+// A fresh directory under the system temp dir, removed when the object goes.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tidal-test-XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace tidal::engine::testing

@@ -1,0 +1,119 @@
+// The spec as the engine reads it: defaults, whole-TrainingJob input, and a clear message
+// naming the field for each kind of bad input.
+#include "worker/engine/train_config.h"
+
+#include <gtest/gtest.h>
+
+#include "common/yaml_json.h"
+
+namespace tidal::engine {
+namespace {
+
+StatusOr<TrainConfig> Parse(const std::string& yaml) {
+  auto json = ParseYaml(yaml);
+  if (!json.ok()) return json.status();
+  return TrainConfigFromJson(*json, "/base");
+}
+
+constexpr const char* kValid = R"(
+model: {preset: tiny}
+dataset: {uri: data/x.jsonl, maxSeqLen: 64}
+lora: {rank: 8, alpha: 16, targetModules: [q_proj, v_proj]}
+optimization: {zeroStage: 2, globalBatchSize: 16, microBatchSize: 2, learningRate: 1.0e-3}
+elastic: {minGPUs: 1, maxGPUs: 4}
+)";
+
+std::string ErrorOf(const std::string& yaml) {
+  auto c = Parse(yaml);
+  EXPECT_FALSE(c.ok()) << "expected an error for:\n" << yaml;
+  return c.ok() ? "" : c.status().message();
+}
+
+TEST(TrainConfigTest, ValidSpecParsesAndResolvesRelativePaths) {
+  auto c = Parse(kValid);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->model.preset, "tiny");
+  EXPECT_EQ(c->dataset.uri, "/base/data/x.jsonl");
+  EXPECT_EQ(c->lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(c->optimization.zero_stage, 2);
+  EXPECT_EQ(c->GradientAccumulation(4), 2);
+}
+
+TEST(TrainConfigTest, WholeTrainingJobManifestUsesItsSpecAndName) {
+  auto c =
+      Parse(std::string("apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\n"
+                        "metadata: {name: demo}\nspec:\n  model: {preset: tiny}\n"
+                        "  dataset: {uri: file:///data/x.jsonl}\n"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->name, "demo");
+  EXPECT_EQ(c->dataset.uri, "/data/x.jsonl");
+}
+
+TEST(TrainConfigTest, UnknownPresetNamesTheFieldAndTheChoices) {
+  auto msg = ErrorOf("model: {preset: huge}\ndataset: {uri: x.jsonl}\n");
+  EXPECT_NE(msg.find("spec.model.preset"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("tiny, small, 1b, 7b"), std::string::npos) << msg;
+}
+
+TEST(TrainConfigTest, UnknownTargetModuleNamesItsIndex) {
+  auto msg = ErrorOf(
+      "model: {preset: tiny}\ndataset: {uri: x.jsonl}\n"
+      "lora: {targetModules: [q_proj, qkv_proj]}\n");
+  EXPECT_NE(msg.find("spec.lora.targetModules[1]"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("qkv_proj"), std::string::npos) << msg;
+}
+
+TEST(TrainConfigTest, EveryViolationIsReportedWithItsPath) {
+  auto msg = ErrorOf(
+      "model: {preset: tiny}\ndataset: {uri: x.jsonl, maxSeqLen: 0}\n"
+      "lora: {rank: 0, dropout: 1.5}\n"
+      "optimization: {zeroStage: 5, precision: fp8, learningRate: -1, "
+      "learningrate: 3}\n");
+  for (const char* field :
+       {"spec.dataset.maxSeqLen", "spec.lora.rank", "spec.lora.dropout",
+        "spec.optimization.zeroStage", "spec.optimization.precision",
+        "spec.optimization.learningRate", "spec.optimization.learningrate: unknown field"})
+    EXPECT_NE(msg.find(field), std::string::npos) << field << " not in:\n" << msg;
+}
+
+TEST(TrainConfigTest, WrongTypesAreNamed) {
+  auto msg = ErrorOf(
+      "model: {preset: tiny}\ndataset: {uri: x.jsonl}\nlora: {rank: eight}\n"
+      "optimization: [1, 2]\n");
+  EXPECT_NE(msg.find("spec.lora.rank: expected an integer"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("spec.optimization: expected an object"), std::string::npos) << msg;
+}
+
+TEST(TrainConfigTest, ModelNeedsExactlyOneOfUriAndPreset) {
+  EXPECT_NE(ErrorOf("dataset: {uri: x.jsonl}\n").find("spec.model"), std::string::npos);
+  EXPECT_NE(
+      ErrorOf("model: {preset: tiny, uri: /m}\ndataset: {uri: x.jsonl}\n").find("exactly one"),
+      std::string::npos);
+}
+
+TEST(TrainConfigTest, MissingDatasetAndUnsupportedSchemeAreNamed) {
+  EXPECT_NE(ErrorOf("model: {preset: tiny}\n").find("spec.dataset"), std::string::npos);
+  auto msg = ErrorOf("model: {preset: tiny}\ndataset: {uri: \"s3://b/x.jsonl\"}\n");
+  EXPECT_NE(msg.find("spec.dataset.uri"), std::string::npos) << msg;
+}
+
+TEST(TrainConfigTest, WorldSizeThatDoesNotDivideTheGlobalBatchIsRefused) {
+  auto c = Parse(kValid);  // global 16, micro 2
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->ValidateForWorldSize(4).ok());
+  Status s = c->ValidateForWorldSize(3);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("spec.optimization.globalBatchSize"), std::string::npos)
+      << s.message();
+  EXPECT_NE(s.message().find("2 × 3 = 6"), std::string::npos) << s.message();
+}
+
+TEST(TrainConfigTest, TopLevelGarbageIsRefused) {
+  EXPECT_FALSE(Parse("- just\n- a list\n").ok());
+  EXPECT_NE(ErrorOf("model: {preset: tiny}\ndataset: {uri: x.jsonl}\nmodle: {}\n")
+                .find("spec.modle: unknown field"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace tidal::engine

@@ -1,0 +1,183 @@
+// worker/engine/comm.cc — c10d adapters. c10::Error thrown by a backend is turned into a
+// Status here, naming the collective.
+#include "worker/engine/comm.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef TIDAL_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace tidal::engine {
+namespace {
+
+class SingleRankComm final : public Comm {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "single"; }
+  Status AllReduceSum(torch::Tensor&) override { return OkStatus(); }
+  Status AllGather(const torch::Tensor& shard, torch::Tensor& full) override {
+    if (!full.is_same(shard)) full.copy_(shard);
+    return OkStatus();
+  }
+  Status ReduceScatterSum(const torch::Tensor& full, torch::Tensor& shard) override {
+    if (!full.is_same(shard)) shard.copy_(full);
+    return OkStatus();
+  }
+  Status Broadcast(torch::Tensor&, int) override { return OkStatus(); }
+  Status Barrier() override { return OkStatus(); }
+};
+
+template <typename Fn>
+Status Guard(const char* what, int rank, Fn&& fn) {
+  try {
+    fn();
+    return OkStatus();
+  } catch (const std::exception& e) {
+    // A peer that died closes its connections: gloo reports it here. Retrying the collective
+    // cannot help; the job must re-form (a new generation), so the code is Unavailable.
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg = msg.substr(0, nl);
+    return Unavailable(std::string(what) + " failed on rank " + std::to_string(rank) +
+                       " (a peer rank probably exited): " + msg);
+  }
+}
+
+class ProcessGroupComm final : public Comm {
+ public:
+  ProcessGroupComm(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> pg,
+                   int rank, int world, bool nccl)
+      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), world_(world), nccl_(nccl) {}
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::string backend() const override { return nccl_ ? "nccl" : "gloo"; }
+
+  Status AllReduceSum(torch::Tensor& t) override {
+    return Guard("all_reduce", rank_, [&] {
+      std::vector<torch::Tensor> ts{t};
+      pg_->allreduce(ts)->wait();
+    });
+  }
+
+  Status AllGather(const torch::Tensor& shard, torch::Tensor& full) override {
+    if (full.numel() != shard.numel() * world_)
+      return Internal("all_gather: output has " + std::to_string(full.numel()) +
+                      " elements, expected " + std::to_string(shard.numel() * world_));
+    return Guard("all_gather", rank_, [&] {
+      if (nccl_) {
+        pg_->_allgather_base(full, const_cast<torch::Tensor&>(shard))->wait();
+        return;
+      }
+      // gloo has no _allgather_base: gather into views of the flat output (gloo copies each
+      // rank's contribution into its view, so no extra buffer is kept).
+      std::vector<std::vector<torch::Tensor>> outputs(1);
+      for (int r = 0; r < world_; ++r)
+        outputs[0].push_back(full.narrow(0, r * shard.numel(), shard.numel()));
+      std::vector<torch::Tensor> inputs{shard.contiguous()};
+      pg_->allgather(outputs, inputs)->wait();
+    });
+  }
+
+  Status ReduceScatterSum(const torch::Tensor& full, torch::Tensor& shard) override {
+    if (full.numel() != shard.numel() * world_)
+      return Internal("reduce_scatter: input has " + std::to_string(full.numel()) +
+                      " elements, expected " + std::to_string(shard.numel() * world_));
+    return Guard("reduce_scatter", rank_, [&] {
+      if (nccl_) {
+        pg_->_reduce_scatter_base(shard, const_cast<torch::Tensor&>(full))->wait();
+        return;
+      }
+      // gloo has no reduce_scatter: all-reduce a copy and keep our slice. Twice the traffic of
+      // a ring reduce-scatter, but exact (the same sum every rank computes).
+      std::vector<torch::Tensor> ts{full.clone()};
+      pg_->allreduce(ts)->wait();
+      shard.copy_(ts[0].narrow(0, rank_ * shard.numel(), shard.numel()));
+    });
+  }
+
+  Status Broadcast(torch::Tensor& t, int root) override {
+    return Guard("broadcast", rank_, [&] {
+      std::vector<torch::Tensor> ts{t};
+      c10d::BroadcastOptions opts;
+      opts.rootRank = root;
+      pg_->broadcast(ts, opts)->wait();
+    });
+  }
+
+  Status Barrier() override {
+    return Guard("barrier", rank_, [&] { pg_->barrier()->wait(); });
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  int rank_, world_;
+  bool nccl_;
+};
+
+class TcpStoreServer final : public StoreServer {
+ public:
+  explicit TcpStoreServer(c10::intrusive_ptr<c10d::TCPStore> store) : store_(std::move(store)) {}
+  int port() const override { return store_->getPort(); }
+
+ private:
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> MakeSingleRankComm() { return std::make_unique<SingleRankComm>(); }
+
+StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o) {
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
+    return InvalidArgument("rank " + std::to_string(o.rank) + " is outside world size " +
+                           std::to_string(o.world_size));
+  try {
+    c10d::TCPStoreOptions store_opts;
+    store_opts.port = static_cast<uint16_t>(o.store_port);
+    store_opts.isServer = false;
+    store_opts.waitWorkers = false;
+    store_opts.timeout = o.timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(o.store_host, store_opts);
+    c10::intrusive_ptr<c10d::Store> store = tcp;
+    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    if (o.use_cuda) {
+#ifdef TIDAL_WITH_NCCL
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = o.timeout;
+      pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, o.rank, o.world_size, opts);
+#else
+      return FailedPrecondition("NCCL requested but this build's LibTorch has no CUDA");
+#endif
+    } else {
+      auto opts = c10d::ProcessGroupGloo::Options::create(o.timeout);
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.interface_host));
+      pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, opts);
+    }
+    return std::unique_ptr<Comm>(
+        std::make_unique<ProcessGroupComm>(store, pg, o.rank, o.world_size, o.use_cuda));
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (auto nl = msg.find('\n'); nl != std::string::npos) msg = msg.substr(0, nl);
+    return Unavailable("rank " + std::to_string(o.rank) + " could not join the process group at " +
+                       o.store_host + ":" + std::to_string(o.store_port) + ": " + msg);
+  }
+}
+
+StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host) {
+  try {
+    c10d::TCPStoreOptions opts;
+    opts.port = 0;  // the kernel picks a free port
+    opts.isServer = true;
+    opts.waitWorkers = false;
+    auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
+    return std::unique_ptr<StoreServer>(std::make_unique<TcpStoreServer>(store));
+  } catch (const std::exception& e) {
+    return Unavailable("cannot start the rendezvous store on " + host + ": " + e.what());
+  }
+}
+
+}  // namespace tidal::engine

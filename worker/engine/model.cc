@@ -1,0 +1,232 @@
+// worker/engine/model.cc
+#include "worker/engine/model.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <map>
+
+#include "worker/engine/torch_compat.h"
+
+namespace tidal::engine {
+namespace {
+
+namespace F = torch::nn::functional;
+
+// The projections of one decoder layer in parameter order. Index i is the module id used to
+// key dropout masks, so the order is part of the numerics: do not reorder.
+const std::vector<std::string> kModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                           "gate_proj", "up_proj", "down_proj"};
+enum : size_t { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
+
+std::string ModulePrefix(int64_t layer, const std::string& module) {
+  const bool attention =
+      module == "q_proj" || module == "k_proj" || module == "v_proj" || module == "o_proj";
+  return "model.layers." + std::to_string(layer) + (attention ? ".self_attn." : ".mlp.") + module;
+}
+
+torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  // As HF LlamaRMSNorm: normalise in fp32, scale in the input dtype.
+  auto x32 = x.to(torch::kFloat32);
+  auto normed = x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+torch::Tensor RotateHalf(const torch::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
+                        const torch::Tensor& sin) {
+  // x: [batch, heads, seq, head_dim]; cos/sin: [seq, head_dim].
+  auto c = cos.to(x.scalar_type());
+  auto s = sin.to(x.scalar_type());
+  return x * c + RotateHalf(x) * s;
+}
+
+}  // namespace
+
+uint64_t MixSeed(uint64_t a, uint64_t b) {
+  uint64_t z = a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t HashName(const std::string& name) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
+  return h;
+}
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
+    : config_(std::move(config)), lora_(std::move(lora)) {
+  lora_scale_ = lora_.alpha / static_cast<double>(lora_.rank);
+  const int64_t h = config_.hidden_size, kv = config_.num_key_value_heads * config_.head_dim();
+  const int64_t inter = config_.intermediate_size;
+  const std::map<std::string, std::pair<int64_t, int64_t>> out_in = {
+      {"q_proj", {h, h}},       {"k_proj", {kv, h}},       {"v_proj", {kv, h}},
+      {"o_proj", {h, h}},       {"gate_proj", {inter, h}}, {"up_proj", {inter, h}},
+      {"down_proj", {h, inter}}};
+  auto targeted = [&](const std::string& m) {
+    return std::find(lora_.target_modules.begin(), lora_.target_modules.end(), m) !=
+           lora_.target_modules.end();
+  };
+  blocks_.push_back(
+      {BlockKind::kEmbedding, -1, {{"model.embed_tokens.weight", {config_.vocab_size, h}}}});
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    BlockSpec block{BlockKind::kDecoderLayer, l, {}};
+    const std::string layer = "model.layers." + std::to_string(l);
+    block.params.push_back({layer + ".input_layernorm.weight", {h}});
+    for (const auto& m : kModules) {
+      if (m == "gate_proj")
+        block.params.push_back({layer + ".post_attention_layernorm.weight", {h}});
+      const auto [out, in] = out_in.at(m);
+      const std::string prefix = ModulePrefix(l, m);
+      block.params.push_back({prefix + ".weight", {out, in}});
+      if (targeted(m)) {
+        block.params.push_back({prefix + ".lora_A.weight", {lora_.rank, in}, true});
+        block.params.push_back({prefix + ".lora_B.weight", {out, lora_.rank}, true});
+      }
+    }
+    blocks_.push_back(std::move(block));
+  }
+  BlockSpec head{BlockKind::kHead, -1, {{"model.norm.weight", {h}}}};
+  if (!config_.tie_word_embeddings)
+    head.params.push_back({"lm_head.weight", {config_.vocab_size, h}});
+  blocks_.push_back(std::move(head));
+}
+
+std::pair<torch::Tensor, torch::Tensor> DecoderModel::RopeTables(int64_t seq,
+                                                                 torch::Device device) const {
+  const int64_t dim = config_.head_dim();
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto inv_freq = 1.0 / torch::pow(config_.rope_theta, torch::arange(0, dim, 2, opts) / dim);
+  auto freqs = torch::outer(torch::arange(seq, opts), inv_freq);
+  auto emb = torch::cat({freqs, freqs}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+torch::Tensor DecoderModel::InitialValue(const ParamSpec& spec, uint64_t seed) const {
+  auto gen = compat::MakeGenerator(MixSeed(seed, HashName(spec.name)), torch::kCPU);
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32);
+  const std::string& n = spec.name;
+  auto ends_with = [&](const std::string& suffix) {
+    return n.size() >= suffix.size() &&
+           n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with("norm.weight")) return torch::ones(spec.shape, opts);
+  if (ends_with("lora_B.weight")) return torch::zeros(spec.shape, opts);
+  if (ends_with("lora_A.weight")) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(spec.shape[1]));
+    return torch::empty(spec.shape, opts).uniform_(-bound, bound, gen);
+  }
+  return torch::empty(spec.shape, opts).normal_(0.0, config_.initializer_range, gen);
+}
+
+torch::Tensor DecoderModel::ForwardBlock(int64_t b, const std::vector<torch::Tensor>& params,
+                                         const torch::Tensor& x, const ForwardContext& ctx,
+                                         const torch::Tensor& embedding) const {
+  const BlockSpec& block = blocks_.at(b);
+  switch (block.kind) {
+    case BlockKind::kEmbedding:
+      return F::embedding(ctx.tokens, params[0]);
+    case BlockKind::kDecoderLayer:
+      return DecoderLayer(block.layer, params, x, ctx);
+    case BlockKind::kHead: {
+      auto h = RmsNorm(x, params[0], config_.rms_norm_eps);
+      const torch::Tensor& lm_head = config_.tie_word_embeddings ? embedding : params[1];
+      auto logits = F::linear(h, lm_head);
+      if (!ctx.targets.defined()) return logits;
+      return F::cross_entropy(
+          logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), ctx.targets.reshape({-1}),
+          F::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+    }
+  }
+  return {};
+}
+
+torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch::Tensor>& p,
+                                         const torch::Tensor& x, const ForwardContext& ctx) const {
+  size_t next = 0;
+  auto take = [&]() -> const torch::Tensor& { return p.at(next++); };
+  const bool dropout = ctx.training && lora_.dropout > 0;
+  const uint64_t layer_key = MixSeed(ctx.dropout_key, static_cast<uint64_t>(layer));
+
+  // Projections in kModules order, each followed by its adapter when it is targeted.
+  struct Linear {
+    torch::Tensor weight, lora_a, lora_b;
+  };
+  std::array<Linear, 7> mods;
+  const torch::Tensor& input_norm = take();
+  torch::Tensor post_norm;
+  for (size_t m = 0; m < kModules.size(); ++m) {
+    if (m == kGate) post_norm = take();
+    mods[m].weight = take();
+    if (next < p.size() && blocks_[layer + 1].params[next].trainable) {
+      mods[m].lora_a = take();
+      mods[m].lora_b = take();
+    }
+  }
+  auto linear = [&](size_t m, const torch::Tensor& in) {
+    const Linear& l = mods[m];
+    auto out = F::linear(in, l.weight);
+    if (!l.lora_a.defined()) return out;
+    torch::Tensor lora_in = in;
+    if (dropout) {
+      auto gen = compat::MakeGenerator(MixSeed(layer_key, m), in.device());
+      auto keep = torch::empty_like(in).bernoulli_(1.0 - lora_.dropout, gen);
+      lora_in = in * keep / (1.0 - lora_.dropout);
+    }
+    return out + F::linear(F::linear(lora_in, l.lora_a), l.lora_b) * lora_scale_;
+  };
+
+  const int64_t batch = x.size(0), seq = x.size(1);
+  const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
+  const int64_t dim = config_.head_dim();
+  auto h = RmsNorm(x, input_norm, config_.rms_norm_eps);
+  auto q = linear(kQ, h).view({batch, seq, heads, dim}).transpose(1, 2);
+  auto k = linear(kK, h).view({batch, seq, kv_heads, dim}).transpose(1, 2);
+  auto v = linear(kV, h).view({batch, seq, kv_heads, dim}).transpose(1, 2);
+  auto cos = ctx.rope_cos.narrow(0, 0, seq), sin = ctx.rope_sin.narrow(0, 0, seq);
+  q = ApplyRope(q, cos, sin);
+  k = ApplyRope(k, cos, sin);
+  if (kv_heads != heads) {  // grouped-query attention: each kv head serves heads/kv_heads
+    k = k.repeat_interleave(heads / kv_heads, 1);
+    v = v.repeat_interleave(heads / kv_heads, 1);
+  }
+  auto attn = compat::CausalAttention(q, k, v).transpose(1, 2).reshape({batch, seq, heads * dim});
+  auto hidden = x + linear(kO, attn);
+  auto m = RmsNorm(hidden, post_norm, config_.rms_norm_eps);
+  auto mlp = linear(kDown, F::silu(linear(kGate, m)) * linear(kUp, m));
+  return hidden + mlp;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> MergeLora(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named, const LoraSpec& lora) {
+  std::map<std::string, torch::Tensor> by_name(named.begin(), named.end());
+  const double scale = lora.alpha / static_cast<double>(lora.rank);
+  std::vector<std::pair<std::string, torch::Tensor>> merged;
+  const std::string kA = ".lora_A.weight", kB = ".lora_B.weight";
+  for (const auto& [name, tensor] : named) {
+    if (name.find(".lora_") != std::string::npos) continue;
+    torch::Tensor out = tensor;
+    const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
+    auto a = by_name.find(prefix + kA), b = by_name.find(prefix + kB);
+    if (a != by_name.end() && b != by_name.end()) {
+      auto delta = torch::matmul(b->second.to(torch::kFloat32), a->second.to(torch::kFloat32));
+      out = (tensor.to(torch::kFloat32) + delta * scale).to(tensor.scalar_type());
+    }
+    merged.emplace_back(name, out);
+  }
+  return merged;
+}
+
+}  // namespace tidal::engine

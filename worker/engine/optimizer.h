@@ -1,0 +1,45 @@
+// worker/engine/optimizer.h — AdamW over the trainable slices this rank owns (ZeRO: the
+// optimizer state covers only the local slice). The parameters are fp32 and are the master
+// weights; m and v are fp32. With offload, m and v live in host memory and the update runs
+// there (DeepSpeed's offload_optimizer: cpu).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "worker/engine/zero.h"
+
+namespace tidal::engine {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  bool offload_to_cpu = false;
+};
+
+class ShardedAdamW {
+ public:
+  explicit ShardedAdamW(AdamWOptions options) : options_(options) {}
+
+  // One update with learning rate `lr`; every gradient is first multiplied by `grad_scale`
+  // (the clipping coefficient). Same arithmetic as torch.optim.AdamW (foreach=False).
+  void Step(const std::vector<TrainableSlice>& slices, double lr, double grad_scale);
+
+  int64_t steps() const { return steps_; }
+  int64_t StateBytes() const;
+
+ private:
+  struct State {
+    torch::Tensor exp_avg, exp_avg_sq;
+  };
+  AdamWOptions options_;
+  int64_t steps_ = 0;
+  std::map<std::string, State> state_;
+};
+
+// Σ over slices of ‖grad‖²; the caller all-reduces it when the slices are partitioned.
+double SquaredGradNorm(const std::vector<TrainableSlice>& slices);
+
+}  // namespace tidal::engine

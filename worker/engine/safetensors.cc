@@ -1,0 +1,215 @@
+// worker/engine/safetensors.cc
+#include "worker/engine/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+namespace tidal::engine {
+
+namespace {
+// The format caps the header at 100 MB (safetensors' own limit), which also bounds what a
+// garbled length field can make us allocate.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+}  // namespace
+
+int64_t SafetensorsEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+StatusOr<torch::ScalarType> ScalarTypeFromSafetensors(const std::string& dtype) {
+  if (dtype == "F32") return torch::kFloat32;
+  if (dtype == "F16") return torch::kFloat16;
+  if (dtype == "BF16") return torch::kBFloat16;
+  if (dtype == "F64") return torch::kFloat64;
+  if (dtype == "I64") return torch::kInt64;
+  if (dtype == "I32") return torch::kInt32;
+  if (dtype == "I16") return torch::kInt16;
+  if (dtype == "I8") return torch::kInt8;
+  if (dtype == "U8") return torch::kUInt8;
+  if (dtype == "BOOL") return torch::kBool;
+  return InvalidArgument("unsupported safetensors dtype \"" + dtype + "\"");
+}
+
+StatusOr<std::string> SafetensorsDtypeName(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32:
+      return std::string("F32");
+    case torch::kFloat16:
+      return std::string("F16");
+    case torch::kBFloat16:
+      return std::string("BF16");
+    case torch::kFloat64:
+      return std::string("F64");
+    case torch::kInt64:
+      return std::string("I64");
+    case torch::kInt32:
+      return std::string("I32");
+    case torch::kInt16:
+      return std::string("I16");
+    case torch::kInt8:
+      return std::string("I8");
+    case torch::kUInt8:
+      return std::string("U8");
+    case torch::kBool:
+      return std::string("BOOL");
+    default:
+      return InvalidArgument("dtype cannot be stored in safetensors");
+  }
+}
+
+StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = path;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return NotFound(path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return Internal(path + ": fstat failed");
+  }
+  file->size_ = static_cast<size_t>(st.st_size);
+  if (file->size_ < 8) {
+    ::close(fd);
+    return DataLoss(path + ": file is " + std::to_string(file->size_) +
+                    " bytes, too short for a safetensors header");
+  }
+  void* map = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return Internal(path + ": mmap failed: " + std::strerror(errno));
+  file->map_ = map;
+  const auto* bytes = static_cast<const uint8_t*>(map);
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  if (header_len > kMaxHeaderBytes || header_len > file->size_ - 8)
+    return DataLoss(path + ": header length " + std::to_string(header_len) +
+                    " exceeds the file size (truncated or not a safetensors file)");
+  file->data_ = bytes + 8 + header_len;
+  const uint64_t data_size = file->size_ - 8 - header_len;
+
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
+  } catch (const nlohmann::json::exception& e) {
+    return DataLoss(path + ": header is not valid JSON: " + e.what());
+  }
+  if (!header.is_object()) return DataLoss(path + ": header must be a JSON object");
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  for (const auto& [name, info] : header.items()) {
+    if (name == "__metadata__") {
+      file->metadata_ = info;
+      continue;
+    }
+    const std::string where = path + ": tensor \"" + name + "\"";
+    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
+        !info.contains("data_offsets") || !info["dtype"].is_string() || !info["shape"].is_array() ||
+        !info["data_offsets"].is_array() || info["data_offsets"].size() != 2)
+      return DataLoss(where + ": entry needs dtype, shape and data_offsets [begin, end]");
+    SafetensorsEntry entry;
+    auto dtype = ScalarTypeFromSafetensors(info["dtype"].get<std::string>());
+    if (!dtype.ok()) return DataLoss(where + ": " + dtype.status().message());
+    entry.dtype = *dtype;
+    for (const auto& d : info["shape"]) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        return DataLoss(where + ": shape must be non-negative integers");
+      entry.shape.push_back(d.get<int64_t>());
+    }
+    for (const auto& o : info["data_offsets"])
+      if (!o.is_number_unsigned()) return DataLoss(where + ": data_offsets must be unsigned");
+    entry.begin = info["data_offsets"][0].get<uint64_t>();
+    entry.end = info["data_offsets"][1].get<uint64_t>();
+    const uint64_t expected = static_cast<uint64_t>(entry.numel()) * c10::elementSize(entry.dtype);
+    if (entry.end < entry.begin || entry.end > data_size || entry.end - entry.begin != expected)
+      return DataLoss(where + ": data_offsets [" + std::to_string(entry.begin) + ", " +
+                      std::to_string(entry.end) + ") do not hold " + std::to_string(expected) +
+                      " bytes inside the " + std::to_string(data_size) + "-byte data section");
+    ranges.emplace_back(entry.begin, entry.end);
+    file->entries_.emplace(name, std::move(entry));
+  }
+  std::sort(ranges.begin(), ranges.end());
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].first < ranges[i - 1].second)
+      return DataLoss(path + ": tensors overlap in the data section");
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, size_);
+}
+
+StatusOr<torch::Tensor> SafetensorsFile::Read(const std::string& name,
+                                              torch::ScalarType dtype) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return NotFound(path_ + ": no tensor named \"" + name + "\"");
+  TIDAL_ASSIGN_OR_RETURN(torch::Tensor flat, ReadFlatRange(name, 0, it->second.numel(), dtype));
+  return flat.view(it->second.shape);
+}
+
+StatusOr<torch::Tensor> SafetensorsFile::ReadFlatRange(const std::string& name, int64_t first,
+                                                       int64_t count,
+                                                       torch::ScalarType dtype) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) return NotFound(path_ + ": no tensor named \"" + name + "\"");
+  const SafetensorsEntry& e = it->second;
+  if (first < 0 || count < 0 || first + count > e.numel())
+    return InvalidArgument(path_ + ": range [" + std::to_string(first) + ", " +
+                           std::to_string(first + count) + ") outside tensor \"" + name + "\" of " +
+                           std::to_string(e.numel()) + " elements");
+  const size_t element = c10::elementSize(e.dtype);
+  // from_blob over the read-only mapping; the clone/conversion copies out before we return.
+  auto view = torch::from_blob(const_cast<uint8_t*>(data_ + e.begin + first * element), {count},
+                               torch::TensorOptions().dtype(e.dtype));
+  return e.dtype == dtype ? view.clone() : view.to(dtype);
+}
+
+Status WriteSafetensors(const std::string& path,
+                        const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<torch::Tensor> host;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (header.contains(name)) return InvalidArgument(path + ": duplicate tensor \"" + name + "\"");
+    auto dtype = SafetensorsDtypeName(tensor.scalar_type());
+    if (!dtype.ok()) return dtype.status().WithContext(path + ": tensor \"" + name + "\"");
+    auto cpu = tensor.detach().to(torch::kCPU).contiguous();
+    const uint64_t bytes = static_cast<uint64_t>(cpu.numel()) * cpu.element_size();
+    header[name] = {{"dtype", *dtype},
+                    {"shape", cpu.sizes().vec()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    host.push_back(std::move(cpu));
+  }
+  std::string text = header.dump();
+  // Pad with spaces so the data section starts 8-byte aligned (as the reference writer does).
+  while ((8 + text.size()) % 8 != 0) text.push_back(' ');
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) return Unavailable(tmp + ": " + std::strerror(errno));
+  uint8_t len[8];
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<uint8_t>((uint64_t{text.size()} >> (8 * i)) & 0xff);
+  bool ok =
+      std::fwrite(len, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  for (const auto& t : host) {
+    const size_t bytes = t.numel() * t.element_size();
+    ok = ok && std::fwrite(t.data_ptr(), 1, bytes, f) == bytes;
+  }
+  ok = (std::fflush(f) == 0) && ok && ::fsync(::fileno(f)) == 0;
+  ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return Unavailable(path + ": write failed: " + std::strerror(errno));
+  }
+  return OkStatus();
+}
+
+}  // namespace tidal::engine

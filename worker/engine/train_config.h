@@ -1,0 +1,88 @@
+// worker/engine/train_config.h — the parts of a TrainingJob `spec` (DESIGN.md §2) that the
+// engine reads: model, dataset, lora, optimization. The same YAML is a tidal-train config and
+// a TrainingJob spec; sections the engine does not own (elastic, checkpoint, ...) are accepted
+// and ignored here. Plain data; no LibTorch.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace tidal::engine {
+
+struct ModelSpec {
+  std::string uri;     // HF-layout directory: /path, file:///path
+  std::string preset;  // or a random-initialised preset: tiny | small | 1b | 7b
+  uint64_t init_seed = 0;
+};
+
+struct DatasetSpec {
+  std::string uri;  // JSONL file; relative paths resolve against the config file's folder
+  std::string format = "text";
+  int64_t max_seq_len = 2048;
+};
+
+struct LoraSpec {
+  int64_t rank = 8;
+  double alpha = 16;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+};
+
+struct WarmupSpec {
+  int64_t steps = 0;
+  bool adaptive = false;
+  // Adaptive warmup: warmup progress is held while the coefficient of variation (stddev/mean)
+  // of the gradient norm over the last `window` steps exceeds `cv_threshold`, for at most
+  // `max_extra_steps` steps in total (defaults to `steps`).
+  int64_t window = 10;
+  double cv_threshold = 0.5;
+  std::optional<int64_t> max_extra_steps;
+};
+
+struct OptimizationSpec {
+  int zero_stage = 3;
+  std::string offload_optimizer = "none";  // none | cpu
+  std::string precision = "bf16";          // bf16 | fp16 | fp32
+  int64_t global_batch_size = 8;
+  int64_t micro_batch_size = 1;
+  double learning_rate = 2e-4;
+  double min_lr_ratio = 0.1;  // cosine decays to learning_rate * min_lr_ratio
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double grad_clip = 1.0;  // max global L2 norm; 0 disables
+  WarmupSpec warmup;
+  int64_t max_steps = 1000;
+  uint64_t seed = 0;
+};
+
+struct TrainConfig {
+  std::string name = "local";  // metadata.name when the file is a whole TrainingJob
+  ModelSpec model;
+  DatasetSpec dataset;
+  LoraSpec lora;
+  OptimizationSpec optimization;
+
+  // Checks that need the world size: gradient accumulation must be a whole number.
+  Status ValidateForWorldSize(int world_size) const;
+  int64_t GradientAccumulation(int world_size) const {
+    return optimization.global_batch_size / (optimization.micro_batch_size * world_size);
+  }
+};
+
+// Accepts either a bare spec or a whole TrainingJob manifest (its .spec is used). Every
+// violation names the field path (e.g. "spec.lora.rank: must be > 0, got 0"). Relative
+// dataset/model paths are resolved against `base_dir`.
+StatusOr<TrainConfig> TrainConfigFromJson(const nlohmann::json& json, const std::string& base_dir);
+
+// Resolves "file:///x" and plain paths to a local path; other schemes are refused with a
+// message naming `field`.
+StatusOr<std::string> LocalPathFromUri(const std::string& uri, const std::string& base_dir,
+                                       const std::string& field);
+
+}  // namespace tidal::engine

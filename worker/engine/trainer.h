@@ -1,0 +1,79 @@
+// worker/engine/trainer.h — the training loop, one page: for each optimizer step, run the
+// rank's micro-batches (gradient accumulation = global / (micro × W)), reduce gradients, clip,
+// step the LR schedule and AdamW, and report loss, grad norm, lr and tokens/s.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include <torch/torch.h>
+
+#include "common/status.h"
+#include "worker/engine/comm.h"
+#include "worker/engine/data.h"
+#include "worker/engine/lr_schedule.h"
+#include "worker/engine/model.h"
+#include "worker/engine/optimizer.h"
+#include "worker/engine/train_config.h"
+#include "worker/engine/zero.h"
+
+namespace tidal::engine {
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based optimizer step
+  double loss = 0;   // mean token loss over the global batch
+  double lr = 0;
+  double grad_norm = 0;  // before clipping
+  double tokens_per_s = 0;
+  double seconds = 0;
+  int world_size = 1;
+  bool skipped = false;  // fp16 overflow: the update was skipped and the loss scale lowered
+};
+
+struct TrainerOptions {
+  std::optional<int64_t> max_steps;
+  torch::Device device = torch::kCPU;
+};
+
+class Trainer {
+ public:
+  static StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
+                                                   std::unique_ptr<Comm> comm,
+                                                   TrainerOptions options);
+  ~Trainer();
+
+  // One optimizer step over the next global batch.
+  StatusOr<StepRecord> Step();
+  int64_t step() const { return step_; }
+  int64_t max_steps() const { return max_steps_; }
+
+  const DecoderModel& model() const { return *model_; }
+  ShardedParameters& parameters() { return *params_; }
+  Comm& comm() { return *comm_; }
+  const ShardedAdamW& optimizer() const { return optimizer_; }
+  const LrSchedule& schedule() const { return schedule_; }
+  int64_t gradient_accumulation() const { return accumulation_; }
+
+ private:
+  Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm, TrainerOptions options);
+  Status Initialize();
+
+  TrainConfig config_;
+  std::unique_ptr<Comm> comm_;
+  TrainerOptions options_;
+  std::unique_ptr<DecoderModel> model_;
+  std::unique_ptr<ShardedParameters> params_;
+  std::optional<PackedTextDataset> data_;
+  ShardedAdamW optimizer_;
+  LrSchedule schedule_;
+  torch::Tensor rope_cos_, rope_sin_;
+  int64_t step_ = 0;
+  int64_t max_steps_ = 0;
+  int64_t accumulation_ = 1;
+  double loss_scale_ = 1.0;  // fp16 only
+  int64_t good_steps_ = 0;
+};
+
+}  // namespace tidal::engine

@@ -1,0 +1,357 @@
+// worker/engine/zero.cc
+#include "worker/engine/zero.h"
+
+#include <set>
+#include <stdexcept>
+
+namespace tidal::engine {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One flat buffer: which parameters of the block it holds and where.
+struct ShardedParameters::Flat {
+  std::vector<size_t> param_index;  // into BlockSpec::params
+  std::vector<int64_t> offset;
+  int64_t numel = 0;   // unpadded
+  int64_t padded = 0;  // a multiple of the world size
+  torch::Tensor data;  // [padded] below stage 3, this rank's [padded / W] slice at stage 3
+};
+
+struct ShardedParameters::Block {
+  Flat frozen;
+  Flat trainable;
+  torch::Tensor grad_slice;  // stage 2: this rank's accumulated fp32 gradient slice
+};
+
+namespace {
+
+// Throws out of autograd (which cannot carry a Status); the trainer catches it around
+// backward() and turns it back into the Status.
+void ThrowIfError(const Status& status) {
+  if (!status.ok()) throw std::runtime_error(status.ToString());
+}
+
+}  // namespace
+
+// The stage-3 block: forward gathers the block's parameters, runs it without keeping the
+// graph and frees them; backward gathers again, recomputes the block with the graph, and
+// returns the input gradient and this rank's reduce-scattered slice of the weight gradient.
+struct GatheredBlockFunction : public torch::autograd::Function<GatheredBlockFunction> {
+  static torch::Tensor forward(AutogradContext* ctx, torch::Tensor x, torch::Tensor trainable_slice,
+                               ShardedParameters* self, int64_t block) {
+    (void)trainable_slice;  // an input only so that autograd routes its gradient here
+    ctx->saved_data["self"] = reinterpret_cast<int64_t>(self);
+    ctx->saved_data["block"] = block;
+    ctx->save_for_backward({x});
+    std::vector<torch::Tensor> holder;
+    auto params = self->BlockParams(block, false, holder, nullptr);
+    ThrowIfError(params.status());
+    torch::Tensor embedding;
+    if (self->model_.blocks()[block].kind == BlockKind::kHead && self->model_.head_uses_embedding())
+      embedding = self->EmbeddingForHead(holder);
+    return self->model_.ForwardBlock(block, *params, x, self->ctx_, embedding);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto* self = reinterpret_cast<ShardedParameters*>(ctx->saved_data["self"].toInt());
+    const int64_t block = ctx->saved_data["block"].toInt();
+    const bool x_needs_grad = ctx->needs_input_grad(0);
+    const bool w_needs_grad = ctx->needs_input_grad(1);
+    // The engine runs backward with grad mode off; the recompute, including taking the
+    // parameter views, must record a graph.
+    torch::AutoGradMode enable(true);
+    auto x = ctx->get_saved_variables()[0].detach().requires_grad_(x_needs_grad);
+    std::vector<torch::Tensor> holder;
+    torch::Tensor trainable_full;
+    auto params = self->BlockParams(block, w_needs_grad, holder, &trainable_full);
+    ThrowIfError(params.status());
+    torch::Tensor embedding;
+    if (self->model_.blocks()[block].kind == BlockKind::kHead && self->model_.head_uses_embedding())
+      embedding = self->EmbeddingForHead(holder);
+    torch::Tensor y = self->model_.ForwardBlock(block, *params, x, self->ctx_, embedding);
+    std::vector<torch::Tensor> inputs;
+    if (x_needs_grad) inputs.push_back(x);
+    if (w_needs_grad) inputs.push_back(trainable_full);
+    auto grads = torch::autograd::grad({y}, inputs, {grad_outputs[0]}, /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    torch::Tensor dx = x_needs_grad ? grads[0] : torch::Tensor();
+    torch::Tensor dslice;
+    if (w_needs_grad) {
+      auto full = grads.back();
+      full = full.defined() ? full.to(torch::kFloat32)
+                            : torch::zeros_like(trainable_full, torch::kFloat32);
+      const auto& flat = self->blocks_[block]->trainable;
+      dslice = torch::empty({flat.padded / self->comm_.world_size()}, full.options());
+      ThrowIfError(self->comm_.ReduceScatterSum(full, dslice));
+    }
+    return {dx, dslice, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+ShardedParameters::ShardedParameters(const DecoderModel& model, Comm& comm, ShardingOptions options)
+    : model_(model), comm_(comm), options_(options) {
+  const int64_t world = comm_.world_size();
+  const bool sharded = options_.stage == 3;
+  for (const BlockSpec& spec : model_.blocks()) {
+    auto block = std::make_unique<Block>();
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      Flat& flat = spec.params[i].trainable ? block->trainable : block->frozen;
+      flat.param_index.push_back(i);
+      flat.offset.push_back(flat.numel);
+      flat.numel += spec.params[i].numel();
+    }
+    for (Flat* flat : {&block->frozen, &block->trainable}) {
+      flat->padded = (flat->numel + world - 1) / world * world;
+      const int64_t kept = sharded ? flat->padded / world : flat->padded;
+      const bool trainable = flat == &block->trainable;
+      auto opts = torch::TensorOptions()
+                      .device(options_.device)
+                      .dtype(trainable ? torch::kFloat32 : options_.compute_dtype);
+      flat->data = torch::zeros({kept}, opts);
+      if (trainable && flat->numel > 0) flat->data.set_requires_grad(true);
+    }
+    if (options_.stage == 2 && world > 1 && block->trainable.numel > 0)
+      block->grad_slice = torch::zeros({block->trainable.padded / world},
+                                       block->trainable.data.options().requires_grad(false));
+    blocks_.push_back(std::move(block));
+  }
+}
+
+ShardedParameters::~ShardedParameters() = default;
+
+Status ShardedParameters::Load(const ParameterReader& read) {
+  torch::NoGradGuard no_grad;
+  const int64_t world = comm_.world_size(), rank = comm_.rank();
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const BlockSpec& spec = model_.blocks()[b];
+    for (Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable}) {
+      const int64_t kept = flat->data.numel();
+      const int64_t lo = options_.stage == 3 ? rank * (flat->padded / world) : 0, hi = lo + kept;
+      for (size_t k = 0; k < flat->param_index.size(); ++k) {
+        const ParamSpec& p = spec.params[flat->param_index[k]];
+        const int64_t begin = std::max(lo, flat->offset[k]);
+        const int64_t end = std::min(hi, flat->offset[k] + p.numel());
+        if (begin >= end) continue;
+        auto values = read(p, begin - flat->offset[k], end - begin);
+        if (!values.ok()) return values.status();
+        if (values->numel() != end - begin)
+          return Internal("reader returned " + std::to_string(values->numel()) + " elements for " +
+                          p.name + ", expected " + std::to_string(end - begin));
+        flat->data.narrow(0, begin - lo, end - begin).copy_(values->reshape({-1}));
+      }
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<torch::Tensor> ShardedParameters::GatherFlat(const Flat& flat, torch::ScalarType dtype) {
+  if (options_.stage < 3) return flat.data.to(dtype);
+  auto full = torch::empty({flat.padded}, flat.data.options().dtype(dtype).requires_grad(false));
+  TIDAL_RETURN_IF_ERROR(comm_.AllGather(flat.data.detach().to(dtype), full));
+  return full;
+}
+
+StatusOr<std::vector<torch::Tensor>> ShardedParameters::BlockParams(
+    int64_t b, bool trainable_requires_grad, std::vector<torch::Tensor>& holder,
+    torch::Tensor* trainable_full_out) {
+  const Block& block = *blocks_[b];
+  const BlockSpec& spec = model_.blocks()[b];
+  TIDAL_ASSIGN_OR_RETURN(torch::Tensor frozen, GatherFlat(block.frozen, options_.compute_dtype));
+  torch::Tensor trainable;
+  if (block.trainable.numel > 0) {
+    TIDAL_ASSIGN_OR_RETURN(trainable, GatherFlat(block.trainable, options_.compute_dtype));
+    if (options_.stage == 3 && trainable_requires_grad) trainable.requires_grad_(true);
+  }
+  if (trainable_full_out) *trainable_full_out = trainable;
+  holder.push_back(frozen);
+  holder.push_back(trainable);
+  std::vector<torch::Tensor> params(spec.params.size());
+  for (const auto* flat : {&block.frozen, &block.trainable}) {
+    const torch::Tensor& full = flat == &block.frozen ? frozen : trainable;
+    for (size_t k = 0; k < flat->param_index.size(); ++k) {
+      const ParamSpec& p = spec.params[flat->param_index[k]];
+      params[flat->param_index[k]] = full.narrow(0, flat->offset[k], p.numel()).view(p.shape);
+    }
+  }
+  return params;
+}
+
+torch::Tensor ShardedParameters::EmbeddingForHead(std::vector<torch::Tensor>& holder) {
+  auto params = BlockParams(0, false, holder, nullptr);
+  ThrowIfError(params.status());
+  return (*params)[0];
+}
+
+torch::Tensor ShardedParameters::RunBlock(int64_t b, const torch::Tensor& x) {
+  const Block& block = *blocks_[b];
+  const bool head_needs_embedding =
+      model_.blocks()[b].kind == BlockKind::kHead && model_.head_uses_embedding();
+  const bool needs_graph = torch::GradMode::is_enabled() &&
+                           ((x.defined() && x.requires_grad()) || block.trainable.numel > 0);
+  if (options_.stage == 3 && needs_graph) {
+    return GatheredBlockFunction::apply(x.defined() ? x : torch::Tensor(), block.trainable.data,
+                                        this, b);
+  }
+  std::vector<torch::Tensor> holder;
+  auto params = BlockParams(b, false, holder, nullptr);
+  ThrowIfError(params.status());
+  torch::Tensor embedding = head_needs_embedding ? EmbeddingForHead(holder) : torch::Tensor();
+  if (options_.stage == 3) {  // nothing here needs a graph: run without one
+    torch::NoGradGuard no_grad;
+    return model_.ForwardBlock(b, *params, x, ctx_, embedding);
+  }
+  return model_.ForwardBlock(b, *params, x, ctx_, embedding);
+}
+
+StatusOr<torch::Tensor> ShardedParameters::Forward(const ForwardContext& ctx) {
+  ctx_ = ctx;
+  try {
+    torch::Tensor h;
+    for (size_t b = 0; b < blocks_.size(); ++b) h = RunBlock(static_cast<int64_t>(b), h);
+    return h;
+  } catch (const std::exception& e) {
+    return Unavailable(std::string("forward: ") + e.what());
+  }
+}
+
+Status ShardedParameters::AfterMicroBatchBackward() {
+  if (options_.stage != 2 || comm_.world_size() == 1) return OkStatus();
+  torch::NoGradGuard no_grad;
+  for (auto& block : blocks_) {
+    Flat& flat = block->trainable;
+    if (flat.numel == 0 || !flat.data.grad().defined()) continue;
+    auto slice = torch::empty_like(block->grad_slice);
+    TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(flat.data.grad(), slice));
+    block->grad_slice.add_(slice);
+    flat.data.mutable_grad() = torch::Tensor();  // only the slice is kept
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<TrainableSlice>> ShardedParameters::ReduceGradients() {
+  torch::NoGradGuard no_grad;
+  const int64_t world = comm_.world_size(), rank = comm_.rank();
+  std::vector<TrainableSlice> slices;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    Flat& flat = blocks_[b]->trainable;
+    if (flat.numel == 0) continue;
+    torch::Tensor param = flat.data.detach();
+    torch::Tensor grad = flat.data.grad();
+    if (!grad.defined()) grad = torch::zeros_like(param);
+    if (world > 1) {
+      const int64_t slice = flat.padded / world;
+      switch (options_.stage) {
+        case 0:
+          TIDAL_RETURN_IF_ERROR(comm_.AllReduceSum(grad));
+          break;
+        case 1: {
+          auto reduced = torch::empty({slice}, grad.options());
+          TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(grad, reduced));
+          grad = reduced;
+          param = param.narrow(0, rank * slice, slice);
+          break;
+        }
+        case 2:
+          grad = blocks_[b]->grad_slice;
+          param = param.narrow(0, rank * slice, slice);
+          break;
+        default:  // 3: data and grad are already this rank's slice
+          break;
+      }
+    }
+    slices.push_back({"block." + std::to_string(b), param, grad});
+  }
+  return slices;
+}
+
+Status ShardedParameters::FinishStep() {
+  torch::NoGradGuard no_grad;
+  const int64_t world = comm_.world_size(), rank = comm_.rank();
+  for (auto& block : blocks_) {
+    Flat& flat = block->trainable;
+    if (flat.numel == 0) continue;
+    if (world > 1 && (options_.stage == 1 || options_.stage == 2)) {
+      auto full = flat.data.detach();
+      const int64_t slice = flat.padded / world;
+      TIDAL_RETURN_IF_ERROR(comm_.AllGather(full.narrow(0, rank * slice, slice).clone(), full));
+    }
+    flat.data.mutable_grad() = torch::Tensor();
+    if (block->grad_slice.defined()) block->grad_slice.zero_();
+  }
+  return OkStatus();
+}
+
+StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> ShardedParameters::GatherFull() {
+  torch::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const BlockSpec& spec = model_.blocks()[b];
+    for (const Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable}) {
+      if (flat->numel == 0) continue;
+      TIDAL_ASSIGN_OR_RETURN(torch::Tensor full, GatherFlat(*flat, flat->data.scalar_type()));
+      for (size_t k = 0; k < flat->param_index.size(); ++k) {
+        const ParamSpec& p = spec.params[flat->param_index[k]];
+        named.emplace_back(p.name, full.narrow(0, flat->offset[k], p.numel()).view(p.shape));
+      }
+    }
+  }
+  return named;
+}
+
+int64_t ShardedParameters::ResidentParameterBytes() const {
+  std::set<const void*> seen;
+  int64_t bytes = 0;
+  for (const auto& block : blocks_) {
+    for (const Flat* flat : {&block->frozen, &block->trainable}) {
+      const auto& storage = flat->data.storage();
+      if (seen.insert(storage.unsafeGetStorageImpl()).second)
+        bytes += static_cast<int64_t>(storage.nbytes());
+    }
+  }
+  return bytes;
+}
+
+namespace {
+int64_t BlockBytes(int64_t frozen, int64_t trainable, torch::ScalarType compute) {
+  return frozen * static_cast<int64_t>(c10::elementSize(compute)) + trainable * 4;
+}
+}  // namespace
+
+int64_t ShardedParameters::TotalParameterBytes() const {
+  int64_t total = 0;
+  for (const auto& block : blocks_)
+    total += BlockBytes(block->frozen.numel, block->trainable.numel, options_.compute_dtype);
+  return total;
+}
+
+int64_t ShardedParameters::LargestBlockBytes() const {
+  int64_t largest = 0;
+  for (const auto& block : blocks_)
+    largest = std::max(
+        largest, BlockBytes(block->frozen.numel, block->trainable.numel, options_.compute_dtype));
+  return largest;
+}
+
+int64_t ShardedParameters::TrainableParameterCount() const {
+  int64_t n = 0;
+  for (const auto& block : blocks_) n += block->trainable.numel;
+  return n;
+}
+
+uint64_t ShardedParameters::FrozenChecksum() const {
+  uint64_t hash = 0;
+  for (const auto& block : blocks_) {
+    auto bytes = block->frozen.data.detach().cpu().contiguous();
+    const auto* p = static_cast<const uint8_t*>(bytes.data_ptr());
+    const size_t n = bytes.numel() * bytes.element_size();
+    uint64_t word = 0;
+    for (size_t i = 0; i < n; ++i) {
+      word = (word << 8) | p[i];
+      if (i % 8 == 7 || i + 1 == n) hash = MixSeed(hash, word), word = 0;
+    }
+  }
+  return hash;
+}
+
+}  // namespace tidal::engine

@@ -1,0 +1,109 @@
+// worker/engine/zero.h — ZeRO stages 0–3 applied to the plain DecoderModel from outside.
+//
+// Every block's parameters are laid out in two flat buffers, padded to a multiple of the world
+// size W: frozen base weights (compute dtype) and trainable LoRA weights (fp32 — they are the
+// optimizer's master weights; forward casts them to the compute dtype).
+//   stage 0: every rank keeps everything; gradients are all-reduced; every rank updates all.
+//   stage 1: + each rank updates only its 1/W slice of the trainable weights (its optimizer
+//            state covers only that slice); gradients reduce-scattered at the step boundary;
+//            updated slices all-gathered.
+//   stage 2: + gradients reduce-scattered after every micro-batch, so only the 1/W slice of
+//            the gradient is accumulated.
+//   stage 3: + each rank keeps only its 1/W slice of every parameter, frozen ones included. A
+//            block's parameters are all-gathered just before its forward, freed after, and
+//            gathered again in backward, where the block is recomputed (so no activations
+//            but the block inputs are kept) and its gradient reduce-scattered at once.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "common/status.h"
+#include "worker/engine/comm.h"
+#include "worker/engine/model.h"
+
+namespace tidal::engine {
+
+struct ShardingOptions {
+  int stage = 3;
+  torch::Device device = torch::kCPU;
+  torch::ScalarType compute_dtype = torch::kFloat32;
+};
+
+// Reads elements [first, first + count) of the row-major flattening of a parameter.
+using ParameterReader =
+    std::function<StatusOr<torch::Tensor>(const ParamSpec& spec, int64_t first, int64_t count)>;
+
+// One rank's share of the trainable weights, as the optimizer sees it.
+struct TrainableSlice {
+  std::string key;      // stable name for optimizer state ("block.7")
+  torch::Tensor param;  // fp32 view this rank updates
+  torch::Tensor grad;   // fp32 gradient for exactly those elements (after reduction)
+};
+
+class ShardedParameters {
+ public:
+  ShardedParameters(const DecoderModel& model, Comm& comm, ShardingOptions options);
+  ~ShardedParameters();
+
+  // Fills this rank's share of every parameter. Each rank reads only the ranges it keeps.
+  Status Load(const ParameterReader& read);
+
+  // Runs the whole model on one micro-batch. With ctx.targets: the summed token loss (fp32
+  // scalar, differentiable w.r.t. the trainable weights); without: logits.
+  StatusOr<torch::Tensor> Forward(const ForwardContext& ctx);
+
+  // After each micro-batch's backward: stage 2 reduce-scatters the gradient into the slice.
+  Status AfterMicroBatchBackward();
+  // At the step boundary: finishes the gradient reduction and returns this rank's slices.
+  StatusOr<std::vector<TrainableSlice>> ReduceGradients();
+  // After the optimizer wrote the slices: stages 1–2 all-gather the updated weights; clears
+  // gradients.
+  Status FinishStep();
+
+  // Whether the squared gradient norms of this rank's slices must be summed over ranks.
+  bool slices_are_partitioned() const { return options_.stage >= 1 && comm_.world_size() > 1; }
+
+  // Every parameter at full size (collective: every rank must call it). For export and tests.
+  StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> GatherFull();
+
+  // Bytes of parameter storage this rank holds now (unique storages of every tensor kept
+  // between steps), measured on the tensors, not computed from shapes.
+  int64_t ResidentParameterBytes() const;
+  // Bytes all parameters take at full size, and the largest single block.
+  int64_t TotalParameterBytes() const;
+  int64_t LargestBlockBytes() const;
+  int64_t TrainableParameterCount() const;
+  // A hash of the bytes of this rank's frozen base weights: equal before and after training
+  // when the base is untouched bit for bit.
+  uint64_t FrozenChecksum() const;
+
+  const ShardingOptions& options() const { return options_; }
+
+ private:
+  struct Flat;
+  struct Block;
+  friend struct GatheredBlockFunction;
+
+  torch::Tensor RunBlock(int64_t b, const torch::Tensor& x);
+  // Full-size views of block b's parameters (gathering under stage 3); `holder` keeps the
+  // gathered storage alive for as long as the views are used.
+  StatusOr<std::vector<torch::Tensor>> BlockParams(int64_t b, bool trainable_requires_grad,
+                                                   std::vector<torch::Tensor>& holder,
+                                                   torch::Tensor* trainable_full_out);
+  StatusOr<torch::Tensor> GatherFlat(const Flat& flat, torch::ScalarType dtype);
+  torch::Tensor EmbeddingForHead(std::vector<torch::Tensor>& holder);
+
+  const DecoderModel& model_;
+  Comm& comm_;
+  ShardingOptions options_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  ForwardContext ctx_;  // the micro-batch in flight; stage-3 backward recomputes with it
+};
+
+}  // namespace tidal::engine
