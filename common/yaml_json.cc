@@ -24,7 +24,13 @@ nlohmann::json PlainScalar(const std::string& s) {
       return s;
     }
   }
-  if (std::regex_match(s, kFloat)) return std::stod(s);
+  if (std::regex_match(s, kFloat)) {
+    try {
+      return std::stod(s);
+    } catch (const std::out_of_range&) {
+      return s;  // 1e999: left a string, so the typed reader names the field
+    }
+  }
   return s;
 }
 

@@ -30,11 +30,12 @@ std::string DescribeExit(int status) {
 }  // namespace
 
 Status RunLocalRanks(const LocalLaunch& launch) {
-  struct sigaction action {};
+  struct sigaction action {
+  }, previous_int{}, previous_term{};
   action.sa_handler = OnSignal;
   sigemptyset(&action.sa_mask);
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, &previous_int);
+  sigaction(SIGTERM, &action, &previous_term);
 
   std::map<pid_t, int> rank_of;
   for (int rank = 0; rank < launch.nproc; ++rank) {
@@ -46,6 +47,7 @@ Status RunLocalRanks(const LocalLaunch& launch) {
           launch.store_host + ":" + std::to_string(launch.store_port)})
       args.push_back(a);
     // Built before fork: the child of a multi-threaded parent may only exec.
+    const pid_t launcher = getpid();
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -57,6 +59,7 @@ Status RunLocalRanks(const LocalLaunch& launch) {
     if (pid == 0) {
       // A rank must not outlive its launcher.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(1);  // the launcher died before prctl took effect
       execv(launch.executable.c_str(), argv.data());
       _exit(127);
     }
@@ -95,6 +98,8 @@ Status RunLocalRanks(const LocalLaunch& launch) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  sigaction(SIGINT, &previous_int, nullptr);
+  sigaction(SIGTERM, &previous_term, nullptr);
   return failure;
 }
 

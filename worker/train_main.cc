@@ -100,11 +100,12 @@ StatusOr<tidal::engine::TrainConfig> LoadConfig(const Args& args) {
 }
 
 // Reads rank 0's summary and prints what happened, for people (stderr).
-void PrintSummary(const std::string& out_dir, double wall_seconds) {
+void PrintSummary(const std::string& out_dir, double wall_seconds) try {
   std::ifstream in(out_dir + "/rank-0.json");
   if (!in) return;
   auto s = nlohmann::json::parse(in, nullptr, false);
-  if (s.is_discarded() || !s.contains("losses") || s["losses"].empty()) return;
+  if (s.is_discarded() || !s.contains("losses") || !s["losses"].is_array() || s["losses"].empty())
+    return;
   const auto& losses = s["losses"];
   std::fprintf(stderr,
                "\nsummary: %lld steps on %d ranks (ZeRO-%d) in %.1f s\n"
@@ -118,6 +119,9 @@ void PrintSummary(const std::string& out_dir, double wall_seconds) {
                static_cast<long long>(s["trainable_params"].get<int64_t>()),
                static_cast<long long>(s["resident_param_bytes"].get<int64_t>()),
                static_cast<long long>(s["total_param_bytes"].get<int64_t>()), out_dir.c_str());
+} catch (const nlohmann::json::exception& e) {
+  std::fprintf(stderr, "tidal-train: cannot summarise %s/rank-0.json: %s\n", out_dir.c_str(),
+               e.what());
 }
 
 int Fail(const Status& status, const char* who) {

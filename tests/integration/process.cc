@@ -61,6 +61,12 @@ bool Process::WaitForOutput(const std::function<bool(const std::string&)>& done,
   while (std::chrono::steady_clock::now() < deadline) {
     if (done(out_)) return true;
     Pump(50);
+    siginfo_t info{};
+    // Exited (not reaped, so Wait() still gets the status): no more output will come.
+    if (waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_) {
+      Pump(0);
+      break;
+    }
   }
   return done(out_);
 }

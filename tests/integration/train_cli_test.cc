@@ -180,17 +180,17 @@ TEST(TrainCliTest, BadFlagsAreRefusedWithUsage) {
 
 TEST(TrainCliTest, WhenARankDiesTheOthersStopAndTheErrorNamesIt) {
   TempDir dir;
-  Process train({kTrain, "--config", dir.File("job.yaml", JobYaml(3, 100000)), "--nproc", "3"});
+  Process train({kTrain, "--config", dir.File("job.yaml", JobYaml(3, 100000)), "--nproc", "4"});
   ASSERT_TRUE(
       train.WaitForOutput([](const std::string& out) { return !StepLines(out).empty(); }, 120s))
-      << "no step was reported";
+      << "no step was reported: " << train.Wait(1s).err;
   pid_t victim = -1;
   for (const auto& [pid, cmdline] : ChildProcesses(train.pid()))
     if (cmdline.find("--rank 1 ") != std::string::npos) victim = pid;
   ASSERT_GT(victim, 0) << "rank 1 not found among the launcher's children";
   std::vector<pid_t> ranks;
   for (const auto& [pid, cmdline] : ChildProcesses(train.pid())) ranks.push_back(pid);
-  ASSERT_EQ(ranks.size(), 3u);
+  ASSERT_EQ(ranks.size(), 4u);
   const auto killed_at = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   auto r = train.Wait(60s);

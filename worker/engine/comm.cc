@@ -2,7 +2,8 @@
 // Status here, naming the collective.
 #include "worker/engine/comm.h"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include "worker/engine/torch_compat.h"
+
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef TIDAL_WITH_NCCL
@@ -47,8 +48,8 @@ Status Guard(const char* what, int rank, Fn&& fn) {
 
 class ProcessGroupComm final : public Comm {
  public:
-  ProcessGroupComm(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::ProcessGroup> pg,
-                   int rank, int world, bool nccl)
+  ProcessGroupComm(c10::intrusive_ptr<c10d::Store> store,
+                   c10::intrusive_ptr<compat::CollectiveBackend> pg, int rank, int world, bool nccl)
       : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), world_(world), nccl_(nccl) {}
 
   int rank() const override { return rank_; }
@@ -113,7 +114,7 @@ class ProcessGroupComm final : public Comm {
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroup> pg_;
+  c10::intrusive_ptr<compat::CollectiveBackend> pg_;
   int rank_, world_;
   bool nccl_;
 };
@@ -143,7 +144,7 @@ StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o
     store_opts.timeout = o.timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(o.store_host, store_opts);
     c10::intrusive_ptr<c10d::Store> store = tcp;
-    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    c10::intrusive_ptr<compat::CollectiveBackend> pg;
     if (o.use_cuda) {
 #ifdef TIDAL_WITH_NCCL
       auto opts = c10d::ProcessGroupNCCL::Options::create();

@@ -97,7 +97,7 @@ Status Train(const TrainConfig& config, const RankLaunch& launch) {
   std::filesystem::create_directories(launch.out_dir, ec);
   if (ec) return Unavailable("--out: cannot create " + launch.out_dir + ": " + ec.message());
   auto& params = trainer->parameters();
-  TIDAL_ASSIGN_OR_RETURN(auto full, params.GatherFull());  // collective: every rank
+  TIDAL_ASSIGN_OR_RETURN(auto adapters, params.GatherTrainable());  // collective: every rank
   nlohmann::json summary = {{"rank", launch.rank},
                             {"world_size", launch.world_size},
                             {"zero_stage", params.options().stage},
@@ -114,9 +114,6 @@ Status Train(const TrainConfig& config, const RankLaunch& launch) {
   TIDAL_RETURN_IF_ERROR(
       WriteJson(launch.out_dir + "/rank-" + std::to_string(launch.rank) + ".json", summary));
   if (leader) {
-    std::vector<std::pair<std::string, torch::Tensor>> adapters;
-    for (auto& [name, tensor] : full)
-      if (name.find(".lora_") != std::string::npos) adapters.emplace_back(name, tensor);
     TIDAL_RETURN_IF_ERROR(WriteSafetensors(launch.out_dir + "/lora_weights.safetensors", adapters,
                                            {{"format", "pt"}}));
   }

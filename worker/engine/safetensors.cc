@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <limits>
 
 namespace tidal::engine {
 
@@ -20,7 +21,7 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 int64_t SafetensorsEntry::numel() const {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) n *= d;  // Open() refused shapes whose product overflows
   return n;
 }
 
@@ -121,11 +122,17 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
         return DataLoss(where + ": shape must be non-negative integers");
       entry.shape.push_back(d.get<int64_t>());
     }
+    // The byte size must be computed without overflow: a crafted shape such as [2^61 + 1]
+    // would otherwise wrap to a small number that passes the bounds check below.
+    uint64_t expected = c10::elementSize(entry.dtype);
+    for (int64_t d : entry.shape)
+      if (__builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected) ||
+          expected > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        return DataLoss(where + ": shape is too large");
     for (const auto& o : info["data_offsets"])
       if (!o.is_number_unsigned()) return DataLoss(where + ": data_offsets must be unsigned");
     entry.begin = info["data_offsets"][0].get<uint64_t>();
     entry.end = info["data_offsets"][1].get<uint64_t>();
-    const uint64_t expected = static_cast<uint64_t>(entry.numel()) * c10::elementSize(entry.dtype);
     if (entry.end < entry.begin || entry.end > data_size || entry.end - entry.begin != expected)
       return DataLoss(where + ": data_offsets [" + std::to_string(entry.begin) + ", " +
                       std::to_string(entry.end) + ") do not hold " + std::to_string(expected) +
@@ -158,7 +165,7 @@ StatusOr<torch::Tensor> SafetensorsFile::ReadFlatRange(const std::string& name, 
   auto it = entries_.find(name);
   if (it == entries_.end()) return NotFound(path_ + ": no tensor named \"" + name + "\"");
   const SafetensorsEntry& e = it->second;
-  if (first < 0 || count < 0 || first + count > e.numel())
+  if (first < 0 || count < 0 || first > e.numel() || count > e.numel() - first)
     return InvalidArgument(path_ + ": range [" + std::to_string(first) + ", " +
                            std::to_string(first + count) + ") outside tensor \"" + name + "\" of " +
                            std::to_string(e.numel()) + " elements");

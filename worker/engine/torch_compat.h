@@ -12,7 +12,24 @@
 #include <ATen/cuda/CUDAGeneratorImpl.h>
 #endif
 
+// The object collectives are called on: in 1.13 a gloo/NCCL process group *is* a
+// c10d::ProcessGroup; from 2.0 it is a c10d::Backend (ProcessGroup became a dispatcher over
+// backends). Both have the same allreduce/allgather/broadcast/barrier/_*_base methods.
+namespace c10d {
+#if TORCH_VERSION_MAJOR >= 2
+class Backend;
+#else
+class ProcessGroup;
+#endif
+}  // namespace c10d
+
 namespace tidal::engine::compat {
+
+#if TORCH_VERSION_MAJOR >= 2
+using CollectiveBackend = c10d::Backend;
+#else
+using CollectiveBackend = c10d::ProcessGroup;
+#endif
 
 constexpr bool kTorch2 = TORCH_VERSION_MAJOR >= 2;
 

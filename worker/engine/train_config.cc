@@ -162,13 +162,15 @@ StatusOr<TrainConfig> TrainConfigFromJson(const json& input, const std::string& 
   TrainConfig c;
   const json* spec = &input;
   if (input.contains("kind") || input.contains("apiVersion")) {
-    if (input.value("kind", "") != "TrainingJob")
-      return InvalidArgument("kind: expected TrainingJob, got " + input["kind"].dump());
+    const json kind = input.contains("kind") ? input["kind"] : json();
+    if (!kind.is_string() || kind.get<std::string>() != "TrainingJob")
+      return InvalidArgument("kind: expected TrainingJob, got " + kind.dump());
     if (!input.contains("spec") || !input["spec"].is_object())
       return InvalidArgument("spec: missing (a TrainingJob needs a spec)");
     spec = &input["spec"];
-    if (input.contains("metadata") && input["metadata"].is_object())
-      c.name = input["metadata"].value("name", c.name);
+    if (input.contains("metadata") && input["metadata"].is_object() &&
+        input["metadata"].contains("name") && input["metadata"]["name"].is_string())
+      c.name = input["metadata"]["name"].get<std::string>();
   }
   {
     Section root(*spec, "spec", errors);  // reports unknown top-level fields when it closes

@@ -139,12 +139,16 @@ StatusOr<StepRecord> Trainer::Step() {
   record.grad_norm = std::sqrt(norm_sq) / loss_scale_;
   record.world_size = comm_->world_size();
 
-  if (!std::isfinite(record.grad_norm) && loss_scale_ > 1.0) {
-    loss_scale_ /= 2;  // fp16 overflow: drop this update, retry with a smaller scale
-    good_steps_ = 0;
+  if (!std::isfinite(record.grad_norm)) {
+    // Never write a NaN/Inf into the weights. fp16: the loss scale overflowed, lower it and
+    // go on (as DeepSpeed/apex); fp32/bf16: the update is dropped and the step reported.
     record.skipped = true;
-    LogWarn("fp16 gradient overflow; step skipped",
-            {{"step", record.step}, {"loss_scale", loss_scale_}});
+    if (loss_scale_ > 1.0) {
+      loss_scale_ /= 2;
+      good_steps_ = 0;
+    }
+    LogWarn("non-finite gradient norm; update skipped",
+            {{"step", record.step}, {"loss", record.loss}, {"loss_scale", loss_scale_}});
   } else {
     const double clip = opt.grad_clip > 0 && record.grad_norm > opt.grad_clip
                             ? opt.grad_clip / (record.grad_norm + 1e-6)

@@ -282,13 +282,14 @@ Status ShardedParameters::FinishStep() {
   return OkStatus();
 }
 
-StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> ShardedParameters::GatherFull() {
+StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> ShardedParameters::Gather(
+    bool trainable_only) {
   torch::NoGradGuard no_grad;
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (size_t b = 0; b < blocks_.size(); ++b) {
     const BlockSpec& spec = model_.blocks()[b];
     for (const Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable}) {
-      if (flat->numel == 0) continue;
+      if (flat->numel == 0 || (trainable_only && flat == &blocks_[b]->frozen)) continue;
       TIDAL_ASSIGN_OR_RETURN(torch::Tensor full, GatherFlat(*flat, flat->data.scalar_type()));
       for (size_t k = 0; k < flat->param_index.size(); ++k) {
         const ParamSpec& p = spec.params[flat->param_index[k]];

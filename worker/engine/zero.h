@@ -70,7 +70,13 @@ class ShardedParameters {
   bool slices_are_partitioned() const { return options_.stage >= 1 && comm_.world_size() > 1; }
 
   // Every parameter at full size (collective: every rank must call it). For export and tests.
-  StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> GatherFull();
+  StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> GatherFull() {
+    return Gather(/*trainable_only=*/false);
+  }
+  // The LoRA weights only, at full size (collective); never materialises the base weights.
+  StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> GatherTrainable() {
+    return Gather(/*trainable_only=*/true);
+  }
 
   // Bytes of parameter storage this rank holds now (unique storages of every tensor kept
   // between steps), measured on the tensors, not computed from shapes.
@@ -90,6 +96,7 @@ class ShardedParameters {
   struct Block;
   friend struct GatheredBlockFunction;
 
+  StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> Gather(bool trainable_only);
   torch::Tensor RunBlock(int64_t b, const torch::Tensor& x);
   // Full-size views of block b's parameters (gathering under stage 3); `holder` keeps the
   // gathered storage alive for as long as the views are used.

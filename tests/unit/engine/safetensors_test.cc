@@ -77,5 +77,24 @@ TEST(SafetensorsTest, GarbledHeaderIsDataLoss) {
   EXPECT_EQ(SafetensorsFile::Open(path).status().code(), StatusCode::kDataLoss);
 }
 
+TEST(SafetensorsTest, ShapeWhoseByteSizeOverflowsIsRefused) {
+  TempDir dir;
+  const std::string path = dir.path() + "/t.safetensors";
+  // 2^61 + 1 doubles: the byte size wraps to 8 in 64 bits, which would match the offsets.
+  const std::string header =
+      R"({"w":{"dtype":"F64","shape":[2305843009213693953],"data_offsets":[0,8]}})";
+  {
+    std::ofstream out(path, std::ios::binary);
+    char len[8] = {};
+    for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    out.write(len, 8);
+    out << header << std::string(8, '\0');
+  }
+  auto file = SafetensorsFile::Open(path);
+  ASSERT_FALSE(file.ok());
+  EXPECT_NE(file.status().message().find("too large"), std::string::npos)
+      << file.status().message();
+}
+
 }  // namespace
 }  // namespace tidal::engine

@@ -108,6 +108,24 @@ TEST(TrainConfigTest, WorldSizeThatDoesNotDivideTheGlobalBatchIsRefused) {
   EXPECT_NE(s.message().find("2 × 3 = 6"), std::string::npos) << s.message();
 }
 
+TEST(TrainConfigTest, ManifestWithWrongKindOrNonStringFieldsIsRefusedNotCrashed) {
+  EXPECT_NE(ErrorOf("kind: 3\nspec: {}\n").find("kind: expected TrainingJob"), std::string::npos);
+  EXPECT_NE(ErrorOf("apiVersion: tidal.dev/v1alpha1\nspec: {}\n").find("kind"), std::string::npos);
+  EXPECT_NE(ErrorOf("kind: TrainingJob\n").find("spec: missing"), std::string::npos);
+  auto c = Parse(
+      "kind: TrainingJob\nmetadata: {name: 7}\nspec:\n  model: {preset: tiny}\n"
+      "  dataset: {uri: x.jsonl}\n");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->name, "local");
+}
+
+TEST(TrainConfigTest, OutOfRangeNumberIsNamedNotCrashed) {
+  auto msg = ErrorOf(
+      "model: {preset: tiny}\ndataset: {uri: x.jsonl}\noptimization: {learningRate: 1e999}\n");
+  EXPECT_NE(msg.find("spec.optimization.learningRate: expected a number"), std::string::npos)
+      << msg;
+}
+
 TEST(TrainConfigTest, TopLevelGarbageIsRefused) {
   EXPECT_FALSE(Parse("- just\n- a list\n").ok());
   EXPECT_NE(ErrorOf("model: {preset: tiny}\ndataset: {uri: x.jsonl}\nmodle: {}\n")

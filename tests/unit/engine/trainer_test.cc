@@ -78,7 +78,9 @@ TEST(TrainerTest, ReportsFiniteStepStatistics) {
   auto r = trainer->Step();
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->step, 1);
-  EXPECT_NEAR(r->loss, std::log(512.0), 0.5);  // a random model is close to uniform
+  // A random model is near uniform over the 512-token vocabulary (fan-in init: within 1 nat).
+  EXPECT_GT(r->loss, std::log(512.0) - 0.5);
+  EXPECT_LT(r->loss, std::log(512.0) + 1.0);
   EXPECT_GT(r->grad_norm, 0);
   EXPECT_GT(r->tokens_per_s, 0);
   EXPECT_GT(r->lr, 0);
@@ -97,6 +99,35 @@ TEST(TrainerTest, BadModelChoicesAreRefusedBeforeTraining) {
   s = Trainer::Create(fp16, MakeSingleRankComm(), {});
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("spec.optimization.precision"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tidal::engine
+
+namespace tidal::engine {
+namespace {
+
+TEST(TrainerPrecisionTest, Bf16KeepsFp32MasterWeightsAndTracksTheFp32Curve) {
+  auto fp32 = TinyConfig(3);
+  auto bf16 = TinyConfig(3);
+  bf16.optimization.precision = "bf16";
+  auto trainer = MakeTrainer(bf16);
+  ASSERT_TRUE(trainer);
+  std::vector<double> low;
+  for (int i = 0; i < 5; ++i) {
+    auto r = trainer->Step();
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    low.push_back(r->loss);
+  }
+  auto named = trainer->parameters().GatherFull();
+  ASSERT_TRUE(named.ok());
+  for (const auto& [name, t] : *named) {
+    const bool adapter = name.find(".lora_") != std::string::npos;
+    EXPECT_EQ(t.scalar_type(), adapter ? torch::kFloat32 : torch::kBFloat16) << name;
+  }
+  const auto high = Losses(fp32, 5);
+  for (size_t i = 0; i < high.size(); ++i)
+    EXPECT_NEAR(low[i], high[i], 0.02 * high[i]) << "step " << i + 1;
 }
 
 }  // namespace
