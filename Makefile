@@ -22,7 +22,7 @@ build: configure
 
 # Every test: unit and integration (ctest labels), incremental build first.
 test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 900 $(CTEST_ARGS)
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 1200 $(CTEST_ARGS)
 
 unit: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -L unit $(CTEST_ARGS)

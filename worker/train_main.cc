@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/yaml_json.h"
 #include "worker/engine/run.h"
+#include "worker/engine/store_server.h"
 #include "worker/launcher.h"
 
 namespace {
@@ -165,7 +166,7 @@ int main(int argc, char** argv) {
   if (args->nproc == 1) {
     status = tidal::engine::RunRank(*config, rank_launch);
   } else {
-    auto store = tidal::engine::RendezvousStore::Start("127.0.0.1");
+    auto store = tidal::engine::StoreServer::Start("127.0.0.1");
     if (!store.ok()) return Fail(store.status(), "");
     tidal::LocalLaunch launch;
     launch.executable = std::filesystem::canonical("/proc/self/exe").string();

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include "common/status.h"
+#include "worker/engine/store_server.h"
 
 namespace tidal::engine {
 
@@ -51,14 +52,5 @@ struct ProcessGroupOptions {
 
 // Joins the process group; blocks until every rank has joined or the timeout passes.
 StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& options);
-
-// The TCPStore that ranks rendezvous on, hosted by the launcher (as torchrun's agent does),
-// on a port the kernel picks so concurrent runs never collide.
-class StoreServer {
- public:
-  static StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host);
-  virtual ~StoreServer() = default;
-  virtual int port() const = 0;
-};
 
 }  // namespace tidal::engine

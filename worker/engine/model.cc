@@ -114,6 +114,10 @@ std::pair<torch::Tensor, torch::Tensor> DecoderModel::RopeTables(int64_t seq,
   return {emb.cos(), emb.sin()};
 }
 
+torch::Tensor DecoderModel::CausalMask(int64_t seq, torch::Device device) {
+  return torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(device)).triu(1);
+}
+
 torch::Tensor DecoderModel::InitialValue(const ParamSpec& spec, uint64_t seed) const {
   auto gen = compat::MakeGenerator(MixSeed(seed, HashName(spec.name)), torch::kCPU);
   auto opts = torch::TensorOptions().dtype(torch::kFloat32);
@@ -183,7 +187,7 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
     if (dropout) {
       auto gen = compat::MakeGenerator(MixSeed(layer_key, m), in.device());
       auto keep = torch::empty_like(in).bernoulli_(1.0 - lora_.dropout, gen);
-      lora_in = in * keep / (1.0 - lora_.dropout);
+      lora_in = in * keep.div_(1.0 - lora_.dropout);
     }
     return out + F::linear(F::linear(lora_in, l.lora_a), l.lora_b) * lora_scale_;
   };
@@ -202,7 +206,9 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
   }
-  auto attn = compat::CausalAttention(q, k, v).transpose(1, 2).reshape({batch, seq, heads * dim});
+  auto attn = compat::CausalAttention(q, k, v, ctx.causal_mask)
+                  .transpose(1, 2)
+                  .reshape({batch, seq, heads * dim});
   auto hidden = x + linear(kO, attn);
   auto m = RmsNorm(hidden, post_norm, config_.rms_norm_eps);
   auto mlp = linear(kDown, F::silu(linear(kGate, m)) * linear(kUp, m));

@@ -16,15 +16,6 @@
 namespace tidal::engine {
 namespace {
 
-class TcpRendezvousStore final : public RendezvousStore {
- public:
-  explicit TcpRendezvousStore(std::unique_ptr<StoreServer> server) : server_(std::move(server)) {}
-  int port() const override { return server_->port(); }
-
- private:
-  std::unique_ptr<StoreServer> server_;
-};
-
 void PrintStepLine(const StepRecord& r) {
   nlohmann::json line = {{"step", r.step},
                          {"loss", r.loss},
@@ -136,11 +127,6 @@ Status RunRank(const TrainConfig& config, const RankLaunch& launch) {
     if (auto nl = msg.find('\n'); nl != std::string::npos) msg = msg.substr(0, nl);
     return Internal("rank " + std::to_string(launch.rank) + ": " + msg);
   }
-}
-
-StatusOr<std::unique_ptr<RendezvousStore>> RendezvousStore::Start(const std::string& host) {
-  TIDAL_ASSIGN_OR_RETURN(auto server, StoreServer::Start(host));
-  return std::unique_ptr<RendezvousStore>(std::make_unique<TcpRendezvousStore>(std::move(server)));
 }
 
 }  // namespace tidal::engine

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 
@@ -25,13 +24,5 @@ struct RankLaunch {
 // Trains to the last step. Rank 0 prints one JSON line per optimizer step on stdout:
 // {"step","loss","lr","grad_norm","tokens_per_s","world_size"}; logs go to stderr.
 Status RunRank(const TrainConfig& config, const RankLaunch& launch);
-
-// The rendezvous store a launcher hosts for its ranks (see comm.h).
-class RendezvousStore {
- public:
-  static StatusOr<std::unique_ptr<RendezvousStore>> Start(const std::string& host);
-  virtual ~RendezvousStore() = default;
-  virtual int port() const = 0;
-};
 
 }  // namespace tidal::engine

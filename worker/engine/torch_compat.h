@@ -49,19 +49,24 @@ inline at::Generator MakeGenerator(uint64_t seed, const torch::Device& device) {
 }
 
 // Causal self-attention over [batch, heads, seq, head_dim]. PyTorch 2 has a fused kernel
-// (flash / memory-efficient on GPU); 1.13 gets the textbook formulation.
+// (flash / memory-efficient on GPU); 1.13 gets the textbook formulation, with `causal_mask`
+// ([seq, seq] bool, true above the diagonal) built once per forward by the caller when given.
 inline torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                     const torch::Tensor& v) {
+                                     const torch::Tensor& v, const torch::Tensor& causal_mask) {
 #if TORCH_VERSION_MAJOR >= 2
+  (void)causal_mask;
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
                                           /*is_causal=*/true);
 #else
   const int64_t seq = q.size(-2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  auto scores = torch::matmul(q, k.transpose(-2, -1)) * scale;
-  auto mask = torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
-                  .triu(1);
-  scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  auto mask =
+      causal_mask.defined()
+          ? causal_mask.narrow(0, 0, seq).narrow(1, 0, seq)
+          : torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(q.device()))
+                .triu(1);
+  auto scores = torch::matmul(q, k.transpose(-2, -1)).mul_(scale);
+  scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
   auto probs = torch::softmax(scores.to(torch::kFloat32), -1).to(q.scalar_type());
   return torch::matmul(probs, v);
 #endif

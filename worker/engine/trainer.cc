@@ -85,6 +85,7 @@ Status Trainer::Initialize() {
                                                             config_.dataset.max_seq_len, opt.seed));
   data_ = std::move(data);
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
+  causal_mask_ = DecoderModel::CausalMask(config_.dataset.max_seq_len, options_.device);
   LogInfo("engine ready", {{"params_total", model_config.BaseParameterCount()},
                            {"params_trainable", params_->TrainableParameterCount()},
                            {"zero_stage", opt.zero_stage},
@@ -112,6 +113,7 @@ StatusOr<StepRecord> Trainer::Step() {
     ctx.targets = batch.targets.to(options_.device);
     ctx.rope_cos = rope_cos_;
     ctx.rope_sin = rope_sin_;
+    ctx.causal_mask = causal_mask_;
     ctx.training = true;
     ctx.dropout_key = MixSeed(MixSeed(opt.seed, static_cast<uint64_t>(step_)), index);
     TIDAL_ASSIGN_OR_RETURN(torch::Tensor loss_sum, params_->Forward(ctx));

@@ -21,6 +21,11 @@ struct ShardedParameters::Flat {
 struct ShardedParameters::Block {
   Flat frozen;
   Flat trainable;
+  // Stages 0–2: one leaf per trainable parameter, aliasing `trainable.data`, whose .grad is a
+  // view of `grad` — autograd accumulates straight into the flat gradient that the
+  // collectives reduce (no per-view scatter, no copy).
+  std::vector<torch::Tensor> leaves;
+  torch::Tensor grad;        // stages 0–2: [padded] fp32
   torch::Tensor grad_slice;  // stage 2: this rank's accumulated fp32 gradient slice
 };
 
@@ -109,7 +114,20 @@ ShardedParameters::ShardedParameters(const DecoderModel& model, Comm& comm, Shar
                       .device(options_.device)
                       .dtype(trainable ? torch::kFloat32 : options_.compute_dtype);
       flat->data = torch::zeros({kept}, opts);
-      if (trainable && flat->numel > 0) flat->data.set_requires_grad(true);
+      // Stage 3: the slice itself is the leaf; the gathered-block function routes its
+      // gradient there.
+      if (trainable && flat->numel > 0 && sharded) flat->data.set_requires_grad(true);
+    }
+    Flat& t = block->trainable;
+    if (!sharded && t.numel > 0) {
+      block->grad = torch::zeros({t.padded}, t.data.options());
+      for (size_t k = 0; k < t.param_index.size(); ++k) {
+        const ParamSpec& p = spec.params[t.param_index[k]];
+        auto leaf = t.data.narrow(0, t.offset[k], p.numel()).view(p.shape).detach();
+        leaf.requires_grad_(true);
+        leaf.mutable_grad() = block->grad.narrow(0, t.offset[k], p.numel()).view(p.shape);
+        block->leaves.push_back(std::move(leaf));
+      }
     }
     if (options_.stage == 2 && world > 1 && block->trainable.numel > 0)
       block->grad_slice = torch::zeros({block->trainable.padded / world},
@@ -159,19 +177,22 @@ StatusOr<std::vector<torch::Tensor>> ShardedParameters::BlockParams(
   const BlockSpec& spec = model_.blocks()[b];
   TIDAL_ASSIGN_OR_RETURN(torch::Tensor frozen, GatherFlat(block.frozen, options_.compute_dtype));
   torch::Tensor trainable;
-  if (block.trainable.numel > 0) {
+  if (block.trainable.numel > 0 && options_.stage == 3) {
     TIDAL_ASSIGN_OR_RETURN(trainable, GatherFlat(block.trainable, options_.compute_dtype));
-    if (options_.stage == 3 && trainable_requires_grad) trainable.requires_grad_(true);
+    if (trainable_requires_grad) trainable.requires_grad_(true);
   }
   if (trainable_full_out) *trainable_full_out = trainable;
   holder.push_back(frozen);
   holder.push_back(trainable);
   std::vector<torch::Tensor> params(spec.params.size());
   for (const auto* flat : {&block.frozen, &block.trainable}) {
+    const bool leaves = flat == &block.trainable && options_.stage < 3;
     const torch::Tensor& full = flat == &block.frozen ? frozen : trainable;
     for (size_t k = 0; k < flat->param_index.size(); ++k) {
       const ParamSpec& p = spec.params[flat->param_index[k]];
-      params[flat->param_index[k]] = full.narrow(0, flat->offset[k], p.numel()).view(p.shape);
+      params[flat->param_index[k]] = leaves
+                                         ? block.leaves[k].to(options_.compute_dtype)
+                                         : full.narrow(0, flat->offset[k], p.numel()).view(p.shape);
     }
   }
   return params;
@@ -219,12 +240,11 @@ Status ShardedParameters::AfterMicroBatchBackward() {
   if (options_.stage != 2 || comm_.world_size() == 1) return OkStatus();
   torch::NoGradGuard no_grad;
   for (auto& block : blocks_) {
-    Flat& flat = block->trainable;
-    if (flat.numel == 0 || !flat.data.grad().defined()) continue;
+    if (block->trainable.numel == 0) continue;
     auto slice = torch::empty_like(block->grad_slice);
-    TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(flat.data.grad(), slice));
+    TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(block->grad, slice));
     block->grad_slice.add_(slice);
-    flat.data.mutable_grad() = torch::Tensor();  // only the slice is kept
+    block->grad.zero_();  // only the slice is accumulated across micro-batches
   }
   return OkStatus();
 }
@@ -237,7 +257,7 @@ StatusOr<std::vector<TrainableSlice>> ShardedParameters::ReduceGradients() {
     Flat& flat = blocks_[b]->trainable;
     if (flat.numel == 0) continue;
     torch::Tensor param = flat.data.detach();
-    torch::Tensor grad = flat.data.grad();
+    torch::Tensor grad = options_.stage < 3 ? blocks_[b]->grad : flat.data.grad();
     if (!grad.defined()) grad = torch::zeros_like(param);
     if (world > 1) {
       const int64_t slice = flat.padded / world;
@@ -276,7 +296,8 @@ Status ShardedParameters::FinishStep() {
       const int64_t slice = flat.padded / world;
       TIDAL_RETURN_IF_ERROR(comm_.AllGather(full.narrow(0, rank * slice, slice).clone(), full));
     }
-    flat.data.mutable_grad() = torch::Tensor();
+    if (block->grad.defined()) block->grad.zero_();
+    if (options_.stage == 3) flat.data.mutable_grad() = torch::Tensor();
     if (block->grad_slice.defined()) block->grad_slice.zero_();
   }
   return OkStatus();

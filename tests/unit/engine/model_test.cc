@@ -13,6 +13,8 @@
 namespace tidal::engine {
 namespace {
 
+using testing::Logits;
+
 using testing::TempDir;
 
 ModelConfig Tiny(bool tied = true) {
@@ -27,17 +29,6 @@ LoraSpec Lora() {
   l.alpha = 8;
   l.target_modules = {"q_proj", "k_proj", "down_proj"};
   return l;
-}
-
-torch::Tensor Logits(ShardedParameters& params, const DecoderModel& model,
-                     const torch::Tensor& tokens) {
-  ForwardContext ctx;
-  ctx.tokens = tokens;
-  std::tie(ctx.rope_cos, ctx.rope_sin) = model.RopeTables(tokens.size(1), torch::kCPU);
-  torch::NoGradGuard no_grad;
-  auto logits = params.Forward(ctx);
-  EXPECT_TRUE(logits.ok()) << logits.status().message();
-  return *logits;
 }
 
 TEST(ModelConfigTest, PresetsHaveTheAdvertisedSizes) {

@@ -4,7 +4,11 @@
 #include <filesystem>
 #include <string>
 
+#include <gtest/gtest.h>
+
+#include "worker/engine/model.h"
 #include "worker/engine/train_config.h"
+#include "worker/engine/zero.h"
 
 namespace tidal::engine::testing {
 
@@ -29,6 +33,18 @@ inline TrainConfig TinyConfig(int zero_stage, double dropout = 0.0) {
   c.optimization.learning_rate = 3e-3;
   c.optimization.max_steps = 10;
   return c;
+}
+
+// Logits of `params` for `tokens` (no graph).
+inline torch::Tensor Logits(ShardedParameters& params, const DecoderModel& model,
+                            const torch::Tensor& tokens) {
+  ForwardContext ctx;
+  ctx.tokens = tokens;
+  std::tie(ctx.rope_cos, ctx.rope_sin) = model.RopeTables(tokens.size(1), torch::kCPU);
+  torch::NoGradGuard no_grad;
+  auto logits = params.Forward(ctx);
+  if (!logits.ok()) ADD_FAILURE() << logits.status().message();
+  return logits.ok() ? *logits : torch::Tensor();
 }
 
 // A fresh directory under the system temp dir, removed when the object goes.

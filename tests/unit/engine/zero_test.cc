@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include "tests/unit/engine/multi_rank.h"
+#include "tests/unit/engine/test_util.h"
 #include "worker/engine/hf_checkpoint.h"
 
 namespace tidal::engine {
 namespace {
+
+using testing::Logits;
 
 using testing::RunRanks;
 
@@ -18,15 +21,6 @@ DecoderModel TinyModel() {
   lora.rank = 4;
   lora.target_modules = {"q_proj", "v_proj", "up_proj"};
   return DecoderModel(*PresetModelConfig("tiny"), lora);
-}
-
-torch::Tensor Logits(ShardedParameters& params, const DecoderModel& model,
-                     const torch::Tensor& tokens) {
-  ForwardContext ctx;
-  ctx.tokens = tokens;
-  std::tie(ctx.rope_cos, ctx.rope_sin) = model.RopeTables(tokens.size(1), torch::kCPU);
-  torch::NoGradGuard no_grad;
-  return *params.Forward(ctx);
 }
 
 class ZeroMemoryTest : public ::testing::TestWithParam<int> {};

@@ -1,0 +1,20 @@
+// worker/engine/store_server.h — the rendezvous store (a c10d TCPStore) a launcher hosts for
+// its ranks, as torchrun's agent does, on a port the kernel picks so concurrent runs never
+// collide. No LibTorch types here: launchers outside worker/engine include this header.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace tidal::engine {
+
+class StoreServer {
+ public:
+  static StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host);
+  virtual ~StoreServer() = default;
+  virtual int port() const = 0;
+};
+
+}  // namespace tidal::engine
