@@ -25,45 +25,26 @@ int64_t SafetensorsEntry::numel() const {
   return n;
 }
 
+namespace {
+// The dtypes of the safetensors format the engine reads and writes.
+constexpr std::pair<const char*, torch::ScalarType> kDtypes[] = {
+    {"F32", torch::kFloat32}, {"F16", torch::kFloat16}, {"BF16", torch::kBFloat16},
+    {"F64", torch::kFloat64}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
+    {"I16", torch::kInt16},   {"I8", torch::kInt8},     {"U8", torch::kUInt8},
+    {"BOOL", torch::kBool}};
+}  // namespace
+
 StatusOr<torch::ScalarType> ScalarTypeFromSafetensors(const std::string& dtype) {
-  if (dtype == "F32") return torch::kFloat32;
-  if (dtype == "F16") return torch::kFloat16;
-  if (dtype == "BF16") return torch::kBFloat16;
-  if (dtype == "F64") return torch::kFloat64;
-  if (dtype == "I64") return torch::kInt64;
-  if (dtype == "I32") return torch::kInt32;
-  if (dtype == "I16") return torch::kInt16;
-  if (dtype == "I8") return torch::kInt8;
-  if (dtype == "U8") return torch::kUInt8;
-  if (dtype == "BOOL") return torch::kBool;
+  for (const auto& [name, type] : kDtypes)
+    if (dtype == name) return type;
   return InvalidArgument("unsupported safetensors dtype \"" + dtype + "\"");
 }
 
 StatusOr<std::string> SafetensorsDtypeName(torch::ScalarType dtype) {
-  switch (dtype) {
-    case torch::kFloat32:
-      return std::string("F32");
-    case torch::kFloat16:
-      return std::string("F16");
-    case torch::kBFloat16:
-      return std::string("BF16");
-    case torch::kFloat64:
-      return std::string("F64");
-    case torch::kInt64:
-      return std::string("I64");
-    case torch::kInt32:
-      return std::string("I32");
-    case torch::kInt16:
-      return std::string("I16");
-    case torch::kInt8:
-      return std::string("I8");
-    case torch::kUInt8:
-      return std::string("U8");
-    case torch::kBool:
-      return std::string("BOOL");
-    default:
-      return InvalidArgument("dtype cannot be stored in safetensors");
-  }
+  for (const auto& [name, type] : kDtypes)
+    if (dtype == type) return std::string(name);
+  return InvalidArgument(std::string("dtype ") + c10::toString(dtype) +
+                         " cannot be stored in safetensors");
 }
 
 StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
