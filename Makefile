@@ -43,7 +43,7 @@ bench: build
 	bench/step_time_vs_python.sh $(BUILD_DIR)
 
 format:
-	find common worker tests bench -name '*.cc' -o -name '*.h' | xargs clang-format -i
+	find common operator worker tests bench -name '*.cc' -o -name '*.h' | xargs clang-format -i
 
 clean:
 	rm -rf $(BUILD_DIR) out

@@ -35,7 +35,9 @@ Status WriteJson(const std::string& path, const nlohmann::json& json) {
   out << json.dump(2) << "\n";
   out.close();
   if (!out) return Unavailable("cannot write " + path);
-  std::filesystem::rename(path + ".tmp", path);
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+  if (ec) return Unavailable("cannot write " + path + ": " + ec.message());
   return OkStatus();
 }
 
