@@ -1,0 +1,43 @@
+// operator/local/cluster.h — `tidal local`: one process holding the API server (and, as later
+// issues land, the process kubelet and the operator). On first start it creates, under DIR, a
+// CA, a serving certificate for 127.0.0.1/localhost, an admin bearer token and a kubeconfig;
+// later starts reuse them (and the port), so clients and watchers carry on after a restart.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "operator/local/apiserver.h"
+
+namespace tidal::local {
+
+struct ClusterOptions {
+  std::string data_dir = ".tidal/local";
+  int port = -1;  // -1: the port of the previous start, else any free port; 0: any free port
+  int nodes = 1;
+  int gpus_per_node = 8;
+  size_t history_size = 10000;
+  std::chrono::milliseconds bookmark_interval{std::chrono::seconds(60)};
+};
+
+class LocalCluster {
+ public:
+  static StatusOr<std::unique_ptr<LocalCluster>> Start(ClusterOptions options);
+  ~LocalCluster();
+  std::string kubeconfig_path() const { return options_.data_dir + "/kubeconfig"; }
+  int port() const { return api_->port(); }
+  ApiServer& api() { return *api_; }
+  void Stop();
+
+ private:
+  explicit LocalCluster(ClusterOptions options) : options_(std::move(options)) {}
+  Status RegisterNodes();
+
+  ClusterOptions options_;
+  std::unique_ptr<ApiServer> api_;
+};
+
+std::string Base64Encode(const std::string& data);
+
+}  // namespace tidal::local
