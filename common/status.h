@@ -17,6 +17,7 @@ enum class StatusCode {
   kFailedPrecondition,
   kUnavailable,  // a peer or the network: retryable
   kDeadlineExceeded,
+  kAborted,  // a concurrent change won (409 Conflict): re-read and retry
   kDataLoss,
   kInternal,
 };
@@ -33,6 +34,8 @@ inline const char* StatusCodeName(StatusCode code) {
       return "FAILED_PRECONDITION";
     case StatusCode::kUnavailable:
       return "UNAVAILABLE";
+    case StatusCode::kAborted:
+      return "ABORTED";
     case StatusCode::kDeadlineExceeded:
       return "DEADLINE_EXCEEDED";
     case StatusCode::kDataLoss:
@@ -53,7 +56,8 @@ class [[nodiscard]] Status {
   const std::string& message() const { return message_; }
   // Whether trying again can help (STYLE.md rule 3).
   bool retryable() const {
-    return code_ == StatusCode::kUnavailable || code_ == StatusCode::kDeadlineExceeded;
+    return code_ == StatusCode::kUnavailable || code_ == StatusCode::kDeadlineExceeded ||
+           code_ == StatusCode::kAborted;
   }
   std::string ToString() const {
     return ok() ? "OK" : std::string(StatusCodeName(code_)) + ": " + message_;
@@ -80,6 +84,7 @@ inline Status Unavailable(std::string m) { return Status(StatusCode::kUnavailabl
 inline Status DeadlineExceeded(std::string m) {
   return Status(StatusCode::kDeadlineExceeded, std::move(m));
 }
+inline Status Aborted(std::string m) { return Status(StatusCode::kAborted, std::move(m)); }
 inline Status DataLoss(std::string m) { return Status(StatusCode::kDataLoss, std::move(m)); }
 inline Status Internal(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
 

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/base64.h"
 #include "common/http/pki.h"
 #include "common/log.h"
 
@@ -88,24 +89,6 @@ StatusOr<Credentials> LoadOrCreateCredentials(const std::string& dir) {
 }
 
 }  // namespace
-
-std::string Base64Encode(const std::string& data) {
-  static const char* kTable = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  size_t i = 0;
-  for (; i + 2 < data.size(); i += 3) {
-    uint32_t n = (uint8_t(data[i]) << 16) | (uint8_t(data[i + 1]) << 8) | uint8_t(data[i + 2]);
-    for (int s = 18; s >= 0; s -= 6) out.push_back(kTable[(n >> s) & 63]);
-  }
-  if (i + 1 == data.size()) {
-    uint32_t n = uint8_t(data[i]) << 16;
-    out += {kTable[(n >> 18) & 63], kTable[(n >> 12) & 63], '=', '='};
-  } else if (i + 2 == data.size()) {
-    uint32_t n = (uint8_t(data[i]) << 16) | (uint8_t(data[i + 1]) << 8);
-    out += {kTable[(n >> 18) & 63], kTable[(n >> 12) & 63], kTable[(n >> 6) & 63], '='};
-  }
-  return out;
-}
 
 StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(ClusterOptions options) {
   if (options.nodes < 1) return InvalidArgument("--nodes: expected at least 1");

@@ -38,6 +38,4 @@ class LocalCluster {
   std::unique_ptr<ApiServer> api_;
 };
 
-std::string Base64Encode(const std::string& data);
-
 }  // namespace tidal::local

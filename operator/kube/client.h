@@ -1,0 +1,69 @@
+// operator/kube/client.h — sends what the pure request builders (request.h) describe to an API
+// server over verified TLS with the connection's credentials, and maps Kubernetes Status
+// answers onto Status codes: 404 NotFound, 409 Aborted (retryable), 400/422 InvalidArgument,
+// 410 FailedPrecondition ("Expired"), 429/5xx Unavailable. Watches stream events line by line.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/http/client.h"
+#include "common/status.h"
+#include "operator/kube/config.h"
+#include "operator/kube/request.h"
+
+namespace tidal::kube {
+
+struct ApiResponse {
+  int code = 0;
+  nlohmann::json body;
+};
+
+struct WatchEventJson {
+  std::string type;  // ADDED MODIFIED DELETED BOOKMARK ERROR
+  nlohmann::json object;
+};
+
+class WatchStream {
+ public:
+  explicit WatchStream(std::unique_ptr<http::ResponseStream> stream) : stream_(std::move(stream)) {}
+  // The next event; nullopt when the server ended the watch (timeout): watch again from the
+  // last version seen.
+  StatusOr<std::optional<WatchEventJson>> Next();
+  void Cancel() { stream_->Cancel(); }
+
+ private:
+  std::unique_ptr<http::ResponseStream> stream_;
+};
+
+class KubeClient {
+ public:
+  static StatusOr<std::unique_ptr<KubeClient>> Create(const Connection& connection);
+  const Connection& connection() const { return connection_; }
+
+  // The answer whatever its code (transport failures are the only errors).
+  StatusOr<ApiResponse> Send(const Request& request);
+  // The body of a 2xx answer, else the mapped error with the server's message.
+  StatusOr<nlohmann::json> Call(const Request& request);
+  // Opens a watch; a non-2xx answer becomes the mapped error.
+  StatusOr<std::unique_ptr<WatchStream>> Watch(const Request& request,
+                                               std::chrono::milliseconds idle_timeout);
+
+ private:
+  KubeClient(Connection connection, std::unique_ptr<http::Client> http)
+      : connection_(std::move(connection)), http_(std::move(http)) {}
+  http::Request ToHttp(const Request& request) const;
+
+  Connection connection_;
+  std::unique_ptr<http::Client> http_;
+};
+
+// Maps a non-2xx answer to a Status naming the server's message.
+Status StatusFromResponse(const ApiResponse& response);
+bool IsExpired(const Status& status);
+
+}  // namespace tidal::kube

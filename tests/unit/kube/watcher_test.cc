@@ -1,0 +1,77 @@
+// The watcher state machine: transitions, resume versions, dedup, and relist differences.
+#include "operator/kube/watcher.h"
+
+#include <gtest/gtest.h>
+
+namespace tidal::kube {
+namespace {
+
+using nlohmann::json;
+
+json Obj(const std::string& name, int rv) {
+  return {{"metadata",
+           {{"namespace", "default"}, {"name", name}, {"resourceVersion", std::to_string(rv)}}}};
+}
+json List(std::vector<json> items, int rv) {
+  return {{"metadata", {{"resourceVersion", std::to_string(rv)}}}, {"items", items}};
+}
+std::vector<std::string> Describe(const std::vector<ObjectEvent>& events) {
+  std::vector<std::string> out;
+  for (const auto& e : events)
+    out.push_back(std::string(e.type == ObjectEvent::kAdded      ? "+"
+                              : e.type == ObjectEvent::kModified ? "~"
+                                                                 : "-") +
+                  e.object["metadata"]["name"].get<std::string>());
+  return out;
+}
+
+TEST(WatcherCore, FollowsTheStateTable) {
+  WatcherCore core;
+  EXPECT_EQ(core.state(), WatcherState::kInitial);
+  core.OnWatchOpened();  // not allowed before a list
+  EXPECT_EQ(core.state(), WatcherState::kInitial);
+  core.OnList(List({}, 5));
+  EXPECT_EQ(core.state(), WatcherState::kListed);
+  core.OnWatchOpened();
+  EXPECT_EQ(core.state(), WatcherState::kWatching);
+  core.OnWatchEnded();
+  EXPECT_EQ(core.state(), WatcherState::kListed);
+  core.OnWatchOpened();
+  core.OnExpired();
+  EXPECT_EQ(core.state(), WatcherState::kInitial);
+}
+
+TEST(WatcherCore, ResumesFromTheLastEventOrBookmark) {
+  WatcherCore core;
+  core.OnList(List({Obj("a", 3)}, 4));
+  EXPECT_EQ(core.resource_version(), "4");
+  core.OnWatchOpened();
+  EXPECT_EQ(Describe(core.OnEvent({"ADDED", Obj("b", 6)})), std::vector<std::string>{"+b"});
+  EXPECT_EQ(core.resource_version(), "6");
+  EXPECT_TRUE(core.OnEvent({"BOOKMARK", {{"metadata", {{"resourceVersion", "9"}}}}}).empty());
+  EXPECT_EQ(core.resource_version(), "9");
+}
+
+TEST(WatcherCore, NeverDeliversAnObjectVersionTwice) {
+  WatcherCore core;
+  core.OnList(List({Obj("a", 3)}, 3));
+  core.OnWatchOpened();
+  EXPECT_TRUE(core.OnEvent({"ADDED", Obj("a", 3)}).empty());  // replayed after a resume
+  EXPECT_EQ(Describe(core.OnEvent({"MODIFIED", Obj("a", 7)})), std::vector<std::string>{"~a"});
+  EXPECT_TRUE(core.OnEvent({"MODIFIED", Obj("a", 7)}).empty());
+  EXPECT_EQ(Describe(core.OnEvent({"DELETED", Obj("a", 8)})), std::vector<std::string>{"-a"});
+  EXPECT_TRUE(core.OnEvent({"DELETED", Obj("a", 8)}).empty());
+}
+
+TEST(WatcherCore, RelistAfterGoneEmitsOnlyTheDifference) {
+  WatcherCore core;
+  core.OnList(List({Obj("keep", 1), Obj("change", 2), Obj("drop", 3)}, 3));
+  core.OnWatchOpened();
+  core.OnExpired();
+  auto diff = core.OnList(List({Obj("keep", 1), Obj("change", 9), Obj("new", 10)}, 10));
+  EXPECT_EQ(Describe(diff), (std::vector<std::string>{"-drop", "~change", "+new"}));
+  EXPECT_EQ(core.known_objects(), 3u);
+}
+
+}  // namespace
+}  // namespace tidal::kube
