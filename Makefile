@@ -5,7 +5,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test unit integration demo bench format clean
+.PHONY: all deps configure build test unit integration e2e demo bench format clean
 
 all: build
 
@@ -29,6 +29,9 @@ unit: build
 
 integration: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
+
+e2e: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L e2e $(CTEST_ARGS)
 
 # The main job: a multi-process LoRA fine-tune of the tiny preset on the shipped sample data.
 DEMO_NPROC ?= 2

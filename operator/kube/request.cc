@@ -3,23 +3,10 @@
 
 #include <cctype>
 
+#include "common/http/message.h"
+
 namespace tidal::kube {
 namespace {
-
-std::string PercentEncode(const std::string& s) {
-  static const char* kHex = "0123456789ABCDEF";
-  std::string out;
-  for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
-}
 
 StatusOr<std::string> CollectionPath(const Resource& r, const std::string& ns) {
   if (r.version.empty() || r.plural.empty())
@@ -61,7 +48,7 @@ void AddSelectors(Request& req, const std::string& labels, const std::string& fi
 std::string Request::Target() const {
   std::string target = path;
   for (size_t i = 0; i < query.size(); ++i)
-    target += (i == 0 ? "?" : "&") + query[i].first + "=" + PercentEncode(query[i].second);
+    target += (i == 0 ? "?" : "&") + query[i].first + "=" + http::PercentEncode(query[i].second);
   return target;
 }
 

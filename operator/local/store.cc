@@ -157,40 +157,31 @@ std::vector<ObjectPtr> Store::List(const std::string& resource,
 }
 
 StatusOr<ObjectPtr> Store::Create(const ObjectKey& key, nlohmann::json object) {
-  return Write(WatchEvent::kAdded, key, std::move(object));
+  return Write(WatchEvent::kAdded, key, std::move(object), std::nullopt);
 }
 
 StatusOr<ObjectPtr> Store::Update(const ObjectKey& key, nlohmann::json object,
                                   const std::optional<int64_t>& expected_version) {
-  if (expected_version) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = objects_.find(key);
-    if (it != objects_.end() &&
-        (*it->second)["metadata"].value("resourceVersion", "") != std::to_string(*expected_version))
-      return FailedPrecondition("the object has been modified");
-  }
-  return Write(WatchEvent::kModified, key, std::move(object));
+  return Write(WatchEvent::kModified, key, std::move(object), expected_version);
 }
 
 StatusOr<ObjectPtr> Store::Delete(const ObjectKey& key,
                                   const std::optional<int64_t>& expected_version) {
-  if (expected_version) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = objects_.find(key);
-    if (it != objects_.end() &&
-        (*it->second)["metadata"].value("resourceVersion", "") != std::to_string(*expected_version))
-      return FailedPrecondition("the object has been modified");
-  }
-  return Write(WatchEvent::kDeleted, key, std::nullopt);
+  return Write(WatchEvent::kDeleted, key, std::nullopt, expected_version);
 }
 
 StatusOr<ObjectPtr> Store::Write(WatchEvent::Type type, const ObjectKey& key,
-                                 std::optional<nlohmann::json> object) {
+                                 std::optional<nlohmann::json> object,
+                                 const std::optional<int64_t>& expected_version) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = objects_.find(key);
   if (type == WatchEvent::kAdded && it != objects_.end())
     return FailedPrecondition("already exists");
   if (type != WatchEvent::kAdded && it == objects_.end()) return NotFound("not found");
+  // Compare-and-swap under the same lock as the write.
+  if (expected_version &&
+      (*it->second)["metadata"].value("resourceVersion", "") != std::to_string(*expected_version))
+    return FailedPrecondition("the object has been modified");
   int64_t version = version_ + 1;
   nlohmann::json stored = type == WatchEvent::kDeleted ? *it->second : std::move(*object);
   stored["metadata"]["resourceVersion"] = std::to_string(version);

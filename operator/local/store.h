@@ -83,7 +83,8 @@ class Store {
   Store(sqlite3* db, size_t history_size) : db_(db), history_size_(history_size) {}
   Status Load();
   StatusOr<ObjectPtr> Write(WatchEvent::Type type, const ObjectKey& key,
-                            std::optional<nlohmann::json> object);
+                            std::optional<nlohmann::json> object,
+                            const std::optional<int64_t>& expected_version);
 
   sqlite3* db_;
   size_t history_size_;
