@@ -1,5 +1,5 @@
 // operator/main.cc — the `tidal` command. Subcommands:
-//   tidal local [--data DIR] [--port P] [--nodes K] [--gpus N]   the local cluster
+//   tidal local [--data DIR] [--port P] [--nodes K] [--gpus N] [--image I=EXE]   the local cluster
 // (the operator itself arrives with its issue).
 #include <csignal>
 #include <cstdio>
@@ -18,10 +18,13 @@ int Usage(const char* why) {
   if (why) std::fprintf(stderr, "tidal: %s\n", why);
   std::fprintf(stderr,
                "usage: tidal local [--data DIR] [--port P] [--nodes K] [--gpus N]\n"
+               "                   [--image IMAGE=EXECUTABLE]...\n"
                "  --data DIR   state, certificates, kubeconfig and logs (default .tidal/local)\n"
                "  --port P     HTTPS port on 127.0.0.1 (default: the previous one, else free)\n"
                "  --nodes K    process-kubelet nodes (default 1)\n"
-               "  --gpus N     allocatable nvidia.com/gpu per node (default 8)\n");
+               "  --gpus N     allocatable nvidia.com/gpu per node (default 8)\n"
+               "  --image IMAGE=EXECUTABLE  run pods of IMAGE as EXECUTABLE (IMAGE=host: the\n"
+               "               container command from the host PATH); repeatable\n");
   return 2;
 }
 
@@ -54,6 +57,12 @@ int RunLocal(int argc, char** argv) {
       int ms = 0;
       if (!ParseInt(value, ms) || ms < 1) return Usage("--bookmark-interval-ms: expected > 0");
       options.bookmark_interval = std::chrono::milliseconds(ms);
+    } else if (flag == "--image") {
+      options.images.push_back(value);
+    } else if (flag == "--crash-backoff-ms") {  // for tests: CrashLoopBackOff's first delay
+      int ms = 0;
+      if (!ParseInt(value, ms) || ms < 0) return Usage("--crash-backoff-ms: expected >= 0");
+      options.crash_backoff = std::chrono::milliseconds(ms);
     } else if (flag == "--history") {  // for tests: watch window in changes
       int n = 0;
       if (!ParseInt(value, n) || n < 1) return Usage("--history: expected > 0");

@@ -254,6 +254,13 @@ class RequestContext {
         options = *body;
       }
       if (auto p = req_.QueryValue("propagationPolicy")) options["propagationPolicy"] = *p;
+      if (auto g = req_.QueryValue("gracePeriodSeconds"); g && !g->empty()) {
+        char* end = nullptr;
+        long long v = std::strtoll(g->c_str(), &end, 10);
+        if (*end)
+          return Reply(ErrorResponse(BadRequest("gracePeriodSeconds: expected an integer")));
+        options["gracePeriodSeconds"] = v;
+      }
       return ReplyResult(writer.Delete(r, ns, name, options));
     }
     MethodNotAllowed();
@@ -443,6 +450,8 @@ class RequestContext {
         !(*pod)["spec"]["containers"].empty())
       container = (*pod)["spec"]["containers"][0].value("name", "");
     std::string path = s_.options_.log_path ? s_.options_.log_path(ns, name, container) : "";
+    // The kubelet keeps the output of the container's previous run beside the current one.
+    if (!path.empty() && req_.QueryValue("previous").value_or("") == "true") path += ".previous";
     std::ifstream in(path, std::ios::binary);
     if (path.empty() || !in)
       return Reply(ErrorResponse(BadRequest("container \"" + container + "\" in pod \"" + name +

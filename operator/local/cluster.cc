@@ -113,10 +113,11 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(ClusterOptions optio
   api.port = port;
   api.history_size = options.history_size;
   api.bookmark_interval = options.bookmark_interval;
-  std::string logs_dir = options.data_dir + "/logs";
-  api.log_path = [logs_dir](const std::string& ns, const std::string& pod, const std::string& c) {
-    return logs_dir + "/" + ns + "/" + pod + "/" + c + ".log";
+  std::string data_dir = options.data_dir;
+  api.log_path = [data_dir](const std::string& ns, const std::string& pod, const std::string& c) {
+    return ProcessKubelet::LogPath(data_dir, ns, pod, c);
   };
+  TIDAL_ASSIGN_OR_RETURN(ImageTable images, DefaultImages(options.images));
   TIDAL_ASSIGN_OR_RETURN(cluster->api_, ApiServer::Start(api));
   TIDAL_RETURN_IF_ERROR(WriteFileAtomically(options.data_dir + "/port",
                                             std::to_string(cluster->port()) + "\n", 0644));
@@ -138,7 +139,41 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(ClusterOptions optio
   TIDAL_RETURN_IF_ERROR(
       WriteFileAtomically(cluster->kubeconfig_path(), kubeconfig.dump(2) + "\n", 0600));
   TIDAL_RETURN_IF_ERROR(cluster->RegisterNodes());
+  KubeletOptions kubelet;
+  kubelet.data_dir = options.data_dir;
+  kubelet.images = std::move(images);
+  kubelet.api_port = cluster->port();
+  kubelet.initial_backoff = options.crash_backoff;
+  for (int i = 0; i < options.nodes; ++i) {
+    std::string name = "tidal-node-" + std::to_string(i);
+    kubelet.nodes.push_back({name,
+                             {{"kubernetes.io/hostname", name}, {"tidal.dev/local", "true"}},
+                             options.gpus_per_node});
+  }
+  cluster->kubelet_ = std::make_unique<ProcessKubelet>(*cluster->api_, std::move(kubelet));
+  cluster->kubelet_->Start();
   return cluster;
+}
+
+StatusOr<ImageTable> DefaultImages(const std::vector<std::string>& extra) {
+  ImageTable images;
+  std::error_code ec;
+  auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    auto bin = self.parent_path();
+    // Installed side by side, or the build tree (build/operator/tidal, build/worker/…).
+    for (const char* exe : {"tidal-worker", "tidal-train"}) {
+      for (const auto& dir : {bin, bin.parent_path() / "worker"}) {
+        auto path = dir / exe;
+        if (!std::filesystem::exists(path)) continue;
+        images.Set(std::string("ghcr.io/tidal-dev/") + exe, path.string());
+        break;
+      }
+    }
+    images.Set("ghcr.io/tidal-dev/tidal", self.string());
+  }
+  for (const std::string& entry : extra) TIDAL_RETURN_IF_ERROR(images.Add(entry));
+  return images;
 }
 
 Status LocalCluster::RegisterNodes() {
@@ -179,6 +214,7 @@ Status LocalCluster::RegisterNodes() {
 LocalCluster::~LocalCluster() { Stop(); }
 
 void LocalCluster::Stop() {
+  if (kubelet_) kubelet_->Stop();  // its processes first, while the API is still there
   if (api_) api_->Stop();
 }
 

@@ -1,14 +1,16 @@
-// operator/local/cluster.h — `tidal local`: one process holding the API server (and, as later
-// issues land, the process kubelet and the operator). On first start it creates, under DIR, a
-// CA, a serving certificate for 127.0.0.1/localhost, an admin bearer token and a kubeconfig;
+// operator/local/cluster.h — `tidal local`: one process holding the API server and the
+// process kubelet (and, when its issue lands, the operator). On first start it creates, under DIR,
+// a CA, a serving certificate for 127.0.0.1/localhost, an admin bearer token and a kubeconfig;
 // later starts reuse them (and the port), so clients and watchers carry on after a restart.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "operator/local/apiserver.h"
+#include "operator/local/kubelet.h"
 
 namespace tidal::local {
 
@@ -19,7 +21,13 @@ struct ClusterOptions {
   int gpus_per_node = 8;
   size_t history_size = 10000;
   std::chrono::milliseconds bookmark_interval{std::chrono::seconds(60)};
+  std::vector<std::string> images;  // --image NAME=PATH entries, on top of the defaults
+  std::chrono::milliseconds crash_backoff{std::chrono::seconds(10)};
 };
+
+// The image table `tidal local` starts with: base images run host commands, and Tidal's own
+// images run the binaries built beside `tidal` (tidal-worker, tidal-train).
+StatusOr<ImageTable> DefaultImages(const std::vector<std::string>& extra);
 
 class LocalCluster {
  public:
@@ -28,6 +36,7 @@ class LocalCluster {
   std::string kubeconfig_path() const { return options_.data_dir + "/kubeconfig"; }
   int port() const { return api_->port(); }
   ApiServer& api() { return *api_; }
+  ProcessKubelet& kubelet() { return *kubelet_; }
   void Stop();
 
  private:
@@ -36,6 +45,7 @@ class LocalCluster {
 
   ClusterOptions options_;
   std::unique_ptr<ApiServer> api_;
+  std::unique_ptr<ProcessKubelet> kubelet_;
 };
 
 }  // namespace tidal::local

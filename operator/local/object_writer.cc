@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 
+#include "common/base64.h"
 #include "common/yaml_json.h"
 #include "operator/kube/request.h"
 #include "operator/local/schema.h"
@@ -15,8 +16,8 @@ namespace {
 
 using nlohmann::json;
 
-std::string NowRfc3339() {
-  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+std::string NowRfc3339(std::chrono::seconds offset = std::chrono::seconds(0)) {
+  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() + offset);
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[32];
@@ -135,6 +136,21 @@ std::optional<ApiError> ObjectWriter::Admit(const ResourceInfo& r, const std::st
                                             json& object, const WriteOptions& options,
                                             std::vector<std::string>& warnings) {
   std::vector<FieldCause> causes;
+  if (r.kind == "Secret" && object.contains("stringData")) {
+    // As the Secret strategy: stringData is write-only, merged into data (base64) on write.
+    if (!object["stringData"].is_object()) {
+      causes.push_back({"FieldValueInvalid", "stringData", "Invalid value: expected an object"});
+    } else {
+      for (const auto& [k, v] : object["stringData"].items()) {
+        if (!v.is_string())
+          causes.push_back(
+              {"FieldValueInvalid", "stringData." + k, "Invalid value: expected a string"});
+        else
+          object["data"][k] = Base64Encode(v.get<std::string>());
+      }
+      object.erase("stringData");
+    }
+  }
   if (!kube::ValidateObjectName(name).ok())
     causes.push_back({"FieldValueInvalid", "metadata.name", NameInvalidMessage(name)});
   const json& meta = object["metadata"];
@@ -500,7 +516,64 @@ ApiResult ObjectWriter::Delete(const ResourceInfo& r, const std::string& ns,
                      {{"FieldValueNotSupported", "propagationPolicy",
                        "Unsupported value: \"" + propagation +
                            "\": supported values: \"Foreground\", \"Background\", \"Orphan\""}}));
+  std::optional<int64_t> grace;
+  if (delete_options.is_object() && delete_options.contains("gracePeriodSeconds")) {
+    const json& g = delete_options["gracePeriodSeconds"];
+    if (!g.is_number_integer() || g.get<int64_t>() < 0)
+      return ApiResult::Error(InvalidError(
+          r, name, {{"FieldValueInvalid", "gracePeriodSeconds", "Invalid value: must be >= 0"}}));
+    grace = g.get<int64_t>();
+  }
+  if (r.kind == "Pod") {
+    ApiResult graceful = DeletePodGracefully(r, ns, name, grace, preconditions);
+    if (graceful.error || !graceful.object.is_null()) return graceful;
+  }
   return DeleteLocked(r, ns, name, propagation, preconditions);
+}
+
+// The pod strategy's graceful deletion (pkg/registry/core/pod/strategy.go CheckGracefulDelete):
+// a pod that runs on a node is only marked — deletionTimestamp = now + grace and
+// deletionGracePeriodSeconds — and the kubelet, after stopping its containers, deletes it
+// with grace 0. Unbound or finished pods, and grace 0, go at once (a null object here).
+ApiResult ObjectWriter::DeletePodGracefully(const ResourceInfo& r, const std::string& ns,
+                                            const std::string& name, std::optional<int64_t> grace,
+                                            const json& preconditions) {
+  auto live_ptr = store_.Get(Key(r, ns, name));
+  if (!live_ptr) return ApiResult::Error(NotFoundError(r, name));
+  const json& live = *live_ptr;
+  const json& spec = live.contains("spec") ? live["spec"] : json::object();
+  std::string phase = live.contains("status") ? live["status"].value("phase", "") : "";
+  bool bound = spec.contains("nodeName") && spec["nodeName"].is_string() &&
+               !spec["nodeName"].get<std::string>().empty();
+  if (!grace) {
+    grace = 30;
+    if (spec.contains("terminationGracePeriodSeconds") &&
+        spec["terminationGracePeriodSeconds"].is_number_integer())
+      grace = spec["terminationGracePeriodSeconds"].get<int64_t>();
+  }
+  if (!bound || phase == "Succeeded" || phase == "Failed" || *grace <= 0) return ApiResult{};
+  if (preconditions.contains("uid") && preconditions["uid"] != live["metadata"].value("uid", ""))
+    return ApiResult{};  // DeleteLocked answers the precondition failure
+  if (preconditions.contains("resourceVersion") &&
+      preconditions["resourceVersion"] != live["metadata"].value("resourceVersion", ""))
+    return ApiResult{};
+  json marked = live;
+  json& meta = marked["metadata"];
+  if (meta.contains("deletionGracePeriodSeconds") &&
+      meta["deletionGracePeriodSeconds"].is_number_integer() &&
+      meta["deletionGracePeriodSeconds"].get<int64_t>() <= *grace) {
+    ApiResult unchanged;  // already terminating with a grace at least as short
+    unchanged.object = live;
+    return unchanged;
+  }
+  meta["deletionTimestamp"] = NowRfc3339(std::chrono::seconds(*grace));
+  meta["deletionGracePeriodSeconds"] = *grace;
+  auto stored =
+      store_.Update(Key(r, ns, name), marked, ParseVersion(MetaString(live, "resourceVersion")));
+  if (!stored.ok()) return ApiResult::Error({500, "InternalError", stored.status().message(), {}});
+  ApiResult result;
+  result.object = **stored;
+  return result;
 }
 
 ApiResult ObjectWriter::DeleteLocked(const ResourceInfo& r, const std::string& ns,
@@ -656,9 +729,14 @@ void ObjectWriter::CollectDependents(const std::string& owner_uid, const std::st
           .ok();
       continue;
     }
-    if (store_.Get({info.storage_resource(), dep_ns, dep_name}))
-      DeleteLocked(info, dep_ns, dep_name,
-                   propagation == "Foreground" ? "Foreground" : "Background", json::object());
+    if (!store_.Get({info.storage_resource(), dep_ns, dep_name})) continue;
+    if (info.kind == "Pod") {
+      ApiResult graceful =
+          DeletePodGracefully(info, dep_ns, dep_name, std::nullopt, json::object());
+      if (graceful.error || !graceful.object.is_null()) continue;
+    }
+    DeleteLocked(info, dep_ns, dep_name, propagation == "Foreground" ? "Foreground" : "Background",
+                 json::object());
   }
 }
 

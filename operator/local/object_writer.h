@@ -65,6 +65,10 @@ class ObjectWriter {
                          const WriteOptions& options);
   ApiResult CreateLocked(const ResourceInfo& r, const std::string& ns, nlohmann::json body,
                          const WriteOptions& options);
+  // A pod on a node is marked for graceful deletion; an empty result means "delete now".
+  ApiResult DeletePodGracefully(const ResourceInfo& r, const std::string& ns,
+                                const std::string& name, std::optional<int64_t> grace,
+                                const nlohmann::json& preconditions);
   ApiResult DeleteLocked(const ResourceInfo& r, const std::string& ns, const std::string& name,
                          const std::string& propagation, const nlohmann::json& preconditions);
   // Schema, names and kind checks shared by create and update; fills warnings.

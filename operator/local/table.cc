@@ -109,6 +109,32 @@ std::vector<Column> ColumnsFor(const ResourceInfo& r, std::time_t now) {
                     }});
     return cols;
   }
+  if (r.kind == "Event") {
+    // kubectl's event columns: LAST SEEN, TYPE, REASON, OBJECT, MESSAGE (no NAME).
+    cols.clear();
+    cols.push_back({Definition("Last Seen", "string", "Time since the event was last seen."),
+                    [now](const json& o) {
+                      std::string last = o.value("lastTimestamp", "");
+                      if (last.empty()) last = o.value("eventTime", "");
+                      if (last.empty()) return json("<unknown>");
+                      return json(HumanDuration(static_cast<int64_t>(now - ParseRfc3339(last))));
+                    }});
+    cols.push_back({Definition("Type", "string", "Normal or Warning."),
+                    [](const json& o) { return json(o.value("type", "")); }});
+    cols.push_back({Definition("Reason", "string", "Why the event happened, CamelCase."),
+                    [](const json& o) { return json(o.value("reason", "")); }});
+    cols.push_back(
+        {Definition("Object", "string", "The object the event is about."), [](const json& o) {
+           if (!o.contains("involvedObject") || !o["involvedObject"].is_object()) return json("");
+           const json& io = o["involvedObject"];
+           std::string kind = io.value("kind", "");
+           for (auto& ch : kind) ch = static_cast<char>(std::tolower(ch));
+           return json(kind + "/" + io.value("name", ""));
+         }});
+    cols.push_back({Definition("Message", "string", "What happened, for people."),
+                    [](const json& o) { return json(o.value("message", "")); }});
+    return cols;
+  }
   if (r.kind == "Namespace") {
     cols.push_back(
         {Definition("Status", "string", "The status of the namespace"), [](const json& o) {

@@ -7,68 +7,13 @@
 #include <fstream>
 #include <regex>
 
-#include "tests/integration/process.h"
+#include "tests/e2e/local/kubectl_fixture.h"
 
 namespace tidal::testing {
 namespace {
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
-
-const std::string kFixtures = TIDAL_SOURCE_DIR "/tests/fixtures/local";
-
-class KubectlTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tidal-e2e-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    StartCluster();
-  }
-  void TearDown() override {
-    cluster_.reset();
-    fs::remove_all(dir_);
-  }
-
-  void StartCluster(std::vector<std::string> extra = {}) {
-    std::vector<std::string> argv = {TIDAL_BIN, "local", "--data", (dir_ / "data").string()};
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    cluster_ = std::make_unique<Process>(argv);
-    ASSERT_TRUE(cluster_->WaitForOutput(
-        [](const std::string& out) { return out.find("export KUBECONFIG=") != std::string::npos; },
-        30s))
-        << "tidal local did not start";
-  }
-
-  ProcessResult Kubectl(std::vector<std::string> args, std::vector<std::string> env = {}) {
-    std::vector<std::string> argv = {"/usr/bin/env"};
-    argv.insert(argv.end(), env.begin(), env.end());
-    argv.insert(argv.end(), {KUBECTL_BIN, "--kubeconfig=" + (dir_ / "data/kubeconfig").string(),
-                             "--cache-dir=" + (dir_ / "kube-cache").string()});
-    argv.insert(argv.end(), args.begin(), args.end());
-    return RunProcess(argv, 60s);
-  }
-  // Runs kubectl and expects success; returns stdout.
-  std::string Ok(std::vector<std::string> args, std::vector<std::string> env = {}) {
-    ProcessResult r = Kubectl(args, env);
-    EXPECT_EQ(r.exit_code, 0) << "kubectl " << ::testing::PrintToString(args) << "\n" << r.err;
-    return r.out;
-  }
-  std::string WriteFile(const std::string& name, const std::string& text) {
-    std::string path = (dir_ / name).string();
-    std::ofstream(path) << text;
-    return path;
-  }
-  void ApplyWidgetKind() {
-    EXPECT_NE(Ok({"apply", "-f", kFixtures + "/widget-crd.yaml"}).find("created"),
-              std::string::npos);
-  }
-
-  fs::path dir_;
-  std::unique_ptr<Process> cluster_;
-};
 
 TEST_F(KubectlTest, AppliesCrdAndCustomResourceThenGetsWithColumnsYamlAndLabels) {
   ApplyWidgetKind();

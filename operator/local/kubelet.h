@@ -1,0 +1,83 @@
+// operator/local/kubelet.h — `tidal local`'s process kubelet: binds Pods to the local nodes
+// when their nvidia.com/gpu requests fit (else Pending, PodScheduled=False, Unschedulable),
+// runs each container's command as a local process in its own process group (the image →
+// executable table of pod_spec.h), with env, Secret and ConfigMap volumes materialised under
+// DIR/pods/<ns>/<pod>, a loopback address of its own (127.0.0.x) as status.podIP, output
+// captured to DIR/logs/<ns>/<pod>/<container>.log for `kubectl logs`, phases and container
+// statuses, exit codes, restart policy with CrashLoopBackOff, readiness probes (tcpSocket,
+// httpGet), and graceful deletion: SIGTERM to the process group, SIGKILL after the grace
+// period, then the final delete. Children die with the kubelet's thread (PR_SET_PDEATHSIG), so
+// no process outlives `tidal local`, even after kill -9. Level-triggered: every pass compares
+// what the store says with the processes it has.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "operator/local/apiserver.h"
+#include "operator/local/pod_spec.h"
+
+namespace tidal::local {
+
+struct KubeletOptions {
+  std::string data_dir;
+  std::vector<NodeInfo> nodes;
+  ImageTable images;
+  int api_port = 0;  // exported as KUBERNETES_SERVICE_HOST/PORT
+  std::chrono::milliseconds initial_backoff{std::chrono::seconds(10)};  // CrashLoopBackOff start
+  std::chrono::milliseconds max_backoff{std::chrono::minutes(5)};
+  std::chrono::milliseconds resync{200};
+};
+
+class ProcessKubelet {
+ public:
+  ProcessKubelet(ApiServer& api, KubeletOptions options);
+  ~ProcessKubelet();
+  // Starts the loop thread.
+  void Start();
+  // Kills every container (SIGTERM, then SIGKILL after a short grace) and stops the loop.
+  void Stop();
+
+  // Where a container's output goes; the API server serves it for pods/log.
+  static std::string LogPath(const std::string& data_dir, const std::string& ns,
+                             const std::string& pod, const std::string& container);
+
+ private:
+  struct Container;
+  struct PodRuntime;
+
+  void Run();
+  void Pass();
+  void Bind(const nlohmann::json& pod, const std::vector<nlohmann::json>& pods);
+  void Sync(const nlohmann::json& pod);
+  void Terminate(PodRuntime& runtime, const nlohmann::json& pod);
+  Status Materialise(PodRuntime& runtime, const nlohmann::json& pod);
+  void StartContainer(PodRuntime& runtime, const nlohmann::json& pod, const nlohmann::json& spec,
+                      Container& c);
+  void RecordEvent(const nlohmann::json& pod, const std::string& type, const std::string& reason,
+                   const std::string& message, const std::string& component);
+  void Reap(PodRuntime& runtime);
+  void Probe(PodRuntime& runtime, const nlohmann::json& pod);
+  void WriteStatus(const nlohmann::json& pod, PodRuntime& runtime);
+  void Forget(const std::string& uid);
+  std::string AllocateIp(const std::vector<nlohmann::json>& pods);
+
+  ApiServer& api_;
+  KubeletOptions options_;
+  std::map<std::string, std::unique_ptr<PodRuntime>> pods_;  // by uid, loop thread only
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace tidal::local

@@ -1,0 +1,267 @@
+// The process kubelet of `tidal local`, seen through the real kubectl: pods run as local
+// processes with their own loopback address, logs, exit codes, restart policy, GPU-aware
+// scheduling, graceful deletion, and no process outliving `tidal local`.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <regex>
+
+#include "tests/e2e/local/kubectl_fixture.h"
+
+namespace tidal::testing {
+namespace {
+
+class KubeletTest : public KubectlTest {
+ protected:
+  std::vector<std::string> ExtraClusterArgs() override {
+    return {"--gpus", "4", "--crash-backoff-ms", "200"};
+  }
+  // A pod manifest running `script` under sh in busybox, with the test directory mounted at
+  // /work (hostPath) so tests can see what the process wrote.
+  std::string Pod(const std::string& name, const std::string& script,
+                  const std::string& extra_spec = "", const std::string& container_extra = "") {
+    std::string yaml = "apiVersion: v1\nkind: Pod\nmetadata: {name: " + name + "}\nspec:\n" +
+                       extra_spec +
+                       "  volumes: [{name: work, hostPath: {path: " + (dir_ / "work").string() +
+                       "}}]\n  containers:\n  - name: main\n    image: busybox:1.36\n"
+                       "    volumeMounts: [{name: work, mountPath: /work}]\n" +
+                       container_extra + "    command: [sh, -c, '" + script + "']\n";
+    fs::create_directories(dir_ / "work");
+    return WriteFile(name + ".yaml", yaml);
+  }
+  std::string ReadWork(const std::string& file) {
+    std::ifstream in(dir_ / "work" / file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  static bool Alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+  bool WaitGone(pid_t pid, std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (Alive(pid) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(50ms);
+    return !Alive(pid);
+  }
+};
+
+TEST_F(KubeletTest, LogsShowWhatAProcessPodPrintedAndFollowStreamsUntilItEnds) {
+  // (Imperative `kubectl create configmap` sends protobuf, which tidal local does not decode.)
+  Ok({"apply", "-f",
+      WriteFile("greeting.yaml",
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: greeting}\n"
+                "data: {text: hello from a configmap}\n")});
+  std::string yaml =
+      "apiVersion: v1\nkind: Pod\nmetadata: {name: talker}\nspec:\n  restartPolicy: Never\n"
+      "  volumes: [{name: cfg, configMap: {name: greeting}}]\n"
+      "  containers:\n  - name: main\n    image: busybox\n"
+      "    volumeMounts: [{name: cfg, mountPath: /etc/greeting}]\n"
+      "    env: [{name: ME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]\n"
+      "    command: [sh, -c, 'for i in 1 2 3; do echo line $i from $ME; sleep 0.3; done; "
+      "cat /etc/greeting/text; echo']\n";
+  Ok({"apply", "-f", WriteFile("talker.yaml", yaml)});
+  // Follow from the start: everything the process prints, ending when the pod does.
+  WaitFor({"pod", "talker"}, "{.status.phase}",
+          [](const std::string& s) { return s == "Running"; });
+  ProcessResult followed = Kubectl({"logs", "-f", "talker"});
+  EXPECT_EQ(followed.exit_code, 0) << followed.err;
+  std::string expected =
+      "line 1 from talker\nline 2 from talker\nline 3 from talker\nhello from a configmap\n";
+  EXPECT_EQ(followed.out, expected);
+  EXPECT_EQ(WaitFor({"pod", "talker"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Succeeded"; }),
+            "Succeeded");
+  EXPECT_EQ(Ok({"logs", "talker"}), expected);
+  EXPECT_EQ(Ok({"logs", "talker", "--tail=1"}), "hello from a configmap\n");
+  EXPECT_TRUE(
+      std::regex_search(Ok({"get", "pod", "talker"}), std::regex("talker +0/1 +Completed +0")));
+}
+
+TEST_F(KubeletTest, PodsGetTheirOwnLoopbackAddressAndBecomeReadyWhenTheirProbePasses) {
+  // python3's http.server bound to the pod's own address; ready once it answers the probe.
+  for (const char* name : {"web-a", "web-b"}) {
+    std::string yaml = std::string("apiVersion: v1\nkind: Pod\nmetadata: {name: ") + name +
+                       "}\nspec:\n  containers:\n  - name: http\n    image: debian\n"
+                       "    env: [{name: IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]\n"
+                       "    command: [python3, -m, http.server, '8080', --bind, $(IP)]\n"
+                       "    ports: [{name: http, containerPort: 8080}]\n"
+                       "    readinessProbe: {httpGet: {path: /, port: http}, periodSeconds: 1}\n";
+    Ok({"apply", "-f", WriteFile(std::string(name) + ".yaml", yaml)});
+  }
+  for (const char* name : {"web-a", "web-b"})
+    EXPECT_EQ(WaitFor({"pod", name}, "{.status.conditions[?(@.type==\"Ready\")].status}",
+                      [](const std::string& s) { return s == "True"; }),
+              "True")
+        << name;
+  std::string ip_a = Ok({"get", "pod", "web-a", "-o", "jsonpath={.status.podIP}"});
+  std::string ip_b = Ok({"get", "pod", "web-b", "-o", "jsonpath={.status.podIP}"});
+  EXPECT_TRUE(std::regex_match(ip_a, std::regex(R"(127\.0\.\d+\.\d+)"))) << ip_a;
+  EXPECT_NE(ip_a, ip_b);
+  EXPECT_NE(ip_a, "127.0.0.1");
+  EXPECT_TRUE(std::regex_search(Ok({"get", "pods"}), std::regex("web-a +1/1 +Running")));
+}
+
+TEST_F(KubeletTest, PodsWhoseGpusDoNotFitStayPendingUnschedulableAndOthersGetDistinctGpus) {
+  auto gpu_pod = [&](const std::string& name, int gpus) {
+    std::string yaml = "apiVersion: v1\nkind: Pod\nmetadata: {name: " + name +
+                       "}\nspec:\n  containers:\n  - name: main\n    image: busybox\n"
+                       "    resources: {limits: {nvidia.com/gpu: " +
+                       std::to_string(gpus) +
+                       "}}\n    command: [sh, -c, 'echo gpus=$CUDA_VISIBLE_DEVICES; sleep 300']\n";
+    Ok({"apply", "-f", WriteFile(name + ".yaml", yaml)});
+  };
+  gpu_pod("too-big", 8);  // the node has 4
+  gpu_pod("three", 3);
+  gpu_pod("two", 2);  // 1 left after "three"
+  EXPECT_EQ(WaitFor({"pod", "three"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Running"; }),
+            "Running");
+  EXPECT_EQ(WaitFor({"pod", "too-big"}, "{.status.conditions[?(@.type==\"PodScheduled\")].reason}",
+                    [](const std::string& s) { return s == "Unschedulable"; }),
+            "Unschedulable");
+  EXPECT_EQ(Ok({"get", "pod", "two", "-o",
+                "jsonpath={.status.phase} {.status.conditions[?(@.type==\"PodScheduled\")]"
+                ".status}"}),
+            "Pending False");
+  EXPECT_NE(Ok({"describe", "pod", "too-big"})
+                .find("0/1 nodes are available: 1 Insufficient nvidia.com/gpu."),
+            std::string::npos);
+  EXPECT_EQ(WaitFor({"pod", "three"}, "{.metadata.name}",
+                    [&](const std::string&) {
+                      return Ok({"logs", "three"}) == "gpus=0,1,2\n";
+                    }),
+            "three");
+  // Freeing the GPUs lets the waiting pod in, on the freed ids.
+  Ok({"delete", "pod", "three", "--grace-period=0", "--force"});
+  EXPECT_EQ(WaitFor({"pod", "two"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Running"; }),
+            "Running");
+  EXPECT_EQ(
+      Ok({"get", "pod", "two", "-o", "jsonpath={.metadata.annotations.tidal\\.dev/local-gpu-ids}"}),
+      "0,1");
+}
+
+TEST_F(KubeletTest, ExitCodesAndRestartPolicyShowInPodStatus) {
+  Ok({"apply", "-f", Pod("fails", "echo failing; exit 3", "  restartPolicy: Never\n")});
+  Ok({"apply", "-f",
+      Pod("retries", "echo attempt >> /work/attempts; exit 1", "  restartPolicy: OnFailure\n")});
+  EXPECT_EQ(WaitFor({"pod", "fails"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Failed"; }),
+            "Failed");
+  EXPECT_EQ(Ok({"get", "pod", "fails", "-o",
+                "jsonpath={.status.containerStatuses[0].state.terminated.exitCode} "
+                "{.status.containerStatuses[0].state.terminated.reason}"}),
+            "3 Error");
+  EXPECT_GE(std::stoi(WaitFor({"pod", "retries"}, "{.status.containerStatuses[0].restartCount}",
+                              [](const std::string& s) { return !s.empty() && s[0] >= '2'; })),
+            2);
+  EXPECT_EQ(Ok({"get", "pod", "retries", "-o",
+                "jsonpath={.status.phase} "
+                "{.status.containerStatuses[0].lastState.terminated.exitCode}"}),
+            "Running 1");
+  EXPECT_GE(ReadWork("attempts").size(), std::string("attempt\nattempt\nattempt\n").size());
+  EXPECT_NE(
+      Ok({"get", "events", "--field-selector", "involvedObject.name=retries"}).find("BackOff"),
+      std::string::npos);
+}
+
+TEST_F(KubeletTest, DeleteSendsSigtermAndSigkillsAfterTheGracePeriod) {
+  // One process stops on SIGTERM; the other ignores it and must be killed after its grace.
+  Ok({"apply", "-f",
+      Pod("polite",
+          "echo $$$$ > /work/polite.pid; trap \"echo TERM > /work/polite.term; exit 0\" "
+          "TERM; while true; do sleep 0.1; done",
+          "  terminationGracePeriodSeconds: 30\n")});
+  Ok({"apply", "-f",
+      Pod("stubborn",
+          "echo $$$$ > /work/stubborn.pid; trap \"\" TERM; while true; do sleep 0.1; done",
+          "  terminationGracePeriodSeconds: 2\n")});
+  for (const char* name : {"polite", "stubborn"})
+    WaitFor({"pod", name}, "{.status.phase}", [](const std::string& s) { return s == "Running"; });
+  WaitFor({"pod", "stubborn"}, "{.metadata.name}",
+          [&](const std::string&) { return !ReadWork("stubborn.pid").empty(); });
+  pid_t stubborn = std::stoi(ReadWork("stubborn.pid"));
+  ASSERT_TRUE(Alive(stubborn));
+
+  auto start = std::chrono::steady_clock::now();
+  Ok({"delete", "pod", "polite"});  // kubectl waits until the pod is gone
+  EXPECT_EQ(ReadWork("polite.term"), "TERM\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 20s);  // well inside its 30 s grace
+  EXPECT_FALSE(Alive(std::stoi(ReadWork("polite.pid"))));
+
+  ProcessResult deleting = Kubectl({"delete", "pod", "stubborn", "--wait=false"});
+  EXPECT_EQ(deleting.exit_code, 0) << deleting.err;
+  EXPECT_EQ(Ok({"get", "pod", "stubborn", "-o", "jsonpath={.metadata.deletionGracePeriodSeconds}"}),
+            "2");
+  EXPECT_TRUE(Alive(stubborn));  // SIGTERM ignored, still inside the grace period
+  EXPECT_TRUE(WaitGone(stubborn, 15s)) << "SIGKILL did not follow the grace period";
+  EXPECT_EQ(WaitFor({"pods"}, "{.items[*].metadata.name}",
+                    [](const std::string& s) { return s.empty(); }),
+            "");
+}
+
+TEST_F(KubeletTest, NoProcessOutlivesKillNineOfTidalLocalAndPodsRestartAfterIt) {
+  Ok({"apply", "-f", Pod("survivor", "echo $$$$ >> /work/pids; exec sleep 300")});
+  WaitFor({"pod", "survivor"}, "{.status.phase}",
+          [](const std::string& s) { return s == "Running"; });
+  WaitFor({"pod", "survivor"}, "{.metadata.name}",
+          [&](const std::string&) { return !ReadWork("pids").empty(); });
+  pid_t first = std::stoi(ReadWork("pids"));
+  ASSERT_TRUE(Alive(first));
+  ::kill(cluster_->pid(), SIGKILL);
+  cluster_->Wait(10s);
+  EXPECT_TRUE(WaitGone(first, 10s)) << "pod process outlived tidal local";
+
+  StartCluster(ExtraClusterArgs());
+  EXPECT_EQ(WaitFor({"pod", "survivor"}, "{.status.containerStatuses[0].restartCount}",
+                    [](const std::string& s) { return s == "1"; }),
+            "1");
+  EXPECT_EQ(Ok({"get", "pod", "survivor", "-o",
+                "jsonpath={.status.containerStatuses[0].lastState.terminated.reason}"}),
+            "ContainerStatusUnknown");
+  WaitFor({"pod", "survivor"}, "{.metadata.name}", [&](const std::string&) {
+    return ReadWork("pids").find('\n') != ReadWork("pids").rfind('\n');
+  });
+  std::string pids = ReadWork("pids");
+  pid_t second = std::stoi(pids.substr(pids.find('\n') + 1));
+  EXPECT_TRUE(Alive(second));
+  // A clean stop (SIGTERM) stops the pods too.
+  ::kill(cluster_->pid(), SIGTERM);
+  EXPECT_EQ(cluster_->Wait(20s).exit_code, 0);
+  EXPECT_FALSE(Alive(second));
+}
+
+TEST_F(KubeletTest, UnknownImagesAndMissingSecretsAreReportedAsWaitingReasons) {
+  std::string yaml =
+      "apiVersion: v1\nkind: Pod\nmetadata: {name: unknown-image}\nspec:\n  containers:\n"
+      "  - {name: main, image: 'registry.example/nothing:1'}\n";
+  Ok({"apply", "-f", WriteFile("unknown.yaml", yaml)});
+  EXPECT_EQ(WaitFor({"pod", "unknown-image"}, "{.status.containerStatuses[0].state.waiting.reason}",
+                    [](const std::string& s) { return s == "ErrImagePull"; }),
+            "ErrImagePull");
+  EXPECT_NE(Ok({"describe", "pod", "unknown-image"}).find("--image registry.example/nothing="),
+            std::string::npos);
+  yaml =
+      "apiVersion: v1\nkind: Pod\nmetadata: {name: needs-secret}\nspec:\n  containers:\n"
+      "  - name: main\n    image: busybox\n    command: [sh, -c, 'echo token=$T; sleep 300']\n"
+      "    env: [{name: T, valueFrom: {secretKeyRef: {name: later, key: token}}}]\n";
+  Ok({"apply", "-f", WriteFile("secret.yaml", yaml)});
+  EXPECT_EQ(WaitFor({"pod", "needs-secret"}, "{.status.containerStatuses[0].state.waiting.message}",
+                    [](const std::string& s) { return s == "secret \"later\" not found"; }),
+            "secret \"later\" not found");
+  // Once the Secret exists the container starts (after its back-off).
+  Ok({"apply", "-f",
+      WriteFile("later.yaml",
+                "apiVersion: v1\nkind: Secret\nmetadata: {name: later}\n"
+                "stringData: {token: t0k3n}\n")});
+  EXPECT_EQ(WaitFor({"pod", "needs-secret"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Running"; }),
+            "Running");
+  EXPECT_EQ(WaitFor({"pod", "needs-secret"}, "{.metadata.name}",
+                    [&](const std::string&) {
+                      return Ok({"logs", "needs-secret"}) == "token=t0k3n\n";
+                    }),
+            "needs-secret");
+}
+
+}  // namespace
+}  // namespace tidal::testing
