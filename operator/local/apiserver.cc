@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/yaml_json.h"
 #include "operator/local/api_error.h"
+#include "operator/local/protobuf.h"
 #include "operator/local/selectors.h"
 #include "operator/local/table.h"
 
@@ -182,6 +183,12 @@ class RequestContext {
   std::optional<json> ParseBody() {
     std::string ct = req_.headers.Get("content-type").value_or("application/json");
     if (ct.find("protobuf") != std::string::npos) {
+      auto decoded = DecodeKubeProtobuf(req_.body);
+      if (decoded.ok()) return std::move(*decoded);
+      if (decoded.status().code() == StatusCode::kInvalidArgument) {
+        Reply(ErrorResponse(BadRequest("error decoding protobuf: " + decoded.status().message())));
+        return std::nullopt;
+      }
       Reply(ErrorResponse({415,
                            "UnsupportedMediaType",
                            "the body of the request was in an unknown format - accepted media "

@@ -136,6 +136,9 @@ std::optional<ApiError> ObjectWriter::Admit(const ResourceInfo& r, const std::st
                                             json& object, const WriteOptions& options,
                                             std::vector<std::string>& warnings) {
   std::vector<FieldCause> causes;
+  if (r.kind == "Secret" && (!object.contains("type") || object["type"] == "")) {
+    object["type"] = "Opaque";  // the Secret strategy's default
+  }
   if (r.kind == "Secret" && object.contains("stringData")) {
     // As the Secret strategy: stringData is write-only, merged into data (base64) on write.
     if (!object["stringData"].is_object()) {

@@ -183,5 +183,24 @@ TEST_F(KubectlTest, ObjectsSurviveKillNineWithTheirResourceVersions) {
   EXPECT_NE(Ok({"get", "crd"}).find("widgets.test.tidal.dev"), std::string::npos);
 }
 
+// kubectl's imperative create sends protobuf bodies (client-go typed clients); they decode.
+TEST_F(KubectlTest, ImperativeCreateOfSecretsConfigMapsAndNamespacesWorks) {
+  EXPECT_EQ(Ok({"create", "namespace", "team-a"}), "namespace/team-a created\n");
+  EXPECT_EQ(Ok({"create", "secret", "generic", "s3-creds", "-n", "team-a",
+                "--from-literal=AWS_ACCESS_KEY_ID=AKIDEXAMPLE"}),
+            "secret/s3-creds created\n");
+  EXPECT_EQ(Ok({"get", "secret", "s3-creds", "-n", "team-a", "-o",
+                "jsonpath={.type} {.data.AWS_ACCESS_KEY_ID}"}),
+            "Opaque QUtJREVYQU1QTEU=");  // the Secret strategy's default type
+  EXPECT_EQ(Ok({"create", "configmap", "settings", "--from-literal=mode=fast"}),
+            "configmap/settings created\n");
+  EXPECT_EQ(Ok({"get", "configmap", "settings", "-o", "jsonpath={.data.mode}"}), "fast");
+  ProcessResult again = Kubectl({"create", "configmap", "settings", "--from-literal=mode=slow"});
+  EXPECT_EQ(again.exit_code, 1);
+  EXPECT_NE(again.err.find("configmaps \"settings\" already exists"), std::string::npos)
+      << again.err;
+  EXPECT_EQ(Ok({"get", "configmap", "settings", "-o", "jsonpath={.data.mode}"}), "fast");
+}
+
 }  // namespace
 }  // namespace tidal::testing
