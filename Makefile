@@ -5,7 +5,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test unit integration e2e demo bench format clean
+.PHONY: all deps configure build test unit integration e2e demo bench bench-kube format clean
 
 all: build
 
@@ -42,8 +42,13 @@ demo: build
 	  --out out/demo > out/demo/steps.jsonl
 	@echo "  per-step JSON lines: out/demo/steps.jsonl"
 
-bench: build
+bench: build bench-kube
 	bench/step_time_vs_python.sh $(BUILD_DIR)
+
+# The Kubernetes side: informer memory per Pod, list+watch throughput through tidal local.
+bench-kube: build
+	$(BUILD_DIR)/bench/informer_memory_bench --pods 10000
+	$(BUILD_DIR)/bench/kube_list_watch_bench --objects 10000
 
 format:
 	find common operator worker tests bench -name '*.cc' -o -name '*.h' | xargs clang-format -i

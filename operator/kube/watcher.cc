@@ -36,19 +36,33 @@ const char* WatcherStateName(WatcherState state) {
   return "Unknown";
 }
 
+nlohmann::json WatcherCore::LastKnown(const std::string& key, const Known& known) const {
+  if (keep_objects_) return known.object;
+  size_t slash = key.find('/');  // namespaces never contain '/'
+  nlohmann::json meta = {{"name", key.substr(slash + 1)},
+                         {"resourceVersion", std::to_string(known.version)}};
+  if (slash > 0) meta["namespace"] = key.substr(0, slash);
+  return {{"metadata", std::move(meta)}};
+}
+
 std::vector<ObjectEvent> WatcherCore::OnList(const nlohmann::json& list) {
   std::vector<ObjectEvent> out;
   std::map<std::string, Known> next;
+  std::map<std::string, const nlohmann::json*> items;
   if (list.contains("items") && list["items"].is_array())
-    for (const auto& item : list["items"]) next[KeyOf(item)] = Known{VersionOf(item), item};
+    for (const auto& item : list["items"]) {
+      std::string key = KeyOf(item);
+      next[key] = Known{VersionOf(item), keep_objects_ ? item : nlohmann::json()};
+      items[key] = &item;
+    }
   for (const auto& [key, was] : known_)
-    if (!next.count(key)) out.push_back({ObjectEvent::kDeleted, was.object});
+    if (!next.count(key)) out.push_back({ObjectEvent::kDeleted, LastKnown(key, was)});
   for (const auto& [key, now] : next) {
     auto it = known_.find(key);
     if (it == known_.end()) {
-      out.push_back({ObjectEvent::kAdded, now.object});
+      out.push_back({ObjectEvent::kAdded, *items[key]});
     } else if (it->second.version != now.version) {
-      out.push_back({ObjectEvent::kModified, now.object});
+      out.push_back({ObjectEvent::kModified, *items[key]});
     }
   }
   known_ = std::move(next);
@@ -81,7 +95,7 @@ std::vector<ObjectEvent> WatcherCore::OnEvent(const WatchEventJson& event) {
   if (event.type != "ADDED" && event.type != "MODIFIED") return out;
   if (it != known_.end() && it->second.version >= version) return out;  // already delivered
   out.push_back({it == known_.end() ? ObjectEvent::kAdded : ObjectEvent::kModified, event.object});
-  known_[key] = Known{version, event.object};
+  known_[key] = Known{version, keep_objects_ ? event.object : nlohmann::json()};
   return out;
 }
 
@@ -159,6 +173,7 @@ void Watcher::Run() {
       }
       ++relists_;
       deliver(events);
+      if (options_.on_listed) options_.on_listed();
       continue;
     }
     // Listed: (re)open the watch from the last version seen.

@@ -34,6 +34,16 @@ struct ObjectEvent {
 
 class WatcherCore {
  public:
+  WatcherCore() = default;
+  // Remembers only each object's version, not the object: for a consumer that keeps the
+  // objects itself (the informer's store), so that they are held once. A deletion found by a
+  // relist then carries only metadata.namespace, name and resourceVersion.
+  static WatcherCore KeepingVersionsOnly() {
+    WatcherCore core;
+    core.keep_objects_ = false;
+    return core;
+  }
+
   WatcherState state() const { return state_; }
   const std::string& resource_version() const { return resource_version_; }
   size_t known_objects() const { return known_.size(); }
@@ -51,8 +61,11 @@ class WatcherCore {
  private:
   struct Known {
     int64_t version;
-    nlohmann::json object;
+    nlohmann::json object;  // null when !keep_objects_
   };
+  nlohmann::json LastKnown(const std::string& key, const Known& known) const;
+
+  bool keep_objects_ = true;
   WatcherState state_ = WatcherState::kInitial;
   std::string resource_version_;
   std::map<std::string, Known> known_;  // by namespace/name
@@ -65,6 +78,9 @@ struct WatcherOptions {
   std::chrono::milliseconds initial_backoff{500};
   std::chrono::milliseconds max_backoff{std::chrono::seconds(30)};
   std::chrono::milliseconds idle_timeout{std::chrono::seconds(90)};  // > bookmark interval
+  // Called on the watcher's thread once the events of a (re)list have all been delivered:
+  // from then on the consumer has seen the complete state (client-go's HasSynced).
+  std::function<void()> on_listed;
 };
 
 class Watcher {

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/base64.h"
+#include "operator/kube/types.h"
 
 namespace tidal::local {
 namespace {
@@ -27,22 +28,12 @@ std::string StringField(const json& object, const char* key) {
   return v.is_string() ? v.get<std::string>() : "";
 }
 
-// A quantity of a countable extended resource: "2", 2. Anything else is refused.
-std::optional<int64_t> WholeQuantity(const json& value) {
-  if (value.is_number_integer()) return value.get<int64_t>() >= 0 ? value.get<int64_t>() : -1;
-  if (!value.is_string()) return std::nullopt;
-  const std::string& s = value.get_ref<const std::string&>();
-  if (s.empty() || s.size() > 12 || !std::all_of(s.begin(), s.end(), ::isdigit))
-    return std::nullopt;
-  return std::stoll(s);
-}
-
 StatusOr<int64_t> ContainerGpus(const json& container, const std::string& path) {
   const json& resources = Field(container, "resources");
   for (const char* kind : {"requests", "limits"}) {
     const json& v = Field(Field(resources, kind), kGpuResource);
     if (v.is_null()) continue;
-    auto n = WholeQuantity(v);
+    auto n = kube::WholeQuantity(v);
     if (!n || *n < 0)
       return InvalidArgument(path + ".resources." + kind + "[" + kGpuResource +
                              "]: expected a whole non-negative number, got " + v.dump());

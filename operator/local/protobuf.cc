@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <ctime>
 #include <functional>
+#include <map>
 #include <string_view>
+#include <vector>
 
 #include "common/base64.h"
 
@@ -217,38 +219,37 @@ StatusOr<json> DecodeKubeProtobuf(const std::string& body) {
         return OkStatus();
       }));
   json object = {{"apiVersion", api_version}, {"kind", kind}};
-  if (api_version == "v1" && kind == "Secret") {
+  // Flat kinds: their fields after metadata, by number (k8s.io/api core/v1 generated.proto).
+  enum FieldType { kStringMap, kBytesMap, kString, kBool };
+  struct FieldSpec {
+    uint32_t number;
+    const char* name;
+    FieldType type;
+  };
+  static const std::map<std::string, std::vector<FieldSpec>> kFlatKinds = {
+      {"Secret",
+       {{2, "data", kBytesMap},
+        {3, "type", kString},
+        {4, "stringData", kStringMap},
+        {5, "immutable", kBool}}},
+      {"ConfigMap",
+       {{2, "data", kStringMap}, {3, "binaryData", kBytesMap}, {4, "immutable", kBool}}},
+  };
+  if (auto flat = kFlatKinds.find(kind); api_version == "v1" && flat != kFlatKinds.end()) {
     TIDAL_RETURN_IF_ERROR(Object(raw, object, [&](const Reader::Field& f) -> Status {
-      switch (f.number) {
-        case 2:
-          return MapEntry(f, object["data"], true, "data");
-        case 3:
-          if (!f.bytes.empty()) object["type"] = std::string(f.bytes);
-          break;
-        case 4:
-          return MapEntry(f, object["stringData"], false, "stringData");
-        case 5:
-          object["immutable"] = f.varint != 0;
-          break;
-        default:
-          break;
-      }
-      return OkStatus();
-    }));
-    return object;
-  }
-  if (api_version == "v1" && kind == "ConfigMap") {
-    TIDAL_RETURN_IF_ERROR(Object(raw, object, [&](const Reader::Field& f) -> Status {
-      switch (f.number) {
-        case 2:
-          return MapEntry(f, object["data"], false, "data");
-        case 3:
-          return MapEntry(f, object["binaryData"], true, "binaryData");
-        case 4:
-          object["immutable"] = f.varint != 0;
-          break;
-        default:
-          break;
+      for (const FieldSpec& spec : flat->second) {
+        if (spec.number != f.number) continue;
+        switch (spec.type) {
+          case kStringMap:
+          case kBytesMap:
+            return MapEntry(f, object[spec.name], spec.type == kBytesMap, spec.name);
+          case kString:
+            if (!f.bytes.empty()) object[spec.name] = std::string(f.bytes);
+            break;
+          case kBool:
+            object[spec.name] = f.varint != 0;
+            break;
+        }
       }
       return OkStatus();
     }));

@@ -31,22 +31,6 @@ std::vector<std::string> SplitTopLevel(const std::string& text) {
   return out;
 }
 
-bool ValidLabelKey(const std::string& key) {
-  if (key.empty() || key.size() > 316) return false;
-  for (char c : key)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_' && c != '.' &&
-        c != '/')
-      return false;
-  return true;
-}
-
-std::optional<std::string> LabelValue(const nlohmann::json& labels, const std::string& key) {
-  if (!labels.is_object()) return std::nullopt;
-  auto it = labels.find(key);
-  if (it == labels.end() || !it->is_string()) return std::nullopt;
-  return it->get<std::string>();
-}
-
 std::string ScalarText(const nlohmann::json& v) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_null()) return "";
@@ -54,78 +38,6 @@ std::string ScalarText(const nlohmann::json& v) {
 }
 
 }  // namespace
-
-StatusOr<LabelSelector> ParseLabelSelector(const std::string& text) {
-  LabelSelector out;
-  if (Trim(text).empty()) return out;
-  for (const std::string& part : SplitTopLevel(text)) {
-    auto bad = [&](const std::string& why) {
-      return InvalidArgument("labelSelector: \"" + part + "\": " + why);
-    };
-    LabelRequirement req;
-    size_t paren = part.find('(');
-    if (paren != std::string::npos) {
-      std::string head = Trim(part.substr(0, paren));
-      if (part.back() != ')') return bad("expected a closing parenthesis");
-      size_t sp = head.rfind(' ');
-      if (sp == std::string::npos) return bad("expected \"key in (v1,v2)\"");
-      std::string op = Trim(head.substr(sp + 1));
-      req.key = Trim(head.substr(0, sp));
-      if (op == "in") {
-        req.op = LabelRequirement::kIn;
-      } else if (op == "notin") {
-        req.op = LabelRequirement::kNotIn;
-      } else {
-        return bad("expected in or notin, got \"" + op + "\"");
-      }
-      std::string inner = part.substr(paren + 1, part.size() - paren - 2);
-      for (const auto& v : SplitTopLevel(inner)) req.values.push_back(v);
-    } else if (size_t ne = part.find("!="); ne != std::string::npos) {
-      req.op = LabelRequirement::kNotEquals;
-      req.key = Trim(part.substr(0, ne));
-      req.values = {Trim(part.substr(ne + 2))};
-    } else if (size_t eq = part.find('='); eq != std::string::npos) {
-      req.op = LabelRequirement::kEquals;
-      req.key = Trim(part.substr(0, eq));
-      size_t skip = part.compare(eq, 2, "==") == 0 ? 2 : 1;
-      req.values = {Trim(part.substr(eq + skip))};
-    } else if (!part.empty() && part[0] == '!') {
-      req.op = LabelRequirement::kNotExists;
-      req.key = Trim(part.substr(1));
-    } else {
-      req.op = LabelRequirement::kExists;
-      req.key = part;
-    }
-    if (!ValidLabelKey(req.key)) return bad("invalid label key \"" + req.key + "\"");
-    out.push_back(std::move(req));
-  }
-  return out;
-}
-
-bool Matches(const LabelSelector& selector, const nlohmann::json& labels) {
-  for (const auto& req : selector) {
-    auto value = LabelValue(labels, req.key);
-    bool in_values =
-        value && std::find(req.values.begin(), req.values.end(), *value) != req.values.end();
-    switch (req.op) {
-      case LabelRequirement::kEquals:
-      case LabelRequirement::kIn:
-        if (!in_values) return false;
-        break;
-      case LabelRequirement::kNotEquals:
-      case LabelRequirement::kNotIn:
-        if (in_values) return false;  // a missing label satisfies != and notin
-        break;
-      case LabelRequirement::kExists:
-        if (!value) return false;
-        break;
-      case LabelRequirement::kNotExists:
-        if (value) return false;
-        break;
-    }
-  }
-  return true;
-}
 
 StatusOr<FieldSelector> ParseFieldSelector(const std::string& text) {
   FieldSelector out;

@@ -1,6 +1,6 @@
 // operator/local/selectors.h — label selectors (k8s.io/apimachinery/pkg/labels syntax:
-// =, ==, !=, in, notin, key, !key), field selectors (=, ==, != on dotted paths such as
-// metadata.name, status.phase, involvedObject.uid), and the simple JSONPath of
+// =, ==, !=, in, notin, key, !key; operator/kube/labels.h), field selectors (=, ==, != on dotted
+// paths such as metadata.name, status.phase, involvedObject.uid), and the simple JSONPath of
 // additionalPrinterColumns (.a.b, .a[0], .a[?(@.type=="Ready")].status). Pure.
 #pragma once
 
@@ -11,18 +11,18 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "operator/kube/labels.h"
 
 namespace tidal::local {
 
-struct LabelRequirement {
-  enum Op { kEquals, kNotEquals, kIn, kNotIn, kExists, kNotExists } op;
-  std::string key;
-  std::vector<std::string> values;
-};
-using LabelSelector = std::vector<LabelRequirement>;
-
-StatusOr<LabelSelector> ParseLabelSelector(const std::string& text);
-bool Matches(const LabelSelector& selector, const nlohmann::json& labels);
+// Label selectors are the client library's (operator/kube/labels.h): one parser for both sides.
+using kube::LabelSelector;
+inline StatusOr<LabelSelector> ParseLabelSelector(const std::string& text) {
+  return LabelSelector::Parse(text);
+}
+inline bool Matches(const LabelSelector& selector, const nlohmann::json& labels) {
+  return selector.Matches(labels);
+}
 
 struct FieldRequirement {
   std::string path;  // dotted: metadata.name

@@ -73,5 +73,24 @@ TEST(WatcherCore, RelistAfterGoneEmitsOnlyTheDifference) {
   EXPECT_EQ(core.known_objects(), 3u);
 }
 
+TEST(WatcherCore, KeepingVersionsOnlyDeliversTheSameEventsAndStubsRelistDeletions) {
+  WatcherCore core = WatcherCore::KeepingVersionsOnly();
+  json full = Obj("drop", 3);
+  full["spec"] = {{"big", "payload"}};
+  EXPECT_EQ(Describe(core.OnList(List({Obj("keep", 1), full}, 3))),
+            (std::vector<std::string>{"+drop", "+keep"}));
+  core.OnWatchOpened();
+  EXPECT_TRUE(core.OnEvent({"ADDED", Obj("keep", 1)}).empty()) << "versions still deduplicate";
+  EXPECT_EQ(Describe(core.OnEvent({"MODIFIED", Obj("keep", 4)})),
+            std::vector<std::string>{"~keep"});
+  core.OnExpired();
+  auto diff = core.OnList(List({Obj("keep", 4)}, 9));
+  ASSERT_EQ(Describe(diff), std::vector<std::string>{"-drop"});
+  // Only what identifies the object: its holder (the informer) keeps the rest.
+  EXPECT_EQ(
+      diff[0].object,
+      (json{{"metadata", {{"namespace", "default"}, {"name", "drop"}, {"resourceVersion", "3"}}}}));
+}
+
 }  // namespace
 }  // namespace tidal::kube
