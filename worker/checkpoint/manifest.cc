@@ -80,7 +80,7 @@ json ToJson(const Manifest& m) {
                         {"offset", p.offset},
                         {"first", p.first},
                         {"count", p.count},
-                        {"xxh3", p.xxh3}});
+                        {"chunks", p.chunks}});
     tensors.push_back(
         {{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"pieces", pieces}});
   }
@@ -91,6 +91,7 @@ json ToJson(const Manifest& m) {
           {"zeroStage", m.zero_stage},
           {"configHash", m.config_hash},
           {"createdAt", m.created_at},
+          {"chunkBytes", m.chunk_bytes},
           {"shards", shards},
           {"tensors", tensors}};
 }
@@ -110,6 +111,9 @@ StatusOr<Manifest> ManifestFromJson(const json& j) {
   TIDAL_RETURN_IF_ERROR(Require(j, "", "zeroStage", m.zero_stage));
   TIDAL_RETURN_IF_ERROR(Require(j, "", "configHash", m.config_hash));
   if (j.contains("createdAt")) TIDAL_RETURN_IF_ERROR(Require(j, "", "createdAt", m.created_at));
+  TIDAL_RETURN_IF_ERROR(Require(j, "", "chunkBytes", m.chunk_bytes));
+  if (m.chunk_bytes == 0 || m.chunk_bytes % 8 != 0)
+    return InvalidArgument("chunkBytes: expected a positive multiple of 8");
   if (m.step < 0) return InvalidArgument("step: expected >= 0");
   if (kind != "full" && kind != "snapshot")
     return InvalidArgument("kind: expected \"full\" or \"snapshot\", got \"" + kind + "\"");
@@ -154,7 +158,7 @@ StatusOr<Manifest> ManifestFromJson(const json& j) {
       TIDAL_RETURN_IF_ERROR(Require(pj, pp, "offset", p.offset));
       TIDAL_RETURN_IF_ERROR(Require(pj, pp, "first", p.first));
       TIDAL_RETURN_IF_ERROR(Require(pj, pp, "count", p.count));
-      TIDAL_RETURN_IF_ERROR(Require(pj, pp, "xxh3", p.xxh3));
+      TIDAL_RETURN_IF_ERROR(Require(pj, pp, "chunks", p.chunks));
       if (p.shard < 0 || p.shard >= static_cast<int>(m.shards.size()))
         return InvalidArgument(pp + "shard: no shard " + std::to_string(p.shard));
       if (p.count <= 0) return InvalidArgument(pp + "count: expected > 0");
@@ -166,7 +170,12 @@ StatusOr<Manifest> ManifestFromJson(const json& j) {
         return InvalidArgument(pp + "offset: the piece ends past its shard (" +
                                std::to_string(end) + " > " +
                                std::to_string(m.shards[p.shard].size) + ")");
-      if (!IsHex16(p.xxh3)) return InvalidArgument(pp + "xxh3: expected 16 lowercase hex digits");
+      uint64_t piece_bytes = static_cast<uint64_t>(p.count) * static_cast<uint64_t>(*size);
+      if (p.chunks.size() != (piece_bytes + m.chunk_bytes - 1) / m.chunk_bytes)
+        return InvalidArgument(pp + "chunks: expected one checksum per " +
+                               std::to_string(m.chunk_bytes) + " bytes");
+      for (const std::string& c : p.chunks)
+        if (!IsHex16(c)) return InvalidArgument(pp + "chunks: expected 16 lowercase hex digits");
       covered += p.count;
       t.pieces.push_back(p);
     }
@@ -202,7 +211,7 @@ std::string ShardFileName(int index, int count) {
 }
 
 StatusOr<BuiltShard> BuildShard(int shard_index, int shard_count,
-                                const std::vector<PieceData>& pieces) {
+                                const std::vector<PieceData>& pieces, uint64_t chunk_bytes) {
   // Header first (offsets relative to the data section), padded with spaces to 8 bytes.
   json header = json::object();
   header["__metadata__"] = {{"format", "tidal-checkpoint"},
@@ -227,6 +236,8 @@ StatusOr<BuiltShard> BuildShard(int shard_index, int shard_count,
   }
   std::string head = header.dump();
   head.append((8 - head.size() % 8) % 8, ' ');
+  if (chunk_bytes == 0 || chunk_bytes % 8 != 0)
+    return InvalidArgument("chunk size: expected a positive multiple of 8");
   BuiltShard shard;
   shard.bytes.reserve(8 + head.size() + data_size);
   uint64_t n = head.size();
@@ -245,16 +256,23 @@ StatusOr<BuiltShard> BuildShard(int shard_index, int shard_count,
     e.offset = data_start + relative[i];
     e.first = p.first;
     e.count = static_cast<int64_t>(p.bytes.size()) / *DtypeSize(p.dtype);
-    e.xxh3 = Xxh3Hex(p.bytes);
+    for (uint64_t c = 0; c < p.bytes.size(); c += chunk_bytes)
+      e.chunks.push_back(Xxh3Hex(p.bytes.substr(c, chunk_bytes)));
     shard.pieces.emplace_back(std::move(t), e);
   }
   shard.entry = {ShardFileName(shard_index, shard_count), shard.bytes.size(), Xxh3Hex(shard.bytes)};
+  shard.chunk_bytes = chunk_bytes;
   return shard;
 }
 
 StatusOr<Manifest> AssembleManifest(Manifest header, const std::vector<BuiltShard>& shards) {
   header.shards.clear();
   header.tensors.clear();
+  uint64_t chunk_bytes = shards.empty() ? header.chunk_bytes : shards[0].chunk_bytes;
+  for (const BuiltShard& s : shards)
+    if (s.chunk_bytes != chunk_bytes)
+      return InvalidArgument("shards were checksummed in different chunk sizes");
+  header.chunk_bytes = chunk_bytes;
   std::map<std::string, TensorEntry> tensors;
   for (size_t i = 0; i < shards.size(); ++i) {
     header.shards.push_back(shards[i].entry);
@@ -286,22 +304,47 @@ StatusOr<std::vector<ReadRange>> PlanRead(const Manifest& manifest, const std::s
     return InvalidArgument(tensor + ": elements [" + std::to_string(first) + ", " +
                            std::to_string(first + count) + ") are outside its " +
                            std::to_string(t->numel()));
-  int size = *DtypeSize(t->dtype);
+  uint64_t size = static_cast<uint64_t>(*DtypeSize(t->dtype));
+  uint64_t chunk = manifest.chunk_bytes;
   std::vector<ReadRange> out;
   for (const PieceEntry& p : t->pieces) {
     int64_t a = std::max(first, p.first);
     int64_t b = std::min(first + count, p.first + p.count);
     if (a >= b) continue;
+    // Bytes wanted within the piece, widened to whole chunks for verification.
+    uint64_t lo = static_cast<uint64_t>(a - p.first) * size;
+    uint64_t hi = static_cast<uint64_t>(b - p.first) * size;
+    uint64_t piece_bytes = static_cast<uint64_t>(p.count) * size;
+    uint64_t c0 = lo / chunk, c1 = (hi + chunk - 1) / chunk;
     ReadRange r;
     r.file = manifest.shards[p.shard].file;
-    r.offset = p.offset + static_cast<uint64_t>(a - p.first) * size;
-    r.length = static_cast<uint64_t>(b - a) * size;
+    r.fetch_offset = p.offset + c0 * chunk;
+    r.fetch_length = std::min(c1 * chunk, piece_bytes) - c0 * chunk;
+    r.chunks.assign(p.chunks.begin() + static_cast<std::ptrdiff_t>(c0),
+                    p.chunks.begin() + static_cast<std::ptrdiff_t>(c1));
+    r.chunk_bytes = chunk;
+    r.skip = lo - c0 * chunk;
+    r.length = hi - lo;
     r.dest_first = a - first;
-    r.piece = &p;
-    r.whole_piece = a == p.first && b == p.first + p.count;
-    out.push_back(r);
+    out.push_back(std::move(r));
   }
   return out;
+}
+
+Status VerifyRange(const ReadRange& range, std::string_view fetched) {
+  if (fetched.size() != range.fetch_length)
+    return DataLoss(range.file + ": read " + std::to_string(fetched.size()) + " bytes at " +
+                    std::to_string(range.fetch_offset) + ", expected " +
+                    std::to_string(range.fetch_length));
+  for (size_t i = 0; i < range.chunks.size(); ++i) {
+    std::string_view part = fetched.substr(i * range.chunk_bytes, range.chunk_bytes);
+    if (Xxh3Hex(part) != range.chunks[i])
+      return DataLoss(range.file + ": checksum mismatch in bytes [" +
+                      std::to_string(range.fetch_offset + i * range.chunk_bytes) + ", " +
+                      std::to_string(range.fetch_offset + i * range.chunk_bytes + part.size()) +
+                      ")");
+  }
+  return OkStatus();
 }
 
 std::vector<int64_t> StepsToPrune(const std::map<int64_t, CheckpointKind>& committed, int keep) {

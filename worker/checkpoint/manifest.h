@@ -9,8 +9,8 @@
 // "optimizer.exp_avg.<same>") is cut into pieces: contiguous element ranges of its row-major
 // flattening, each stored as a 1-D tensor in one shard. The manifest names every tensor's
 // dtype and global shape, and for every piece the shard, the absolute byte offset in the shard
-// file, the element range and an xxh3-64 checksum of the piece's bytes — so a rank that reads
-// only the ranges it needs (HTTP range GETs) still verifies what it read. Each shard also has
+// file, the element range and XXH3-64 checksums of its bytes in 1 MiB chunks — so a rank that
+// reads only the ranges it needs (HTTP range GETs) still verifies what it read. Each shard also has
 // its size and whole-file checksum. Pure functions: building shards, (de)serialising and
 // validating manifests, planning ranged reads, naming and retention.
 #pragma once
@@ -29,13 +29,17 @@
 namespace tidal::checkpoint {
 
 inline constexpr int kFormatVersion = 1;
+inline constexpr uint64_t kDefaultChunkBytes = 1 << 20;
 
 struct PieceEntry {
   int shard = 0;        // index into Manifest::shards
   uint64_t offset = 0;  // absolute byte offset of the piece's data in the shard file
   int64_t first = 0;    // element range [first, first + count) of the flattened tensor
   int64_t count = 0;
-  std::string xxh3;  // 16 lowercase hex digits of XXH3-64 over the piece's bytes
+  // XXH3-64 (16 lowercase hex digits) of each Manifest::chunk_bytes chunk of the piece's
+  // bytes, from its start (the last chunk may be shorter): a ranged read verifies the chunks
+  // it covers, so reading 1/W' of a piece saved at W costs at most one chunk extra per end.
+  std::vector<std::string> chunks;
 };
 
 struct TensorEntry {
@@ -63,6 +67,7 @@ struct Manifest {
   int zero_stage = 0;
   std::string config_hash;  // of what must match to resume (model, LoRA, batch)
   std::string created_at;   // RFC 3339
+  uint64_t chunk_bytes = kDefaultChunkBytes;
   std::vector<ShardEntry> shards;
   std::vector<TensorEntry> tensors;  // sorted by name
 
@@ -88,31 +93,39 @@ struct PieceData {
 };
 
 // A shard file in safetensors layout (pieces as 1-D tensors named "<tensor>@<first>") and
-// the manifest entries for its pieces (with `shard` set to `shard_index`).
+// the manifest entries for its pieces (with `shard` set to `shard_index`), checksummed in
+// chunks of `chunk_bytes`.
 struct BuiltShard {
   std::string bytes;
   ShardEntry entry;
+  uint64_t chunk_bytes = kDefaultChunkBytes;
   std::vector<std::pair<TensorEntry, PieceEntry>> pieces;  // tensor (no pieces) + its piece
 };
 StatusOr<BuiltShard> BuildShard(int shard_index, int shard_count,
-                                const std::vector<PieceData>& pieces);
+                                const std::vector<PieceData>& pieces,
+                                uint64_t chunk_bytes = kDefaultChunkBytes);
 
 // Combines the shards of every rank into the manifest's tensors (sorted, validated).
 StatusOr<Manifest> AssembleManifest(Manifest header, const std::vector<BuiltShard>& shards);
 
-// A byte range to fetch for part of a tensor: `length` bytes at `offset` of `file`, landing at
-// element `dest_first` of the requested range.
+// One ranged read for part of a tensor: fetch `fetch_length` bytes at `fetch_offset` of `file`
+// (widened to whole checksum chunks), verify them against `chunks`, then the wanted `length`
+// bytes start `skip` bytes in and land at element `dest_first` of the requested range.
 struct ReadRange {
   std::string file;
-  uint64_t offset = 0;
+  uint64_t fetch_offset = 0;
+  uint64_t fetch_length = 0;
+  std::vector<std::string> chunks;  // expected XXH3 of consecutive chunks of the fetched bytes
+  uint64_t chunk_bytes = 0;
+  uint64_t skip = 0;
   uint64_t length = 0;
   int64_t dest_first = 0;
-  const PieceEntry* piece = nullptr;  // whose checksum covers the range when whole
-  bool whole_piece = false;
 };
 // The ranges holding elements [first, first + count) of `tensor`.
 StatusOr<std::vector<ReadRange>> PlanRead(const Manifest& manifest, const std::string& tensor,
                                           int64_t first, int64_t count);
+// DataLoss naming the file and byte range when a fetched chunk does not match its checksum.
+Status VerifyRange(const ReadRange& range, std::string_view fetched);
 
 std::string StepDirectory(int64_t step);  // "step-00000015"
 std::optional<int64_t> ParseStepDirectory(std::string_view name);

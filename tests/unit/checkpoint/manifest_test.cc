@@ -24,7 +24,8 @@ std::string Floats(int64_t first, int64_t count) {
 // Tensor "w" of shape {10, 3} (30 elements) and "b" of {5}, split over `world` ranks as
 // contiguous ranges, like ZeRO slices.
 StatusOr<Manifest> SaveAt(int world, std::vector<BuiltShard>& shards,
-                          std::vector<std::string>& storage) {
+                          std::vector<std::string>& storage,
+                          uint64_t chunk_bytes = kDefaultChunkBytes) {
   storage.clear();
   storage.reserve(2 * static_cast<size_t>(world));
   shards.clear();
@@ -38,7 +39,7 @@ StatusOr<Manifest> SaveAt(int world, std::vector<BuiltShard>& shards,
                         name == "w" ? std::vector<int64_t>{10, 3} : std::vector<int64_t>{5}, lo,
                         storage.back()});
     }
-    auto shard = BuildShard(r, world, pieces);
+    auto shard = BuildShard(r, world, pieces, chunk_bytes);
     if (!shard.ok()) return shard.status();
     shards.push_back(std::move(*shard));
   }
@@ -71,7 +72,8 @@ TEST(ManifestTest, ShardsAreSafetensorsWithPiecesAtTheManifestsOffsets) {
     for (const PieceEntry& p : t.pieces) {
       std::string bytes = shards[p.shard].bytes.substr(p.offset, p.count * 4);
       EXPECT_EQ(bytes, Floats(p.first, p.count)) << t.name << "@" << p.first;
-      EXPECT_EQ(Xxh3Hex(bytes), p.xxh3);
+      ASSERT_EQ(p.chunks.size(), 1u);  // pieces under the default 1 MiB chunk
+      EXPECT_EQ(Xxh3Hex(bytes), p.chunks[0]);
     }
 }
 
@@ -87,28 +89,58 @@ TEST(ManifestTest, RoundTripsThroughJson) {
   EXPECT_EQ(back->Find("nope"), nullptr);
 }
 
-TEST(ManifestTest, ReadsAtAnotherWorldSizeTouchOnlyTheNeededRanges) {
+// Fetches and verifies every range of a plan, assembling the requested elements.
+StatusOr<std::string> Read(const Manifest& m, const std::vector<BuiltShard>& shards,
+                           const std::string& tensor, int64_t first, int64_t count,
+                           uint64_t* fetched_bytes = nullptr) {
+  auto ranges = PlanRead(m, tensor, first, count);
+  if (!ranges.ok()) return ranges.status();
+  std::string out(static_cast<size_t>(count) * 4, '\0');
+  for (const ReadRange& r : *ranges) {
+    size_t shard = 0;
+    while (m.shards[shard].file != r.file) ++shard;
+    std::string bytes = shards[shard].bytes.substr(r.fetch_offset, r.fetch_length);
+    if (fetched_bytes) *fetched_bytes += bytes.size();
+    TIDAL_RETURN_IF_ERROR(VerifyRange(r, bytes));
+    std::memcpy(out.data() + r.dest_first * 4, bytes.data() + r.skip, r.length);
+  }
+  return out;
+}
+
+TEST(ManifestTest, ReadsAtAnotherWorldSizeTouchOnlyTheNeededChunks) {
   std::vector<BuiltShard> shards;
   std::vector<std::string> storage;
-  auto m = SaveAt(3, shards, storage);  // w pieces: [0,10) [10,20) [20,30)
-  ASSERT_TRUE(m.ok());
+  auto m = SaveAt(3, shards, storage, /*chunk_bytes=*/16);  // w pieces: [0,10) [10,20) [20,30)
+  ASSERT_TRUE(m.ok()) << m.status().message();
   // Rank 1 of 4 needs w elements [7, 15): the end of shard 0 and the start of shard 1.
-  auto ranges = PlanRead(*m, "w", 7, 8);
-  ASSERT_TRUE(ranges.ok());
-  ASSERT_EQ(ranges->size(), 2u);
-  std::string assembled(8 * 4, '\0');
-  for (const ReadRange& r : *ranges) {
-    EXPECT_FALSE(r.whole_piece);
-    int shard = r.file == m->shards[0].file ? 0 : 1;
-    std::string bytes = shards[shard].bytes.substr(r.offset, r.length);
-    std::memcpy(assembled.data() + r.dest_first * 4, bytes.data(), bytes.size());
-  }
-  EXPECT_EQ(assembled, Floats(7, 8));
-  auto whole = PlanRead(*m, "w", 10, 10);
-  ASSERT_EQ(whole->size(), 1u);
-  EXPECT_TRUE((*whole)[0].whole_piece);
+  uint64_t fetched = 0;
+  auto got = Read(*m, shards, "w", 7, 8, &fetched);
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(*got, Floats(7, 8));
+  // 32 bytes wanted; widened to whole 4-element chunks: elements [4,10) of the first piece
+  // (its last chunk is short), [10,18) of the second — never the whole pieces.
+  EXPECT_EQ(fetched, 6u * 4 + 8u * 4);
+  for (int64_t first = 0; first < 30; ++first)
+    for (int64_t count = 1; first + count <= 30; ++count)
+      ASSERT_EQ(*Read(*m, shards, "w", first, count), Floats(first, count))
+          << first << "+" << count;
   EXPECT_EQ(PlanRead(*m, "w", 25, 6).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(PlanRead(*m, "x", 0, 1).status().code(), StatusCode::kNotFound);
+}
+
+TEST(ManifestTest, ACorruptByteIsCaughtByTheChunkThatHoldsIt) {
+  std::vector<BuiltShard> shards;
+  std::vector<std::string> storage;
+  auto m = SaveAt(2, shards, storage, 16);
+  ASSERT_TRUE(m.ok());
+  const PieceEntry& p = m->Find("w")->pieces[1];  // elements [15, 30) in shard 1
+  shards[1].bytes[p.offset + 4 * 6] ^= 0x01;      // element 21
+  auto bad = Read(*m, shards, "w", 20, 2);
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("shard-00002-of-00002.safetensors: checksum mismatch"),
+            std::string::npos)
+      << bad.status().message();
+  EXPECT_TRUE(Read(*m, shards, "w", 0, 15).ok());  // other chunks still read
 }
 
 TEST(ManifestTest, InvalidManifestsAreRefusedNamingTheField) {
@@ -144,8 +176,12 @@ TEST(ManifestTest, InvalidManifestsAreRefusedNamingTheField) {
               j["tensors"][0]["pieces"][0]["offset"] = 1 << 30;
             }).find("ends past its shard"),
             std::string::npos);
-  EXPECT_EQ(refused([](json& j) { j["tensors"][0]["pieces"][0]["xxh3"] = "XYZ"; }),
-            "tensors[0].pieces[0].xxh3: expected 16 lowercase hex digits");
+  EXPECT_EQ(refused([](json& j) { j["tensors"][0]["pieces"][0]["chunks"] = {"XYZ"}; }),
+            "tensors[0].pieces[0].chunks: expected 16 lowercase hex digits");
+  EXPECT_EQ(refused([](json& j) { j["tensors"][0]["pieces"][0]["chunks"] = json::array(); }),
+            "tensors[0].pieces[0].chunks: expected one checksum per 1048576 bytes");
+  EXPECT_EQ(refused([](json& j) { j["chunkBytes"] = 12; }),
+            "chunkBytes: expected a positive multiple of 8");
   EXPECT_EQ(refused([](json& j) { std::swap(j["tensors"][0], j["tensors"][1]); }),
             "tensors[1].name: tensors must be sorted by name, without repeats");
   EXPECT_EQ(ManifestFromJson(json::array()).status().message(), "manifest: expected a JSON object");
