@@ -1,0 +1,202 @@
+// The commit protocol over an object store: a checkpoint is usable only once its manifest is
+// written after every shard; torn, truncated and corrupt ones are skipped or caught, with the
+// previous one still loadable; retention prunes what the policy drops. The store here is an
+// in-memory ObjectStore with the interface's contract (atomic Put, ranged Get, sorted List);
+// the real file:// and s3:// stores run the same protocol in the integration tests.
+#include "worker/checkpoint/repository.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+
+namespace tidal::checkpoint {
+namespace {
+
+class MemoryStore : public ObjectStore {
+ public:
+  std::string uri() const override { return "mem://test"; }
+  Status Put(const std::string& key, std::string_view data) override {
+    if (fail_puts_matching_ && key.find(*fail_puts_matching_) != std::string::npos)
+      return Unavailable("No space left on device");
+    objects_[key] = std::string(data);
+    return OkStatus();
+  }
+  StatusOr<std::string> Get(const std::string& key) override {
+    auto it = objects_.find(key);
+    if (it == objects_.end()) return NotFound(key);
+    return it->second;
+  }
+  StatusOr<std::string> GetRange(const std::string& key, uint64_t offset,
+                                 uint64_t length) override {
+    auto it = objects_.find(key);
+    if (it == objects_.end()) return NotFound(key);
+    if (offset + length > it->second.size()) return InvalidArgument(key + ": range past end");
+    return it->second.substr(offset, length);
+  }
+  StatusOr<uint64_t> Size(const std::string& key) override {
+    auto it = objects_.find(key);
+    if (it == objects_.end()) return NotFound(key);
+    return it->second.size();
+  }
+  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) override {
+    std::vector<ObjectInfo> out;
+    for (auto it = objects_.lower_bound(prefix);
+         it != objects_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+      out.push_back({it->first, it->second.size()});
+    return out;
+  }
+  Status Delete(const std::vector<std::string>& keys) override {
+    for (const auto& k : keys) objects_.erase(k);
+    return OkStatus();
+  }
+  std::map<std::string, std::string> objects_;
+  std::optional<std::string> fail_puts_matching_;
+};
+
+std::string Floats(int64_t first, int64_t count, float scale) {
+  std::string out(static_cast<size_t>(count) * 4, '\0');
+  for (int64_t i = 0; i < count; ++i) {
+    float v = scale * static_cast<float>(first + i);
+    std::memcpy(out.data() + i * 4, &v, 4);
+  }
+  return out;
+}
+
+// Rank r of `world` saves its slice of a 40-element tensor "w" (values step × index).
+class RepositoryTest : public ::testing::Test {
+ protected:
+  std::vector<BuiltShard> Shards(int64_t step, int world) {
+    std::vector<BuiltShard> shards;
+    for (int r = 0; r < world; ++r) {
+      int64_t lo = 40 * r / world, hi = 40 * (r + 1) / world;
+      std::string bytes = Floats(lo, hi - lo, static_cast<float>(step));
+      shards.push_back(*BuildShard(r, world, {{"w", "F32", {40}, lo, bytes}}, 32));
+    }
+    return shards;
+  }
+  Manifest Save(int64_t step, int world, CheckpointKind kind = CheckpointKind::kFull,
+                bool commit = true) {
+    auto shards = Shards(step, world);
+    for (const auto& s : shards) EXPECT_TRUE(repo_.WriteShard(step, s).ok());
+    EXPECT_TRUE(repo_.WriteTrainerState(step, {{"step", step}}).ok());
+    Manifest header;
+    header.step = step;
+    header.kind = kind;
+    header.world_size = world;
+    auto m = AssembleManifest(header, shards);
+    EXPECT_TRUE(m.ok()) << m.status().message();
+    if (commit) EXPECT_TRUE(repo_.Commit(*m).ok());
+    return *m;
+  }
+  MemoryStore store_;
+  Repository repo_{store_};
+};
+
+TEST_F(RepositoryTest, CommittedCheckpointLoadsAtAnotherWorldSize) {
+  Save(10, 2);
+  EXPECT_EQ(store_.objects_.at("latest"), "step-00000010\n");
+  auto m = repo_.NewestUsable();
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  EXPECT_EQ(m->step, 10);
+  for (int r = 0; r < 3; ++r) {  // as 3 ranks would read it
+    int64_t lo = 40 * r / 3, hi = 40 * (r + 1) / 3;
+    auto bytes = repo_.ReadTensor(*m, "w", lo, hi - lo);
+    ASSERT_TRUE(bytes.ok()) << bytes.status().message();
+    EXPECT_EQ(*bytes, Floats(lo, hi - lo, 10));
+  }
+  EXPECT_EQ((*repo_.ReadTrainerState(10))["step"], 10);
+}
+
+TEST_F(RepositoryTest, ATornSaveIsIgnoredAndThePreviousOneLoads) {
+  Save(10, 2);
+  Save(20, 2, CheckpointKind::kFull, /*commit=*/false);  // killed before the manifest
+  auto scanned = repo_.Scan();
+  ASSERT_TRUE(scanned.ok());
+  ASSERT_EQ(scanned->size(), 2u);
+  EXPECT_EQ((*scanned)[0].step, 20);
+  EXPECT_EQ((*scanned)[0].problem, "no manifest.json: never committed (torn save)");
+  EXPECT_EQ(repo_.NewestUsable()->step, 10);
+  EXPECT_EQ(store_.objects_.at("latest"), "step-00000010\n");
+}
+
+TEST_F(RepositoryTest, CommitRefusesWhenARanksShardIsMissingAndLeavesLatestAlone) {
+  Save(10, 2);
+  auto shards = Shards(20, 2);
+  ASSERT_TRUE(repo_.WriteShard(20, shards[0]).ok());  // rank 1's write never arrived
+  auto m = AssembleManifest(Manifest{.step = 20, .world_size = 2}, shards);
+  ASSERT_TRUE(m.ok());
+  Status s = repo_.Commit(*m);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "not committing step-00000020: shard-00002-of-00002.safetensors is missing");
+  EXPECT_FALSE(store_.objects_.count("step-00000020/manifest.json"));
+  EXPECT_EQ(store_.objects_.at("latest"), "step-00000010\n");
+}
+
+TEST_F(RepositoryTest, ACorruptByteFailsTheReadAndTheCallerFallsBack) {
+  Save(10, 2);
+  Manifest newest = Save(20, 2);
+  store_.objects_.at("step-00000020/shard-00002-of-00002.safetensors")[200] ^= 0x40;
+  // The corrupt byte lies in the data of rank 1's piece: whichever read covers it fails.
+  auto bad = repo_.ReadTensor(newest, "w", 0, 40);
+  EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(bad.status().message().find("mem://test/step-00000020/shard-00002-of-00002"),
+            std::string::npos)
+      << bad.status().message();
+  auto previous = repo_.NewestUsable({20});
+  ASSERT_TRUE(previous.ok());
+  EXPECT_EQ(previous->step, 10);
+  EXPECT_EQ(*repo_.ReadTensor(*previous, "w", 0, 40), Floats(0, 40, 10));
+}
+
+TEST_F(RepositoryTest, TruncatedShardsAndBrokenManifestsAreSkippedWithTheReason) {
+  Save(10, 2);
+  Save(20, 2);
+  Save(30, 2);
+  store_.objects_.at("step-00000020/shard-00001-of-00002.safetensors").resize(100);
+  store_.objects_.at("step-00000030/manifest.json") = "{\"formatVersion\": 1";
+  auto result = repo_.Scan();
+  ASSERT_TRUE(result.ok());
+  const auto& scanned = *result;
+  EXPECT_NE(scanned[0].problem.find("manifest.json invalid"), std::string::npos)
+      << scanned[0].problem;
+  EXPECT_NE(scanned[1].problem.find("has 100 bytes, expected"), std::string::npos);
+  EXPECT_EQ(repo_.NewestUsable()->step, 10);
+}
+
+TEST_F(RepositoryTest, AFailingStoreFailsTheSaveClearlyWithoutTouchingLatest) {
+  Save(10, 2);
+  store_.fail_puts_matching_ = "step-00000020/shard";
+  auto shards = Shards(20, 2);
+  Status s = repo_.WriteShard(20, shards[0]);
+  EXPECT_EQ(s.message(),
+            "writing step-00000020/shard-00001-of-00002.safetensors: No space left on device");
+  store_.fail_puts_matching_ = "manifest.json";
+  for (const auto& shard : shards)
+    store_.objects_["step-00000020/" + shard.entry.file] = shard.bytes;
+  EXPECT_FALSE(repo_.Commit(*AssembleManifest(Manifest{.step = 20, .world_size = 2}, shards)).ok());
+  EXPECT_EQ(store_.objects_.at("latest"), "step-00000010\n");
+  EXPECT_EQ(repo_.NewestUsable()->step, 10);
+}
+
+TEST_F(RepositoryTest, PruneKeepsNewestFullsAndLaterSnapshotsAndDropsTornOnes) {
+  Save(10, 1);
+  Save(15, 1, CheckpointKind::kFull, /*commit=*/false);  // torn
+  Save(20, 1);
+  Save(25, 1, CheckpointKind::kSnapshot);
+  Save(30, 1);
+  Save(35, 1, CheckpointKind::kSnapshot);
+  auto pruned = repo_.Prune(2);
+  ASSERT_TRUE(pruned.ok());
+  EXPECT_EQ(*pruned, (std::vector<int64_t>{10, 15, 25}));
+  auto scanned = repo_.Scan();
+  ASSERT_TRUE(scanned.ok());
+  std::vector<int64_t> left;
+  for (const auto& c : *scanned) left.push_back(c.step);
+  EXPECT_EQ(left, (std::vector<int64_t>{35, 30, 20}));
+  EXPECT_EQ(repo_.NewestUsable()->step, 35);
+}
+
+}  // namespace
+}  // namespace tidal::checkpoint

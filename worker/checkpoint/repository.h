@@ -1,0 +1,62 @@
+// worker/checkpoint/repository.h — the commit protocol of DESIGN.md §5 over an ObjectStore,
+// without LibTorch. Saving: every rank writes its shard (durable on return), rank 0 writes
+// trainer_state.json; after a barrier that says every shard is durable, rank 0 commits by
+// writing manifest.json, then `latest`. A checkpoint without a manifest was never committed
+// (torn) and is ignored; `latest` is a hint for humans and tools, the scan is the truth.
+// Loading: scan newest first; a checkpoint whose manifest does not parse or whose shards are
+// missing or of the wrong size is skipped with the reason; chunk checksums are verified as
+// ranges are read (a mismatch is DataLoss, and the caller falls back to an older one).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/object_store.h"
+
+namespace tidal::checkpoint {
+
+struct ScannedCheckpoint {
+  int64_t step = 0;
+  std::optional<Manifest> manifest;  // set when the checkpoint is committed and whole
+  std::string problem;               // why it is not usable, when it is not
+};
+
+class Repository {
+ public:
+  explicit Repository(ObjectStore& store) : store_(store) {}
+  ObjectStore& store() { return store_; }
+
+  Status WriteShard(int64_t step, const BuiltShard& shard);
+  Status WriteTrainerState(int64_t step, const nlohmann::json& state);
+  // The manifest, then `latest`. Refuses a manifest whose shards are not all in the store with
+  // their sizes (a rank's write was lost), so a commit never points at missing data.
+  Status Commit(const Manifest& manifest);
+
+  // Every step directory, newest first, checked as described above.
+  StatusOr<std::vector<ScannedCheckpoint>> Scan();
+  // The newest usable checkpoint not in `exclude` (steps already found corrupt), or NotFound.
+  // Skipped ones are logged with their problem.
+  StatusOr<Manifest> NewestUsable(const std::set<int64_t>& exclude = {});
+
+  // Elements [first, first + count) of `tensor` as raw little-endian bytes, verified.
+  StatusOr<std::string> ReadTensor(const Manifest& manifest, const std::string& tensor,
+                                   int64_t first, int64_t count);
+  StatusOr<nlohmann::json> ReadTrainerState(int64_t step);
+
+  // Deletes what the retention policy drops (StepsToPrune with `keep`) and torn directories
+  // older than the newest committed checkpoint. Returns the steps deleted.
+  StatusOr<std::vector<int64_t>> Prune(int keep);
+
+ private:
+  Status DeleteStep(int64_t step);
+  ObjectStore& store_;
+};
+
+}  // namespace tidal::checkpoint
