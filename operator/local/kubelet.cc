@@ -22,6 +22,7 @@
 
 #include "common/base64.h"
 #include "common/log.h"
+#include "operator/kube/meta_time.h"
 
 namespace tidal::local {
 namespace {
@@ -30,14 +31,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-std::string NowRfc3339() {
-  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+std::string NowRfc3339() { return kube::FormatTime(std::chrono::system_clock::now()); }
 
 const json& Field(const json& object, const char* key) {
   static const json kNull;

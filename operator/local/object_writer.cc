@@ -8,6 +8,7 @@
 
 #include "common/base64.h"
 #include "common/yaml_json.h"
+#include "operator/kube/meta_time.h"
 #include "operator/kube/request.h"
 #include "operator/local/schema.h"
 
@@ -17,12 +18,7 @@ namespace {
 using nlohmann::json;
 
 std::string NowRfc3339(std::chrono::seconds offset = std::chrono::seconds(0)) {
-  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now() + offset);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
+  return kube::FormatTime(std::chrono::system_clock::now() + offset);
 }
 
 std::mt19937_64& Rng() {

@@ -12,6 +12,7 @@
 //  - List is consistent with completed Puts and Deletes of this process.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -55,8 +56,10 @@ class ObjectStore {
 // Connection settings for s3:// (file:// needs none). Read by S3OptionsFromEnv from, in
 // order: a Secret-style directory (one file per key, as a mounted Kubernetes Secret), then the
 // environment: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION (or
-// AWS_DEFAULT_REGION), AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL), TIDAL_S3_ADDRESSING
-// (path | virtual).
+// AWS_DEFAULT_REGION), AWS_ENDPOINT_URL_S3 (or AWS_ENDPOINT_URL), AWS_CA_BUNDLE (ca_file),
+// TIDAL_S3_ADDRESSING (path | virtual). The Secret's files have the same names; a value found
+// there wins. Without an endpoint: AWS's regional one with virtual-hosted buckets; with one
+// (MinIO, Ceph, s3rver): path-style unless TIDAL_S3_ADDRESSING says otherwise.
 struct S3Options {
   std::string endpoint;  // "https://s3.eu-west-1.amazonaws.com", "http://127.0.0.1:4568"
   std::string region = "us-east-1";
@@ -66,9 +69,16 @@ struct S3Options {
   uint64_t part_size = 16ull << 20;  // multipart above this size, parts of this size
   int parallel_parts = 4;
   int max_attempts = 5;  // retries on 5xx, 429, SlowDown and connection errors
+  // Waits between attempts: full-jitter exponential backoff, uniform in
+  // [0, min(retry_max_delay, retry_base_delay * 2^(failures - 1))) (see s3_retry.h).
+  std::chrono::milliseconds retry_base_delay{100};
+  std::chrono::milliseconds retry_max_delay{20000};
+  int list_max_keys = 1000;  // ListObjectsV2 page size: S3's maximum; smaller to test paging
 };
 
-// `secret_dir`: "" to skip. `env`: the process environment (passed in for tests).
+// `secret_dir`: "" to skip. `env`: the process environment (passed in for tests). The result
+// is validated (ValidateS3Options in s3_store.h): missing credentials are an error naming the
+// variable, so call this only for s3:// URIs.
 StatusOr<S3Options> S3OptionsFromEnv(const std::string& secret_dir,
                                      const std::map<std::string, std::string>& env);
 

@@ -137,6 +137,16 @@ StatusOr<json> Repository::ReadTrainerState(int64_t step) {
   return parsed;
 }
 
+StatusOr<Manifest> Repository::ReadManifest(int64_t step) {
+  TIDAL_ASSIGN_OR_RETURN(std::string text, store_.Get(Key(step, "manifest.json")));
+  json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return DataLoss(Key(step, "manifest.json") + ": not JSON");
+  auto manifest = ManifestFromJson(parsed);
+  if (!manifest.ok())
+    return DataLoss(Key(step, "manifest.json") + ": " + manifest.status().message());
+  return manifest;
+}
+
 Status Repository::DeleteStep(int64_t step) {
   TIDAL_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects, store_.List(StepDirectory(step) + "/"));
   std::vector<std::string> keys;

@@ -49,6 +49,8 @@ class Repository {
   StatusOr<std::string> ReadTensor(const Manifest& manifest, const std::string& tensor,
                                    int64_t first, int64_t count);
   StatusOr<nlohmann::json> ReadTrainerState(int64_t step);
+  // The committed manifest of `step` (NotFound when it was never committed).
+  StatusOr<Manifest> ReadManifest(int64_t step);
 
   // Deletes what the retention policy drops (StepsToPrune with `keep`) and torn directories
   // older than the newest committed checkpoint. Returns the steps deleted.

@@ -52,4 +52,39 @@ double LrSchedule::Next(double grad_norm) {
   return min_lr_ + (peak_ - min_lr_) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
 }
 
+nlohmann::json LrSchedule::StateJson() const {
+  return {{"steps", steps_},
+          {"warmupProgress", warmup_progress_},
+          {"heldSteps", held_steps_},
+          {"warmupEndStep", warmup_end_step_},
+          {"gradNorms", std::vector<double>(norms_.begin(), norms_.end())}};
+}
+
+Status LrSchedule::RestoreState(const nlohmann::json& state) {
+  auto integer = [&](const char* key, int64_t& out) -> Status {
+    if (!state.is_object() || !state.contains(key) || !state[key].is_number_integer())
+      return InvalidArgument(std::string("lrSchedule.") + key + ": expected an integer");
+    out = state[key].get<int64_t>();
+    return OkStatus();
+  };
+  int64_t steps = 0, progress = 0, held = 0, end = 0;
+  TIDAL_RETURN_IF_ERROR(integer("steps", steps));
+  TIDAL_RETURN_IF_ERROR(integer("warmupProgress", progress));
+  TIDAL_RETURN_IF_ERROR(integer("heldSteps", held));
+  TIDAL_RETURN_IF_ERROR(integer("warmupEndStep", end));
+  if (!state.contains("gradNorms") || !state["gradNorms"].is_array())
+    return InvalidArgument("lrSchedule.gradNorms: expected a list of numbers");
+  std::deque<double> norms;
+  for (const auto& n : state["gradNorms"]) {
+    if (!n.is_number()) return InvalidArgument("lrSchedule.gradNorms: expected a list of numbers");
+    norms.push_back(n.get<double>());
+  }
+  steps_ = steps;
+  warmup_progress_ = progress;
+  held_steps_ = held;
+  warmup_end_step_ = end;
+  norms_ = std::move(norms);
+  return OkStatus();
+}
+
 }  // namespace tidal::engine

@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <deque>
 
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
 #include "worker/engine/train_config.h"
 
 namespace tidal::engine {
@@ -25,6 +28,11 @@ class LrSchedule {
   bool in_warmup() const { return warmup_progress_ < warmup_steps_; }
   // Coefficient of variation of the gradient norm over the window (0 until it is full).
   double GradNormVariation() const;
+
+  // Everything that evolves (step counts, adaptive-warmup progress, the norm window), for
+  // checkpoints; FromJson refuses a state that does not fit, naming the field.
+  nlohmann::json StateJson() const;
+  Status RestoreState(const nlohmann::json& state);
 
  private:
   double peak_, min_lr_;

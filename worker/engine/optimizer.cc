@@ -34,6 +34,16 @@ void ShardedAdamW::Step(const std::vector<TrainableSlice>& slices, double lr, do
   }
 }
 
+void ShardedAdamW::Restore(std::map<std::string, State> state, int64_t steps) {
+  state_ = std::move(state);
+  steps_ = steps;
+}
+
+void ShardedAdamW::Reset() {
+  state_.clear();
+  steps_ = 0;
+}
+
 int64_t ShardedAdamW::StateBytes() const {
   int64_t bytes = 0;
   for (const auto& [key, st] : state_) bytes += (st.exp_avg.numel() + st.exp_avg_sq.numel()) * 4;

@@ -29,11 +29,18 @@ class ShardedAdamW {
 
   int64_t steps() const { return steps_; }
   int64_t StateBytes() const;
+  const AdamWOptions& options() const { return options_; }
 
- private:
+  // The moments per slice key, for checkpoints; Restore replaces them and the step count
+  // (which drives bias correction). Reset forgets everything (resume without optimizer state).
   struct State {
     torch::Tensor exp_avg, exp_avg_sq;
   };
+  const std::map<std::string, State>& state() const { return state_; }
+  void Restore(std::map<std::string, State> state, int64_t steps);
+  void Reset();
+
+ private:
   AdamWOptions options_;
   int64_t steps_ = 0;
   std::map<std::string, State> state_;

@@ -67,14 +67,18 @@ Status Train(const TrainConfig& config, const RankLaunch& launch) {
   const int64_t progress_every = std::max<int64_t>(1, total / 20);
   std::vector<double> losses;
   double seconds = 0;
+  if (launch.hooks) TIDAL_RETURN_IF_ERROR(launch.hooks->OnStart(*trainer));
+  const int64_t first_step = trainer->step();
   while (trainer->step() < total) {
     TIDAL_ASSIGN_OR_RETURN(StepRecord record, trainer->Step());
     losses.push_back(record.loss);
     seconds += record.seconds;
+    if (launch.hooks) TIDAL_RETURN_IF_ERROR(launch.hooks->AfterStep(*trainer));
     if (!leader) continue;
     PrintStepLine(record);
     if (record.step % progress_every == 0 || record.step == total) {
-      const double eta = seconds / record.step * static_cast<double>(total - record.step);
+      const double eta = seconds / static_cast<double>(record.step - first_step) *
+                         static_cast<double>(total - record.step);
       LogInfo("progress", {{"step", record.step},
                            {"max_steps", total},
                            {"percent", std::round(1000.0 * record.step / total) / 10},
@@ -84,6 +88,7 @@ Status Train(const TrainConfig& config, const RankLaunch& launch) {
                            {"eta_s", std::round(eta)}});
     }
   }
+  if (launch.hooks) TIDAL_RETURN_IF_ERROR(launch.hooks->OnFinish(*trainer));
   if (!summarize) return OkStatus();
 
   std::error_code ec;

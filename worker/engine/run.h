@@ -11,6 +11,22 @@
 
 namespace tidal::engine {
 
+class Trainer;
+
+// Called by RunRank on the rank's thread around training (checkpoints live outside the
+// engine: worker/checkpoint implements these). Every rank calls every hook, so hooks may run
+// collectives.
+class TrainingHooks {
+ public:
+  virtual ~TrainingHooks() = default;
+  // Before the first step (e.g. resume from a checkpoint).
+  virtual Status OnStart(Trainer& trainer) = 0;
+  // After each optimizer step (e.g. save a checkpoint).
+  virtual Status AfterStep(Trainer& trainer) = 0;
+  // After the last step, before the summary.
+  virtual Status OnFinish(Trainer& trainer) = 0;
+};
+
 struct RankLaunch {
   int rank = 0;
   int world_size = 1;
@@ -19,6 +35,7 @@ struct RankLaunch {
   std::optional<int64_t> max_steps;  // overrides spec.optimization.maxSteps
   std::string out_dir;               // per-rank summary and the trained adapter weights
   int intra_op_threads = 0;          // 0: cores / world size
+  TrainingHooks* hooks = nullptr;    // not owned; null for none
 };
 
 // Trains to the last step. Rank 0 prints one JSON line per optimizer step on stdout:

@@ -166,4 +166,38 @@ StatusOr<StepRecord> Trainer::Step() {
   return record;
 }
 
+nlohmann::json Trainer::StateJson() const {
+  return {{"step", step_},
+          {"lrSchedule", schedule_.StateJson()},
+          {"lossScale", loss_scale_},
+          {"goodSteps", good_steps_},
+          {"optimizerSteps", optimizer_.steps()},
+          {"gradientAccumulation", accumulation_},
+          {"worldSize", comm_->world_size()},
+          {"seed", config_.optimization.seed}};
+}
+
+Status Trainer::RestoreState(const nlohmann::json& state) {
+  auto field = [&](const char* key) -> const nlohmann::json* {
+    return state.is_object() && state.contains(key) ? &state[key] : nullptr;
+  };
+  const nlohmann::json* step = field("step");
+  if (!step || !step->is_number_integer() || step->get<int64_t>() < 0)
+    return InvalidArgument("trainer state: step: expected a non-negative integer");
+  const nlohmann::json* seed = field("seed");
+  if (!seed || !seed->is_number_unsigned() || seed->get<uint64_t>() != config_.optimization.seed)
+    return InvalidArgument("trainer state: seed: the checkpoint was trained with another seed");
+  const nlohmann::json* scale = field("lossScale");
+  const nlohmann::json* good = field("goodSteps");
+  if (!scale || !scale->is_number() || !good || !good->is_number_integer())
+    return InvalidArgument("trainer state: lossScale/goodSteps: expected numbers");
+  const nlohmann::json* schedule = field("lrSchedule");
+  if (!schedule) return InvalidArgument("trainer state: lrSchedule: required");
+  TIDAL_RETURN_IF_ERROR(schedule_.RestoreState(*schedule));
+  step_ = step->get<int64_t>();
+  loss_scale_ = scale->get<double>();
+  good_steps_ = good->get<int64_t>();
+  return OkStatus();
+}
+
 }  // namespace tidal::engine

@@ -53,6 +53,15 @@ class Trainer {
   ShardedParameters& parameters() { return *params_; }
   Comm& comm() { return *comm_; }
   const ShardedAdamW& optimizer() const { return optimizer_; }
+  ShardedAdamW& optimizer() { return optimizer_; }
+  const TrainConfig& config() const { return config_; }
+
+  // What evolves besides weights and optimizer moments, for checkpoints: the step (which
+  // also fixes the data cursor and dropout masks: both are functions of seed and step), the
+  // LR schedule with its adaptive-warmup window, and the fp16 loss scale.
+  nlohmann::json StateJson() const;
+  // Refuses a state from another run shape, naming the field.
+  Status RestoreState(const nlohmann::json& state);
   const LrSchedule& schedule() const { return schedule_; }
   int64_t gradient_accumulation() const { return accumulation_; }
 

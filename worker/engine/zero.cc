@@ -249,6 +249,66 @@ Status ShardedParameters::AfterMicroBatchBackward() {
   return OkStatus();
 }
 
+std::vector<TrainableBlockLayout> ShardedParameters::TrainableLayout() const {
+  const int64_t world = comm_.world_size(), rank = comm_.rank();
+  std::vector<TrainableBlockLayout> out;
+  for (size_t b = 0; b < blocks_.size(); ++b) {
+    const Flat& flat = blocks_[b]->trainable;
+    if (flat.numel == 0) continue;
+    TrainableBlockLayout layout;
+    layout.block = static_cast<int64_t>(b);
+    layout.key = "block." + std::to_string(b);
+    layout.numel = flat.numel;
+    layout.padded = flat.padded;
+    for (size_t k = 0; k < flat.param_index.size(); ++k) {
+      const ParamSpec& p = model_.blocks()[b].params[flat.param_index[k]];
+      layout.params.push_back({p.name, p.shape, flat.offset[k], p.numel()});
+    }
+    const int64_t slice = flat.padded / world;
+    layout.owned_lo = rank * slice;
+    layout.owned_hi = layout.owned_lo + slice;
+    const bool sharded_weights = options_.stage == 3;
+    const bool sharded_state = options_.stage >= 1 && world > 1;
+    layout.held_lo = sharded_weights ? layout.owned_lo : 0;
+    layout.held_hi = sharded_weights ? layout.owned_hi : flat.padded;
+    layout.optimizer_lo = sharded_state ? layout.owned_lo : 0;
+    layout.optimizer_hi = sharded_state ? layout.owned_hi : flat.padded;
+    out.push_back(std::move(layout));
+  }
+  return out;
+}
+
+StatusOr<torch::Tensor> ShardedParameters::TrainableRange(int64_t block, int64_t lo,
+                                                          int64_t hi) const {
+  for (const TrainableBlockLayout& l : TrainableLayout()) {
+    if (l.block != block) continue;
+    if (lo < l.held_lo || hi > l.held_hi || lo > hi)
+      return InvalidArgument("block " + std::to_string(block) + ": elements [" +
+                             std::to_string(lo) + ", " + std::to_string(hi) +
+                             ") are not held by this rank");
+    torch::NoGradGuard no_grad;
+    return blocks_[block]
+        ->trainable.data.detach()
+        .narrow(0, lo - l.held_lo, hi - lo)
+        .to(torch::kCPU, torch::kFloat32, /*non_blocking=*/false, /*copy=*/true);
+  }
+  return NotFound("block " + std::to_string(block) + " has no trainable weights");
+}
+
+Status ShardedParameters::SetTrainableHeld(int64_t block, const torch::Tensor& values) {
+  for (const TrainableBlockLayout& l : TrainableLayout()) {
+    if (l.block != block) continue;
+    if (values.numel() != l.held_hi - l.held_lo)
+      return InvalidArgument("block " + std::to_string(block) + ": " +
+                             std::to_string(values.numel()) + " values for " +
+                             std::to_string(l.held_hi - l.held_lo) + " held elements");
+    torch::NoGradGuard no_grad;
+    blocks_[block]->trainable.data.copy_(values.reshape({-1}));
+    return OkStatus();
+  }
+  return NotFound("block " + std::to_string(block) + " has no trainable weights");
+}
+
 StatusOr<std::vector<TrainableSlice>> ShardedParameters::ReduceGradients() {
   torch::NoGradGuard no_grad;
   const int64_t world = comm_.world_size(), rank = comm_.rank();

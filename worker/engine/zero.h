@@ -46,6 +46,26 @@ struct TrainableSlice {
   torch::Tensor grad;   // fp32 gradient for exactly those elements (after reduction)
 };
 
+// Where the trainable weights live, for checkpoints: per block, the parameters laid out in
+// the block's flat buffer, and which element ranges of that flat this rank holds (`held`: the
+// weights it keeps between steps), updates (`optimizer`: what its AdamW state covers) and
+// saves (`owned`: its 1/W, the same split at every stage so all ranks share the writing).
+struct FlatParamLayout {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // first element in the flat
+  int64_t numel = 0;
+};
+struct TrainableBlockLayout {
+  int64_t block = 0;
+  std::string key;  // the optimizer's key, "block.<b>"
+  std::vector<FlatParamLayout> params;
+  int64_t numel = 0, padded = 0;
+  int64_t held_lo = 0, held_hi = 0;
+  int64_t optimizer_lo = 0, optimizer_hi = 0;
+  int64_t owned_lo = 0, owned_hi = 0;
+};
+
 class ShardedParameters {
  public:
   ShardedParameters(const DecoderModel& model, Comm& comm, ShardingOptions options);
@@ -90,6 +110,13 @@ class ShardedParameters {
   uint64_t FrozenChecksum() const;
 
   const ShardingOptions& options() const { return options_; }
+
+  // Checkpoint access to the trainable flats (blocks without trainable weights are left out).
+  std::vector<TrainableBlockLayout> TrainableLayout() const;
+  // fp32 copy of elements [lo, hi) of block b's trainable flat; they must lie in its held range.
+  StatusOr<torch::Tensor> TrainableRange(int64_t block, int64_t lo, int64_t hi) const;
+  // Overwrites block b's held range with `values` (fp32, held_hi − held_lo elements).
+  Status SetTrainableHeld(int64_t block, const torch::Tensor& values);
 
  private:
   struct Flat;

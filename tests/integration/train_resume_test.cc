@@ -1,0 +1,163 @@
+// Checkpoints through tidal-train as a user runs it: save at one world size and ZeRO stage,
+// resume at another with the same per-step losses; torn, corrupt and unwritable checkpoints
+// fall back to the previous one or fail clearly without touching `latest`.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/process.h"
+
+namespace tidal::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+struct TrainRun {
+  ProcessResult result;
+  std::map<int64_t, double> losses;  // step → loss
+};
+
+class TrainResumeTest : public ::testing::Test {
+ protected:
+  // One reference run for the suite: 30 steps at 3 ranks, ZeRO-3, a full checkpoint every 15
+  // steps (15 and the final 30), in `dir_/ref`.
+  static void SetUpTestSuite() {
+    std::string tmpl = (fs::temp_directory_path() / "tidal-resume-XXXXXX").string();
+    dir_ = mkdtemp(tmpl.data());
+    // 12 sequences per step: whole micro-batches at 2, 3 and 4 ranks. LoRA dropout is on, so
+    // equal losses also show the masks follow the step, not the rank layout.
+    std::ofstream(dir_ + "/job.yaml")
+        << "model: {preset: tiny, seed: 3}\n"
+        << "dataset: {uri: " << TIDAL_SOURCE_DIR
+        << "/examples/data/sample.jsonl, format: text, maxSeqLen: 32}\n"
+        << "lora: {rank: 4, alpha: 8, dropout: 0.1, targetModules: [q_proj, v_proj, up_proj]}\n"
+        << "optimization:\n  zeroStage: 3\n  precision: fp32\n  globalBatchSize: 12\n"
+        << "  microBatchSize: 1\n  learningRate: 2.0e-3\n  warmup: {steps: 5, adaptive: true}\n"
+        << "  maxSteps: 30\n  seed: 1\n";
+    ref_ = new TrainRun(Train(3, dir_ + "/ref", {"--full-every", "15"}));
+  }
+  static void TearDownTestSuite() {
+    delete ref_;
+    fs::remove_all(dir_);
+  }
+  void SetUp() override {
+    ASSERT_EQ(ref_->result.exit_code, 0) << ref_->result.err;
+    ASSERT_EQ(ref_->losses.size(), 30u);
+    ASSERT_TRUE(fs::exists(dir_ + "/ref/step-00000015/manifest.json"));
+    ASSERT_TRUE(fs::exists(dir_ + "/ref/step-00000030/manifest.json"));
+    work_ = dir_ + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::create_directories(work_);
+  }
+
+  static TrainRun Train(int nproc, const std::string& ckpt, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {
+        TIDAL_TRAIN_BIN,    "--config", dir_ + "/job.yaml", "--nproc", std::to_string(nproc),
+        "--checkpoint-uri", ckpt};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    TrainRun run;
+    run.result = RunProcess(argv, 300s);
+    std::istringstream in(run.result.out);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.contains("step")) run.losses[j["step"]] = j["loss"];
+    }
+    return run;
+  }
+  // A copy of the reference checkpoints holding only step 15.
+  std::string CopyWithStep15(const std::string& name) {
+    std::string to = work_ + "/" + name;
+    fs::create_directories(to);
+    fs::copy(dir_ + "/ref/step-00000015", to + "/step-00000015", fs::copy_options::recursive);
+    return to;
+  }
+  std::string CopyAll(const std::string& name) {
+    std::string to = work_ + "/" + name;
+    fs::copy(dir_ + "/ref", to, fs::copy_options::recursive);
+    return to;
+  }
+  static void ExpectSameLosses(const TrainRun& resumed, int64_t from, int64_t to) {
+    ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.err;
+    ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(to - from + 1)) << resumed.result.err;
+    for (const auto& [step, loss] : resumed.losses) {
+      ASSERT_GE(step, from);
+      double want = ref_->losses.at(step);
+      EXPECT_LE(std::abs(loss - want) / std::abs(want), 1e-5) << "step " << step;
+    }
+  }
+  static std::string dir_;
+  static TrainRun* ref_;
+  std::string work_;
+};
+std::string TrainResumeTest::dir_;
+TrainRun* TrainResumeTest::ref_ = nullptr;
+
+TEST_F(TrainResumeTest, FullCheckpointAtThreeRanksResumesAtTwoAndFourWithTheSameLosses) {
+  for (int nproc : {2, 4}) {
+    TrainRun resumed = Train(nproc, CopyWithStep15("at" + std::to_string(nproc)));
+    EXPECT_NE(resumed.result.err.find("\"msg\":\"resumed\""), std::string::npos);
+    ExpectSameLosses(resumed, 16, 30);
+  }
+}
+
+TEST_F(TrainResumeTest, ZeroThreeCheckpointResumesAtZeroZeroAndBack) {
+  // ZeRO-3 at 3 ranks → ZeRO-0 at 2 ranks, saving at 20 on the way.
+  std::string zero0 = CopyWithStep15("zero0");
+  TrainRun at0 = Train(2, zero0, {"--zero-stage", "0", "--full-every", "20"});
+  ExpectSameLosses(at0, 16, 30);
+  // …and that ZeRO-0 checkpoint (step 20, 2 ranks) back to ZeRO-3 at 4 ranks.
+  std::string back = work_ + "/back";
+  fs::create_directories(back);
+  fs::copy(zero0 + "/step-00000020", back + "/step-00000020", fs::copy_options::recursive);
+  TrainRun at3 = Train(4, back, {"--zero-stage", "3"});
+  ExpectSameLosses(at3, 21, 30);
+}
+
+TEST_F(TrainResumeTest, TornAndCorruptCheckpointsFallBackToThePreviousOne) {
+  // Step 30 torn (its manifest never written): resume from 15.
+  std::string torn = CopyAll("torn");
+  fs::remove(torn + "/step-00000030/manifest.json");
+  TrainRun from_torn = Train(3, torn, {"--max-steps", "30"});
+  ExpectSameLosses(from_torn, 16, 30);
+  // Step 30 with one flipped byte in a shard's data: the read fails its checksum, every rank
+  // falls back to 15, and the warning names the checkpoint.
+  std::string corrupt = CopyAll("corrupt");
+  std::string shard = corrupt + "/step-00000030/shard-00002-of-00003.safetensors";
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-16, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-16, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x20));
+  }
+  TrainRun from_corrupt = Train(2, corrupt);
+  ExpectSameLosses(from_corrupt, 16, 30);
+  EXPECT_NE(from_corrupt.result.err.find("checksum mismatch"), std::string::npos)
+      << from_corrupt.result.err;
+  EXPECT_NE(from_corrupt.result.err.find("step-00000030"), std::string::npos);
+}
+
+TEST_F(TrainResumeTest, AnUnwritableStoreFailsTheSaveClearlyAndLeavesLatestAlone) {
+  std::string blocked = CopyWithStep15("blocked");
+  std::ofstream(blocked + "/latest") << "step-00000015\n";
+  std::ofstream(blocked + "/step-00000020") << "a file where the step directory must go";
+  TrainRun run = Train(2, blocked, {"--full-every", "20"});
+  EXPECT_NE(run.result.exit_code, 0);
+  EXPECT_NE(run.result.err.find("step-00000020"), std::string::npos) << run.result.err;
+  std::ifstream latest(blocked + "/latest");
+  std::string text((std::istreambuf_iterator<char>(latest)), {});
+  EXPECT_EQ(text, "step-00000015\n");
+  EXPECT_FALSE(fs::exists(blocked + "/step-00000020/manifest.json"));
+}
+
+}  // namespace
+}  // namespace tidal::testing

@@ -1,0 +1,347 @@
+// worker/checkpoint/trainer_checkpoint.cc
+#include "worker/checkpoint/trainer_checkpoint.h"
+
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <set>
+
+#include <torch/torch.h>
+
+#include "common/log.h"
+#include "worker/engine/trainer.h"
+
+namespace tidal::checkpoint {
+namespace {
+
+using engine::TrainableBlockLayout;
+using engine::Trainer;
+using nlohmann::json;
+
+constexpr const char* kExpAvg = "optimizer.exp_avg.";
+constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
+
+std::string NowRfc3339() {
+  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string_view Bytes(const torch::Tensor& t) {
+  return {static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()) * 4};
+}
+
+// Every rank learns whether every rank succeeded (a failed rank still takes part).
+Status AgreeOk(engine::Comm& comm, const Status& mine, const std::string& what) {
+  auto failed = torch::tensor({mine.ok() ? 0.0f : 1.0f});
+  TIDAL_RETURN_IF_ERROR(comm.AllReduceSum(failed));
+  if (!mine.ok()) return mine;
+  if (failed.item<float>() > 0)
+    return Aborted(what + ": " + std::to_string(static_cast<int>(failed.item<float>())) +
+                   " rank(s) failed");
+  return OkStatus();
+}
+
+// Each rank's string, on every rank (lengths all-reduced, then one padded all-gather).
+StatusOr<std::vector<std::string>> AllGatherStrings(engine::Comm& comm, const std::string& mine) {
+  const int world = comm.world_size(), rank = comm.rank();
+  if (world == 1) return std::vector<std::string>{mine};
+  auto lengths = torch::zeros({world}, torch::kFloat64);
+  lengths[rank] = static_cast<double>(mine.size());
+  TIDAL_RETURN_IF_ERROR(comm.AllReduceSum(lengths));
+  int64_t longest = static_cast<int64_t>(lengths.max().item<double>());
+  auto buf = torch::zeros({longest}, torch::kUInt8);
+  std::memcpy(buf.data_ptr(), mine.data(), mine.size());
+  auto all = torch::empty({longest * world}, torch::kUInt8);
+  TIDAL_RETURN_IF_ERROR(comm.AllGather(buf, all));
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r)
+    out.emplace_back(static_cast<const char*>(all.data_ptr()) + r * longest,
+                     static_cast<size_t>(lengths[r].item<double>()));
+  return out;
+}
+
+json ShardJson(const BuiltShard& shard) {
+  json pieces = json::array();
+  for (const auto& [t, p] : shard.pieces)
+    pieces.push_back({{"tensor", t.name},
+                      {"dtype", t.dtype},
+                      {"shape", t.shape},
+                      {"offset", p.offset},
+                      {"first", p.first},
+                      {"count", p.count},
+                      {"chunks", p.chunks}});
+  return {{"file", shard.entry.file},
+          {"size", shard.entry.size},
+          {"xxh3", shard.entry.xxh3},
+          {"chunkBytes", shard.chunk_bytes},
+          {"pieces", pieces}};
+}
+
+BuiltShard ShardFromJson(const json& j) {
+  BuiltShard shard;
+  shard.entry = {j["file"], j["size"], j["xxh3"]};
+  shard.chunk_bytes = j["chunkBytes"];
+  for (const json& p : j["pieces"]) {
+    TensorEntry t;
+    t.name = p["tensor"];
+    t.dtype = p["dtype"];
+    t.shape = p["shape"].get<std::vector<int64_t>>();
+    PieceEntry e;
+    e.offset = p["offset"];
+    e.first = p["first"];
+    e.count = p["count"];
+    e.chunks = p["chunks"].get<std::vector<std::string>>();
+    shard.pieces.emplace_back(std::move(t), std::move(e));
+  }
+  return shard;
+}
+
+// This rank's pieces: for each block, its owned 1/W cut at parameter boundaries.
+struct OwnedPiece {
+  const TrainableBlockLayout* block;
+  const engine::FlatParamLayout* param;
+  int64_t lo, hi;  // flat element range
+};
+std::vector<OwnedPiece> OwnedPieces(const std::vector<TrainableBlockLayout>& layout) {
+  std::vector<OwnedPiece> out;
+  for (const TrainableBlockLayout& b : layout)
+    for (const engine::FlatParamLayout& p : b.params) {
+      int64_t lo = std::max(b.owned_lo, p.offset), hi = std::min(b.owned_hi, p.offset + p.numel);
+      if (lo < hi) out.push_back({&b, &p, lo, hi});
+    }
+  return out;
+}
+
+// Fills `dest` (fp32, covering flat elements [lo, hi) of block `b`) from the checkpoint's
+// per-parameter tensors named prefix + parameter name. Padding stays zero.
+Status ReadFlatRange(Repository& repo, const Manifest& manifest, const TrainableBlockLayout& b,
+                     const std::string& prefix, int64_t lo, int64_t hi, torch::Tensor& dest) {
+  for (const engine::FlatParamLayout& p : b.params) {
+    int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
+    if (a >= e) continue;
+    TIDAL_ASSIGN_OR_RETURN(std::string bytes,
+                           repo.ReadTensor(manifest, prefix + p.name, a - p.offset, e - a));
+    std::memcpy(static_cast<char*>(dest.data_ptr()) + (a - lo) * 4, bytes.data(), bytes.size());
+  }
+  return OkStatus();
+}
+
+Status LoadStep(Trainer& trainer, Repository& repo, int64_t step) {
+  TIDAL_ASSIGN_OR_RETURN(Manifest manifest, repo.ReadManifest(step));
+  if (manifest.config_hash != ConfigHash(trainer.config()))
+    return FailedPrecondition(repo.store().uri() + "/" + StepDirectory(step) +
+                              " was saved for another model, LoRA, data or batch configuration");
+  for (const TensorEntry& t : manifest.tensors)
+    if (t.dtype != "F32")
+      return DataLoss(t.name + ": expected F32 in the checkpoint, found " + t.dtype);
+  auto& params = trainer.parameters();
+  const auto layout = params.TrainableLayout();
+  // Weights: every element this rank holds.
+  for (const TrainableBlockLayout& b : layout) {
+    auto held = torch::zeros({b.held_hi - b.held_lo}, torch::kFloat32);
+    TIDAL_RETURN_IF_ERROR(ReadFlatRange(repo, manifest, b, "", b.held_lo, b.held_hi, held));
+    TIDAL_RETURN_IF_ERROR(params.SetTrainableHeld(b.block, held));
+  }
+  TIDAL_ASSIGN_OR_RETURN(json state, repo.ReadTrainerState(step));
+  TIDAL_RETURN_IF_ERROR(trainer.RestoreState(state));
+  // Optimizer moments over the range this rank updates, when the checkpoint has them.
+  bool has_moments = manifest.kind == CheckpointKind::kFull && !layout.empty() &&
+                     manifest.Find(kExpAvg + layout[0].params[0].name) != nullptr;
+  if (!has_moments) {
+    trainer.optimizer().Reset();
+    Logger::Get().Log("warn", "resuming without optimizer state: AdamW moments start from zero",
+                      {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
+                       {"kind", KindName(manifest.kind)}});
+    return OkStatus();
+  }
+  const auto& adamw = trainer.optimizer().options();
+  std::map<std::string, engine::ShardedAdamW::State> moments;
+  for (const TrainableBlockLayout& b : layout) {
+    engine::ShardedAdamW::State st;
+    st.exp_avg = torch::zeros({b.optimizer_hi - b.optimizer_lo}, torch::kFloat32);
+    st.exp_avg_sq = torch::zeros({b.optimizer_hi - b.optimizer_lo}, torch::kFloat32);
+    TIDAL_RETURN_IF_ERROR(
+        ReadFlatRange(repo, manifest, b, kExpAvg, b.optimizer_lo, b.optimizer_hi, st.exp_avg));
+    TIDAL_RETURN_IF_ERROR(
+        ReadFlatRange(repo, manifest, b, kExpAvgSq, b.optimizer_lo, b.optimizer_hi, st.exp_avg_sq));
+    if (!adamw.offload_to_cpu) {
+      auto device = params.options().device;
+      st.exp_avg = st.exp_avg.to(device);
+      st.exp_avg_sq = st.exp_avg_sq.to(device);
+    }
+    moments[b.key] = std::move(st);
+  }
+  const json* steps = state.contains("optimizerSteps") ? &state["optimizerSteps"] : nullptr;
+  if (!steps || !steps->is_number_integer())
+    return DataLoss("trainer_state.json: optimizerSteps: expected an integer");
+  trainer.optimizer().Restore(std::move(moments), steps->get<int64_t>());
+  return OkStatus();
+}
+
+class CheckpointHooks : public engine::TrainingHooks {
+ public:
+  CheckpointHooks(CheckpointPolicy policy, std::unique_ptr<ObjectStore> store)
+      : policy_(std::move(policy)), store_(std::move(store)), repo_(*store_) {}
+
+  Status OnStart(Trainer& trainer) override {
+    if (!policy_.resume) return OkStatus();
+    auto step = ResumeFromNewest(trainer, repo_);
+    if (step.ok() || step.status().code() == StatusCode::kNotFound) return OkStatus();
+    return step.status();
+  }
+  Status AfterStep(Trainer& trainer) override {
+    const int64_t step = trainer.step();
+    if (step >= trainer.max_steps() && policy_.save_final) return OkStatus();  // OnFinish saves
+    if (policy_.full_every > 0 && step % policy_.full_every == 0)
+      return SaveCheckpoint(trainer, repo_, CheckpointKind::kFull, policy_.keep);
+    if (policy_.snapshot_every > 0 && step % policy_.snapshot_every == 0)
+      return SaveCheckpoint(trainer, repo_, CheckpointKind::kSnapshot, policy_.keep);
+    return OkStatus();
+  }
+  Status OnFinish(Trainer& trainer) override {
+    if (!policy_.save_final) return OkStatus();
+    return SaveCheckpoint(trainer, repo_, CheckpointKind::kFull, policy_.keep);
+  }
+
+ private:
+  CheckpointPolicy policy_;
+  std::unique_ptr<ObjectStore> store_;
+  Repository repo_;
+};
+
+}  // namespace
+
+std::string ConfigHash(const engine::TrainConfig& c) {
+  json identity = {
+      {"model", {{"preset", c.model.preset}, {"uri", c.model.uri}}},
+      {"lora",
+       {{"rank", c.lora.rank}, {"alpha", c.lora.alpha}, {"targets", c.lora.target_modules}}},
+      {"data", {{"uri", c.dataset.uri}, {"maxSeqLen", c.dataset.max_seq_len}}},
+      {"globalBatchSize", c.optimization.global_batch_size},
+      {"seed", c.optimization.seed}};
+  return Xxh3Hex(identity.dump());
+}
+
+Status SaveCheckpoint(Trainer& trainer, Repository& repo, CheckpointKind kind, int keep) {
+  engine::Comm& comm = trainer.comm();
+  const int64_t step = trainer.step();
+  const auto start = std::chrono::steady_clock::now();
+  auto& params = trainer.parameters();
+  const auto layout = params.TrainableLayout();
+  std::vector<torch::Tensor> keep_alive;
+  std::vector<PieceData> pieces;
+  Status built = OkStatus();
+  for (const OwnedPiece& o : OwnedPieces(layout)) {
+    auto weights = params.TrainableRange(o.block->block, o.lo, o.hi);
+    if (!weights.ok()) {
+      built = weights.status();
+      break;
+    }
+    keep_alive.push_back(*weights);
+    pieces.push_back(
+        {o.param->name, "F32", o.param->shape, o.lo - o.param->offset, Bytes(keep_alive.back())});
+    if (kind != CheckpointKind::kFull) continue;
+    const auto& state = trainer.optimizer().state();
+    auto it = state.find(o.block->key);
+    if (it == state.end()) continue;  // no step taken yet: no moments to save
+    for (const auto& [prefix, moment] :
+         {std::pair{kExpAvg, it->second.exp_avg}, std::pair{kExpAvgSq, it->second.exp_avg_sq}}) {
+      keep_alive.push_back(moment.detach()
+                               .narrow(0, o.lo - o.block->optimizer_lo, o.hi - o.lo)
+                               .to(torch::kCPU, torch::kFloat32, false, /*copy=*/true));
+      pieces.push_back({prefix + o.param->name, "F32", o.param->shape, o.lo - o.param->offset,
+                        Bytes(keep_alive.back())});
+    }
+  }
+  StatusOr<BuiltShard> shard =
+      built.ok() ? BuildShard(comm.rank(), comm.world_size(), pieces) : StatusOr<BuiltShard>(built);
+  Status written = shard.ok() ? repo.WriteShard(step, *shard) : shard.status();
+  if (written.ok() && comm.rank() == 0) {
+    json state = trainer.StateJson();
+    state["kind"] = KindName(kind);
+    written = repo.WriteTrainerState(step, state);
+  }
+  // Every shard durable on every rank, or nothing is committed.
+  TIDAL_RETURN_IF_ERROR(AgreeOk(comm, written, "checkpoint step " + std::to_string(step)));
+  TIDAL_ASSIGN_OR_RETURN(std::vector<std::string> entries,
+                         AllGatherStrings(comm, ShardJson(*shard).dump()));
+  Status committed = OkStatus();
+  if (comm.rank() == 0) {
+    std::vector<BuiltShard> shards;
+    for (const std::string& e : entries) shards.push_back(ShardFromJson(json::parse(e)));
+    Manifest header;
+    header.step = step;
+    header.kind = kind;
+    header.world_size = comm.world_size();
+    header.zero_stage = params.options().stage;
+    header.config_hash = ConfigHash(trainer.config());
+    header.created_at = NowRfc3339();
+    auto manifest = AssembleManifest(header, shards);
+    committed = manifest.ok() ? repo.Commit(*manifest) : manifest.status();
+    if (committed.ok()) {
+      auto pruned = repo.Prune(keep);
+      if (!pruned.ok())  // the checkpoint is committed; a failed prune only costs space
+        Logger::Get().Log("warn", "pruning old checkpoints failed",
+                          {{"error", pruned.status().message()}});
+    }
+    uint64_t bytes = 0;
+    for (const BuiltShard& s : shards) bytes += s.entry.size;
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (committed.ok())
+      Logger::Get().Log("info", "checkpoint committed",
+                        {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
+                         {"kind", KindName(kind)},
+                         {"bytes", bytes},
+                         {"seconds", seconds},
+                         {"bytes_per_s", seconds > 0 ? bytes / seconds : 0.0}});
+  }
+  return AgreeOk(comm, committed, "committing checkpoint step " + std::to_string(step));
+}
+
+StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo) {
+  engine::Comm& comm = trainer.comm();
+  std::set<int64_t> bad;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    auto chosen = torch::tensor({static_cast<int64_t>(-1)}, torch::kInt64);
+    if (comm.rank() == 0) {
+      auto newest = repo.NewestUsable(bad);
+      if (newest.ok()) chosen[0] = newest->step;
+    }
+    TIDAL_RETURN_IF_ERROR(comm.Broadcast(chosen, 0));
+    const int64_t step = chosen[0].item<int64_t>();
+    if (step < 0) return NotFound("no usable checkpoint in " + repo.store().uri());
+    Status loaded = LoadStep(trainer, repo, step);
+    Status agreed = AgreeOk(comm, loaded, "resuming from step " + std::to_string(step));
+    if (agreed.ok()) {
+      if (comm.rank() == 0)
+        Logger::Get().Log("info", "resumed",
+                          {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
+                           {"world_size", comm.world_size()},
+                           {"zero_stage", trainer.parameters().options().stage}});
+      return step;
+    }
+    Logger::Get().Log("warn", "checkpoint unusable, trying the previous one",
+                      {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
+                       {"error", agreed.message()}});
+    if (loaded.code() == StatusCode::kFailedPrecondition) return loaded;  // another config
+    bad.insert(step);
+  }
+  return DataLoss("no readable checkpoint in " + repo.store().uri() + " after 8 attempts");
+}
+
+StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(CheckpointPolicy policy,
+                                                                     const S3Options& s3) {
+  if (policy.full_every < 0 || policy.snapshot_every < 0)
+    return InvalidArgument("checkpoint intervals: expected >= 0");
+  if (policy.keep < 1) return InvalidArgument("--keep: expected at least 1");
+  TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenObjectStore(policy.uri, s3));
+  return std::unique_ptr<engine::TrainingHooks>(
+      new CheckpointHooks(std::move(policy), std::move(store)));
+}
+
+}  // namespace tidal::checkpoint

@@ -1,0 +1,49 @@
+// worker/checkpoint/trainer_checkpoint.h — saving and resuming a Trainer through the
+// checkpoint format (manifest.h) and commit protocol (repository.h) on any ObjectStore.
+//
+// Save (collective): each rank cuts its 1/W of every block's trainable flat (the same split at
+// every ZeRO stage) into per-parameter pieces — the LoRA weights, and for a full checkpoint
+// AdamW's two moments — and writes them as its shard; rank 0 writes trainer_state.json; the
+// ranks agree that every write succeeded, rank 0 gathers the shard entries over `comm`,
+// commits (manifest, then latest) and prunes. A failure anywhere fails the save on every rank
+// and commits nothing.
+//
+// Resume (collective): rank 0 picks the newest usable checkpoint and broadcasts its step;
+// each rank reads only the element ranges it holds (any world size, any stage), verifying
+// chunk checksums; a DataLoss on any rank makes every rank fall back to the previous one.
+// A snapshot (no optimizer state) resumes with fresh AdamW moments, and says so.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "worker/checkpoint/object_store.h"
+#include "worker/checkpoint/repository.h"
+#include "worker/engine/run.h"
+
+namespace tidal::checkpoint {
+
+struct CheckpointPolicy {
+  std::string uri;             // where checkpoints go (file://, s3://)
+  int64_t full_every = 0;      // steps between full checkpoints; 0: none but the final one
+  int64_t snapshot_every = 0;  // steps between snapshots; 0: none
+  int keep = 3;                // newest full checkpoints kept
+  bool resume = true;          // resume from the newest usable checkpoint in `uri` at start
+  bool save_final = true;      // a full checkpoint after the last step
+};
+
+// What must match between the run that saved and the run that resumes (model, LoRA, data,
+// global batch, seed): a hash of those fields of the config.
+std::string ConfigHash(const engine::TrainConfig& config);
+
+StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(CheckpointPolicy policy,
+                                                                     const S3Options& s3 = {});
+
+// The collective operations themselves (used by the hooks; public for tests and tools).
+Status SaveCheckpoint(engine::Trainer& trainer, Repository& repo, CheckpointKind kind, int keep);
+// The step resumed from; NotFound (on every rank) when the store holds no usable checkpoint.
+StatusOr<int64_t> ResumeFromNewest(engine::Trainer& trainer, Repository& repo);
+
+}  // namespace tidal::checkpoint
