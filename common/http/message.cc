@@ -5,15 +5,10 @@
 #include <cctype>
 #include <charconv>
 
+#include "common/strings.h"
+
 namespace tidal::http {
 namespace {
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
 
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
@@ -59,7 +54,7 @@ StatusOr<uint64_t> ParseContentLength(const std::string& value) {
 StatusOr<BodyFraming> FramingFromHeaders(const Headers& headers, bool until_close_allowed) {
   BodyFraming framing;
   if (auto te = headers.Get("transfer-encoding")) {
-    if (Lower(*te) != "chunked")
+    if (AsciiLower(*te) != "chunked")
       return InvalidArgument("Transfer-Encoding: only chunked is supported, got \"" + *te + "\"");
     framing.kind = BodyFraming::kChunked;
     return framing;
@@ -75,17 +70,17 @@ StatusOr<BodyFraming> FramingFromHeaders(const Headers& headers, bool until_clos
 }  // namespace
 
 void Headers::Set(std::string name, std::string value) {
-  std::string key = Lower(name);
+  std::string key = AsciiLower(name);
   std::erase_if(entries_, [&](const auto& e) { return e.first == key; });
   entries_.emplace_back(std::move(key), std::move(value));
 }
 
 void Headers::Add(std::string name, std::string value) {
-  entries_.emplace_back(Lower(name), std::move(value));
+  entries_.emplace_back(AsciiLower(name), std::move(value));
 }
 
 std::optional<std::string> Headers::Get(std::string_view name) const {
-  std::string key = Lower(name);
+  std::string key = AsciiLower(name);
   for (const auto& [k, v] : entries_)
     if (k == key) return v;
   return std::nullopt;

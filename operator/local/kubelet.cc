@@ -23,6 +23,7 @@
 #include "common/base64.h"
 #include "common/log.h"
 #include "operator/kube/meta_time.h"
+#include "operator/local/json_fields.h"
 
 namespace tidal::local {
 namespace {
@@ -32,23 +33,6 @@ using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
 std::string NowRfc3339() { return kube::FormatTime(std::chrono::system_clock::now()); }
-
-const json& Field(const json& object, const char* key) {
-  static const json kNull;
-  if (!object.is_object()) return kNull;
-  auto it = object.find(key);
-  return it == object.end() ? kNull : *it;
-}
-
-std::string Str(const json& object, const char* key) {
-  const json& v = Field(object, key);
-  return v.is_string() ? v.get<std::string>() : "";
-}
-
-int64_t Int(const json& object, const char* key, int64_t fallback) {
-  const json& v = Field(object, key);
-  return v.is_number_integer() ? v.get<int64_t>() : fallback;
-}
 
 void Log(const char* level, const std::string& msg, const json& fields) {
   Logger::Get().Log(level, msg, fields);
@@ -207,9 +191,9 @@ void ProcessKubelet::Pass() {
   std::set<std::string> seen;
   for (size_t i = 0; i < pods.size(); ++i) {
     const json& pod = pods[i];
-    std::string uid = Str(Field(pod, "metadata"), "uid");
+    std::string uid = StringField(Field(pod, "metadata"), "uid");
     seen.insert(uid);
-    std::string node = Str(Field(pod, "spec"), "nodeName");
+    std::string node = StringField(Field(pod, "spec"), "nodeName");
     bool deleting = Field(pod, "metadata").contains("deletionTimestamp");
     if (node.empty()) {
       if (!deleting) Bind(pod, pods);
@@ -227,13 +211,14 @@ void ProcessKubelet::Pass() {
 void ProcessKubelet::Bind(const json& pod, const std::vector<json>& pods) {
   auto pods_info = api_.registry().Find("", "v1", "pods");
   const json& meta = Field(pod, "metadata");
-  std::string ns = Str(meta, "namespace"), name = Str(meta, "name");
+  std::string ns = StringField(meta, "namespace"), name = StringField(meta, "name");
   ScheduleResult decision = Schedule(pod, options_.nodes, pods);
   if (decision.node.empty()) {
     // As the scheduler: Pending with PodScheduled=False, reason Unschedulable (written once per
     // distinct message, with a FailedScheduling Event).
     for (const json& c : Field(Field(pod, "status"), "conditions"))
-      if (Str(c, "type") == "PodScheduled" && Str(c, "message") == decision.message) return;
+      if (StringField(c, "type") == "PodScheduled" && StringField(c, "message") == decision.message)
+        return;
     json body = pod;
     body["status"]["phase"] = "Pending";
     body["status"]["conditions"] = json::array({{{"type", "PodScheduled"},
@@ -269,45 +254,46 @@ void ProcessKubelet::RecordEvent(const json& pod, const std::string& type,
   auto events = api_.registry().Find("", "v1", "events");
   if (!events) return;
   const json& meta = Field(pod, "metadata");
-  std::string ns = Str(meta, "namespace");
+  std::string ns = StringField(meta, "namespace");
   std::string now = NowRfc3339();
-  json event = {{"apiVersion", "v1"},
-                {"kind", "Event"},
-                {"metadata", {{"generateName", Str(meta, "name") + "."}, {"namespace", ns}}},
-                {"involvedObject",
-                 {{"apiVersion", "v1"},
-                  {"kind", "Pod"},
-                  {"name", Str(meta, "name")},
-                  {"namespace", ns},
-                  {"uid", Str(meta, "uid")}}},
-                {"type", type},
-                {"reason", reason},
-                {"message", message},
-                {"source", {{"component", component}}},
-                {"count", 1},
-                {"firstTimestamp", now},
-                {"lastTimestamp", now},
-                {"reportingComponent", component}};
+  json event = {
+      {"apiVersion", "v1"},
+      {"kind", "Event"},
+      {"metadata", {{"generateName", StringField(meta, "name") + "."}, {"namespace", ns}}},
+      {"involvedObject",
+       {{"apiVersion", "v1"},
+        {"kind", "Pod"},
+        {"name", StringField(meta, "name")},
+        {"namespace", ns},
+        {"uid", StringField(meta, "uid")}}},
+      {"type", type},
+      {"reason", reason},
+      {"message", message},
+      {"source", {{"component", component}}},
+      {"count", 1},
+      {"firstTimestamp", now},
+      {"lastTimestamp", now},
+      {"reportingComponent", component}};
   api_.writer().Create(*events, ns, event, WriteOptions{});
 }
 
 void ProcessKubelet::Sync(const json& pod) {
   const json& meta = Field(pod, "metadata");
-  std::string uid = Str(meta, "uid");
-  std::string phase = Str(Field(pod, "status"), "phase");
+  std::string uid = StringField(meta, "uid");
+  std::string phase = StringField(Field(pod, "status"), "phase");
   bool finished = phase == "Succeeded" || phase == "Failed";
   auto it = pods_.find(uid);
   if (it == pods_.end()) {
     if (finished && !meta.contains("deletionTimestamp")) return;  // nothing left to run
     auto runtime = std::make_unique<PodRuntime>();
     runtime->uid = uid;
-    runtime->ns = Str(meta, "namespace");
-    runtime->name = Str(meta, "name");
-    runtime->node = Str(Field(pod, "spec"), "nodeName");
+    runtime->ns = StringField(meta, "namespace");
+    runtime->name = StringField(meta, "name");
+    runtime->node = StringField(Field(pod, "spec"), "nodeName");
     runtime->dir = options_.data_dir + "/pods/" + uid;
     const json& status = Field(pod, "status");
-    runtime->ip = Str(status, "podIP");
-    runtime->start_time = Str(status, "startTime");
+    runtime->ip = StringField(status, "podIP");
+    runtime->start_time = StringField(status, "startTime");
     if (runtime->start_time.empty()) runtime->start_time = NowRfc3339();
     if (runtime->ip.empty()) {
       std::vector<json> pods;
@@ -316,29 +302,29 @@ void ProcessKubelet::Sync(const json& pod) {
     }
     // What an earlier `tidal local` recorded: its processes died with it (PDEATHSIG).
     std::map<std::string, json> previous;
-    for (const json& s : Field(status, "containerStatuses")) previous[Str(s, "name")] = s;
+    for (const json& s : Field(status, "containerStatuses")) previous[StringField(s, "name")] = s;
     for (const json& spec : Field(Field(pod, "spec"), "containers")) {
       Container c;
-      c.name = Str(spec, "name");
+      c.name = StringField(spec, "name");
       auto p = previous.find(c.name);
       if (p != previous.end()) {
         const json& s = p->second;
-        c.restart_count = static_cast<int>(Int(s, "restartCount", 0));
+        c.restart_count = static_cast<int>(IntField(s, "restartCount", 0));
         c.last_state = Field(s, "lastState").is_object() ? Field(s, "lastState") : json::object();
         const json& state = Field(s, "state");
         if (state.contains("running") || state.contains("terminated")) {
           const json& t = state.contains("terminated") ? state["terminated"] : json::object();
           c.ever_started = true;
           c.run.state = ContainerRun::kTerminated;
-          c.run.exit_code = static_cast<int>(Int(t, "exitCode", 137));
-          c.reason =
-              t.is_object() && t.contains("reason") ? Str(t, "reason") : "ContainerStatusUnknown";
-          c.message = t.contains("reason") ? Str(t, "message")
+          c.run.exit_code = static_cast<int>(IntField(t, "exitCode", 137));
+          c.reason = t.is_object() && t.contains("reason") ? StringField(t, "reason")
+                                                           : "ContainerStatusUnknown";
+          c.message = t.contains("reason") ? StringField(t, "message")
                                            : "The container could not be located when the pod "
                                              "was terminated (tidal local restarted)";
-          c.started_at =
-              state.contains("running") ? Str(state["running"], "startedAt") : Str(t, "startedAt");
-          c.finished_at = t.contains("finishedAt") ? Str(t, "finishedAt") : NowRfc3339();
+          c.started_at = state.contains("running") ? StringField(state["running"], "startedAt")
+                                                   : StringField(t, "startedAt");
+          c.finished_at = t.contains("finishedAt") ? StringField(t, "finishedAt") : NowRfc3339();
         } else if (c.restart_count > 0 || !c.last_state.empty()) {
           c.ever_started = true;
           c.run.terminated_before = true;
@@ -357,7 +343,7 @@ void ProcessKubelet::Sync(const json& pod) {
       runtime.config_error = s.ok() ? "" : s.message();
       runtime.materialised = s.ok();
     }
-    std::string policy = Str(Field(pod, "spec"), "restartPolicy");
+    std::string policy = StringField(Field(pod, "spec"), "restartPolicy");
     const json& specs = Field(Field(pod, "spec"), "containers");
     for (size_t i = 0; i < runtime.containers.size() && i < specs.size(); ++i) {
       Container& c = runtime.containers[i];
@@ -410,10 +396,10 @@ Status ProcessKubelet::Materialise(PodRuntime& runtime, const json& pod) {
     return api_.store().Get({resource, runtime.ns, name});
   };
   for (const json& volume : Field(Field(pod, "spec"), "volumes")) {
-    std::string name = Str(volume, "name");
+    std::string name = StringField(volume, "name");
     std::string dir = runtime.dir + "/volumes/" + name;
     if (const json& host = Field(volume, "hostPath"); host.is_object()) {
-      runtime.volume_dirs[name] = Str(host, "path");
+      runtime.volume_dirs[name] = StringField(host, "path");
       continue;
     }
     fs::create_directories(dir, ec);
@@ -422,9 +408,11 @@ Status ProcessKubelet::Materialise(PodRuntime& runtime, const json& pod) {
     const json* source = nullptr;
     std::string resource, kind, object_name;
     if (const json& s = Field(volume, "secret"); s.is_object()) {
-      source = &s, resource = "/secrets", kind = "Secret", object_name = Str(s, "secretName");
+      source = &s, resource = "/secrets", kind = "Secret",
+      object_name = StringField(s, "secretName");
     } else if (const json& c = Field(volume, "configMap"); c.is_object()) {
-      source = &c, resource = "/configmaps", kind = "ConfigMap", object_name = Str(c, "name");
+      source = &c, resource = "/configmaps", kind = "ConfigMap",
+      object_name = StringField(c, "name");
     } else {
       return InvalidArgument("volume \"" + name +
                              "\": tidal local supports secret, configMap, emptyDir and hostPath "
@@ -436,7 +424,7 @@ Status ProcessKubelet::Materialise(PodRuntime& runtime, const json& pod) {
       return NotFound(std::string(kind == "Secret" ? "secret" : "configmap") + " \"" + object_name +
                       "\" not found (volume \"" + name + "\")");
     }
-    mode_t mode = static_cast<mode_t>(Int(*source, "defaultMode", 0644));
+    mode_t mode = static_cast<mode_t>(IntField(*source, "defaultMode", 0644));
     std::map<std::string, std::string> values;
     for (const char* field : {"data", "binaryData"}) {
       const json& data = Field(*object, field);
@@ -452,17 +440,17 @@ Status ProcessKubelet::Materialise(PodRuntime& runtime, const json& pod) {
     const json& items = Field(*source, "items");
     if (items.is_array() && !items.empty()) {
       for (const json& item : items) {
-        std::string key = Str(item, "key");
+        std::string key = StringField(item, "key");
         auto v = values.find(key);
         if (v == values.end())
           return NotFound("couldn't find key " + key + " in " + kind + " " + runtime.ns + "/" +
                           object_name + " (volume \"" + name + "\")");
-        std::string path = Str(item, "path");
+        std::string path = StringField(item, "path");
         if (path.empty() || path[0] == '/' || path.find("..") != std::string::npos)
           return InvalidArgument("volume \"" + name + "\": items path \"" + path +
                                  "\" must be relative without '..'");
         TIDAL_RETURN_IF_ERROR(WriteVolumeFile(dir + "/" + path, v->second,
-                                              static_cast<mode_t>(Int(item, "mode", mode))));
+                                              static_cast<mode_t>(IntField(item, "mode", mode))));
       }
     } else {
       for (const auto& [k, v] : values)
@@ -488,7 +476,8 @@ void ProcessKubelet::StartContainer(PodRuntime& runtime, const json& pod, const 
                       {"TIDAL_LOCAL_POD_DIR", runtime.dir}};
   for (const char* pass : {"LD_LIBRARY_PATH", "LANG", "TZ"})
     if (const char* v = std::getenv(pass)) context.base_env[pass] = v;
-  std::string gpu_ids = Str(Field(Field(pod, "metadata"), "annotations"), kGpuIdsAnnotation);
+  std::string gpu_ids =
+      StringField(Field(Field(pod, "metadata"), "annotations"), kGpuIdsAnnotation);
   context.base_env["NVIDIA_VISIBLE_DEVICES"] = gpu_ids.empty() ? "void" : gpu_ids;
   context.base_env["CUDA_VISIBLE_DEVICES"] = gpu_ids;
   context.lookup = [&](const std::string& kind, const std::string& name) -> std::optional<json> {
@@ -631,7 +620,7 @@ void ProcessKubelet::Reap(PodRuntime& runtime) {
 
 void ProcessKubelet::Terminate(PodRuntime& runtime, const json& pod) {
   const json& meta = Field(pod, "metadata");
-  int64_t grace = Int(meta, "deletionGracePeriodSeconds", 30);
+  int64_t grace = IntField(meta, "deletionGracePeriodSeconds", 30);
   auto kill_at = Clock::now() + std::chrono::seconds(grace);
   if (!runtime.terminating) {
     runtime.terminating = true;
@@ -675,19 +664,20 @@ void ProcessKubelet::Probe(PodRuntime& runtime, const json& pod) {
     if (c.run.state != ContainerRun::kRunning || !probe.is_object()) continue;
     auto now = Clock::now();
     if (c.next_probe == Clock::time_point{})
-      c.next_probe = c.running_since + std::chrono::seconds(Int(probe, "initialDelaySeconds", 0));
+      c.next_probe =
+          c.running_since + std::chrono::seconds(IntField(probe, "initialDelaySeconds", 0));
     if (now < c.next_probe) continue;
     c.next_probe =
-        now + std::chrono::seconds(std::max<int64_t>(1, Int(probe, "periodSeconds", 10)));
-    auto timeout = std::chrono::seconds(std::max<int64_t>(1, Int(probe, "timeoutSeconds", 1)));
+        now + std::chrono::seconds(std::max<int64_t>(1, IntField(probe, "periodSeconds", 10)));
+    auto timeout = std::chrono::seconds(std::max<int64_t>(1, IntField(probe, "timeoutSeconds", 1)));
     // The probe's port: a number or the name of one of the container's ports.
     auto port_of = [&](const json& handler) -> int {
       const json& port = Field(handler, "port");
       if (port.is_number_integer()) return port.get<int>();
       if (port.is_string()) {
         for (const json& p : Field(specs[i], "ports"))
-          if (Str(p, "name") == port.get<std::string>())
-            return static_cast<int>(Int(p, "containerPort", 0));
+          if (StringField(p, "name") == port.get<std::string>())
+            return static_cast<int>(IntField(p, "containerPort", 0));
         const std::string& s = port.get_ref<const std::string&>();
         if (!s.empty() && std::all_of(s.begin(), s.end(), ::isdigit)) return std::stoi(s);
       }
@@ -695,15 +685,15 @@ void ProcessKubelet::Probe(PodRuntime& runtime, const json& pod) {
     };
     bool ok = false;
     if (const json& tcp = Field(probe, "tcpSocket"); tcp.is_object()) {
-      std::string host = Str(tcp, "host").empty() ? runtime.ip : Str(tcp, "host");
+      std::string host = StringField(tcp, "host").empty() ? runtime.ip : StringField(tcp, "host");
       ok = ProbeOnce(host, port_of(tcp), nullptr, timeout);
       c.probe_message = ok ? ""
                            : "Readiness probe failed: dial tcp " + host + ":" +
                                  std::to_string(port_of(tcp)) + ": connect: connection refused";
     } else if (const json& get = Field(probe, "httpGet"); get.is_object()) {
-      std::string host = Str(get, "host").empty() ? runtime.ip : Str(get, "host");
-      std::string path = Str(get, "path").empty() ? "/" : Str(get, "path");
-      if (Str(get, "scheme") == "HTTPS") {
+      std::string host = StringField(get, "host").empty() ? runtime.ip : StringField(get, "host");
+      std::string path = StringField(get, "path").empty() ? "/" : StringField(get, "path");
+      if (StringField(get, "scheme") == "HTTPS") {
         c.probe_message = "Readiness probe: httpGet over HTTPS is not supported by tidal local";
       } else {
         ok = ProbeOnce(host, port_of(get), &path, timeout);
@@ -716,17 +706,17 @@ void ProcessKubelet::Probe(PodRuntime& runtime, const json& pod) {
     }
     if (ok) {
       c.probe_failures = 0;
-      if (++c.probe_successes >= Int(probe, "successThreshold", 1)) c.ready = true;
+      if (++c.probe_successes >= IntField(probe, "successThreshold", 1)) c.ready = true;
     } else {
       c.probe_successes = 0;
-      if (++c.probe_failures >= Int(probe, "failureThreshold", 3)) c.ready = false;
+      if (++c.probe_failures >= IntField(probe, "failureThreshold", 3)) c.ready = false;
     }
   }
 }
 
 void ProcessKubelet::WriteStatus(const json& pod, PodRuntime& runtime) {
   const json& old_status = Field(pod, "status");
-  std::string policy = Str(Field(pod, "spec"), "restartPolicy");
+  std::string policy = StringField(Field(pod, "spec"), "restartPolicy");
   const json& specs = Field(Field(pod, "spec"), "containers");
   std::vector<ContainerRun> runs;
   json statuses = json::array();
@@ -758,7 +748,7 @@ void ProcessKubelet::WriteStatus(const json& pod, PodRuntime& runtime) {
     }
     all_ready = all_ready && c.ready;
     json s = {{"name", c.name},
-              {"image", i < specs.size() ? Str(specs[i], "image") : ""},
+              {"image", i < specs.size() ? StringField(specs[i], "image") : ""},
               {"imageID", ""},
               {"ready", c.ready},
               {"started", c.run.state == ContainerRun::kRunning},
@@ -774,8 +764,8 @@ void ProcessKubelet::WriteStatus(const json& pod, PodRuntime& runtime) {
     std::string status = value ? "True" : "False";
     std::string since = NowRfc3339();
     for (const json& c : Field(old_status, "conditions"))
-      if (Str(c, "type") == type && Str(c, "status") == status)
-        since = Str(c, "lastTransitionTime");
+      if (StringField(c, "type") == type && StringField(c, "status") == status)
+        since = StringField(c, "lastTransitionTime");
     json out = {{"type", type},
                 {"status", status},
                 {"lastProbeTime", nullptr},
@@ -838,7 +828,7 @@ void ProcessKubelet::Forget(const std::string& uid) {
 
 std::string ProcessKubelet::AllocateIp(const std::vector<json>& pods) {
   std::set<std::string> used = {"127.0.0.1"};
-  for (const json& p : pods) used.insert(Str(Field(p, "status"), "podIP"));
+  for (const json& p : pods) used.insert(StringField(Field(p, "status"), "podIP"));
   for (const auto& [uid, runtime] : pods_) used.insert(runtime->ip);
   for (int a = 0; a < 256; ++a)
     for (int b = 1; b < 255; ++b) {

@@ -10,23 +10,12 @@
 
 #include "common/base64.h"
 #include "operator/kube/types.h"
+#include "operator/local/json_fields.h"
 
 namespace tidal::local {
 namespace {
 
 using nlohmann::json;
-
-const json& Field(const json& object, const char* key) {
-  static const json kNull;
-  if (!object.is_object()) return kNull;
-  auto it = object.find(key);
-  return it == object.end() ? kNull : *it;
-}
-
-std::string StringField(const json& object, const char* key) {
-  const json& v = Field(object, key);
-  return v.is_string() ? v.get<std::string>() : "";
-}
 
 StatusOr<int64_t> ContainerGpus(const json& container, const std::string& path) {
   const json& resources = Field(container, "resources");

@@ -4,6 +4,8 @@
 #include <functional>
 #include <set>
 
+#include "common/strings.h"
+
 namespace tidal::local {
 namespace {
 
@@ -173,7 +175,7 @@ StatusOr<std::vector<ResourceInfo>> Registry::ResourcesOfCrd(const nlohmann::jso
     r.singular = StringAt(names, "singular");
     if (r.singular.empty()) {
       r.singular = kind;
-      for (auto& c : r.singular) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      r.singular = AsciiLower(r.singular);
     }
     r.kind = kind;
     r.list_kind = StringAt(names, "listKind").empty() ? kind + "List" : StringAt(names, "listKind");

@@ -3,6 +3,7 @@
 
 #include <functional>
 
+#include "common/strings.h"
 #include "operator/local/selectors.h"
 
 namespace tidal::local {

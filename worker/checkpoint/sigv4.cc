@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <map>
 
+#include "common/strings.h"
+
 namespace tidal::checkpoint::sigv4 {
 namespace {
 
@@ -39,13 +41,6 @@ std::string Decode(std::string_view s) {
       out.push_back(s[i]);
     }
   }
-  return out;
-}
-
-std::string Lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return out;
 }
 
@@ -190,7 +185,7 @@ CanonicalHeaderList CanonicalHeaders(
     const std::vector<std::pair<std::string, std::string>>& headers) {
   std::map<std::string, std::string> joined;  // sorted by lowercase name
   for (const auto& [name, value] : headers) {
-    std::string key = Lower(TrimAll(name));
+    std::string key = AsciiLower(TrimAll(name));
     auto [it, inserted] = joined.try_emplace(key, TrimAll(value));
     if (!inserted) it->second += "," + TrimAll(value);
   }
