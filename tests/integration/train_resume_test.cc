@@ -2,6 +2,7 @@
 // resume at another with the same per-step losses; torn, corrupt and unwritable checkpoints
 // fall back to the previous one or fail clearly without touching `latest`.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <cmath>
@@ -157,6 +158,33 @@ TEST_F(TrainResumeTest, AnUnwritableStoreFailsTheSaveClearlyAndLeavesLatestAlone
   std::string text((std::istreambuf_iterator<char>(latest)), {});
   EXPECT_EQ(text, "step-00000015\n");
   EXPECT_FALSE(fs::exists(blocked + "/step-00000020/manifest.json"));
+}
+
+// A checkpoint every step, written in the background: kill -9 of a rank at some point of
+// that leaves at most a torn step directory; resuming picks the newest committed one and
+// continues with the reference losses.
+TEST_F(TrainResumeTest, KillNineOfARankDuringAsyncSavesLeavesTheLastCommittedOneLoadable) {
+  std::string ckpt = work_ + "/killed";
+  Process run({TIDAL_TRAIN_BIN, "--config", dir_ + "/job.yaml", "--nproc", "3", "--checkpoint-uri",
+               ckpt, "--full-every", "1", "--keep", "30"});
+  ASSERT_TRUE(run.WaitForOutput(
+      [](const std::string& out) { return out.find("\"step\":8,") != std::string::npos; }, 120s));
+  // The launcher's children are the ranks; kill one while saves are in flight every step.
+  std::ifstream children("/proc/" + std::to_string(run.pid()) + "/task/" +
+                         std::to_string(run.pid()) + "/children");
+  pid_t rank = 0;
+  ASSERT_TRUE(children >> rank) << "no rank processes found";
+  ASSERT_EQ(::kill(rank, SIGKILL), 0);
+  EXPECT_NE(run.Wait(60s).exit_code, 0);
+  ASSERT_TRUE(fs::exists(ckpt + "/latest"));
+
+  TrainRun resumed = Train(2, ckpt);
+  ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.err;
+  ASSERT_FALSE(resumed.losses.empty());
+  int64_t first = resumed.losses.begin()->first;
+  EXPECT_GE(first, 2);  // something was committed before the kill
+  EXPECT_LE(first, 30);
+  ExpectSameLosses(resumed, first, 30);
 }
 
 }  // namespace

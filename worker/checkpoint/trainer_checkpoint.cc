@@ -1,10 +1,13 @@
 // worker/checkpoint/trainer_checkpoint.cc
 #include "worker/checkpoint/trainer_checkpoint.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <set>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -182,10 +185,119 @@ Status LoadStep(Trainer& trainer, Repository& repo, int64_t step) {
   return OkStatus();
 }
 
+// Phase 1, on the training thread at the step boundary: this rank's pieces copied to host
+// memory (the only part that must stop training).
+struct SaveCapture {
+  int64_t step = 0;
+  CheckpointKind kind = CheckpointKind::kFull;
+  int rank = 0, world_size = 1, zero_stage = 0;
+  std::string config_hash;
+  std::chrono::steady_clock::time_point start;
+  std::vector<torch::Tensor> tensors;  // own the bytes `pieces` point into (their storage)
+  std::vector<PieceData> pieces;
+  std::optional<json> trainer_state;  // rank 0 only
+};
+
+StatusOr<SaveCapture> CaptureForSave(Trainer& trainer, CheckpointKind kind) {
+  SaveCapture c;
+  c.step = trainer.step();
+  c.kind = kind;
+  c.rank = trainer.comm().rank();
+  c.world_size = trainer.comm().world_size();
+  c.zero_stage = trainer.parameters().options().stage;
+  c.config_hash = ConfigHash(trainer.config());
+  c.start = std::chrono::steady_clock::now();
+  auto& params = trainer.parameters();
+  const auto layout = params.TrainableLayout();
+  for (const OwnedPiece& o : OwnedPieces(layout)) {
+    TIDAL_ASSIGN_OR_RETURN(torch::Tensor weights,
+                           params.TrainableRange(o.block->block, o.lo, o.hi));
+    c.tensors.push_back(weights);
+    c.pieces.push_back(
+        {o.param->name, "F32", o.param->shape, o.lo - o.param->offset, Bytes(c.tensors.back())});
+    if (kind != CheckpointKind::kFull) continue;
+    const auto& state = trainer.optimizer().state();
+    auto it = state.find(o.block->key);
+    if (it == state.end()) continue;  // no step taken yet: no moments to save
+    for (const auto& [prefix, moment] :
+         {std::pair{kExpAvg, it->second.exp_avg}, std::pair{kExpAvgSq, it->second.exp_avg_sq}}) {
+      c.tensors.push_back(moment.detach()
+                              .narrow(0, o.lo - o.block->optimizer_lo, o.hi - o.lo)
+                              .to(torch::kCPU, torch::kFloat32, false, /*copy=*/true));
+      c.pieces.push_back({prefix + o.param->name, "F32", o.param->shape, o.lo - o.param->offset,
+                          Bytes(c.tensors.back())});
+    }
+  }
+  if (c.rank == 0) {
+    json state = trainer.StateJson();
+    state["kind"] = KindName(kind);
+    c.trainer_state = std::move(state);
+  }
+  return c;
+}
+
+// Phase 2, on any thread: the shard built and written, durable on return.
+StatusOr<BuiltShard> WriteCapture(Repository& repo, const SaveCapture& c) {
+  TIDAL_ASSIGN_OR_RETURN(BuiltShard shard, BuildShard(c.rank, c.world_size, c.pieces));
+  TIDAL_RETURN_IF_ERROR(repo.WriteShard(c.step, shard));
+  if (c.trainer_state) TIDAL_RETURN_IF_ERROR(repo.WriteTrainerState(c.step, *c.trainer_state));
+  return shard;
+}
+
+// Phase 3, collective, on the training thread: every rank's write succeeded, or nothing is
+// committed; rank 0 gathers the shard entries, commits (manifest, then latest) and prunes.
+Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
+                  const StatusOr<BuiltShard>& shard, int keep) {
+  engine::Comm& comm = trainer.comm();
+  TIDAL_RETURN_IF_ERROR(
+      AgreeOk(comm, shard.status(), repo.store().uri() + "/" + StepDirectory(c.step)));
+  TIDAL_ASSIGN_OR_RETURN(std::vector<std::string> entries,
+                         AllGatherStrings(comm, ShardJson(*shard).dump()));
+  Status committed = OkStatus();
+  if (comm.rank() == 0) {
+    std::vector<BuiltShard> shards;
+    for (const std::string& e : entries) shards.push_back(ShardFromJson(json::parse(e)));
+    Manifest header;
+    header.step = c.step;
+    header.kind = c.kind;
+    header.world_size = c.world_size;
+    header.zero_stage = c.zero_stage;
+    header.config_hash = c.config_hash;
+    header.created_at = NowRfc3339();
+    auto manifest = AssembleManifest(header, shards);
+    committed = manifest.ok() ? repo.Commit(*manifest) : manifest.status();
+    if (committed.ok()) {
+      auto pruned = repo.Prune(keep);
+      if (!pruned.ok())  // the checkpoint is committed; a failed prune only costs space
+        Logger::Get().Log("warn", "pruning old checkpoints failed",
+                          {{"error", pruned.status().message()}});
+      uint64_t bytes = 0;
+      for (const BuiltShard& s : shards) bytes += s.entry.size;
+      double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - c.start).count();
+      Logger::Get().Log("info", "checkpoint committed",
+                        {{"checkpoint", repo.store().uri() + "/" + StepDirectory(c.step)},
+                         {"kind", KindName(c.kind)},
+                         {"committed_at_step", trainer.step()},
+                         {"bytes", bytes},
+                         {"seconds", seconds},
+                         {"bytes_per_s", seconds > 0 ? bytes / seconds : 0.0}});
+    }
+  }
+  return AgreeOk(comm, committed, "committing checkpoint step " + std::to_string(c.step));
+}
+
+// Saves asynchronously: at a due step the pieces are copied to host memory and a thread
+// builds and writes the shard while training goes on; at each later step boundary the ranks
+// ask each other whether every write is done, and once it is, commit it. At most one save is
+// in flight (bounded memory): a due save first waits for the previous write to finish.
 class CheckpointHooks : public engine::TrainingHooks {
  public:
   CheckpointHooks(CheckpointPolicy policy, std::unique_ptr<ObjectStore> store)
       : policy_(std::move(policy)), store_(std::move(store)), repo_(*store_) {}
+  ~CheckpointHooks() override {
+    if (in_flight_ && in_flight_->thread.joinable()) in_flight_->thread.join();
+  }
 
   Status OnStart(Trainer& trainer) override {
     if (!policy_.resume) return OkStatus();
@@ -194,23 +306,64 @@ class CheckpointHooks : public engine::TrainingHooks {
     return step.status();
   }
   Status AfterStep(Trainer& trainer) override {
+    if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/false));
     const int64_t step = trainer.step();
     if (step >= trainer.max_steps() && policy_.save_final) return OkStatus();  // OnFinish saves
+    std::optional<CheckpointKind> kind;
     if (policy_.full_every > 0 && step % policy_.full_every == 0)
-      return SaveCheckpoint(trainer, repo_, CheckpointKind::kFull, policy_.keep);
-    if (policy_.snapshot_every > 0 && step % policy_.snapshot_every == 0)
-      return SaveCheckpoint(trainer, repo_, CheckpointKind::kSnapshot, policy_.keep);
+      kind = CheckpointKind::kFull;
+    else if (policy_.snapshot_every > 0 && step % policy_.snapshot_every == 0)
+      kind = CheckpointKind::kSnapshot;
+    if (!kind) return OkStatus();
+    if (!policy_.async) return SaveCheckpoint(trainer, repo_, *kind, policy_.keep);
+    if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
+    auto job = std::make_unique<InFlight>();
+    auto capture = CaptureForSave(trainer, *kind);
+    if (!capture.ok()) {  // still take part in the commit round, so every rank agrees
+      job->capture.step = step;
+      job->shard = capture.status();
+      job->done = true;
+    } else {
+      job->capture = std::move(*capture);
+      InFlight* raw = job.get();
+      job->thread = std::thread([this, raw] {
+        raw->shard = WriteCapture(repo_, raw->capture);
+        raw->done = true;
+      });
+    }
+    in_flight_ = std::move(job);
     return OkStatus();
   }
   Status OnFinish(Trainer& trainer) override {
+    if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
     if (!policy_.save_final) return OkStatus();
     return SaveCheckpoint(trainer, repo_, CheckpointKind::kFull, policy_.keep);
   }
 
  private:
+  struct InFlight {
+    SaveCapture capture;
+    StatusOr<BuiltShard> shard = Aborted("not written yet");
+    std::atomic<bool> done{false};
+    std::thread thread;
+  };
+
+  // Commits the in-flight save once every rank's write is done (collective: every rank calls
+  // it at the same steps). With `wait`, waits for this rank's write first.
+  Status Finish(Trainer& trainer, bool wait) {
+    if (wait && in_flight_->thread.joinable()) in_flight_->thread.join();
+    auto pending = torch::tensor({in_flight_->done ? 0.0f : 1.0f});
+    TIDAL_RETURN_IF_ERROR(trainer.comm().AllReduceSum(pending));
+    if (pending.item<float>() > 0) return OkStatus();  // some rank still writing: next step
+    if (in_flight_->thread.joinable()) in_flight_->thread.join();
+    std::unique_ptr<InFlight> job = std::move(in_flight_);
+    return CommitSave(trainer, repo_, job->capture, job->shard, policy_.keep);
+  }
+
   CheckpointPolicy policy_;
   std::unique_ptr<ObjectStore> store_;
   Repository repo_;
+  std::unique_ptr<InFlight> in_flight_;
 };
 
 }  // namespace
@@ -227,80 +380,11 @@ std::string ConfigHash(const engine::TrainConfig& c) {
 }
 
 Status SaveCheckpoint(Trainer& trainer, Repository& repo, CheckpointKind kind, int keep) {
-  engine::Comm& comm = trainer.comm();
-  const int64_t step = trainer.step();
-  const auto start = std::chrono::steady_clock::now();
-  auto& params = trainer.parameters();
-  const auto layout = params.TrainableLayout();
-  std::vector<torch::Tensor> keep_alive;
-  std::vector<PieceData> pieces;
-  Status built = OkStatus();
-  for (const OwnedPiece& o : OwnedPieces(layout)) {
-    auto weights = params.TrainableRange(o.block->block, o.lo, o.hi);
-    if (!weights.ok()) {
-      built = weights.status();
-      break;
-    }
-    keep_alive.push_back(*weights);
-    pieces.push_back(
-        {o.param->name, "F32", o.param->shape, o.lo - o.param->offset, Bytes(keep_alive.back())});
-    if (kind != CheckpointKind::kFull) continue;
-    const auto& state = trainer.optimizer().state();
-    auto it = state.find(o.block->key);
-    if (it == state.end()) continue;  // no step taken yet: no moments to save
-    for (const auto& [prefix, moment] :
-         {std::pair{kExpAvg, it->second.exp_avg}, std::pair{kExpAvgSq, it->second.exp_avg_sq}}) {
-      keep_alive.push_back(moment.detach()
-                               .narrow(0, o.lo - o.block->optimizer_lo, o.hi - o.lo)
-                               .to(torch::kCPU, torch::kFloat32, false, /*copy=*/true));
-      pieces.push_back({prefix + o.param->name, "F32", o.param->shape, o.lo - o.param->offset,
-                        Bytes(keep_alive.back())});
-    }
-  }
-  StatusOr<BuiltShard> shard =
-      built.ok() ? BuildShard(comm.rank(), comm.world_size(), pieces) : StatusOr<BuiltShard>(built);
-  Status written = shard.ok() ? repo.WriteShard(step, *shard) : shard.status();
-  if (written.ok() && comm.rank() == 0) {
-    json state = trainer.StateJson();
-    state["kind"] = KindName(kind);
-    written = repo.WriteTrainerState(step, state);
-  }
-  // Every shard durable on every rank, or nothing is committed.
-  TIDAL_RETURN_IF_ERROR(AgreeOk(comm, written, "checkpoint step " + std::to_string(step)));
-  TIDAL_ASSIGN_OR_RETURN(std::vector<std::string> entries,
-                         AllGatherStrings(comm, ShardJson(*shard).dump()));
-  Status committed = OkStatus();
-  if (comm.rank() == 0) {
-    std::vector<BuiltShard> shards;
-    for (const std::string& e : entries) shards.push_back(ShardFromJson(json::parse(e)));
-    Manifest header;
-    header.step = step;
-    header.kind = kind;
-    header.world_size = comm.world_size();
-    header.zero_stage = params.options().stage;
-    header.config_hash = ConfigHash(trainer.config());
-    header.created_at = NowRfc3339();
-    auto manifest = AssembleManifest(header, shards);
-    committed = manifest.ok() ? repo.Commit(*manifest) : manifest.status();
-    if (committed.ok()) {
-      auto pruned = repo.Prune(keep);
-      if (!pruned.ok())  // the checkpoint is committed; a failed prune only costs space
-        Logger::Get().Log("warn", "pruning old checkpoints failed",
-                          {{"error", pruned.status().message()}});
-    }
-    uint64_t bytes = 0;
-    for (const BuiltShard& s : shards) bytes += s.entry.size;
-    double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (committed.ok())
-      Logger::Get().Log("info", "checkpoint committed",
-                        {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
-                         {"kind", KindName(kind)},
-                         {"bytes", bytes},
-                         {"seconds", seconds},
-                         {"bytes_per_s", seconds > 0 ? bytes / seconds : 0.0}});
-  }
-  return AgreeOk(comm, committed, "committing checkpoint step " + std::to_string(step));
+  auto capture = CaptureForSave(trainer, kind);
+  StatusOr<BuiltShard> shard = capture.ok() ? WriteCapture(repo, *capture) : capture.status();
+  SaveCapture failed;  // a rank that could not copy still takes part in the agreement
+  failed.step = trainer.step();
+  return CommitSave(trainer, repo, capture.ok() ? *capture : failed, shard, keep);
 }
 
 StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo) {

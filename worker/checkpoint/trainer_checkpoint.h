@@ -1,12 +1,13 @@
 // worker/checkpoint/trainer_checkpoint.h — saving and resuming a Trainer through the
 // checkpoint format (manifest.h) and commit protocol (repository.h) on any ObjectStore.
 //
-// Save (collective): each rank cuts its 1/W of every block's trainable flat (the same split at
-// every ZeRO stage) into per-parameter pieces — the LoRA weights, and for a full checkpoint
-// AdamW's two moments — and writes them as its shard; rank 0 writes trainer_state.json; the
-// ranks agree that every write succeeded, rank 0 gathers the shard entries over `comm`,
-// commits (manifest, then latest) and prunes. A failure anywhere fails the save on every rank
-// and commits nothing.
+// Save (collective): at the step boundary each rank copies its 1/W of every block's trainable flat
+// (the same split at every ZeRO stage) into per-parameter pieces — the LoRA weights, and for a full
+// checkpoint AdamW's two moments — to host memory; the shard is then built and written (by a
+// background thread in the hooks, so training goes on; rank 0 also writes trainer_state.json); once
+// every rank's write is done — checked over `comm` at later step boundaries — rank 0 gathers the
+// shard entries, commits (manifest, then latest) and prunes. A failure anywhere fails the save
+// on every rank and commits nothing.
 //
 // Resume (collective): rank 0 picks the newest usable checkpoint and broadcasts its step;
 // each rank reads only the element ranges it holds (any world size, any stage), verifying
@@ -32,6 +33,7 @@ struct CheckpointPolicy {
   int keep = 3;                // newest full checkpoints kept
   bool resume = true;          // resume from the newest usable checkpoint in `uri` at start
   bool save_final = true;      // a full checkpoint after the last step
+  bool async = true;           // write in the background, commit at a later step boundary
 };
 
 // What must match between the run that saved and the run that resumes (model, LoRA, data,
