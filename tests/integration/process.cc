@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,8 +22,13 @@ Process::Process(const std::vector<std::string>& argv) {
   std::vector<std::string> copy = argv;
   for (auto& a : copy) args.push_back(a.data());
   args.push_back(nullptr);
+  const pid_t parent = getpid();
   pid_ = fork();
   if (pid_ == 0) {
+    // Dies with the test: a test binary killed before its destructors ran (a crash, SIGPIPE)
+    // must not leave servers behind.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
     dup2(out[1], 1);
     dup2(err[1], 2);
     execv(args[0], args.data());
