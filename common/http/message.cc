@@ -157,11 +157,13 @@ StatusOr<std::string> PercentDecode(std::string_view s, bool plus_is_space) {
   return out;
 }
 
-std::string PercentEncode(std::string_view s) {
+std::string PercentEncode(std::string_view s, bool keep_slash) {
   static const char* kHex = "0123456789ABCDEF";
   std::string out;
+  out.reserve(s.size());
   for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
+        (keep_slash && c == '/')) {
       out.push_back(static_cast<char>(c));
     } else {
       out.push_back('%');

@@ -51,7 +51,9 @@ std::string ReasonPhrase(int status);
 
 // "a%2Fb" → "a/b"; '+' is a space only in query strings (form encoding, as Go's url.Query).
 StatusOr<std::string> PercentDecode(std::string_view s, bool plus_is_space);
-std::string PercentEncode(std::string_view s);
+// RFC 3986: every byte but the unreserved ones (A–Z a–z 0–9 - _ . ~) as %XX in upper case;
+// `keep_slash` leaves '/' as is (paths).
+std::string PercentEncode(std::string_view s, bool keep_slash = false);
 // Fills request.path and request.query from request.target.
 Status ParseTarget(Request& request);
 

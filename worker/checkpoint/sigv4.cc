@@ -10,16 +10,13 @@
 #include <cstdio>
 #include <map>
 
+#include "common/http/message.h"
 #include "common/strings.h"
 
 namespace tidal::checkpoint::sigv4 {
 namespace {
 
 constexpr std::string_view kAlgorithm = "AWS4-HMAC-SHA256";
-
-bool IsUnreserved(unsigned char c) {
-  return std::isalnum(c) || c == '-' || c == '.' || c == '_' || c == '~';
-}
 
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
@@ -134,19 +131,7 @@ std::string AmzDate(std::chrono::sys_seconds time) {
 }
 
 std::string UriEncode(std::string_view s, bool keep_slash) {
-  static const char* kHex = "0123456789ABCDEF";
-  std::string out;
-  out.reserve(s.size());
-  for (unsigned char c : s) {
-    if (IsUnreserved(c) || (keep_slash && c == '/')) {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
+  return http::PercentEncode(s, keep_slash);
 }
 
 std::string CanonicalUri(std::string_view path, const UriRules& rules) {
