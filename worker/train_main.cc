@@ -1,7 +1,7 @@
 // worker/train_main.cc — `tidal-train`: a local multi-process LoRA fine-tune.
 //   tidal-train --config FILE.yaml [--nproc N] [--max-steps K] [--out DIR] [--seed S]
 //               [--checkpoint-uri URI [--full-every N] [--snapshot-every N] [--keep K]
-//                [--no-resume]] [--zero-stage S]
+//                [--no-resume]] [--resume URI] [--zero-stage S]
 // Starts N ranks on loopback (the launcher hosts their rendezvous store), prints one JSON line
 // per optimizer step on stdout, progress and logs on stderr, and a summary at the end.
 #include <unistd.h>
@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "common/environment.h"
 #include "common/log.h"
 #include "common/yaml_json.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
@@ -23,21 +24,9 @@
 #include "worker/engine/store_server.h"
 #include "worker/launcher.h"
 
-extern char** environ;
-
 namespace {
 
 using tidal::Status;
-
-std::map<std::string, std::string> EnvironmentMap() {
-  std::map<std::string, std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    auto eq = kv.find('=');
-    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return env;
-}
 using tidal::StatusOr;
 
 constexpr const char* kUsage =
@@ -53,7 +42,9 @@ constexpr const char* kUsage =
     "  --full-every N      a full checkpoint (weights + optimizer) every N steps\n"
     "  --snapshot-every N  a snapshot (weights + trainer state) every N steps\n"
     "  --keep K     newest full checkpoints kept (default 3)\n"
-    "  --no-resume  start from scratch even when the checkpoint URI holds checkpoints\n";
+    "  --no-resume  start from scratch even when the checkpoint URI holds checkpoints\n"
+    "  --resume URI resume from the newest usable checkpoint in URI (an error when there is\n"
+    "               none); saves still go to --checkpoint-uri, if given\n";
 
 struct Args {
   std::string config;
@@ -63,6 +54,7 @@ struct Args {
   std::optional<uint64_t> seed;
   std::optional<int> zero_stage;
   std::string checkpoint_uri;
+  std::string resume_uri;
   int64_t full_every = 0, snapshot_every = 0;
   int keep = 3;
   bool resume = true;
@@ -110,6 +102,8 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
       args.zero_stage = stage;
     } else if (flag == "--checkpoint-uri") {
       args.checkpoint_uri = value;
+    } else if (flag == "--resume") {
+      args.resume_uri = value;
     } else if (flag == "--full-every") {
       TIDAL_ASSIGN_OR_RETURN(args.full_every, ParseNumber<int64_t>(flag, value, 0));
     } else if (flag == "--snapshot-every") {
@@ -132,6 +126,8 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
   if (args.config.empty()) return tidal::InvalidArgument("--config is required");
   if (args.checkpoint_uri.empty() && (args.full_every || args.snapshot_every))
     return tidal::InvalidArgument("--full-every/--snapshot-every: need --checkpoint-uri");
+  if (!args.resume_uri.empty() && !args.resume)
+    return tidal::InvalidArgument("--resume and --no-resume contradict each other");
   return args;
 }
 
@@ -195,16 +191,19 @@ int main(int argc, char** argv) {
   rank_launch.max_steps = args->max_steps;
   rank_launch.out_dir = args->out;
   std::unique_ptr<tidal::engine::TrainingHooks> hooks;
-  if (!args->checkpoint_uri.empty() && (args->rank || args->nproc == 1)) {
+  const bool checkpoints = !args->checkpoint_uri.empty() || !args->resume_uri.empty();
+  if (checkpoints && (args->rank || args->nproc == 1)) {
     tidal::checkpoint::CheckpointPolicy policy;
     policy.uri = args->checkpoint_uri;
+    policy.resume_uri = args->resume_uri;
     policy.full_every = args->full_every;
     policy.snapshot_every = args->snapshot_every;
     policy.keep = args->keep;
     policy.resume = args->resume;
     tidal::checkpoint::S3Options s3;
-    if (policy.uri.rfind("s3://", 0) == 0) {  // credentials only matter for S3
-      auto from_env = tidal::checkpoint::S3OptionsFromEnv("", EnvironmentMap());
+    if (policy.uri.rfind("s3://", 0) == 0 ||
+        policy.resume_uri.rfind("s3://", 0) == 0) {  // credentials only matter for S3
+      auto from_env = tidal::checkpoint::S3OptionsFromEnv("", tidal::EnvironmentMap());
       if (!from_env.ok()) return Fail(from_env.status(), "");
       s3 = *from_env;
     }
@@ -252,6 +251,8 @@ int main(int argc, char** argv) {
            std::to_string(args->snapshot_every), "--keep", std::to_string(args->keep)});
       if (!args->resume) launch.args.push_back("--no-resume");
     }
+    if (!args->resume_uri.empty())
+      launch.args.insert(launch.args.end(), {"--resume", args->resume_uri});
     launch.nproc = args->nproc;
     launch.store_port = (*store)->port();
     status = tidal::RunLocalRanks(launch);

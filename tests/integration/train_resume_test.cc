@@ -122,6 +122,24 @@ TEST_F(TrainResumeTest, ZeroThreeCheckpointResumesAtZeroZeroAndBack) {
   ExpectSameLosses(at3, 21, 30);
 }
 
+TEST_F(TrainResumeTest, ResumeFromAnotherUriContinuesTheCurveAndSavesOnlyWhereTold) {
+  std::string from = CopyWithStep15("from"), to = work_ + "/to";
+  TrainRun resumed = Train(2, to, {"--resume", from});
+  ExpectSameLosses(resumed, 16, 30);
+  EXPECT_TRUE(fs::exists(to + "/step-00000030/manifest.json"));
+  EXPECT_TRUE(fs::exists(to + "/final/adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(from + "/step-00000030")) << "the source is read, never written";
+
+  // Asked for by name, an empty source is an error, not a fresh start.
+  fs::create_directories(work_ + "/empty");
+  TrainRun nothing = Train(2, work_ + "/to2", {"--resume", work_ + "/empty"});
+  EXPECT_NE(nothing.result.exit_code, 0);
+  EXPECT_TRUE(nothing.losses.empty());
+  EXPECT_NE(nothing.result.err.find("--resume file://" + work_ + "/empty: no usable checkpoint"),
+            std::string::npos)
+      << nothing.result.err;
+}
+
 TEST_F(TrainResumeTest, TornAndCorruptCheckpointsFallBackToThePreviousOne) {
   // Step 30 torn (its manifest never written): resume from 15.
   std::string torn = CopyAll("torn");

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/safetensors_header.h"
+
 namespace tidal::checkpoint {
 namespace {
 
@@ -212,38 +214,31 @@ std::string ShardFileName(int index, int count) {
 
 StatusOr<BuiltShard> BuildShard(int shard_index, int shard_count,
                                 const std::vector<PieceData>& pieces, uint64_t chunk_bytes) {
-  // Header first (offsets relative to the data section), padded with spaces to 8 bytes.
-  json header = json::object();
-  header["__metadata__"] = {{"format", "tidal-checkpoint"},
-                            {"shard", std::to_string(shard_index)},
-                            {"shards", std::to_string(shard_count)}};
-  uint64_t data_size = 0;
+  // Pieces are stored as 1-D tensors "<tensor>@<first>", back to back.
+  std::vector<safetensors::TensorHeader> headers;
   std::vector<uint64_t> relative;
+  uint64_t data_size = 0;
   for (const PieceData& p : pieces) {
     auto size = DtypeSize(p.dtype);
     if (!size) return InvalidArgument(p.tensor + ": unknown dtype \"" + p.dtype + "\"");
     if (p.bytes.empty() || p.bytes.size() % static_cast<size_t>(*size) != 0)
       return InvalidArgument(p.tensor + ": " + std::to_string(p.bytes.size()) +
                              " bytes is not a whole, non-zero number of " + p.dtype + " elements");
-    std::string key = p.tensor + "@" + std::to_string(p.first);
-    if (header.contains(key)) return InvalidArgument(key + ": the same piece twice in one shard");
-    int64_t count = static_cast<int64_t>(p.bytes.size()) / *size;
+    const int64_t count = static_cast<int64_t>(p.bytes.size()) / *size;
+    headers.push_back({p.tensor + "@" + std::to_string(p.first), p.dtype, {count}, p.bytes.size()});
     relative.push_back(data_size);
-    header[key] = {{"dtype", p.dtype},
-                   {"shape", {count}},
-                   {"data_offsets", {data_size, data_size + p.bytes.size()}}};
     data_size += p.bytes.size();
   }
-  std::string head = header.dump();
-  head.append((8 - head.size() % 8) % 8, ' ');
   if (chunk_bytes == 0 || chunk_bytes % 8 != 0)
     return InvalidArgument("chunk size: expected a positive multiple of 8");
+  auto head = safetensors::EncodeHeader(headers, {{"format", "tidal-checkpoint"},
+                                                  {"shard", std::to_string(shard_index)},
+                                                  {"shards", std::to_string(shard_count)}});
+  if (!head.ok()) return head.status().WithContext("shard " + std::to_string(shard_index));
   BuiltShard shard;
-  shard.bytes.reserve(8 + head.size() + data_size);
-  uint64_t n = head.size();
-  for (int i = 0; i < 8; ++i) shard.bytes.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  shard.bytes += head;
-  uint64_t data_start = shard.bytes.size();
+  shard.bytes = std::move(*head);
+  shard.bytes.reserve(shard.bytes.size() + data_size);
+  const uint64_t data_start = shard.bytes.size();
   for (size_t i = 0; i < pieces.size(); ++i) {
     const PieceData& p = pieces[i];
     shard.bytes.append(p.bytes.data(), p.bytes.size());

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "common/log.h"
+#include "worker/checkpoint/peft_export.h"
 #include "worker/engine/trainer.h"
 
 namespace tidal::checkpoint {
@@ -31,6 +32,11 @@ std::string NowRfc3339() {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+AdapterInfo AdapterInfoOf(const engine::TrainConfig& c) {
+  return {c.lora.rank, c.lora.alpha,   c.lora.dropout,   c.lora.target_modules,
+          c.model.uri, c.model.preset, c.model.init_seed};
 }
 
 std::string_view Bytes(const torch::Tensor& t) {
@@ -231,6 +237,7 @@ StatusOr<SaveCapture> CaptureForSave(Trainer& trainer, CheckpointKind kind) {
   if (c.rank == 0) {
     json state = trainer.StateJson();
     state["kind"] = KindName(kind);
+    state["adapter"] = AdapterInfoJson(AdapterInfoOf(trainer.config()));
     c.trainer_state = std::move(state);
   }
   return c;
@@ -293,19 +300,33 @@ Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
 // in flight (bounded memory): a due save first waits for the previous write to finish.
 class CheckpointHooks : public engine::TrainingHooks {
  public:
-  CheckpointHooks(CheckpointPolicy policy, std::unique_ptr<ObjectStore> store)
-      : policy_(std::move(policy)), store_(std::move(store)), repo_(*store_) {}
+  // `store` (where saves go) or `resume_store` may be null.
+  CheckpointHooks(CheckpointPolicy policy, std::unique_ptr<ObjectStore> store,
+                  std::unique_ptr<ObjectStore> resume_store)
+      : policy_(std::move(policy)),
+        store_(std::move(store)),
+        resume_store_(std::move(resume_store)) {
+    if (store_) repo_.emplace(*store_);
+  }
   ~CheckpointHooks() override {
     if (in_flight_ && in_flight_->thread.joinable()) in_flight_->thread.join();
   }
 
   Status OnStart(Trainer& trainer) override {
-    if (!policy_.resume) return OkStatus();
-    auto step = ResumeFromNewest(trainer, repo_);
+    if (resume_store_) {  // asked for by name: it must hold a checkpoint
+      Repository from(*resume_store_);
+      auto step = ResumeFromNewest(trainer, from);
+      if (step.status().code() == StatusCode::kNotFound)
+        return NotFound("--resume " + resume_store_->uri() + ": no usable checkpoint there");
+      return step.status();
+    }
+    if (!policy_.resume || !repo_) return OkStatus();
+    auto step = ResumeFromNewest(trainer, *repo_);
     if (step.ok() || step.status().code() == StatusCode::kNotFound) return OkStatus();
     return step.status();
   }
   Status AfterStep(Trainer& trainer) override {
+    if (!repo_) return OkStatus();
     if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/false));
     const int64_t step = trainer.step();
     if (step >= trainer.max_steps() && policy_.save_final) return OkStatus();  // OnFinish saves
@@ -315,7 +336,7 @@ class CheckpointHooks : public engine::TrainingHooks {
     else if (policy_.snapshot_every > 0 && step % policy_.snapshot_every == 0)
       kind = CheckpointKind::kSnapshot;
     if (!kind) return OkStatus();
-    if (!policy_.async) return SaveCheckpoint(trainer, repo_, *kind, policy_.keep);
+    if (!policy_.async) return SaveCheckpoint(trainer, *repo_, *kind, policy_.keep);
     if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
     auto job = std::make_unique<InFlight>();
     auto capture = CaptureForSave(trainer, *kind);
@@ -327,7 +348,7 @@ class CheckpointHooks : public engine::TrainingHooks {
       job->capture = std::move(*capture);
       InFlight* raw = job.get();
       job->thread = std::thread([this, raw] {
-        raw->shard = WriteCapture(repo_, raw->capture);
+        raw->shard = WriteCapture(*repo_, raw->capture);
         raw->done = true;
       });
     }
@@ -335,9 +356,19 @@ class CheckpointHooks : public engine::TrainingHooks {
     return OkStatus();
   }
   Status OnFinish(Trainer& trainer) override {
+    if (!repo_) return OkStatus();
     if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
     if (!policy_.save_final) return OkStatus();
-    return SaveCheckpoint(trainer, repo_, CheckpointKind::kFull, policy_.keep);
+    TIDAL_RETURN_IF_ERROR(SaveCheckpoint(trainer, *repo_, CheckpointKind::kFull, policy_.keep));
+    if (!policy_.export_final || trainer.comm().rank() != 0) return OkStatus();
+    // DESIGN.md §5: the final adapter in PEFT's layout, next to the checkpoints.
+    auto exported = ExportPeftAdapter(*repo_, trainer.step(), *store_, kFinalExportPrefix);
+    if (!exported.ok()) return exported.status().WithContext("final PEFT export");
+    LogInfo("exported the final adapter", {{"uri", store_->uri() + "/" + kFinalExportPrefix},
+                                           {"step", exported->step},
+                                           {"tensors", exported->tensors},
+                                           {"bytes", exported->bytes}});
+    return OkStatus();
   }
 
  private:
@@ -357,12 +388,12 @@ class CheckpointHooks : public engine::TrainingHooks {
     if (pending.item<float>() > 0) return OkStatus();  // some rank still writing: next step
     if (in_flight_->thread.joinable()) in_flight_->thread.join();
     std::unique_ptr<InFlight> job = std::move(in_flight_);
-    return CommitSave(trainer, repo_, job->capture, job->shard, policy_.keep);
+    return CommitSave(trainer, *repo_, job->capture, job->shard, policy_.keep);
   }
 
   CheckpointPolicy policy_;
-  std::unique_ptr<ObjectStore> store_;
-  Repository repo_;
+  std::unique_ptr<ObjectStore> store_, resume_store_;
+  std::optional<Repository> repo_;
   std::unique_ptr<InFlight> in_flight_;
 };
 
@@ -423,9 +454,19 @@ StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(CheckpointP
   if (policy.full_every < 0 || policy.snapshot_every < 0)
     return InvalidArgument("checkpoint intervals: expected >= 0");
   if (policy.keep < 1) return InvalidArgument("--keep: expected at least 1");
-  TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<ObjectStore> store, OpenObjectStore(policy.uri, s3));
+  if (policy.uri.empty() && policy.resume_uri.empty())
+    return InvalidArgument("checkpoints: expected a checkpoint URI or a URI to resume from");
+  std::unique_ptr<ObjectStore> store, resume_store;
+  if (!policy.uri.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(store, OpenObjectStore(policy.uri, s3));
+  }
+  if (!policy.resume_uri.empty()) {
+    auto opened = OpenObjectStore(policy.resume_uri, s3);
+    if (!opened.ok()) return opened.status().WithContext("--resume");
+    resume_store = std::move(*opened);
+  }
   return std::unique_ptr<engine::TrainingHooks>(
-      new CheckpointHooks(std::move(policy), std::move(store)));
+      new CheckpointHooks(std::move(policy), std::move(store), std::move(resume_store)));
 }
 
 }  // namespace tidal::checkpoint

@@ -27,13 +27,15 @@
 namespace tidal::checkpoint {
 
 struct CheckpointPolicy {
-  std::string uri;             // where checkpoints go (file://, s3://)
+  std::string uri;             // where checkpoints go (file://, s3://); "" saves none
+  std::string resume_uri;      // resume from the newest usable checkpoint there (required)
   int64_t full_every = 0;      // steps between full checkpoints; 0: none but the final one
   int64_t snapshot_every = 0;  // steps between snapshots; 0: none
   int keep = 3;                // newest full checkpoints kept
-  bool resume = true;          // resume from the newest usable checkpoint in `uri` at start
-  bool save_final = true;      // a full checkpoint after the last step
-  bool async = true;           // write in the background, commit at a later step boundary
+  bool resume = true;      // without resume_uri: resume from the newest usable one in `uri`, if any
+  bool save_final = true;  // a full checkpoint after the last step
+  bool export_final = true;  // and its adapter in PEFT's layout under <uri>/final/
+  bool async = true;         // write in the background, commit at a later step boundary
 };
 
 // What must match between the run that saved and the run that resumes (model, LoRA, data,

@@ -88,6 +88,12 @@ ParameterReader HfCheckpoint::Reader(const DecoderModel& model, uint64_t adapter
   };
 }
 
+std::optional<torch::ScalarType> HfCheckpoint::StoredDtype(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) return std::nullopt;
+  return it->second->entries().at(name).dtype;
+}
+
 Status WriteHfDirectory(const std::string& dir, const ModelConfig& config,
                         const std::vector<std::pair<std::string, torch::Tensor>>& named,
                         int64_t max_shard_bytes) {
@@ -120,8 +126,15 @@ Status WriteHfDirectory(const std::string& dir, const ModelConfig& config,
         2);
     if (!index) return Unavailable("cannot write " + dir + "/model.safetensors.index.json");
   }
+  nlohmann::json hf = config.ToHfJson();
+  if (!named.empty()) {  // as transformers records it: the dtype the weights are stored in
+    const auto type = named.front().second.scalar_type();
+    hf["torch_dtype"] = type == torch::kBFloat16  ? "bfloat16"
+                        : type == torch::kFloat16 ? "float16"
+                                                  : "float32";
+  }
   std::ofstream out(dir + "/config.json");
-  out << config.ToHfJson().dump(2);
+  out << hf.dump(2);
   if (!out) return Unavailable("cannot write " + dir + "/config.json");
   return OkStatus();
 }

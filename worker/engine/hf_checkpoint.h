@@ -4,6 +4,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,8 @@ class HfCheckpoint {
   // adapters get `model.InitialValue(spec, seed)`; a missing or mis-shaped base weight is an
   // error naming it.
   ParameterReader Reader(const DecoderModel& model, uint64_t adapter_seed) const;
+  // The dtype `name` is stored in, or nullopt when the checkpoint lacks it.
+  std::optional<torch::ScalarType> StoredDtype(const std::string& name) const;
 
  private:
   std::string dir_;

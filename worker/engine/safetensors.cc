@@ -11,6 +11,8 @@
 #include <fstream>
 #include <limits>
 
+#include "common/safetensors_header.h"
+
 namespace tidal::engine {
 
 namespace {
@@ -160,33 +162,22 @@ StatusOr<torch::Tensor> SafetensorsFile::ReadFlatRange(const std::string& name, 
 Status WriteSafetensors(const std::string& path,
                         const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
                         const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<safetensors::TensorHeader> headers;
   std::vector<torch::Tensor> host;
-  uint64_t offset = 0;
   for (const auto& [name, tensor] : tensors) {
-    if (header.contains(name)) return InvalidArgument(path + ": duplicate tensor \"" + name + "\"");
     auto dtype = SafetensorsDtypeName(tensor.scalar_type());
     if (!dtype.ok()) return dtype.status().WithContext(path + ": tensor \"" + name + "\"");
     auto cpu = tensor.detach().to(torch::kCPU).contiguous();
-    const uint64_t bytes = static_cast<uint64_t>(cpu.numel()) * cpu.element_size();
-    header[name] = {{"dtype", *dtype},
-                    {"shape", cpu.sizes().vec()},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+    headers.push_back(
+        {name, *dtype, cpu.sizes().vec(), static_cast<uint64_t>(cpu.numel()) * cpu.element_size()});
     host.push_back(std::move(cpu));
   }
-  std::string text = header.dump();
-  // Pad with spaces so the data section starts 8-byte aligned (as the reference writer does).
-  while ((8 + text.size()) % 8 != 0) text.push_back(' ');
+  auto head = safetensors::EncodeHeader(headers, metadata);
+  if (!head.ok()) return head.status().WithContext(path);
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) return Unavailable(tmp + ": " + std::strerror(errno));
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i)
-    len[i] = static_cast<uint8_t>((uint64_t{text.size()} >> (8 * i)) & 0xff);
-  bool ok =
-      std::fwrite(len, 1, 8, f) == 8 && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  bool ok = std::fwrite(head->data(), 1, head->size(), f) == head->size();
   for (const auto& t : host) {
     const size_t bytes = t.numel() * t.element_size();
     ok = ok && std::fwrite(t.data_ptr(), 1, bytes, f) == bytes;

@@ -1,8 +1,8 @@
 // The commit protocol over an object store: a checkpoint is usable only once its manifest is
 // written after every shard; torn, truncated and corrupt ones are skipped or caught, with the
-// previous one still loadable; retention prunes what the policy drops. The store here is an
-// in-memory ObjectStore with the interface's contract (atomic Put, ranged Get, sorted List);
-// the real file:// and s3:// stores run the same protocol in the integration tests.
+// previous one still loadable; retention prunes what the policy drops. The store here is in
+// memory (memory_store.h); the real file:// and s3:// stores run the same protocol in the
+// integration tests.
 #include "worker/checkpoint/repository.h"
 
 #include <gtest/gtest.h>
@@ -10,49 +10,10 @@
 #include <cstring>
 #include <map>
 
+#include "tests/unit/checkpoint/memory_store.h"
+
 namespace tidal::checkpoint {
 namespace {
-
-class MemoryStore : public ObjectStore {
- public:
-  std::string uri() const override { return "mem://test"; }
-  Status Put(const std::string& key, std::string_view data) override {
-    if (fail_puts_matching_ && key.find(*fail_puts_matching_) != std::string::npos)
-      return Unavailable("No space left on device");
-    objects_[key] = std::string(data);
-    return OkStatus();
-  }
-  StatusOr<std::string> Get(const std::string& key) override {
-    auto it = objects_.find(key);
-    if (it == objects_.end()) return NotFound(key);
-    return it->second;
-  }
-  StatusOr<std::string> GetRange(const std::string& key, uint64_t offset,
-                                 uint64_t length) override {
-    auto it = objects_.find(key);
-    if (it == objects_.end()) return NotFound(key);
-    if (offset + length > it->second.size()) return InvalidArgument(key + ": range past end");
-    return it->second.substr(offset, length);
-  }
-  StatusOr<uint64_t> Size(const std::string& key) override {
-    auto it = objects_.find(key);
-    if (it == objects_.end()) return NotFound(key);
-    return it->second.size();
-  }
-  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) override {
-    std::vector<ObjectInfo> out;
-    for (auto it = objects_.lower_bound(prefix);
-         it != objects_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
-      out.push_back({it->first, it->second.size()});
-    return out;
-  }
-  Status Delete(const std::vector<std::string>& keys) override {
-    for (const auto& k : keys) objects_.erase(k);
-    return OkStatus();
-  }
-  std::map<std::string, std::string> objects_;
-  std::optional<std::string> fail_puts_matching_;
-};
 
 std::string Floats(int64_t first, int64_t count, float scale) {
   std::string out(static_cast<size_t>(count) * 4, '\0');
