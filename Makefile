@@ -5,7 +5,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test unit integration e2e demo bench bench-kube format clean
+.PHONY: all deps configure build test unit integration e2e demo bench bench-kube bench-checkpoint format clean
 
 all: build
 
@@ -42,13 +42,18 @@ demo: build
 	  --out out/demo > out/demo/steps.jsonl
 	@echo "  per-step JSON lines: out/demo/steps.jsonl"
 
-bench: build bench-kube
+bench: build bench-kube bench-checkpoint
 	bench/step_time_vs_python.sh $(BUILD_DIR)
 
 # The Kubernetes side: informer memory per Pod, list+watch throughput through tidal local.
 bench-kube: build
 	$(BUILD_DIR)/bench/informer_memory_bench --pods 10000
 	$(BUILD_DIR)/bench/kube_list_watch_bench --objects 10000
+
+# Checkpoints: file:// write and resharded load against dd; training stall on the small preset.
+bench-checkpoint: build
+	$(BUILD_DIR)/bench/checkpoint_io_bench --mib 512
+	bench/checkpoint_stall.sh $(BUILD_DIR) small 8 2
 
 format:
 	find common operator worker tests bench -name '*.cc' -o -name '*.h' | xargs clang-format -i

@@ -4,7 +4,6 @@
 //   tidal-export --merge --checkpoint URI [--step N] --out DIR [--base-model DIR]
 //                [--dtype fp32|bf16|fp16] [--max-shard-bytes B]
 // Prints one JSON line saying what it wrote on stdout; errors on stderr, exit 2 for bad usage.
-#include <charconv>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -13,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/environment.h"
+#include "common/flags.h"
 #include "worker/checkpoint/merge_export.h"
 #include "worker/checkpoint/object_store.h"
 #include "worker/checkpoint/peft_export.h"
@@ -46,15 +46,6 @@ struct Args {
   tidal::checkpoint::MergeOptions merge_options;
 };
 
-StatusOr<int64_t> ParseCount(const std::string& flag, const std::string& text, int64_t min) {
-  int64_t value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < min)
-    return tidal::InvalidArgument(flag + ": expected an integer >= " + std::to_string(min) +
-                                  ", got \"" + text + "\"");
-  return value;
-}
-
 StatusOr<Args> ParseArgs(int argc, char** argv) {
   Args args;
   bool dtype_given = false, shard_given = false;
@@ -72,14 +63,15 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
     } else if (flag == "--out") {
       args.out = value;
     } else if (flag == "--step") {
-      TIDAL_ASSIGN_OR_RETURN(args.step, ParseCount(flag, value, 0));
+      TIDAL_ASSIGN_OR_RETURN(args.step, tidal::ParseIntFlag<int64_t>(flag, value, 0));
     } else if (flag == "--base-model") {
       args.base_model = value;
     } else if (flag == "--dtype") {
       args.merge_options.dtype = value;
       dtype_given = true;
     } else if (flag == "--max-shard-bytes") {
-      TIDAL_ASSIGN_OR_RETURN(args.merge_options.max_shard_bytes, ParseCount(flag, value, 1));
+      TIDAL_ASSIGN_OR_RETURN(args.merge_options.max_shard_bytes,
+                             tidal::ParseIntFlag<int64_t>(flag, value, 1));
       shard_given = true;
     } else {
       return tidal::InvalidArgument("unknown flag " + flag);

@@ -6,7 +6,6 @@
 // per optimizer step on stdout, progress and logs on stderr, and a summary at the end.
 #include <unistd.h>
 
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +16,7 @@
 #include <string>
 
 #include "common/environment.h"
+#include "common/flags.h"
 #include "common/log.h"
 #include "common/yaml_json.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
@@ -65,16 +65,6 @@ struct Args {
   int store_port = 0;
 };
 
-template <typename T>
-StatusOr<T> ParseNumber(const std::string& flag, const std::string& text, T min) {
-  T value{};
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc() || end != text.data() + text.size() || value < min)
-    return tidal::InvalidArgument(flag + ": expected an integer >= " + std::to_string(min) +
-                                  ", got \"" + text + "\"");
-  return value;
-}
-
 StatusOr<Args> ParseArgs(int argc, char** argv) {
   Args args;
   for (int i = 1; i < argc; ++i) {
@@ -89,15 +79,15 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
     if (flag == "--config") {
       args.config = value;
     } else if (flag == "--nproc") {
-      TIDAL_ASSIGN_OR_RETURN(args.nproc, ParseNumber<int>(flag, value, 1));
+      TIDAL_ASSIGN_OR_RETURN(args.nproc, tidal::ParseIntFlag<int>(flag, value, 1));
     } else if (flag == "--max-steps") {
-      TIDAL_ASSIGN_OR_RETURN(args.max_steps, ParseNumber<int64_t>(flag, value, 1));
+      TIDAL_ASSIGN_OR_RETURN(args.max_steps, tidal::ParseIntFlag<int64_t>(flag, value, 1));
     } else if (flag == "--out") {
       args.out = value;
     } else if (flag == "--seed") {
-      TIDAL_ASSIGN_OR_RETURN(args.seed, ParseNumber<uint64_t>(flag, value, 0));
+      TIDAL_ASSIGN_OR_RETURN(args.seed, tidal::ParseIntFlag<uint64_t>(flag, value, 0));
     } else if (flag == "--zero-stage") {
-      TIDAL_ASSIGN_OR_RETURN(int stage, ParseNumber<int>(flag, value, 0));
+      TIDAL_ASSIGN_OR_RETURN(int stage, tidal::ParseIntFlag<int>(flag, value, 0));
       if (stage > 3) return tidal::InvalidArgument("--zero-stage: expected 0-3, got " + value);
       args.zero_stage = stage;
     } else if (flag == "--checkpoint-uri") {
@@ -105,20 +95,21 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
     } else if (flag == "--resume") {
       args.resume_uri = value;
     } else if (flag == "--full-every") {
-      TIDAL_ASSIGN_OR_RETURN(args.full_every, ParseNumber<int64_t>(flag, value, 0));
+      TIDAL_ASSIGN_OR_RETURN(args.full_every, tidal::ParseIntFlag<int64_t>(flag, value, 0));
     } else if (flag == "--snapshot-every") {
-      TIDAL_ASSIGN_OR_RETURN(args.snapshot_every, ParseNumber<int64_t>(flag, value, 0));
+      TIDAL_ASSIGN_OR_RETURN(args.snapshot_every, tidal::ParseIntFlag<int64_t>(flag, value, 0));
     } else if (flag == "--keep") {
-      TIDAL_ASSIGN_OR_RETURN(args.keep, ParseNumber<int>(flag, value, 1));
+      TIDAL_ASSIGN_OR_RETURN(args.keep, tidal::ParseIntFlag<int>(flag, value, 1));
     } else if (flag == "--rank") {
-      TIDAL_ASSIGN_OR_RETURN(args.rank, ParseNumber<int>(flag, value, 0));
+      TIDAL_ASSIGN_OR_RETURN(args.rank, tidal::ParseIntFlag<int>(flag, value, 0));
     } else if (flag == "--world-size") {
-      TIDAL_ASSIGN_OR_RETURN(args.world_size, ParseNumber<int>(flag, value, 1));
+      TIDAL_ASSIGN_OR_RETURN(args.world_size, tidal::ParseIntFlag<int>(flag, value, 1));
     } else if (flag == "--store") {
       auto colon = value.rfind(':');
       if (colon == std::string::npos) return tidal::InvalidArgument("--store: expected HOST:PORT");
       args.store_host = value.substr(0, colon);
-      TIDAL_ASSIGN_OR_RETURN(args.store_port, ParseNumber<int>(flag, value.substr(colon + 1), 1));
+      TIDAL_ASSIGN_OR_RETURN(args.store_port,
+                             tidal::ParseIntFlag<int>(flag, value.substr(colon + 1), 1));
     } else {
       return tidal::InvalidArgument("unknown flag " + flag);
     }

@@ -178,6 +178,42 @@ TEST_F(TrainResumeTest, AnUnwritableStoreFailsTheSaveClearlyAndLeavesLatestAlone
   EXPECT_FALSE(fs::exists(blocked + "/step-00000020/manifest.json"));
 }
 
+// A real full disk: the checkpoint directory on a tmpfs (in a private mount namespace, so
+// no privilege is needed) with room for the step-15 checkpoint and little more. The save at
+// step 20 fails with the store's ENOSPC naming the step; `latest` still names step 15, no
+// step-20 manifest exists, and step 15 still reads back whole (tidal-export verifies every
+// chunk of its adapter).
+TEST_F(TrainResumeTest, AFullDiskFailsTheSaveWithItsErrorAndLeavesTheLastCheckpointWhole) {
+  if (RunProcess({"/usr/bin/unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"}, 30s).exit_code != 0)
+    GTEST_SKIP() << "no private mount namespace here (unshare -rm): cannot make a small disk";
+  std::string source = CopyWithStep15("source");
+  std::ofstream(source + "/latest") << "step-00000015\n";
+  uintmax_t bytes = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(source))
+    if (entry.is_regular_file()) bytes += entry.file_size();
+  // Room for step 15 and its `latest`, plus a quarter of a checkpoint: the next one cannot fit.
+  const uintmax_t size = (bytes + bytes / 4) / 4096 * 4096 + 4 * 4096;
+  const std::string disk = work_ + "/disk";
+  fs::create_directories(disk);
+  const std::string script =
+      "set -u; mount -t tmpfs -o size=" + std::to_string(size) + " tmpfs '" + disk +
+      "' || exit 90; cp -r '" + source + "' '" + disk + "/ck' || exit 91; '" + TIDAL_TRAIN_BIN +
+      "' --config '" + dir_ + "/job.yaml' --nproc 2 --checkpoint-uri '" + disk +
+      "/ck' --full-every 20 --max-steps 25; echo \"train-exit=$?\"; echo \"latest=$(cat '" + disk +
+      "/ck/latest' 2>/dev/null)\"; ls '" + disk + "/ck/step-00000020' 2>/dev/null; '" +
+      TIDAL_EXPORT_BIN + "' --checkpoint '" + disk + "/ck' --out '" + work_ +
+      "/exported'; echo \"export-exit=$?\"";
+  ProcessResult run = RunProcess({"/usr/bin/unshare", "-rm", "sh", "-c", script}, 300s);
+  ASSERT_EQ(run.exit_code, 0) << run.out << run.err;
+  EXPECT_NE(run.out.find("train-exit=1"), std::string::npos) << run.out << run.err;
+  EXPECT_NE(run.err.find("No space left on device"), std::string::npos) << run.err;
+  EXPECT_NE(run.err.find("step-00000020"), std::string::npos) << run.err;
+  EXPECT_NE(run.out.find("latest=step-00000015"), std::string::npos) << run.out;
+  EXPECT_EQ(run.out.find("manifest.json"), std::string::npos) << "step 20 was committed";
+  EXPECT_NE(run.out.find("export-exit=0"), std::string::npos) << run.out << run.err;
+  EXPECT_NE(run.out.find("\"step\":15"), std::string::npos) << run.out;
+}
+
 // A checkpoint every step, written in the background: kill -9 of a rank at some point of
 // that leaves at most a torn step directory; resuming picks the newest committed one and
 // continues with the reference losses.

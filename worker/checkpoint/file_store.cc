@@ -4,10 +4,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -109,30 +111,50 @@ int WriteAll(int fd, std::string_view data) {
   return 0;
 }
 
-// Reads [offset, offset + length) or, with length == npos, to the end of the file.
-StatusOr<std::string> ReadAt(int fd, uint64_t offset, uint64_t length, const std::string& path) {
-  std::string out;
-  bool to_end = length == std::numeric_limits<uint64_t>::max();
-  if (!to_end) out.resize(length);
-  uint64_t done = 0;
-  char buf[1 << 16];
-  while (to_end || done < length) {
-    char* dst = to_end ? buf : out.data() + done;
-    size_t want = to_end ? sizeof(buf) : static_cast<size_t>(length - done);
-    ssize_t n = pread(fd, dst, want, static_cast<off_t>(offset + done));
+// Reads exactly the bytes from `offset` on into `spans`, in order: one preadv per up to
+// IOV_MAX spans, resumed after short reads.
+Status ReadScattered(int fd, uint64_t offset, const std::vector<ObjectStore::Span>& spans,
+                     const std::string& path) {
+  std::vector<iovec> iov;
+  for (const auto& span : spans)
+    if (span.length > 0) iov.push_back({span.dest, static_cast<size_t>(span.length)});
+  size_t next = 0;
+  uint64_t at = offset;
+  while (next < iov.size()) {
+    const int count = static_cast<int>(std::min<size_t>(iov.size() - next, IOV_MAX));
+    ssize_t n = preadv(fd, &iov[next], count, static_cast<off_t>(at));
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoStatus(errno, "reading " + path);
     }
-    if (n == 0) break;
-    if (to_end) out.append(buf, static_cast<size_t>(n));
-    done += static_cast<uint64_t>(n);
+    if (n == 0)
+      return DataLoss("file store: " + path + " ended at " + std::to_string(at) +
+                      " bytes while reading from offset " + std::to_string(offset));
+    at += static_cast<uint64_t>(n);
+    for (size_t left = static_cast<size_t>(n); left > 0;) {  // skip what was filled
+      const size_t take = std::min(left, iov[next].iov_len);
+      iov[next].iov_base = static_cast<char*>(iov[next].iov_base) + take;
+      iov[next].iov_len -= take;
+      left -= take;
+      if (iov[next].iov_len == 0) ++next;
+    }
   }
-  if (!to_end && done < length)
-    return DataLoss("file store: " + path + " ended after " + std::to_string(offset + done) +
-                    " bytes while reading " + std::to_string(length) + " from offset " +
-                    std::to_string(offset));
-  return out;
+  return OkStatus();
+}
+
+// Reads from `offset` to the end of the file.
+StatusOr<std::string> ReadToEnd(int fd, uint64_t offset, const std::string& path) {
+  std::string out;
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = pread(fd, buf, sizeof(buf), static_cast<off_t>(offset + out.size()));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus(errno, "reading " + path);
+    }
+    if (n == 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+  }
 }
 
 // Opens an object for reading: NotFound when the key is absent or names a directory.
@@ -194,6 +216,10 @@ Status FileStore::MakeParents(const std::string& key) const {
 }
 
 Status FileStore::Put(const std::string& key, std::string_view data) {
+  return PutParts(key, {data});
+}
+
+Status FileStore::PutParts(const std::string& key, const std::vector<std::string_view>& parts) {
   TIDAL_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
   const std::string dir = DirName(path);
@@ -214,7 +240,8 @@ Status FileStore::Put(const std::string& key, std::string_view data) {
     unlink(temp.c_str());
     return ErrnoStatus(err, what);
   };
-  if (int err = WriteAll(fd, data); err != 0) return fail(err, "writing " + path);
+  for (std::string_view part : parts)
+    if (int err = WriteAll(fd, part); err != 0) return fail(err, "writing " + path);
   if (fsync(fd) != 0) return fail(errno, "syncing " + path);
   int rc = close(fd);
   fd = -1;
@@ -229,13 +256,13 @@ StatusOr<std::string> FileStore::Get(const std::string& key) {
   const std::string path = PathOf(key);
   struct stat st;
   TIDAL_ASSIGN_OR_RETURN(int fd, OpenObject(key, path, st));
-  auto data = ReadAt(fd, 0, std::numeric_limits<uint64_t>::max(), path);
+  auto data = ReadToEnd(fd, 0, path);
   close(fd);
   return data;
 }
 
-StatusOr<std::string> FileStore::GetRange(const std::string& key, uint64_t offset,
-                                          uint64_t length) {
+// Opens `key` for reading [offset, offset + length): InvalidArgument when that is past its end.
+StatusOr<int> FileStore::OpenRange(const std::string& key, uint64_t offset, uint64_t length) {
   TIDAL_RETURN_IF_ERROR(ValidateKey(key));
   const std::string path = PathOf(key);
   struct stat st;
@@ -247,9 +274,32 @@ StatusOr<std::string> FileStore::GetRange(const std::string& key, uint64_t offse
                            std::to_string(offset + length) + ") of key \"" + key +
                            "\" is past its end (size " + std::to_string(size) + ")");
   }
-  auto data = ReadAt(fd, offset, length, path);
+  return fd;
+}
+
+StatusOr<std::string> FileStore::GetRange(const std::string& key, uint64_t offset,
+                                          uint64_t length) {
+  TIDAL_ASSIGN_OR_RETURN(int fd, OpenRange(key, offset, length));
+  std::string out(length, '\0');
+  Status read = ReadScattered(fd, offset, {{out.data(), length}}, PathOf(key));
   close(fd);
-  return data;
+  if (!read.ok()) return read;
+  return out;
+}
+
+Status FileStore::GetRangeInto(const std::string& key, uint64_t offset, uint64_t length,
+                               char* dest) {
+  return GetRangeScatter(key, offset, {{dest, length}});
+}
+
+Status FileStore::GetRangeScatter(const std::string& key, uint64_t offset,
+                                  const std::vector<Span>& spans) {
+  uint64_t length = 0;
+  for (const Span& span : spans) length += span.length;
+  TIDAL_ASSIGN_OR_RETURN(int fd, OpenRange(key, offset, length));
+  Status read = ReadScattered(fd, offset, spans, PathOf(key));
+  close(fd);
+  return read;
 }
 
 StatusOr<uint64_t> FileStore::Size(const std::string& key) {

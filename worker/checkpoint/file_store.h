@@ -19,8 +19,13 @@ class FileStore final : public ObjectStore {
 
   std::string uri() const override { return "file://" + root_; }
   Status Put(const std::string& key, std::string_view data) override;
+  Status PutParts(const std::string& key, const std::vector<std::string_view>& parts) override;
   StatusOr<std::string> Get(const std::string& key) override;
   StatusOr<std::string> GetRange(const std::string& key, uint64_t offset, uint64_t length) override;
+  Status GetRangeInto(const std::string& key, uint64_t offset, uint64_t length,
+                      char* dest) override;
+  Status GetRangeScatter(const std::string& key, uint64_t offset,
+                         const std::vector<Span>& spans) override;
   StatusOr<uint64_t> Size(const std::string& key) override;
   StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) override;
   Status Delete(const std::vector<std::string>& keys) override;
@@ -30,6 +35,7 @@ class FileStore final : public ObjectStore {
  private:
   explicit FileStore(std::string root) : root_(std::move(root)) {}
   std::string PathOf(const std::string& key) const { return root_ + "/" + key; }
+  StatusOr<int> OpenRange(const std::string& key, uint64_t offset, uint64_t length);
   // Creates the directories between the root and `dir` that are missing, fsyncing each
   // parent that gained an entry.
   Status MakeParents(const std::string& key) const;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "common/safetensors_header.h"
 
@@ -13,6 +14,12 @@ namespace tidal::checkpoint {
 namespace {
 
 using nlohmann::json;
+
+std::string HexDigest(uint64_t digest) {
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(digest));
+  return buf;
+}
 
 const std::map<std::string, int>& DtypeSizes() {
   static const std::map<std::string, int> kSizes = {
@@ -64,10 +71,7 @@ std::optional<int> DtypeSize(const std::string& dtype) {
 }
 
 std::string Xxh3Hex(std::string_view bytes) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(bytes.data(), bytes.size())));
-  return buf;
+  return HexDigest(XXH3_64bits(bytes.data(), bytes.size()));
 }
 
 json ToJson(const Manifest& m) {
@@ -236,12 +240,16 @@ StatusOr<BuiltShard> BuildShard(int shard_index, int shard_count,
                                                   {"shards", std::to_string(shard_count)}});
   if (!head.ok()) return head.status().WithContext("shard " + std::to_string(shard_index));
   BuiltShard shard;
-  shard.bytes = std::move(*head);
-  shard.bytes.reserve(shard.bytes.size() + data_size);
-  const uint64_t data_start = shard.bytes.size();
+  shard.header = std::move(*head);
+  const uint64_t data_start = shard.header.size();
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> whole(XXH3_createState(),
+                                                                 &XXH3_freeState);
+  XXH3_64bits_reset(whole.get());
+  XXH3_64bits_update(whole.get(), shard.header.data(), shard.header.size());
   for (size_t i = 0; i < pieces.size(); ++i) {
     const PieceData& p = pieces[i];
-    shard.bytes.append(p.bytes.data(), p.bytes.size());
+    shard.data.push_back(p.bytes);
+    XXH3_64bits_update(whole.get(), p.bytes.data(), p.bytes.size());
     TensorEntry t;
     t.name = p.tensor;
     t.dtype = p.dtype;
@@ -255,7 +263,8 @@ StatusOr<BuiltShard> BuildShard(int shard_index, int shard_count,
       e.chunks.push_back(Xxh3Hex(p.bytes.substr(c, chunk_bytes)));
     shard.pieces.emplace_back(std::move(t), e);
   }
-  shard.entry = {ShardFileName(shard_index, shard_count), shard.bytes.size(), Xxh3Hex(shard.bytes)};
+  shard.entry = {ShardFileName(shard_index, shard_count), data_start + data_size,
+                 HexDigest(XXH3_64bits_digest(whole.get()))};
   shard.chunk_bytes = chunk_bytes;
   return shard;
 }
@@ -331,15 +340,36 @@ Status VerifyRange(const ReadRange& range, std::string_view fetched) {
     return DataLoss(range.file + ": read " + std::to_string(fetched.size()) + " bytes at " +
                     std::to_string(range.fetch_offset) + ", expected " +
                     std::to_string(range.fetch_length));
-  for (size_t i = 0; i < range.chunks.size(); ++i) {
-    std::string_view part = fetched.substr(i * range.chunk_bytes, range.chunk_bytes);
+  return VerifyChunks(range, 0, fetched);
+}
+
+Status VerifyChunks(const ReadRange& range, size_t first_chunk, std::string_view bytes) {
+  for (size_t i = first_chunk; !bytes.empty(); ++i) {
+    const uint64_t start = i * range.chunk_bytes;
+    std::string_view part = bytes.substr(0, range.chunk_bytes);
+    if (i >= range.chunks.size() || start + part.size() > range.fetch_length)
+      return DataLoss(range.file + ": bytes past the checksummed range at " +
+                      std::to_string(range.fetch_offset + start));
     if (Xxh3Hex(part) != range.chunks[i])
       return DataLoss(range.file + ": checksum mismatch in bytes [" +
-                      std::to_string(range.fetch_offset + i * range.chunk_bytes) + ", " +
-                      std::to_string(range.fetch_offset + i * range.chunk_bytes + part.size()) +
-                      ")");
+                      std::to_string(range.fetch_offset + start) + ", " +
+                      std::to_string(range.fetch_offset + start + part.size()) + ")");
+    bytes.remove_prefix(part.size());
   }
   return OkStatus();
+}
+
+std::vector<std::string_view> BuiltShard::Parts() const {
+  std::vector<std::string_view> parts = {header};
+  parts.insert(parts.end(), data.begin(), data.end());
+  return parts;
+}
+
+std::string BuiltShard::Bytes() const {
+  std::string out;
+  out.reserve(entry.size);
+  for (std::string_view part : Parts()) out.append(part);
+  return out;
 }
 
 std::vector<int64_t> StepsToPrune(const std::map<int64_t, CheckpointKind>& committed, int keep) {

@@ -9,7 +9,7 @@
 // "optimizer.exp_avg.<same>") is cut into pieces: contiguous element ranges of its row-major
 // flattening, each stored as a 1-D tensor in one shard. The manifest names every tensor's
 // dtype and global shape, and for every piece the shard, the absolute byte offset in the shard
-// file, the element range and XXH3-64 checksums of its bytes in 1 MiB chunks — so a rank that
+// file, the element range and XXH3-64 checksums of its bytes in 64 KiB chunks — so a rank that
 // reads only the ranges it needs (HTTP range GETs) still verifies what it read. Each shard also has
 // its size and whole-file checksum. Pure functions: building shards, (de)serialising and
 // validating manifests, planning ranged reads, naming and retention.
@@ -29,7 +29,9 @@
 namespace tidal::checkpoint {
 
 inline constexpr int kFormatVersion = 1;
-inline constexpr uint64_t kDefaultChunkBytes = 1 << 20;
+// 64 KiB: a rank loading a slice of a piece reads at most 64 KiB it does not need at each
+// end (LoRA pieces are often under 1 MiB), for a manifest entry of 19 bytes per chunk.
+inline constexpr uint64_t kDefaultChunkBytes = 64 << 10;
 
 struct PieceEntry {
   int shard = 0;        // index into Manifest::shards
@@ -94,12 +96,18 @@ struct PieceData {
 
 // A shard file in safetensors layout (pieces as 1-D tensors named "<tensor>@<first>") and
 // the manifest entries for its pieces (with `shard` set to `shard_index`), checksummed in
-// chunks of `chunk_bytes`.
+// chunks of `chunk_bytes`. The file is `header` followed by `data`: views of the pieces' bytes,
+// not copies (a copy of a checkpoint into fresh memory costs more than writing it), so the
+// pieces must outlive the write.
 struct BuiltShard {
-  std::string bytes;
+  std::string header;                  // 8-byte length + JSON header
+  std::vector<std::string_view> data;  // the pieces, in file order
   ShardEntry entry;
   uint64_t chunk_bytes = kDefaultChunkBytes;
   std::vector<std::pair<TensorEntry, PieceEntry>> pieces;  // tensor (no pieces) + its piece
+
+  std::vector<std::string_view> Parts() const;  // header, then data: the file in order
+  std::string Bytes() const;                    // the whole file, copied
 };
 StatusOr<BuiltShard> BuildShard(int shard_index, int shard_count,
                                 const std::vector<PieceData>& pieces,
@@ -126,6 +134,9 @@ StatusOr<std::vector<ReadRange>> PlanRead(const Manifest& manifest, const std::s
                                           int64_t first, int64_t count);
 // DataLoss naming the file and byte range when a fetched chunk does not match its checksum.
 Status VerifyRange(const ReadRange& range, std::string_view fetched);
+// The same for `bytes`: whole consecutive chunks of the range starting at chunk `first_chunk`
+// (the last may be the range's short final chunk).
+Status VerifyChunks(const ReadRange& range, size_t first_chunk, std::string_view bytes);
 
 std::string StepDirectory(int64_t step);  // "step-00000015"
 std::optional<int64_t> ParseStepDirectory(std::string_view name);

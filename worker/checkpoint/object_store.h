@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,12 +40,26 @@ class ObjectStore {
   // Writes the whole object (see the durability contract above). Large objects go up in
   // parallel parts on s3://.
   virtual Status Put(const std::string& key, std::string_view data) = 0;
+  // Put of the concatenation of `parts`, which a store may write without concatenating them
+  // (file://: one write per part). The default concatenates and calls Put.
+  virtual Status PutParts(const std::string& key, const std::vector<std::string_view>& parts);
   // The whole object; NotFound when absent.
   virtual StatusOr<std::string> Get(const std::string& key) = 0;
   // Bytes [offset, offset + length) of the object; OutOfRange-like InvalidArgument when the
   // range is past its end; NotFound when absent.
   virtual StatusOr<std::string> GetRange(const std::string& key, uint64_t offset,
                                          uint64_t length) = 0;
+  // GetRange into `dest` (at least `length` bytes), which a store may fill directly
+  // (file://: pread). The default calls GetRange and copies.
+  virtual Status GetRangeInto(const std::string& key, uint64_t offset, uint64_t length, char* dest);
+  // Bytes [offset, offset + Σ lengths) of the object, scattered in order over `spans`
+  // (destination, length). The default reads the range and copies; file:// reads with preadv.
+  struct Span {
+    char* dest;
+    uint64_t length;
+  };
+  virtual Status GetRangeScatter(const std::string& key, uint64_t offset,
+                                 const std::vector<Span>& spans);
   // The object's size, or NotFound.
   virtual StatusOr<uint64_t> Size(const std::string& key) = 0;
   // Every object whose key starts with `prefix`, sorted by key (all pages).
@@ -52,6 +67,38 @@ class ObjectStore {
   // Deletes the keys (absent ones are not an error).
   virtual Status Delete(const std::vector<std::string>& keys) = 0;
 };
+
+// The defaults are inline so the interface needs no library (the format's code and tests use
+// it without the stores).
+inline Status ObjectStore::PutParts(const std::string& key,
+                                    const std::vector<std::string_view>& parts) {
+  size_t size = 0;
+  for (std::string_view part : parts) size += part.size();
+  std::string whole;
+  whole.reserve(size);
+  for (std::string_view part : parts) whole.append(part);
+  return Put(key, whole);
+}
+
+inline Status ObjectStore::GetRangeInto(const std::string& key, uint64_t offset, uint64_t length,
+                                        char* dest) {
+  TIDAL_ASSIGN_OR_RETURN(std::string bytes, GetRange(key, offset, length));
+  std::memcpy(dest, bytes.data(), bytes.size());
+  return OkStatus();
+}
+
+inline Status ObjectStore::GetRangeScatter(const std::string& key, uint64_t offset,
+                                           const std::vector<Span>& spans) {
+  uint64_t length = 0;
+  for (const Span& span : spans) length += span.length;
+  TIDAL_ASSIGN_OR_RETURN(std::string bytes, GetRange(key, offset, length));
+  uint64_t at = 0;
+  for (const Span& span : spans) {
+    std::memcpy(span.dest, bytes.data() + at, span.length);
+    at += span.length;
+  }
+  return OkStatus();
+}
 
 // Connection settings for s3:// (file:// needs none). Read by S3OptionsFromEnv from, in
 // order: a Secret-style directory (one file per key, as a mounted Kubernetes Secret), then the

@@ -2,8 +2,12 @@
 #include "worker/checkpoint/repository.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
 
 #include "common/log.h"
 
@@ -12,12 +16,15 @@ namespace {
 
 using nlohmann::json;
 
+constexpr uint64_t kRequestBytes = 8 << 20;  // most bytes one read request asks for
+constexpr uint64_t kMaxGap = 256 << 10;      // unwanted bytes read to join two requests
+
 std::string Key(int64_t step, const std::string& file) { return StepDirectory(step) + "/" + file; }
 
 }  // namespace
 
 Status Repository::WriteShard(int64_t step, const BuiltShard& shard) {
-  Status s = store_.Put(Key(step, shard.entry.file), shard.bytes);
+  Status s = store_.PutParts(Key(step, shard.entry.file), shard.Parts());
   if (!s.ok())
     return Status(s.code(), "writing " + Key(step, shard.entry.file) + ": " + s.message());
   return OkStatus();
@@ -113,20 +120,159 @@ StatusOr<Manifest> Repository::NewestUsable(const std::set<int64_t>& exclude) {
 
 StatusOr<std::string> Repository::ReadTensor(const Manifest& manifest, const std::string& tensor,
                                              int64_t first, int64_t count) {
-  TIDAL_ASSIGN_OR_RETURN(std::vector<ReadRange> ranges, PlanRead(manifest, tensor, first, count));
   const TensorEntry* t = manifest.Find(tensor);
-  size_t size = static_cast<size_t>(*DtypeSize(t->dtype));
-  std::string out(static_cast<size_t>(count) * size, '\0');
-  for (const ReadRange& r : ranges) {
-    std::string key = Key(manifest.step, r.file);
-    TIDAL_ASSIGN_OR_RETURN(std::string bytes, store_.GetRange(key, r.fetch_offset, r.fetch_length));
-    Status verified = VerifyRange(r, bytes);
-    if (!verified.ok())
-      return DataLoss(store_.uri() + "/" + StepDirectory(manifest.step) + "/" + verified.message());
-    std::memcpy(out.data() + static_cast<size_t>(r.dest_first) * size, bytes.data() + r.skip,
-                r.length);
-  }
+  if (!t) return NotFound(StepDirectory(manifest.step) + ": no tensor \"" + tensor + "\"");
+  auto size = DtypeSize(t->dtype);
+  if (!size || count < 0) return InvalidArgument(tensor + ": bad dtype or count");
+  std::string out(static_cast<size_t>(count) * static_cast<size_t>(*size), '\0');
+  TIDAL_RETURN_IF_ERROR(ReadTensorInto(manifest, tensor, first, count, out.data()));
   return out;
+}
+
+Status Repository::ReadTensorInto(const Manifest& manifest, const std::string& tensor,
+                                  int64_t first, int64_t count, char* dest) {
+  return ReadTensorsInto(manifest, {{tensor, first, count, dest}}, 1);
+}
+
+namespace {
+
+// One stretch of a shard file and where its bytes go. Chunks wholly inside the wanted bytes go
+// straight to their destination and are verified there; a chunk a wanted range cuts goes to a
+// scratch buffer, is verified, and its wanted part copied. Stretches of one file that follow
+// each other are read together (one preadv on file://, one GET on s3://), so a rank reading its
+// slice of many small tensors makes few large requests and moves each byte once.
+struct Stretch {
+  const ReadRange* range;
+  uint64_t begin, end;  // byte range within the range's fetched span, whole chunks
+  char* direct;         // destination when the stretch is wanted whole, else null (scratch)
+  char* copy_to;        // for scratch stretches: where the wanted part goes…
+  uint64_t copy_from, copy_length;  // …and which part of the stretch that is
+  uint64_t file_offset() const { return range->fetch_offset + begin; }
+};
+
+void PlanStretches(const ReadRange& r, char* out, std::vector<Stretch>& stretches) {
+  const uint64_t c = r.chunk_bytes, want_end = r.skip + r.length;
+  auto chunk_end = [&](uint64_t i) { return std::min((i + 1) * c, r.fetch_length); };
+  auto partial = [&](uint64_t i) {
+    const uint64_t begin = i * c, end = chunk_end(i);
+    const uint64_t from = std::max(begin, r.skip), to = std::min(end, want_end);
+    stretches.push_back({&r, begin, end, nullptr, out + (from - r.skip), from - begin, to - from});
+  };
+  // Whole chunks [lo, hi) of the fetched span lie inside the wanted bytes.
+  const uint64_t lo = (r.skip + c - 1) / c;
+  uint64_t hi = want_end / c;
+  if (want_end == r.fetch_length) hi = (r.fetch_length + c - 1) / c;  // short final chunk
+  if (lo >= hi) {
+    for (uint64_t i = r.skip / c; i * c < want_end; ++i) partial(i);
+    return;
+  }
+  if (r.skip < lo * c) partial(lo - 1);
+  const uint64_t per_request = std::max<uint64_t>(1, kRequestBytes / c);  // chunks
+  for (uint64_t i = lo; i < hi; i += per_request) {
+    const uint64_t begin = i * c, end = chunk_end(std::min(hi, i + per_request) - 1);
+    stretches.push_back({&r, begin, end, out + (begin - r.skip), nullptr, 0, 0});
+  }
+  if (hi * c < want_end) partial(hi);
+}
+
+}  // namespace
+
+Status Repository::ReadTensorsInto(const Manifest& manifest, const std::vector<TensorRead>& reads,
+                                   int parallel) {
+  // Plan: every range of every read, cut into stretches, sorted by file and offset.
+  std::vector<ReadRange> ranges;
+  std::vector<char*> outs;
+  for (const TensorRead& read : reads) {
+    TIDAL_ASSIGN_OR_RETURN(std::vector<ReadRange> planned,
+                           PlanRead(manifest, read.tensor, read.first, read.count));
+    const size_t size = static_cast<size_t>(*DtypeSize(manifest.Find(read.tensor)->dtype));
+    for (ReadRange& r : planned) {
+      outs.push_back(read.dest + static_cast<size_t>(r.dest_first) * size);
+      ranges.push_back(std::move(r));
+    }
+  }
+  std::vector<Stretch> stretches;
+  for (size_t i = 0; i < ranges.size(); ++i) PlanStretches(ranges[i], outs[i], stretches);
+  std::sort(stretches.begin(), stretches.end(), [](const Stretch& a, const Stretch& b) {
+    return std::tie(a.range->file, a.range->fetch_offset, a.begin) <
+           std::tie(b.range->file, b.range->fetch_offset, b.begin);
+  });
+  // Requests: runs of adjacent stretches of one file, up to kRequestBytes (overlapping ones,
+  // two reads cutting the same chunk, start a new request).
+  std::vector<std::pair<size_t, size_t>> requests;  // [first, last) stretch
+  for (size_t i = 0; i < stretches.size(); ++i) {
+    if (!requests.empty()) {
+      const Stretch& prev = stretches[i - 1];
+      const Stretch& head = stretches[requests.back().first];
+      const Stretch& s = stretches[i];
+      const uint64_t prev_end = prev.file_offset() + (prev.end - prev.begin);
+      if (s.range->file == prev.range->file && s.file_offset() >= prev_end &&
+          s.file_offset() - prev_end <= kMaxGap &&
+          s.file_offset() + (s.end - s.begin) - head.file_offset() <= kRequestBytes) {
+        requests.back().second = i + 1;
+        continue;
+      }
+    }
+    requests.emplace_back(i, i + 1);
+  }
+
+  const std::string where = store_.uri() + "/" + StepDirectory(manifest.step) + "/";
+  auto run = [&](const std::pair<size_t, size_t>& request, std::string& scratch,
+                 std::string& gap_buffer) -> Status {
+    uint64_t scratch_bytes = 0;
+    for (size_t i = request.first; i < request.second; ++i)
+      if (!stretches[i].direct) scratch_bytes += stretches[i].end - stretches[i].begin;
+    scratch.resize(scratch_bytes);
+    std::vector<ObjectStore::Span> spans;
+    std::vector<char*> at;
+    uint64_t used = 0;
+    for (size_t i = request.first; i < request.second; ++i) {
+      const Stretch& s = stretches[i];
+      if (i > request.first) {  // bytes between two stretches are read and dropped
+        const Stretch& prev = stretches[i - 1];
+        const uint64_t gap = s.file_offset() - (prev.file_offset() + (prev.end - prev.begin));
+        if (gap > 0) spans.push_back({gap_buffer.data(), gap});
+      }
+      char* to = s.direct ? s.direct : scratch.data() + used;
+      if (!s.direct) used += s.end - s.begin;
+      spans.push_back({to, s.end - s.begin});
+      at.push_back(to);
+    }
+    const Stretch& head = stretches[request.first];
+    TIDAL_RETURN_IF_ERROR(
+        store_.GetRangeScatter(Key(manifest.step, head.range->file), head.file_offset(), spans));
+    for (size_t i = request.first; i < request.second; ++i) {
+      const Stretch& s = stretches[i];
+      const char* bytes = at[i - request.first];
+      Status verified = VerifyChunks(*s.range, s.begin / s.range->chunk_bytes,
+                                     std::string_view(bytes, s.end - s.begin));
+      if (!verified.ok()) return DataLoss(where + verified.message());
+      if (!s.direct) std::memcpy(s.copy_to, bytes + s.copy_from, s.copy_length);
+    }
+    return OkStatus();
+  };
+
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status first_error;
+  auto work = [&] {
+    std::string scratch, gap_buffer(kMaxGap, '\0');
+    for (size_t i = next++; i < requests.size(); i = next++) {
+      Status s = run(requests[i], scratch, gap_buffer);
+      if (s.ok()) continue;
+      std::lock_guard<std::mutex> lock(mu);
+      if (first_error.ok() ||
+          (s.code() == StatusCode::kDataLoss && first_error.code() != StatusCode::kDataLoss))
+        first_error = s;
+      next = requests.size();  // hand out no more work
+    }
+  };
+  const size_t threads = std::min<size_t>(std::max(parallel, 1), requests.size());
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  return first_error;
 }
 
 StatusOr<json> Repository::ReadTrainerState(int64_t step) {

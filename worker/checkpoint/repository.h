@@ -48,6 +48,20 @@ class Repository {
   // Elements [first, first + count) of `tensor` as raw little-endian bytes, verified.
   StatusOr<std::string> ReadTensor(const Manifest& manifest, const std::string& tensor,
                                    int64_t first, int64_t count);
+  // The same into `dest` (count × dtype size bytes). On error `dest` holds unverified bytes.
+  Status ReadTensorInto(const Manifest& manifest, const std::string& tensor, int64_t first,
+                        int64_t count, char* dest);
+  struct TensorRead {
+    std::string tensor;
+    int64_t first = 0, count = 0;
+    char* dest = nullptr;
+  };
+  // Many ReadTensorInto at once (a rank resuming reads a slice of every tensor): the ranges
+  // of one shard file are joined into requests of up to 8 MiB (reading and dropping gaps of up
+  // to 256 KiB between them), `parallel` requests in flight. Only wanted chunks are verified.
+  // The first error is returned, DataLoss before others.
+  Status ReadTensorsInto(const Manifest& manifest, const std::vector<TensorRead>& reads,
+                         int parallel = 2);
   StatusOr<nlohmann::json> ReadTrainerState(int64_t step);
   // The committed manifest of `step` (NotFound when it was never committed).
   StatusOr<Manifest> ReadManifest(int64_t step);

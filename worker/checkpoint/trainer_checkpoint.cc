@@ -125,18 +125,16 @@ std::vector<OwnedPiece> OwnedPieces(const std::vector<TrainableBlockLayout>& lay
   return out;
 }
 
-// Fills `dest` (fp32, covering flat elements [lo, hi) of block `b`) from the checkpoint's
-// per-parameter tensors named prefix + parameter name. Padding stays zero.
-Status ReadFlatRange(Repository& repo, const Manifest& manifest, const TrainableBlockLayout& b,
-                     const std::string& prefix, int64_t lo, int64_t hi, torch::Tensor& dest) {
+// The reads that fill `dest` (fp32, covering flat elements [lo, hi) of block `b`) from the
+// checkpoint's per-parameter tensors named prefix + parameter name. Padding stays zero.
+void PlanFlatRange(const TrainableBlockLayout& b, const std::string& prefix, int64_t lo, int64_t hi,
+                   torch::Tensor& dest, std::vector<Repository::TensorRead>& reads) {
   for (const engine::FlatParamLayout& p : b.params) {
     int64_t a = std::max(lo, p.offset), e = std::min(hi, p.offset + p.numel);
     if (a >= e) continue;
-    TIDAL_ASSIGN_OR_RETURN(std::string bytes,
-                           repo.ReadTensor(manifest, prefix + p.name, a - p.offset, e - a));
-    std::memcpy(static_cast<char*>(dest.data_ptr()) + (a - lo) * 4, bytes.data(), bytes.size());
+    reads.push_back(
+        {prefix + p.name, a - p.offset, e - a, static_cast<char*>(dest.data_ptr()) + (a - lo) * 4});
   }
-  return OkStatus();
 }
 
 Status LoadStep(Trainer& trainer, Repository& repo, int64_t step) {
@@ -149,12 +147,16 @@ Status LoadStep(Trainer& trainer, Repository& repo, int64_t step) {
       return DataLoss(t.name + ": expected F32 in the checkpoint, found " + t.dtype);
   auto& params = trainer.parameters();
   const auto layout = params.TrainableLayout();
-  // Weights: every element this rank holds.
+  // Weights: every element this rank holds, read in one batch.
+  std::vector<torch::Tensor> held;
+  std::vector<Repository::TensorRead> reads;
   for (const TrainableBlockLayout& b : layout) {
-    auto held = torch::zeros({b.held_hi - b.held_lo}, torch::kFloat32);
-    TIDAL_RETURN_IF_ERROR(ReadFlatRange(repo, manifest, b, "", b.held_lo, b.held_hi, held));
-    TIDAL_RETURN_IF_ERROR(params.SetTrainableHeld(b.block, held));
+    held.push_back(torch::zeros({b.held_hi - b.held_lo}, torch::kFloat32));
+    PlanFlatRange(b, "", b.held_lo, b.held_hi, held.back(), reads);
   }
+  TIDAL_RETURN_IF_ERROR(repo.ReadTensorsInto(manifest, reads));
+  for (size_t i = 0; i < layout.size(); ++i)
+    TIDAL_RETURN_IF_ERROR(params.SetTrainableHeld(layout[i].block, held[i]));
   TIDAL_ASSIGN_OR_RETURN(json state, repo.ReadTrainerState(step));
   TIDAL_RETURN_IF_ERROR(trainer.RestoreState(state));
   // Optimizer moments over the range this rank updates, when the checkpoint has them.
@@ -168,21 +170,26 @@ Status LoadStep(Trainer& trainer, Repository& repo, int64_t step) {
     return OkStatus();
   }
   const auto& adamw = trainer.optimizer().options();
-  std::map<std::string, engine::ShardedAdamW::State> moments;
-  for (const TrainableBlockLayout& b : layout) {
-    engine::ShardedAdamW::State st;
+  std::vector<engine::ShardedAdamW::State> states(layout.size());
+  reads.clear();
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const TrainableBlockLayout& b = layout[i];
+    engine::ShardedAdamW::State& st = states[i];
     st.exp_avg = torch::zeros({b.optimizer_hi - b.optimizer_lo}, torch::kFloat32);
     st.exp_avg_sq = torch::zeros({b.optimizer_hi - b.optimizer_lo}, torch::kFloat32);
-    TIDAL_RETURN_IF_ERROR(
-        ReadFlatRange(repo, manifest, b, kExpAvg, b.optimizer_lo, b.optimizer_hi, st.exp_avg));
-    TIDAL_RETURN_IF_ERROR(
-        ReadFlatRange(repo, manifest, b, kExpAvgSq, b.optimizer_lo, b.optimizer_hi, st.exp_avg_sq));
+    PlanFlatRange(b, kExpAvg, b.optimizer_lo, b.optimizer_hi, st.exp_avg, reads);
+    PlanFlatRange(b, kExpAvgSq, b.optimizer_lo, b.optimizer_hi, st.exp_avg_sq, reads);
+  }
+  TIDAL_RETURN_IF_ERROR(repo.ReadTensorsInto(manifest, reads));
+  std::map<std::string, engine::ShardedAdamW::State> moments;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    engine::ShardedAdamW::State& st = states[i];
     if (!adamw.offload_to_cpu) {
       auto device = params.options().device;
       st.exp_avg = st.exp_avg.to(device);
       st.exp_avg_sq = st.exp_avg_sq.to(device);
     }
-    moments[b.key] = std::move(st);
+    moments[layout[i].key] = std::move(st);
   }
   const json* steps = state.contains("optimizerSteps") ? &state["optimizerSteps"] : nullptr;
   if (!steps || !steps->is_number_integer())

@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "golden"))
 import reference_step as ref  # noqa: E402
+from make_golden import write_safetensors  # noqa: E402
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16, "I64": torch.int64}
 
@@ -39,19 +41,6 @@ def read_safetensors(path):
         t = torch.frombuffer(bytearray(data[begin:end]), dtype=DTYPES[e["dtype"]])
         out[name] = t.reshape(e["shape"]).float() if e["dtype"] != "I64" else t.reshape(e["shape"])
     return out
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        b = t.contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        offset += len(b)
-        blobs.append(b)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - (8 + len(text)) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def hf_to_ref(path):

@@ -59,20 +59,21 @@ TEST(ManifestTest, ShardsAreSafetensorsWithPiecesAtTheManifestsOffsets) {
   ASSERT_EQ(m->shards.size(), 3u);
   EXPECT_EQ(m->shards[1].file, "shard-00002-of-00003.safetensors");
   for (const BuiltShard& s : shards) {
+    const std::string file = s.Bytes();
     uint64_t header_len = 0;
-    std::memcpy(&header_len, s.bytes.data(), 8);
+    std::memcpy(&header_len, file.data(), 8);
     EXPECT_EQ(header_len % 8, 0u);
-    json header = json::parse(s.bytes.substr(8, header_len));
+    json header = json::parse(file.substr(8, header_len));
     EXPECT_EQ(header["__metadata__"]["format"], "tidal-checkpoint");
-    EXPECT_EQ(s.entry.size, s.bytes.size());
-    EXPECT_EQ(s.entry.xxh3, Xxh3Hex(s.bytes));
+    EXPECT_EQ(s.entry.size, file.size());
+    EXPECT_EQ(s.entry.xxh3, Xxh3Hex(file));  // streamed over the parts, equal to the whole's
   }
   // Every piece's bytes are where the manifest says, and their checksum matches.
   for (const TensorEntry& t : m->tensors)
     for (const PieceEntry& p : t.pieces) {
-      std::string bytes = shards[p.shard].bytes.substr(p.offset, p.count * 4);
+      std::string bytes = shards[p.shard].Bytes().substr(p.offset, p.count * 4);
       EXPECT_EQ(bytes, Floats(p.first, p.count)) << t.name << "@" << p.first;
-      ASSERT_EQ(p.chunks.size(), 1u);  // pieces under the default 1 MiB chunk
+      ASSERT_EQ(p.chunks.size(), 1u);  // pieces under the default chunk size
       EXPECT_EQ(Xxh3Hex(bytes), p.chunks[0]);
     }
 }
@@ -99,7 +100,7 @@ StatusOr<std::string> Read(const Manifest& m, const std::vector<BuiltShard>& sha
   for (const ReadRange& r : *ranges) {
     size_t shard = 0;
     while (m.shards[shard].file != r.file) ++shard;
-    std::string bytes = shards[shard].bytes.substr(r.fetch_offset, r.fetch_length);
+    std::string bytes = shards[shard].Bytes().substr(r.fetch_offset, r.fetch_length);
     if (fetched_bytes) *fetched_bytes += bytes.size();
     TIDAL_RETURN_IF_ERROR(VerifyRange(r, bytes));
     std::memcpy(out.data() + r.dest_first * 4, bytes.data() + r.skip, r.length);
@@ -133,8 +134,9 @@ TEST(ManifestTest, ACorruptByteIsCaughtByTheChunkThatHoldsIt) {
   std::vector<std::string> storage;
   auto m = SaveAt(2, shards, storage, 16);
   ASSERT_TRUE(m.ok());
-  const PieceEntry& p = m->Find("w")->pieces[1];  // elements [15, 30) in shard 1
-  shards[1].bytes[p.offset + 4 * 6] ^= 0x01;      // element 21
+  ASSERT_EQ(m->Find("w")->pieces[1].first, 15);            // elements [15, 30) in shard 1
+  ASSERT_EQ(shards[1].data[0].data(), storage[2].data());  // shards view the pieces' bytes
+  storage[2][4 * 6] ^= 0x01;                               // element 21
   auto bad = Read(*m, shards, "w", 20, 2);
   EXPECT_EQ(bad.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(bad.status().message().find("shard-00002-of-00002.safetensors: checksum mismatch"),
@@ -179,7 +181,8 @@ TEST(ManifestTest, InvalidManifestsAreRefusedNamingTheField) {
   EXPECT_EQ(refused([](json& j) { j["tensors"][0]["pieces"][0]["chunks"] = {"XYZ"}; }),
             "tensors[0].pieces[0].chunks: expected 16 lowercase hex digits");
   EXPECT_EQ(refused([](json& j) { j["tensors"][0]["pieces"][0]["chunks"] = json::array(); }),
-            "tensors[0].pieces[0].chunks: expected one checksum per 1048576 bytes");
+            "tensors[0].pieces[0].chunks: expected one checksum per " +
+                std::to_string(kDefaultChunkBytes) + " bytes");
   EXPECT_EQ(refused([](json& j) { j["chunkBytes"] = 12; }),
             "chunkBytes: expected a positive multiple of 8");
   EXPECT_EQ(refused([](json& j) { std::swap(j["tensors"][0], j["tensors"][1]); }),

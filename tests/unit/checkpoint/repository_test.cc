@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <deque>
 #include <map>
 
 #include "tests/unit/checkpoint/memory_store.h"
@@ -31,7 +32,9 @@ class RepositoryTest : public ::testing::Test {
     std::vector<BuiltShard> shards;
     for (int r = 0; r < world; ++r) {
       int64_t lo = 40 * r / world, hi = 40 * (r + 1) / world;
-      std::string bytes = Floats(lo, hi - lo, static_cast<float>(step));
+      // Shards view their pieces' bytes: keep them for the fixture's lifetime.
+      const std::string& bytes =
+          pieces_.emplace_back(Floats(lo, hi - lo, static_cast<float>(step)));
       shards.push_back(*BuildShard(r, world, {{"w", "F32", {40}, lo, bytes}}, 32));
     }
     return shards;
@@ -50,6 +53,7 @@ class RepositoryTest : public ::testing::Test {
     if (commit) EXPECT_TRUE(repo_.Commit(*m).ok());
     return *m;
   }
+  std::deque<std::string> pieces_;
   MemoryStore store_;
   Repository repo_{store_};
 };
@@ -67,6 +71,60 @@ TEST_F(RepositoryTest, CommittedCheckpointLoadsAtAnotherWorldSize) {
     EXPECT_EQ(*bytes, Floats(lo, hi - lo, 10));
   }
   EXPECT_EQ((*repo_.ReadTrainerState(10))["step"], 10);
+}
+
+// Chunks of 32 bytes (8 elements) over pieces [0, 13) [13, 26) [26, 40): every sub-range
+// reads back whole — chunks cut at either end, inside one chunk, across pieces and shards.
+TEST_F(RepositoryTest, EverySubRangeReadsBackAcrossChunkPieceAndShardBoundaries) {
+  Manifest m = Save(10, 3);
+  for (int64_t first = 0; first < 40; ++first)
+    for (int64_t count = 1; first + count <= 40; ++count) {
+      auto bytes = repo_.ReadTensor(m, "w", first, count);
+      ASSERT_TRUE(bytes.ok()) << first << "+" << count << ": " << bytes.status().message();
+      ASSERT_EQ(*bytes, Floats(first, count, 10)) << first << "+" << count;
+    }
+}
+
+// A flipped byte in element 30 (piece [26, 40), its chunk [26, 34)) fails exactly the reads
+// that touch that chunk, whether it is read whole or cut at an end.
+TEST_F(RepositoryTest, ACorruptChunkFailsExactlyTheReadsThatTouchIt) {
+  Manifest m = Save(10, 3);
+  const PieceEntry& piece = m.Find("w")->pieces[2];
+  ASSERT_EQ(piece.first, 26);
+  store_.objects_.at("step-00000010/shard-00003-of-00003.safetensors")[piece.offset + 4 * 4] ^= 1;
+  for (int64_t first = 0; first < 40; ++first)
+    for (int64_t count = 1; first + count <= 40; ++count) {
+      const bool touches = first < 34 && first + count > 26;
+      auto bytes = repo_.ReadTensor(m, "w", first, count);
+      ASSERT_EQ(bytes.ok(), !touches) << first << "+" << count;
+      if (touches) ASSERT_EQ(bytes.status().code(), StatusCode::kDataLoss);
+    }
+}
+
+// A rank's slices of several tensors in one call, as a resuming rank reads them: requests
+// joined across gaps; a corrupt chunk that only lies in a gap read and dropped fails nothing.
+TEST_F(RepositoryTest, BatchedReadsOfEveryRankAtAnotherWorldSizeComeBackWhole) {
+  Manifest m = Save(10, 3);
+  for (int ranks : {1, 2, 4, 5}) {
+    std::vector<std::string> out(ranks);
+    std::vector<Repository::TensorRead> reads;
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t lo = 40 * r / ranks, hi = 40 * (r + 1) / ranks;
+      out[r].assign((hi - lo) * 4, '\0');
+      reads.push_back({"w", lo, hi - lo, out[r].data()});
+    }
+    ASSERT_TRUE(repo_.ReadTensorsInto(m, reads).ok()) << ranks;
+    for (int r = 0; r < ranks; ++r)
+      EXPECT_EQ(out[r], Floats(40 * r / ranks, 40 * (r + 1) / ranks - 40 * r / ranks, 10)) << r;
+  }
+  // Elements [0, 8) and [16, 24) of piece [0, 13) and [13, 26): [8, 16) is a chunk between.
+  store_.objects_.at(
+      "step-00000010/shard-00001-of-00003.safetensors")[m.Find("w")->pieces[0].offset + 4 * 9] ^= 1;
+  std::string a(8 * 4, '\0'), b(8 * 4, '\0');
+  ASSERT_TRUE(repo_.ReadTensorsInto(m, {{"w", 0, 8, a.data()}, {"w", 16, 8, b.data()}}).ok());
+  EXPECT_EQ(a, Floats(0, 8, 10));
+  EXPECT_EQ(b, Floats(16, 8, 10));
+  EXPECT_EQ(repo_.ReadTensor(m, "w", 8, 1).status().code(), StatusCode::kDataLoss);
 }
 
 TEST_F(RepositoryTest, ATornSaveIsIgnoredAndThePreviousOneLoads) {
@@ -135,7 +193,7 @@ TEST_F(RepositoryTest, AFailingStoreFailsTheSaveClearlyWithoutTouchingLatest) {
             "writing step-00000020/shard-00001-of-00002.safetensors: No space left on device");
   store_.fail_puts_matching_ = "manifest.json";
   for (const auto& shard : shards)
-    store_.objects_["step-00000020/" + shard.entry.file] = shard.bytes;
+    store_.objects_["step-00000020/" + shard.entry.file] = shard.Bytes();
   EXPECT_FALSE(repo_.Commit(*AssembleManifest(Manifest{.step = 20, .world_size = 2}, shards)).ok());
   EXPECT_EQ(store_.objects_.at("latest"), "step-00000010\n");
   EXPECT_EQ(repo_.NewestUsable()->step, 10);
