@@ -16,7 +16,7 @@ namespace {
 
 using nlohmann::json;
 
-constexpr uint64_t kRequestBytes = 8 << 20;  // most bytes one read request asks for
+constexpr uint64_t kRequestBytes = 1 << 20;  // most bytes one read request asks for
 constexpr uint64_t kMaxGap = 256 << 10;      // unwanted bytes read to join two requests
 
 std::string Key(int64_t step, const std::string& file) { return StepDirectory(step) + "/" + file; }

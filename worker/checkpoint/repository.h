@@ -57,7 +57,7 @@ class Repository {
     char* dest = nullptr;
   };
   // Many ReadTensorInto at once (a rank resuming reads a slice of every tensor): the ranges
-  // of one shard file are joined into requests of up to 8 MiB (reading and dropping gaps of up
+  // of one shard file are joined into requests of up to 1 MiB (reading and dropping gaps of up
   // to 256 KiB between them), `parallel` requests in flight. Only wanted chunks are verified.
   // The first error is returned, DataLoss before others.
   Status ReadTensorsInto(const Manifest& manifest, const std::vector<TensorRead>& reads,
