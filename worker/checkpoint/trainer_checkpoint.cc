@@ -332,7 +332,17 @@ class CheckpointHooks : public engine::TrainingHooks {
     if (step.ok() || step.status().code() == StatusCode::kNotFound) return OkStatus();
     return step.status();
   }
+  // What checkpointing costs the training thread, per save: the host copy, the commit
+  // rounds and any wait for the previous write, logged at each commit (bench/checkpoint_stall.sh).
   Status AfterStep(Trainer& trainer) override {
+    const auto start = std::chrono::steady_clock::now();
+    Status status = SaveIfDue(trainer);
+    blocked_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return status;
+  }
+
+  Status SaveIfDue(Trainer& trainer) {
     if (!repo_) return OkStatus();
     if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/false));
     const int64_t step = trainer.step();
@@ -395,13 +405,21 @@ class CheckpointHooks : public engine::TrainingHooks {
     if (pending.item<float>() > 0) return OkStatus();  // some rank still writing: next step
     if (in_flight_->thread.joinable()) in_flight_->thread.join();
     std::unique_ptr<InFlight> job = std::move(in_flight_);
-    return CommitSave(trainer, *repo_, job->capture, job->shard, policy_.keep);
+    Status committed = CommitSave(trainer, *repo_, job->capture, job->shard, policy_.keep);
+    if (committed.ok()) {
+      Logger::Get().Log(
+          "info", "checkpoint stall",
+          {{"step", job->capture.step}, {"training_thread_seconds", blocked_seconds_}});
+      blocked_seconds_ = 0;
+    }
+    return committed;
   }
 
   CheckpointPolicy policy_;
   std::unique_ptr<ObjectStore> store_, resume_store_;
   std::optional<Repository> repo_;
   std::unique_ptr<InFlight> in_flight_;
+  double blocked_seconds_ = 0;  // in AfterStep since the last commit
 };
 
 }  // namespace
