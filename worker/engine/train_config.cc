@@ -5,119 +5,14 @@
 #include <algorithm>
 #include <set>
 
+#include "common/spec_section.h"
 #include "worker/engine/model_config.h"
 
 namespace tidal::engine {
 namespace {
 
 using nlohmann::json;
-
-std::string TypeName(const json& j) { return j.is_null() ? "null" : j.type_name(); }
-
-// Reads one object's fields into typed values, collecting errors with their paths and refusing
-// unknown keys (a typo such as `learningrate` must not silently fall back to a default).
-class Section {
- public:
-  Section(const json& parent, const std::string& key, const std::string& path,
-          std::vector<std::string>& errors)
-      : path_(path + "." + key), errors_(errors) {
-    if (!parent.contains(key) || parent[key].is_null()) return;
-    if (!parent[key].is_object()) {
-      Error("", "expected an object, got " + TypeName(parent[key]));
-      return;
-    }
-    node_ = &parent[key];
-  }
-  Section(const json& node, const std::string& path, std::vector<std::string>& errors)
-      : path_(path), node_(&node), errors_(errors) {}
-  ~Section() {
-    if (!node_) return;
-    for (const auto& [key, value] : node_->items())
-      if (!known_.count(key)) Error(key, "unknown field");
-  }
-  bool present() const { return node_ != nullptr; }
-  const json* node() const { return node_; }
-  const std::string& path() const { return path_; }
-  void Known(const std::string& key) { known_.insert(key); }
-
-  void Error(const std::string& key, const std::string& what) {
-    errors_.push_back((key.empty() ? path_ : path_ + "." + key) + ": " + what);
-  }
-
-  const json* Field(const std::string& key) {
-    known_.insert(key);
-    if (!node_ || !node_->contains(key) || (*node_)[key].is_null()) return nullptr;
-    return &(*node_)[key];
-  }
-  void String(const std::string& key, std::string& out) {
-    if (const json* v = Field(key)) {
-      if (v->is_string())
-        out = v->get<std::string>();
-      else
-        Error(key, "expected a string, got " + TypeName(*v));
-    }
-  }
-  void Int(const std::string& key, int64_t& out) {
-    if (const json* v = Field(key)) {
-      if (v->is_number_integer())
-        out = v->get<int64_t>();
-      else
-        Error(key, "expected an integer, got " + v->dump());
-    }
-  }
-  void Number(const std::string& key, double& out) {
-    if (const json* v = Field(key)) {
-      if (v->is_number())
-        out = v->get<double>();
-      else
-        Error(key, "expected a number, got " + v->dump());
-    }
-  }
-  void Bool(const std::string& key, bool& out) {
-    if (const json* v = Field(key)) {
-      if (v->is_boolean())
-        out = v->get<bool>();
-      else
-        Error(key, "expected true or false, got " + v->dump());
-    }
-  }
-  void Seed(const std::string& key, uint64_t& out) {
-    int64_t value = static_cast<int64_t>(out);
-    Int(key, value);
-    if (value < 0)
-      Error(key, "must be >= 0, got " + std::to_string(value));
-    else
-      out = static_cast<uint64_t>(value);
-  }
-  template <typename T>
-  void AtLeast(const std::string& key, T value, T min) {
-    if (value < min) Error(key, "must be >= " + Show(min) + ", got " + Show(value));
-  }
-  void OneOf(const std::string& key, const std::string& value,
-             std::initializer_list<const char*> allowed) {
-    std::string list;
-    for (const char* a : allowed) {
-      if (value == a) return;
-      list += std::string(list.empty() ? "" : " | ") + a;
-    }
-    Error(key, "expected one of " + list + ", got \"" + value + "\"");
-  }
-
- private:
-  template <typename T>
-  static std::string Show(T v) {
-    if constexpr (std::is_floating_point_v<T>) {
-      json j = v;
-      return j.dump();
-    } else {
-      return std::to_string(v);
-    }
-  }
-  std::string path_;
-  const json* node_ = nullptr;
-  std::set<std::string> known_;
-  std::vector<std::string>& errors_;
-};
+using spec::Section;
 
 const std::set<std::string> kTargetModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                               "gate_proj", "up_proj", "down_proj"};
@@ -175,138 +70,8 @@ StatusOr<TrainConfig> TrainConfigFromJson(const json& input, const std::string& 
   {
     Section root(*spec, "spec", errors);  // reports unknown top-level fields when it closes
     for (const auto& s : kForeignSections) root.Known(s);
-
-    {
-      Section model(*spec, "model", "spec", errors);
-      root.Known("model");
-      model.String("uri", c.model.uri);
-      model.String("preset", c.model.preset);
-      model.Seed("seed", c.model.init_seed);
-      if (c.model.uri.empty() == c.model.preset.empty())
-        model.Error("", "set exactly one of uri (an HF-layout directory) or preset (" +
-                            std::string("tiny | small | 1b | 7b)"));
-      if (!c.model.preset.empty()) {
-        if (auto preset = PresetModelConfig(c.model.preset); !preset.ok())
-          model.Error("preset", preset.status().message());
-      }
-      if (!c.model.uri.empty()) {
-        auto path = LocalPathFromUri(c.model.uri, base_dir, "spec.model.uri");
-        if (!path.ok())
-          errors.push_back(path.status().message());
-        else
-          c.model.uri = *path;
-      }
-    }
-    {
-      Section dataset(*spec, "dataset", "spec", errors);
-      root.Known("dataset");
-      if (!dataset.present()) dataset.Error("", "missing (need at least dataset.uri)");
-      dataset.String("uri", c.dataset.uri);
-      dataset.String("format", c.dataset.format);
-      dataset.Int("maxSeqLen", c.dataset.max_seq_len);
-      if (dataset.present() && c.dataset.uri.empty()) dataset.Error("uri", "missing");
-      if (!c.dataset.uri.empty()) {
-        auto path = LocalPathFromUri(c.dataset.uri, base_dir, "spec.dataset.uri");
-        if (!path.ok())
-          errors.push_back(path.status().message());
-        else
-          c.dataset.uri = *path;
-      }
-      // alpaca and messages need the BPE tokenizer and chat templates (the data issue).
-      dataset.OneOf("format", c.dataset.format, {"text"});
-      dataset.AtLeast<int64_t>("maxSeqLen", c.dataset.max_seq_len, 2);
-    }
-    {
-      Section lora(*spec, "lora", "spec", errors);
-      root.Known("lora");
-      lora.Int("rank", c.lora.rank);
-      lora.Number("alpha", c.lora.alpha);
-      lora.Number("dropout", c.lora.dropout);
-      if (const json* targets = lora.Field("targetModules")) {
-        if (!targets->is_array() || targets->empty()) {
-          lora.Error("targetModules", "expected a non-empty list of module names");
-        } else {
-          c.lora.target_modules.clear();
-          for (size_t i = 0; i < targets->size(); ++i) {
-            const json& t = (*targets)[i];
-            const std::string field = "targetModules[" + std::to_string(i) + "]";
-            if (!t.is_string()) {
-              lora.Error(field, "expected a string");
-            } else if (!kTargetModules.count(t.get<std::string>())) {
-              lora.Error(field, "unknown module \"" + t.get<std::string>() +
-                                    "\" (expected q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                                    "up_proj or down_proj)");
-            } else if (std::find(c.lora.target_modules.begin(), c.lora.target_modules.end(),
-                                 t.get<std::string>()) != c.lora.target_modules.end()) {
-              lora.Error(field, "duplicate module \"" + t.get<std::string>() + "\"");
-            } else {
-              c.lora.target_modules.push_back(t.get<std::string>());
-            }
-          }
-        }
-      }
-      lora.AtLeast<int64_t>("rank", c.lora.rank, 1);
-      if (!(c.lora.alpha > 0)) lora.Error("alpha", "must be > 0");
-      if (!(c.lora.dropout >= 0 && c.lora.dropout < 1)) lora.Error("dropout", "must be in [0, 1)");
-    }
-    {
-      auto& o = c.optimization;
-      Section opt(*spec, "optimization", "spec", errors);
-      root.Known("optimization");
-      int64_t stage = o.zero_stage;
-      opt.Int("zeroStage", stage);
-      o.zero_stage = static_cast<int>(stage);
-      opt.String("offloadOptimizer", o.offload_optimizer);
-      opt.String("precision", o.precision);
-      opt.Int("globalBatchSize", o.global_batch_size);
-      opt.Int("microBatchSize", o.micro_batch_size);
-      opt.Number("learningRate", o.learning_rate);
-      opt.Number("minLRRatio", o.min_lr_ratio);
-      opt.Number("weightDecay", o.weight_decay);
-      opt.Number("beta1", o.beta1);
-      opt.Number("beta2", o.beta2);
-      opt.Number("eps", o.eps);
-      opt.Number("gradClip", o.grad_clip);
-      opt.Int("maxSteps", o.max_steps);
-      opt.Seed("seed", o.seed);
-      if (stage < 0 || stage > 3)
-        opt.Error("zeroStage", "must be 0, 1, 2 or 3, got " + std::to_string(stage));
-      opt.OneOf("offloadOptimizer", o.offload_optimizer, {"none", "cpu"});
-      opt.OneOf("precision", o.precision, {"bf16", "fp16", "fp32"});
-      opt.AtLeast<int64_t>("globalBatchSize", o.global_batch_size, 1);
-      opt.AtLeast<int64_t>("microBatchSize", o.micro_batch_size, 1);
-      opt.AtLeast<int64_t>("maxSteps", o.max_steps, 1);
-      if (!(o.learning_rate > 0)) opt.Error("learningRate", "must be > 0");
-      if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1))
-        opt.Error("minLRRatio", "must be in [0, 1]");
-      if (!(o.weight_decay >= 0)) opt.Error("weightDecay", "must be >= 0");
-      if (!(o.beta1 >= 0 && o.beta1 < 1)) opt.Error("beta1", "must be in [0, 1)");
-      if (!(o.beta2 >= 0 && o.beta2 < 1)) opt.Error("beta2", "must be in [0, 1)");
-      if (!(o.eps > 0)) opt.Error("eps", "must be > 0");
-      if (!(o.grad_clip >= 0)) opt.Error("gradClip", "must be >= 0 (0 disables clipping)");
-      if (o.global_batch_size >= 1 && o.micro_batch_size >= 1 &&
-          o.global_batch_size % o.micro_batch_size != 0)
-        opt.Error("globalBatchSize", "must be a multiple of microBatchSize (" +
-                                         std::to_string(o.micro_batch_size) + ")");
-      {
-        static const json kEmpty = json::object();
-        Section warmup(opt.node() ? *opt.node() : kEmpty, "warmup", opt.path(), errors);
-        opt.Known("warmup");
-        warmup.Int("steps", o.warmup.steps);
-        warmup.Bool("adaptive", o.warmup.adaptive);
-        warmup.Int("window", o.warmup.window);
-        warmup.Number("cvThreshold", o.warmup.cv_threshold);
-        if (const json* extra = warmup.Field("maxExtraSteps")) {
-          if (extra->is_number_integer() && extra->get<int64_t>() >= 0)
-            o.warmup.max_extra_steps = extra->get<int64_t>();
-          else
-            warmup.Error("maxExtraSteps", "expected an integer >= 0, got " + extra->dump());
-        }
-        warmup.AtLeast<int64_t>("steps", o.warmup.steps, 0);
-        warmup.AtLeast<int64_t>("window", o.warmup.window, 2);
-        if (!(o.warmup.cv_threshold > 0)) warmup.Error("cvThreshold", "must be > 0");
-      }
-    }
+    for (const char* s : {"model", "dataset", "lora", "optimization"}) root.Known(s);
+    ReadEngineSections(*spec, base_dir, c, errors);
   }
   if (!errors.empty()) {
     std::string message = "invalid config (" + std::to_string(errors.size()) + " problem" +
@@ -315,6 +80,137 @@ StatusOr<TrainConfig> TrainConfigFromJson(const json& input, const std::string& 
     return InvalidArgument(message);
   }
   return c;
+}
+
+void ReadEngineSections(const json& spec_json, const std::string& base_dir, TrainConfig& c,
+                        std::vector<std::string>& errors) {
+  const json* spec = &spec_json;
+  {
+    Section model(*spec, "model", "spec", errors);
+    model.String("uri", c.model.uri);
+    model.String("preset", c.model.preset);
+    model.Seed("seed", c.model.init_seed);
+    if (c.model.uri.empty() == c.model.preset.empty())
+      model.Error("", "set exactly one of uri (an HF-layout directory) or preset (" +
+                          std::string("tiny | small | 1b | 7b)"));
+    if (!c.model.preset.empty()) {
+      if (auto preset = PresetModelConfig(c.model.preset); !preset.ok())
+        model.Error("preset", preset.status().message());
+    }
+    if (!c.model.uri.empty()) {
+      auto path = LocalPathFromUri(c.model.uri, base_dir, "spec.model.uri");
+      if (!path.ok())
+        errors.push_back(path.status().message());
+      else
+        c.model.uri = *path;
+    }
+  }
+  {
+    Section dataset(*spec, "dataset", "spec", errors);
+    if (!dataset.present()) dataset.Error("", "missing (need at least dataset.uri)");
+    dataset.String("uri", c.dataset.uri);
+    dataset.String("format", c.dataset.format);
+    dataset.Int("maxSeqLen", c.dataset.max_seq_len);
+    if (dataset.present() && c.dataset.uri.empty()) dataset.Error("uri", "missing");
+    if (!c.dataset.uri.empty()) {
+      auto path = LocalPathFromUri(c.dataset.uri, base_dir, "spec.dataset.uri");
+      if (!path.ok())
+        errors.push_back(path.status().message());
+      else
+        c.dataset.uri = *path;
+    }
+    // alpaca and messages need the BPE tokenizer and chat templates (the data issue).
+    dataset.OneOf("format", c.dataset.format, {"text"});
+    dataset.AtLeast<int64_t>("maxSeqLen", c.dataset.max_seq_len, 2);
+  }
+  {
+    Section lora(*spec, "lora", "spec", errors);
+    lora.Int("rank", c.lora.rank);
+    lora.Number("alpha", c.lora.alpha);
+    lora.Number("dropout", c.lora.dropout);
+    if (const json* targets = lora.Field("targetModules")) {
+      if (!targets->is_array() || targets->empty()) {
+        lora.Error("targetModules", "expected a non-empty list of module names");
+      } else {
+        c.lora.target_modules.clear();
+        for (size_t i = 0; i < targets->size(); ++i) {
+          const json& t = (*targets)[i];
+          const std::string field = "targetModules[" + std::to_string(i) + "]";
+          if (!t.is_string()) {
+            lora.Error(field, "expected a string");
+          } else if (!kTargetModules.count(t.get<std::string>())) {
+            lora.Error(field, "unknown module \"" + t.get<std::string>() +
+                                  "\" (expected q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                                  "up_proj or down_proj)");
+          } else if (std::find(c.lora.target_modules.begin(), c.lora.target_modules.end(),
+                               t.get<std::string>()) != c.lora.target_modules.end()) {
+            lora.Error(field, "duplicate module \"" + t.get<std::string>() + "\"");
+          } else {
+            c.lora.target_modules.push_back(t.get<std::string>());
+          }
+        }
+      }
+    }
+    lora.AtLeast<int64_t>("rank", c.lora.rank, 1);
+    if (!(c.lora.alpha > 0)) lora.Error("alpha", "must be > 0");
+    if (!(c.lora.dropout >= 0 && c.lora.dropout < 1)) lora.Error("dropout", "must be in [0, 1)");
+  }
+  {
+    auto& o = c.optimization;
+    Section opt(*spec, "optimization", "spec", errors);
+    int64_t stage = o.zero_stage;
+    opt.Int("zeroStage", stage);
+    o.zero_stage = static_cast<int>(stage);
+    opt.String("offloadOptimizer", o.offload_optimizer);
+    opt.String("precision", o.precision);
+    opt.Int("globalBatchSize", o.global_batch_size);
+    opt.Int("microBatchSize", o.micro_batch_size);
+    opt.Number("learningRate", o.learning_rate);
+    opt.Number("minLRRatio", o.min_lr_ratio);
+    opt.Number("weightDecay", o.weight_decay);
+    opt.Number("beta1", o.beta1);
+    opt.Number("beta2", o.beta2);
+    opt.Number("eps", o.eps);
+    opt.Number("gradClip", o.grad_clip);
+    opt.Int("maxSteps", o.max_steps);
+    opt.Seed("seed", o.seed);
+    if (stage < 0 || stage > 3)
+      opt.Error("zeroStage", "must be 0, 1, 2 or 3, got " + std::to_string(stage));
+    opt.OneOf("offloadOptimizer", o.offload_optimizer, {"none", "cpu"});
+    opt.OneOf("precision", o.precision, {"bf16", "fp16", "fp32"});
+    opt.AtLeast<int64_t>("globalBatchSize", o.global_batch_size, 1);
+    opt.AtLeast<int64_t>("microBatchSize", o.micro_batch_size, 1);
+    opt.AtLeast<int64_t>("maxSteps", o.max_steps, 1);
+    if (!(o.learning_rate > 0)) opt.Error("learningRate", "must be > 0");
+    if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) opt.Error("minLRRatio", "must be in [0, 1]");
+    if (!(o.weight_decay >= 0)) opt.Error("weightDecay", "must be >= 0");
+    if (!(o.beta1 >= 0 && o.beta1 < 1)) opt.Error("beta1", "must be in [0, 1)");
+    if (!(o.beta2 >= 0 && o.beta2 < 1)) opt.Error("beta2", "must be in [0, 1)");
+    if (!(o.eps > 0)) opt.Error("eps", "must be > 0");
+    if (!(o.grad_clip >= 0)) opt.Error("gradClip", "must be >= 0 (0 disables clipping)");
+    if (o.global_batch_size >= 1 && o.micro_batch_size >= 1 &&
+        o.global_batch_size % o.micro_batch_size != 0)
+      opt.Error("globalBatchSize", "must be a multiple of microBatchSize (" +
+                                       std::to_string(o.micro_batch_size) + ")");
+    {
+      static const json kEmpty = json::object();
+      Section warmup(opt.node() ? *opt.node() : kEmpty, "warmup", opt.path(), errors);
+      opt.Known("warmup");
+      warmup.Int("steps", o.warmup.steps);
+      warmup.Bool("adaptive", o.warmup.adaptive);
+      warmup.Int("window", o.warmup.window);
+      warmup.Number("cvThreshold", o.warmup.cv_threshold);
+      if (const json* extra = warmup.Field("maxExtraSteps")) {
+        if (extra->is_number_integer() && extra->get<int64_t>() >= 0)
+          o.warmup.max_extra_steps = extra->get<int64_t>();
+        else
+          warmup.Error("maxExtraSteps", "expected an integer >= 0, got " + extra->dump());
+      }
+      warmup.AtLeast<int64_t>("steps", o.warmup.steps, 0);
+      warmup.AtLeast<int64_t>("window", o.warmup.window, 2);
+      if (!(o.warmup.cv_threshold > 0)) warmup.Error("cvThreshold", "must be > 0");
+    }
+  }
 }
 
 }  // namespace tidal::engine

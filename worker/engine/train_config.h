@@ -80,6 +80,12 @@ struct TrainConfig {
 // dataset/model paths are resolved against `base_dir`.
 StatusOr<TrainConfig> TrainConfigFromJson(const nlohmann::json& json, const std::string& base_dir);
 
+// The engine's sections (model, dataset, lora, optimization) of a bare spec object read into
+// `config`, every problem appended to `errors` with its field path. Top-level keys are not
+// checked here: the caller knows which other sections its spec has.
+void ReadEngineSections(const nlohmann::json& spec, const std::string& base_dir,
+                        TrainConfig& config, std::vector<std::string>& errors);
+
 // Resolves "file:///x" and plain paths to a local path; other schemes are refused with a
 // message naming `field`.
 StatusOr<std::string> LocalPathFromUri(const std::string& uri, const std::string& base_dir,

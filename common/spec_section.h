@@ -1,0 +1,125 @@
+// common/spec_section.h — reads one object of a resource spec into typed values, collecting
+// every problem with its field path ("spec.lora.rank: must be >= 1, got 0") and refusing
+// unknown keys (a typo such as `learningrate` must not silently fall back to a default). Used
+// by the engine's and the operator's spec parsing.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tidal::spec {
+
+inline std::string TypeName(const nlohmann::json& j) {
+  return j.is_null() ? "null" : j.type_name();
+}
+
+class Section {
+ public:
+  Section(const nlohmann::json& parent, const std::string& key, const std::string& path,
+          std::vector<std::string>& errors)
+      : path_(path + "." + key), errors_(errors) {
+    if (!parent.contains(key) || parent[key].is_null()) return;
+    if (!parent[key].is_object()) {
+      Error("", "expected an object, got " + TypeName(parent[key]));
+      return;
+    }
+    node_ = &parent[key];
+  }
+  Section(const nlohmann::json& node, const std::string& path, std::vector<std::string>& errors)
+      : path_(path), node_(&node), errors_(errors) {}
+  ~Section() {
+    if (!node_) return;
+    for (const auto& [key, value] : node_->items())
+      if (!known_.count(key)) Error(key, "unknown field");
+  }
+  bool present() const { return node_ != nullptr; }
+  const nlohmann::json* node() const { return node_; }
+  const std::string& path() const { return path_; }
+  void Known(const std::string& key) { known_.insert(key); }
+
+  void Error(const std::string& key, const std::string& what) {
+    errors_.push_back((key.empty() ? path_ : path_ + "." + key) + ": " + what);
+  }
+
+  const nlohmann::json* Field(const std::string& key) {
+    known_.insert(key);
+    if (!node_ || !node_->contains(key) || (*node_)[key].is_null()) return nullptr;
+    return &(*node_)[key];
+  }
+  void String(const std::string& key, std::string& out) {
+    if (const nlohmann::json* v = Field(key)) {
+      if (v->is_string())
+        out = v->get<std::string>();
+      else
+        Error(key, "expected a string, got " + TypeName(*v));
+    }
+  }
+  void Int(const std::string& key, int64_t& out) {
+    if (const nlohmann::json* v = Field(key)) {
+      if (v->is_number_integer())
+        out = v->get<int64_t>();
+      else
+        Error(key, "expected an integer, got " + v->dump());
+    }
+  }
+  void Number(const std::string& key, double& out) {
+    if (const nlohmann::json* v = Field(key)) {
+      if (v->is_number())
+        out = v->get<double>();
+      else
+        Error(key, "expected a number, got " + v->dump());
+    }
+  }
+  void Bool(const std::string& key, bool& out) {
+    if (const nlohmann::json* v = Field(key)) {
+      if (v->is_boolean())
+        out = v->get<bool>();
+      else
+        Error(key, "expected true or false, got " + v->dump());
+    }
+  }
+  void Seed(const std::string& key, uint64_t& out) {
+    int64_t value = static_cast<int64_t>(out);
+    Int(key, value);
+    if (value < 0)
+      Error(key, "must be >= 0, got " + std::to_string(value));
+    else
+      out = static_cast<uint64_t>(value);
+  }
+  template <typename T>
+  void AtLeast(const std::string& key, T value, T min) {
+    if (value < min) Error(key, "must be >= " + Show(min) + ", got " + Show(value));
+  }
+  void OneOf(const std::string& key, const std::string& value,
+             std::initializer_list<const char*> allowed) {
+    std::string list;
+    for (const char* a : allowed) {
+      if (value == a) return;
+      list += std::string(list.empty() ? "" : " | ") + a;
+    }
+    Error(key, "expected one of " + list + ", got \"" + value + "\"");
+  }
+
+ private:
+  template <typename T>
+  static std::string Show(T v) {
+    if constexpr (std::is_floating_point_v<T>) {
+      nlohmann::json j = v;
+      return j.dump();
+    } else {
+      return std::to_string(v);
+    }
+  }
+  std::string path_;
+  const nlohmann::json* node_ = nullptr;
+  std::set<std::string> known_;
+  std::vector<std::string>& errors_;
+};
+
+}  // namespace tidal::spec

@@ -1,0 +1,241 @@
+// operator/api/training_job.cc
+#include "operator/api/training_job.h"
+
+#include <date/tz.h>
+
+#include <regex>
+#include <set>
+
+#include "common/spec_section.h"
+
+namespace tidal::api {
+namespace {
+
+using nlohmann::json;
+using spec::Section;
+
+// RFC 1123 subdomain, as Kubernetes names Secrets.
+bool ValidSecretName(const std::string& name) {
+  static const std::regex kName(
+      "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$");
+  return name.size() <= 253 && std::regex_match(name, kName);
+}
+
+// RFC 1123 label, as the CRD requires of window names.
+bool ValidLabel(const std::string& name) {
+  static const std::regex kLabel("^[a-z0-9]([-a-z0-9]*[a-z0-9])?$");
+  return name.size() <= 63 && std::regex_match(name, kLabel);
+}
+
+// A checkpoint store URI: file:///abs, or s3://bucket[/prefix] with a valid bucket name.
+std::string CheckStoreUri(const std::string& uri) {
+  if (uri.rfind("file:///", 0) == 0) return "";
+  if (uri.rfind("s3://", 0) == 0) {
+    const std::string rest = uri.substr(5);
+    const std::string bucket = rest.substr(0, rest.find('/'));
+    static const std::regex kBucket("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$");
+    if (!std::regex_match(bucket, kBucket))
+      return "bucket \"" + bucket + "\" is not a valid S3 bucket name (3-63 of a-z 0-9 . -)";
+    return "";
+  }
+  return "expected file:///absolute/dir or s3://bucket/prefix, got \"" + uri + "\"";
+}
+
+void ReadElastic(const json& spec, ElasticSpec& e, std::vector<std::string>& errors) {
+  Section s(spec, "elastic", "spec", errors);
+  s.Int("minGPUs", e.min_gpus);
+  s.Int("maxGPUs", e.max_gpus);
+  s.Int("gpusPerPod", e.gpus_per_pod);
+  s.String("timeZone", e.time_zone);
+  s.Bool("requireIdleCapacity", e.require_idle_capacity);
+  s.Int("cooldownSeconds", e.cooldown_seconds);
+  s.Int("scaleUpTimeoutSeconds", e.scale_up_timeout_seconds);
+  s.AtLeast<int64_t>("minGPUs", e.min_gpus, 1);
+  s.AtLeast<int64_t>("maxGPUs", e.max_gpus, 1);
+  s.AtLeast<int64_t>("gpusPerPod", e.gpus_per_pod, 1);
+  s.AtLeast<int64_t>("cooldownSeconds", e.cooldown_seconds, 0);
+  s.AtLeast<int64_t>("scaleUpTimeoutSeconds", e.scale_up_timeout_seconds, 1);
+  try {
+    (void)date::locate_zone(e.time_zone);
+  } catch (const std::exception&) {
+    s.Error("timeZone", "unknown IANA time zone \"" + e.time_zone + "\" (e.g. Asia/Shanghai, UTC)");
+  }
+  if (const json* windows = s.Field("schedule")) {
+    if (!windows->is_array()) {
+      s.Error("schedule", "expected a list of windows");
+      return;
+    }
+    std::set<std::string> names;
+    for (size_t i = 0; i < windows->size(); ++i) {
+      const std::string path = s.path() + ".schedule[" + std::to_string(i) + "]";
+      Section w((*windows)[i], path, errors);
+      if (!(*windows)[i].is_object()) {
+        errors.push_back(path + ": expected an object with name, start, end and gpus");
+        continue;
+      }
+      ScheduleWindow window;
+      w.String("name", window.name);
+      w.String("start", window.start);
+      w.String("end", window.end);
+      w.Int("gpus", window.gpus);
+      if (!ValidLabel(window.name))
+        w.Error("name", "expected a lowercase RFC 1123 label, got \"" + window.name + "\"");
+      else if (!names.insert(window.name).second)
+        w.Error("name", "duplicate window \"" + window.name + "\"");
+      for (auto [key, text, cron] : {std::tuple{"start", &window.start, &window.start_cron},
+                                     std::tuple{"end", &window.end, &window.end_cron}}) {
+        auto parsed = ParseCron(*text);
+        if (!parsed.ok())
+          w.Error(key, "cron \"" + *text + "\": " + parsed.status().message());
+        else
+          *cron = *parsed;
+      }
+      w.AtLeast<int64_t>("gpus", window.gpus, 1);
+      e.schedule.push_back(std::move(window));
+    }
+  }
+}
+
+void ReadCheckpoint(const json& spec, CheckpointSpec& c, std::vector<std::string>& errors) {
+  Section s(spec, "checkpoint", "spec", errors);
+  s.String("uri", c.uri);
+  s.String("credentialsSecret", c.credentials_secret);
+  s.Int("fullEverySteps", c.full_every_steps);
+  s.Int("snapshotEverySteps", c.snapshot_every_steps);
+  s.Int("keep", c.keep);
+  if (!c.uri.empty())
+    if (std::string why = CheckStoreUri(c.uri); !why.empty()) s.Error("uri", why);
+  if (!c.credentials_secret.empty() && !ValidSecretName(c.credentials_secret))
+    s.Error("credentialsSecret",
+            "\"" + c.credentials_secret + "\" is not a valid Secret name (RFC 1123 subdomain)");
+  s.AtLeast<int64_t>("fullEverySteps", c.full_every_steps, 0);
+  s.AtLeast<int64_t>("snapshotEverySteps", c.snapshot_every_steps, 0);
+  s.AtLeast<int64_t>("keep", c.keep, 1);
+}
+
+void ReadAnomaly(const json& spec, std::optional<AnomalySpec>& out,
+                 std::vector<std::string>& errors) {
+  Section s(spec, "anomaly", "spec", errors);
+  if (!s.present()) return;
+  AnomalySpec a;
+  s.Number("lossRisePercent", a.loss_rise_percent);
+  s.Int("consecutiveSteps", a.consecutive_steps);
+  s.Number("minGPUUtilPercent", a.min_gpu_util_percent);
+  s.String("action", a.action);
+  if (!(a.loss_rise_percent > 0)) s.Error("lossRisePercent", "must be > 0");
+  s.AtLeast<int64_t>("consecutiveSteps", a.consecutive_steps, 1);
+  if (!(a.min_gpu_util_percent >= 0 && a.min_gpu_util_percent <= 100))
+    s.Error("minGPUUtilPercent", "must be in [0, 100]");
+  s.OneOf("action", a.action, {"Pause", "Alert"});
+  out = a;
+}
+
+void ReadWorker(const json& spec, WorkerSpec& w, std::vector<std::string>& errors) {
+  Section s(spec, "worker", "spec", errors);
+  s.String("image", w.image);
+  s.String("imagePullPolicy", w.image_pull_policy);
+  if (!w.image_pull_policy.empty())
+    s.OneOf("imagePullPolicy", w.image_pull_policy, {"Always", "IfNotPresent", "Never"});
+  if (w.image.empty()) s.Error("image", "must not be empty");
+  auto take = [&](const char* key, json& out, bool object) {
+    if (const json* v = s.Field(key)) {
+      if (object ? v->is_object() : v->is_array())
+        out = *v;
+      else
+        s.Error(key, object ? "expected an object" : "expected a list");
+    }
+  };
+  take("resources", w.resources, true);
+  take("nodeSelector", w.node_selector, true);
+  take("tolerations", w.tolerations, false);
+  take("env", w.env, false);
+}
+
+// The CRD's CEL rules, and the same for the manual count.
+void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
+  const ElasticSpec& e = j.elastic;
+  const auto& o = j.train.optimization;
+  if (e.min_gpus < 1 || e.max_gpus < 1 || e.gpus_per_pod < 1 || o.micro_batch_size < 1) return;
+  if (e.min_gpus > e.max_gpus)
+    errors.push_back("spec.elastic: minGPUs (" + std::to_string(e.min_gpus) +
+                     ") must not exceed maxGPUs (" + std::to_string(e.max_gpus) + ")");
+  for (auto [key, n] : {std::pair{"minGPUs", e.min_gpus}, std::pair{"maxGPUs", e.max_gpus}}) {
+    if (n % e.gpus_per_pod != 0)
+      errors.push_back("spec.elastic." + std::string(key) + ": " + std::to_string(n) +
+                       " is not a multiple of gpusPerPod (" + std::to_string(e.gpus_per_pod) + ")");
+    if (o.global_batch_size % (o.micro_batch_size * n) != 0)
+      errors.push_back("spec.optimization.globalBatchSize: " + std::to_string(o.global_batch_size) +
+                       " is not divisible by microBatchSize × " + key + " = " +
+                       std::to_string(o.micro_batch_size * n));
+  }
+  auto check_count = [&](const std::string& field, int64_t n) {
+    if (n < e.min_gpus || n > e.max_gpus)
+      errors.push_back(field + ": " + std::to_string(n) +
+                       " GPUs is outside [minGPUs, maxGPUs] = [" + std::to_string(e.min_gpus) +
+                       ", " + std::to_string(e.max_gpus) + "]");
+    else if (n % e.gpus_per_pod != 0)
+      errors.push_back(field + ": " + std::to_string(n) + " is not a multiple of gpusPerPod (" +
+                       std::to_string(e.gpus_per_pod) + ")");
+    else if (o.global_batch_size % (o.micro_batch_size * n) != 0)
+      errors.push_back(field + ": at " + std::to_string(n) + " GPUs globalBatchSize " +
+                       std::to_string(o.global_batch_size) +
+                       " does not split into whole micro-batches of " +
+                       std::to_string(o.micro_batch_size) + " per rank");
+  };
+  for (size_t i = 0; i < e.schedule.size(); ++i)
+    if (e.schedule[i].gpus >= 1)
+      check_count("spec.elastic.schedule[" + std::to_string(i) + "].gpus", e.schedule[i].gpus);
+  if (j.replicas) check_count("spec.replicas", *j.replicas);
+}
+
+}  // namespace
+
+std::vector<int64_t> TrainingJobSpec::AllowedGpuCounts() const {
+  std::vector<int64_t> out;
+  const auto& o = train.optimization;
+  for (int64_t n = elastic.min_gpus; n <= elastic.max_gpus; ++n)
+    if (n % elastic.gpus_per_pod == 0 && o.micro_batch_size > 0 &&
+        o.global_batch_size % (o.micro_batch_size * n) == 0)
+      out.push_back(n);
+  return out;
+}
+
+StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const json& spec) {
+  if (!spec.is_object()) return InvalidArgument("spec: expected an object");
+  std::vector<std::string> errors;
+  TrainingJobSpec j;
+  {
+    Section root(spec, "spec", errors);
+    for (const char* key : {"model", "dataset", "lora", "optimization", "elastic", "checkpoint",
+                            "anomaly", "restartPolicy", "worker"})
+      root.Known(key);
+    engine::ReadEngineSections(spec, "", j.train, errors);
+    ReadElastic(spec, j.elastic, errors);
+    ReadCheckpoint(spec, j.checkpoint, errors);
+    ReadAnomaly(spec, j.anomaly, errors);
+    {
+      Section r(spec, "restartPolicy", "spec", errors);
+      r.Int("maxRestarts", j.restart_policy.max_restarts);
+      r.Int("backoffSeconds", j.restart_policy.backoff_seconds);
+      r.AtLeast<int64_t>("maxRestarts", j.restart_policy.max_restarts, 0);
+      r.AtLeast<int64_t>("backoffSeconds", j.restart_policy.backoff_seconds, 0);
+    }
+    ReadWorker(spec, j.worker, errors);
+    root.Bool("suspend", j.suspend);
+    if (const json* replicas = root.Field("replicas")) {
+      if (replicas->is_number_integer() && replicas->get<int64_t>() >= 1)
+        j.replicas = replicas->get<int64_t>();
+      else
+        root.Error("replicas", "expected an integer >= 1, got " + replicas->dump());
+    }
+  }
+  CheckSizes(j, errors);
+  if (!errors.empty()) {
+    std::string message;
+    for (const std::string& e : errors) message += (message.empty() ? "" : "\n") + e;
+    return InvalidArgument(message);
+  }
+  return j;
+}
+
+}  // namespace tidal::api

@@ -1,0 +1,83 @@
+// operator/api/training_job.h — the TrainingJob spec (DESIGN.md §2) as the operator reads it:
+// typed, defaulted exactly as crds/tidal.dev_trainingjobs.yaml defaults it, and validated
+// against everything the CRD's schema and CEL rules say and more (the time zone exists, cron
+// expressions parse, URIs and Secret names are well formed). Every violation is reported with
+// its field path, so a bad spec gets one InvalidSpec condition that lists them all. No I/O
+// besides the time zone database.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "operator/api/cron.h"
+#include "worker/engine/train_config.h"
+
+namespace tidal::api {
+
+struct ScheduleWindow {
+  std::string name;
+  std::string start, end;  // cron expressions in the job's time zone
+  CronExpr start_cron, end_cron;
+  int64_t gpus = 0;
+};
+
+struct ElasticSpec {
+  int64_t min_gpus = 1, max_gpus = 1, gpus_per_pod = 1;
+  std::string time_zone = "UTC";
+  bool require_idle_capacity = true;
+  int64_t cooldown_seconds = 300;
+  int64_t scale_up_timeout_seconds = 600;
+  std::vector<ScheduleWindow> schedule;
+};
+
+struct CheckpointSpec {
+  std::string uri;  // "" = a volume of the job's own
+  std::string credentials_secret;
+  int64_t full_every_steps = 500, snapshot_every_steps = 100, keep = 3;
+};
+
+struct AnomalySpec {
+  double loss_rise_percent = 15;
+  int64_t consecutive_steps = 3;
+  double min_gpu_util_percent = 40;
+  std::string action = "Alert";  // Pause | Alert
+};
+
+struct RestartPolicy {
+  int64_t max_restarts = 10, backoff_seconds = 10;
+};
+
+struct WorkerSpec {
+  std::string image = "tidal-worker:latest";
+  std::string image_pull_policy;
+  nlohmann::json resources = nlohmann::json::object();
+  nlohmann::json node_selector = nlohmann::json::object();
+  nlohmann::json tolerations = nlohmann::json::array();
+  nlohmann::json env = nlohmann::json::array();
+};
+
+struct TrainingJobSpec {
+  engine::TrainConfig train;  // model, dataset, lora, optimization
+  ElasticSpec elastic;
+  CheckpointSpec checkpoint;
+  std::optional<AnomalySpec> anomaly;  // absent: no anomaly rule
+  RestartPolicy restart_policy;
+  bool suspend = false;
+  WorkerSpec worker;
+  std::optional<int64_t> replicas;  // manual GPU count (scale subresource)
+
+  // The GPU counts the job can run at: multiples of gpusPerPod in [minGPUs, maxGPUs] at which
+  // the global batch splits into whole micro-batches per rank.
+  std::vector<int64_t> AllowedGpuCounts() const;
+};
+
+// `spec` is a TrainingJob's .spec. On failure the InvalidArgument lists every violation, one
+// per line, "spec.<path>: <what is wrong>".
+StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const nlohmann::json& spec);
+
+}  // namespace tidal::api

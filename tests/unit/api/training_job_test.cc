@@ -1,0 +1,134 @@
+// The operator's view of a TrainingJob spec: defaults as the CRD gives them, the CRD's CEL
+// rules and the checks beyond them (time zone, cron, URIs, Secret names), each violation named
+// by its field path and all of them reported together; and the cron expressions themselves.
+#include "operator/api/training_job.h"
+
+#include <gtest/gtest.h>
+
+#include "common/yaml_json.h"
+
+namespace tidal::api {
+namespace {
+
+using nlohmann::json;
+
+json Example() {
+  auto job = ReadYamlFile(std::string(TIDAL_SOURCE_DIR) + "/examples/training-job.yaml");
+  EXPECT_TRUE(job.ok()) << job.status().message();
+  return (*job)["spec"];
+}
+
+TEST(TrainingJobSpecTest, TheExampleParsesWithItsWindowAndDefaults) {
+  auto spec = ParseTrainingJobSpec(Example());
+  ASSERT_TRUE(spec.ok()) << spec.status().message();
+  EXPECT_EQ(spec->elastic.min_gpus, 2);
+  EXPECT_EQ(spec->elastic.max_gpus, 4);
+  EXPECT_EQ(spec->elastic.time_zone, "Asia/Shanghai");
+  ASSERT_EQ(spec->elastic.schedule.size(), 1u);
+  EXPECT_TRUE(spec->elastic.schedule[0].start_cron.Matches(0, 22, 5, 3, 2));
+  EXPECT_FALSE(spec->elastic.schedule[0].start_cron.Matches(1, 22, 5, 3, 2));
+  EXPECT_EQ(spec->elastic.cooldown_seconds, 300);
+  EXPECT_EQ(spec->checkpoint.full_every_steps, 50);
+  EXPECT_EQ(spec->checkpoint.keep, 3);
+  EXPECT_EQ(spec->restart_policy.max_restarts, 10);
+  EXPECT_FALSE(spec->anomaly.has_value());
+  EXPECT_FALSE(spec->replicas.has_value());
+  EXPECT_EQ(spec->AllowedGpuCounts(), (std::vector<int64_t>{2, 4}));  // 3 does not split 8 by 2
+}
+
+// Each kind of bad spec, alone, is refused with a message naming its field.
+TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
+  struct Case {
+    const char* pointer;
+    json value;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"/elastic/minGPUs", 8, "spec.elastic: minGPUs (8) must not exceed maxGPUs (4)"},
+      {"/elastic/gpusPerPod", 4, "spec.elastic.minGPUs: 2 is not a multiple of gpusPerPod (4)"},
+      {"/optimization/globalBatchSize", 12,
+       "spec.optimization.globalBatchSize: 12 is not divisible by microBatchSize × maxGPUs = 8"},
+      {"/elastic/schedule/0/gpus", 3,
+       "spec.elastic.schedule[0].gpus: at 3 GPUs globalBatchSize 8 does not split"},
+      {"/elastic/schedule/0/gpus", 6, "spec.elastic.schedule[0].gpus: 6 GPUs is outside"},
+      {"/elastic/timeZone", "Mars/Olympus", "spec.elastic.timeZone: unknown IANA time zone"},
+      {"/elastic/schedule/0/start", "0 25 * * *",
+       "spec.elastic.schedule[0].start: cron \"0 25 * * *\": hour \"25\": expected 0-23"},
+      {"/elastic/schedule/0/end", "0 8 * *",
+       "spec.elastic.schedule[0].end: cron \"0 8 * *\": expected 5 fields"},
+      {"/elastic/schedule/0/name", "Night", "spec.elastic.schedule[0].name: expected a lowercase"},
+      {"/checkpoint/uri", "ftp://host/ckpt", "spec.checkpoint.uri: expected file:///absolute/dir"},
+      {"/checkpoint/uri", "s3://A_Bucket/x", "spec.checkpoint.uri: bucket \"A_Bucket\""},
+      {"/checkpoint/credentialsSecret", "Bad_Secret", "spec.checkpoint.credentialsSecret"},
+      {"/replicas", 3, "spec.replicas: at 3 GPUs"},
+      {"/anomaly", json{{"action", "Panic"}}, "spec.anomaly.action: expected one of Pause | Alert"},
+      {"/restartPolicy/maxRestarts", -1, "spec.restartPolicy.maxRestarts: must be >= 0"},
+      {"/worker/imagePullPolicy", "Sometimes", "spec.worker.imagePullPolicy: expected one of"},
+      {"/optimization/zeroStage", 5, "spec.optimization.zeroStage: must be 0, 1, 2 or 3"},
+      {"/lora/targetModules", json({"qkv"}), "spec.lora.targetModules[0]: unknown module"},
+      {"/elastic/minGPUz", 2, "spec.elastic.minGPUz: unknown field"},
+      {"/priority", 2, "spec.priority: unknown field"},
+  };
+  for (const Case& c : cases) {
+    json spec = Example();
+    spec[json::json_pointer(c.pointer)] = c.value;
+    auto parsed = ParseTrainingJobSpec(spec);
+    ASSERT_FALSE(parsed.ok()) << c.pointer;
+    EXPECT_EQ(parsed.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(parsed.status().message().find(c.expect), std::string::npos)
+        << c.pointer << " → " << parsed.status().message();
+  }
+}
+
+TEST(TrainingJobSpecTest, EveryViolationIsReportedTogether) {
+  json spec = Example();
+  spec["elastic"]["timeZone"] = "Nowhere/City";
+  spec["checkpoint"]["keep"] = 0;
+  spec["lora"]["rank"] = 0;
+  auto parsed = ParseTrainingJobSpec(spec);
+  ASSERT_FALSE(parsed.ok());
+  const std::string& m = parsed.status().message();
+  EXPECT_NE(m.find("spec.elastic.timeZone"), std::string::npos) << m;
+  EXPECT_NE(m.find("spec.checkpoint.keep"), std::string::npos) << m;
+  EXPECT_NE(m.find("spec.lora.rank"), std::string::npos) << m;
+}
+
+TEST(CronTest, FieldsListsRangesStepsAndNames) {
+  auto c = ParseCron("*/15 9-17 * jan,JUL mon-fri");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_TRUE(c->Matches(45, 9, 14, 1, 1));
+  EXPECT_FALSE(c->Matches(50, 9, 14, 1, 1));                    // minute
+  EXPECT_FALSE(c->Matches(0, 18, 14, 1, 1));                    // hour
+  EXPECT_FALSE(c->Matches(0, 9, 14, 2, 1));                     // month
+  EXPECT_FALSE(c->Matches(0, 9, 14, 7, 0));                     // Sunday
+  EXPECT_TRUE(ParseCron("0 0 * * 7")->Matches(0, 0, 1, 1, 0));  // 7 is Sunday
+  EXPECT_TRUE(ParseCron("5/20 * * * *")->Matches(45, 3, 1, 1, 3));
+  EXPECT_FALSE(ParseCron("5/20 * * * *")->Matches(0, 3, 1, 1, 3));
+  // Both day fields restricted: either matches (Vixie cron).
+  auto either = ParseCron("0 0 1 * mon");
+  EXPECT_TRUE(either->Matches(0, 0, 1, 6, 4));
+  EXPECT_TRUE(either->Matches(0, 0, 9, 6, 1));
+  EXPECT_FALSE(either->Matches(0, 0, 9, 6, 2));
+}
+
+TEST(CronTest, BadExpressionsNameTheField) {
+  const std::vector<std::pair<const char*, const char*>> cases = {
+      {"60 * * * *", "minute \"60\": expected 0-59"},
+      {"* * 0 * *", "day \"0\": expected 1-31"},
+      {"* * * 13 *", "month \"13\": expected 1-12 or a name"},
+      {"* * * * funday", "weekday \"funday\": expected 0-7 or a name"},
+      {"*/0 * * * *", "minute \"*/0\": expected a positive step"},
+      {"5-1 * * * *", "minute \"5-1\": range runs backwards"},
+      {"* * * *", "expected 5 fields"},
+      {"@daily", "expected 5 fields"},
+  };
+  for (const auto& [text, expect] : cases) {
+    auto parsed = ParseCron(text);
+    ASSERT_FALSE(parsed.ok()) << text;
+    EXPECT_NE(parsed.status().message().find(expect), std::string::npos)
+        << text << " → " << parsed.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace tidal::api
