@@ -1,0 +1,121 @@
+// operator/planner/planner.cc
+#include "operator/planner/planner.h"
+
+#include <date/tz.h>
+
+#include <algorithm>
+
+namespace tidal::planner {
+namespace {
+
+using std::chrono::minutes;
+
+bool DayMatches(const api::CronExpr& c, unsigned day, unsigned weekday) {
+  if (c.days_restricted && c.weekdays_restricted) return c.days[day] || c.weekdays[weekday];
+  return c.days[day] && c.weekdays[weekday];
+}
+
+}  // namespace
+
+std::optional<Clock::time_point> LastOccurrence(const api::CronExpr& cron, const std::string& tz,
+                                                Clock::time_point now) {
+  const date::time_zone* zone = date::locate_zone(tz);  // validated with the spec
+  const auto now_minute = date::floor<minutes>(now);
+  date::local_time<minutes> t = date::floor<minutes>(zone->to_local(now_minute));
+  const date::local_time<minutes> limit = t - date::days(400);
+  while (t >= limit) {
+    const auto day = date::floor<date::days>(t);
+    const date::year_month_day ymd{day};
+    const unsigned month = static_cast<unsigned>(ymd.month());
+    if (!cron.months[month]) {  // to the last minute of the previous month
+      t = date::local_days(ymd.year() / ymd.month() / 1) - minutes(1);
+      continue;
+    }
+    if (!DayMatches(cron, static_cast<unsigned>(ymd.day()), date::weekday(day).c_encoding())) {
+      t = day - minutes(1);
+      continue;
+    }
+    const auto since_midnight = t - day;
+    const int hour = static_cast<int>(since_midnight.count() / 60);
+    const int minute = static_cast<int>(since_midnight.count() % 60);
+    if (!cron.hours[hour]) {
+      t = day + std::chrono::hours(hour) - minutes(1);
+      continue;
+    }
+    if (!cron.minutes[minute]) {
+      t -= minutes(1);
+      continue;
+    }
+    // A matching wall-clock minute: the instant it denotes.
+    const date::local_info info = zone->get_info(date::local_seconds(t));
+    Clock::time_point at;
+    if (info.result == date::local_info::nonexistent)
+      at = info.second.begin;  // in a spring-forward gap: when the gap ends
+    else                       // unique, or the first of a repeated hour
+      at = date::sys_seconds(t.time_since_epoch() - info.first.offset);
+    if (at <= now) return at;
+    t -= minutes(1);
+  }
+  return std::nullopt;
+}
+
+bool WindowOpen(const api::ScheduleWindow& window, const std::string& tz, Clock::time_point now) {
+  const auto start = LastOccurrence(window.start_cron, tz, now);
+  if (!start) return false;
+  const auto end = LastOccurrence(window.end_cron, tz, now);
+  return !end || *start > *end;
+}
+
+Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
+                     const Capacity& capacity, Clock::time_point now) {
+  const api::ElasticSpec& e = spec.elastic;
+  Decision d;
+  int64_t target = e.min_gpus;
+  bool manual = false;
+  if (spec.replicas) {
+    target = *spec.replicas;
+    manual = true;
+    d.reason = "manual override (spec.replicas " + std::to_string(*spec.replicas) + ")";
+  } else {
+    const api::ScheduleWindow* best = nullptr;
+    for (const api::ScheduleWindow& w : e.schedule)
+      if (WindowOpen(w, e.time_zone, now) && (!best || w.gpus > best->gpus)) best = &w;
+    if (best) {
+      target = best->gpus;
+      d.reason = "schedule window " + best->name;
+    } else {
+      d.reason = e.schedule.empty() ? "minGPUs (no schedule)" : "minGPUs (outside every window)";
+    }
+  }
+  target = std::clamp(target, e.min_gpus, e.max_gpus);
+
+  int64_t gated = target;
+  if (e.require_idle_capacity && target > state.current_gpus) {
+    const int64_t reachable = state.current_gpus + std::max<int64_t>(capacity.idle_gpus, 0);
+    if (reachable < target) {
+      gated = reachable;
+      d.reason += "; capacity: " + std::to_string(capacity.idle_gpus) + " idle GPUs, " +
+                  std::to_string(target) + " wanted";
+    }
+  }
+  // The largest count the job can run at, at or below `gated` (never below minGPUs).
+  d.desired = e.min_gpus;
+  for (int64_t n : spec.AllowedGpuCounts())
+    if (n <= gated) d.desired = std::max(d.desired, n);
+  if (d.desired != gated && gated >= e.min_gpus && gated == target)
+    d.reason += "; " + std::to_string(target) + " rounded down to " + std::to_string(d.desired) +
+                " (gpusPerPod and the global batch)";
+
+  if (!manual && state.current_gpus > 0 && d.desired != state.current_gpus && state.last_change) {
+    const auto since = std::chrono::duration_cast<std::chrono::seconds>(now - *state.last_change);
+    if (since.count() < e.cooldown_seconds) {
+      d.reason = "cooldown: " + std::to_string(d.desired) + " wanted (" + d.reason +
+                 "), last change " + std::to_string(since.count()) + "s ago, cooldownSeconds " +
+                 std::to_string(e.cooldown_seconds);
+      d.desired = state.current_gpus;
+    }
+  }
+  return d;
+}
+
+}  // namespace tidal::planner

@@ -1,0 +1,52 @@
+// operator/planner/planner.h — how many GPUs a TrainingJob should run on (DESIGN.md §3), as
+// pure functions of the spec, the cluster's free capacity and an injected clock:
+//
+//   target  = spec.replicas (manual override) ?: the largest gpus of the schedule windows open
+//             now in the job's time zone ?: elastic.minGPUs
+//   gated   = with requireIdleCapacity, no more than the GPUs the job holds plus the idle
+//             allocatable GPUs of the nodes it may use (never below what it holds)
+//   desired = the largest allowed count (a multiple of gpusPerPod that splits the global batch)
+//             at or below gated, clamped to [minGPUs, maxGPUs]
+//   hold    = inside elastic.cooldownSeconds of the last membership change, keep the current
+//             count (failures excepted: recovery does not wait for the cooldown)
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "operator/api/training_job.h"
+
+namespace tidal::planner {
+
+using Clock = std::chrono::system_clock;
+
+// Whether `window` is open at `now` in time zone `tz`: its last start at or before `now` is
+// later than its last end. A start or end that falls in a daylight-saving gap happens when the
+// gap ends; one in a repeated hour, at its first occurrence. Windows with no start in the
+// past 400 days are closed.
+bool WindowOpen(const api::ScheduleWindow& window, const std::string& tz, Clock::time_point now);
+
+// The last instant at or before `now` whose local wall-clock minute in `tz` matches `cron`.
+std::optional<Clock::time_point> LastOccurrence(const api::CronExpr& cron, const std::string& tz,
+                                                Clock::time_point now);
+
+struct Capacity {
+  int64_t idle_gpus = 0;  // allocatable nvidia.com/gpu on eligible nodes minus other pods' requests
+};
+
+struct Decision {
+  int64_t desired = 0;
+  std::string reason;  // for status.gpus.reason: which rule set the count
+};
+
+struct JobState {
+  int64_t current_gpus = 0;                      // what the job holds now
+  std::optional<Clock::time_point> last_change;  // of the membership
+};
+
+Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
+                     const Capacity& capacity, Clock::time_point now);
+
+}  // namespace tidal::planner
