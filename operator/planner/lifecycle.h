@@ -1,0 +1,62 @@
+// operator/planner/lifecycle.h — the TrainingJob's phase machine (DESIGN.md §2 status.phase,
+// §4 protocol): which event may move a job from which phase to which. The controller asks
+// before acting, so an event in the wrong phase (a rescale while recovering, a resume of a job
+// that is not suspended) is refused with both named instead of half-done.
+//
+//   Pending    --WorkersReady-->      Running
+//   Running    --RescaleStarted-->    Scaling     (new pods ready, checkpoint barrier next)
+//   Scaling    --RescaleDone-->       Running     (new generation resumed)
+//   Scaling    --RescaleAbandoned-->  Running     (pods stayed Pending; training never stopped)
+//   Pending|Running|Scaling|Recovering --WorkerFailed--> Recovering (restart counted)
+//   Recovering --Recovered-->         Running
+//   *active*   --RestartsExhausted--> Failed
+//   Running    --AnomalyPause-->      Paused      (checkpointed first)
+//   Paused     --Unpause-->           Running
+//   *active*|Paused --Suspend-->      Suspended   (checkpointed, pods removed)
+//   Suspended  --Unsuspend-->         Pending     (resumes from that checkpoint)
+//   Running|Scaling --Finished-->     Succeeded
+// An invalid spec is not an event: the phase stays and the InvalidSpec condition is set.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tidal::planner {
+
+enum class Phase {
+  kPending,
+  kRunning,
+  kScaling,
+  kRecovering,
+  kPaused,
+  kSuspended,
+  kSucceeded,
+  kFailed
+};
+enum class Event {
+  kWorkersReady,
+  kRescaleStarted,
+  kRescaleDone,
+  kRescaleAbandoned,
+  kWorkerFailed,
+  kRecovered,
+  kRestartsExhausted,
+  kAnomalyPause,
+  kUnpause,
+  kSuspend,
+  kUnsuspend,
+  kFinished,
+};
+
+const char* PhaseName(Phase phase);  // as in status.phase: "Running"
+const char* EventName(Event event);
+std::vector<Phase> AllPhases();
+std::vector<Event> AllEvents();
+
+// The phase `event` leads to from `from`, or FailedPrecondition "event X is not allowed in
+// phase Y".
+StatusOr<Phase> Transition(Phase from, Event event);
+
+}  // namespace tidal::planner
