@@ -100,7 +100,7 @@ class Model(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, std=0.02)
 
-    def forward(self, tokens, targets):
+    def logits(self, tokens):
         t = tokens.shape[1]
         d = self.c["hidden"] // self.c["heads"]
         inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
@@ -110,7 +110,10 @@ class Model(nn.Module):
         x = self.embed_tokens(tokens)
         for layer in self.layers:
             x = layer(x, emb.cos(), emb.sin(), mask)
-        logits = F.linear(self.norm(x), self.embed_tokens.weight)
+        return F.linear(self.norm(x), self.embed_tokens.weight)
+
+    def forward(self, tokens, targets):
+        logits = self.logits(tokens)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 

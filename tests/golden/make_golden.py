@@ -65,15 +65,7 @@ def main(out):
 
     tokens = torch.randint(0, c["vocab"], (2, 17))
     with torch.no_grad():
-        t = tokens.shape[1]
-        d = c["hidden"] // c["heads"]
-        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
-        emb = torch.cat([torch.outer(torch.arange(t).float(), inv_freq)] * 2, dim=-1)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        x = model.embed_tokens(tokens)
-        for layer in model.layers:
-            x = layer(x, emb.cos(), emb.sin(), mask)
-        logits = torch.nn.functional.linear(model.norm(x), model.embed_tokens.weight)
+        logits = model.logits(tokens)
     write_safetensors(os.path.join(out, "golden.safetensors"), {"tokens": tokens, "logits": logits})
 
 

@@ -184,7 +184,8 @@ TEST_F(TrainResumeTest, AnUnwritableStoreFailsTheSaveClearlyAndLeavesLatestAlone
 // step-20 manifest exists, and step 15 still reads back whole (tidal-export verifies every
 // chunk of its adapter).
 TEST_F(TrainResumeTest, AFullDiskFailsTheSaveWithItsErrorAndLeavesTheLastCheckpointWhole) {
-  if (RunProcess({"/usr/bin/unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"}, 30s).exit_code != 0)
+  if (RunProcess({"/usr/bin/unshare", "-rm", "sh", "-c", "mount -t tmpfs tmpfs /mnt"}, 30s)
+          .exit_code != 0)
     GTEST_SKIP() << "no private mount namespace here (unshare -rm): cannot make a small disk";
   std::string source = CopyWithStep15("source");
   std::ofstream(source + "/latest") << "step-00000015\n";

@@ -17,7 +17,6 @@ import struct
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "bench"))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "golden"))
@@ -104,15 +103,7 @@ def main(base_dir, adapter_dir, tokens_path, out_path):
     tokens = read_safetensors(tokens_path)["tokens"]
     model.eval()
     with torch.no_grad():
-        t = tokens.shape[1]
-        d = c["hidden"] // c["heads"]
-        inv_freq = 1.0 / (10000.0 ** (torch.arange(0, d, 2).float() / d))
-        emb = torch.cat([torch.outer(torch.arange(t).float(), inv_freq)] * 2, dim=-1)
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
-        x = model.embed_tokens(tokens)
-        for layer in model.layers:
-            x = layer(x, emb.cos(), emb.sin(), mask)
-        logits = F.linear(model.norm(x), model.embed_tokens.weight)
+        logits = model.logits(tokens)
     write_safetensors(out_path, {"logits": logits})
     print(json.dumps({"wrapped_modules": len(wrapped), "r": r, "lora_alpha": alpha}))
 
