@@ -231,7 +231,10 @@ Status Repository::ReadTensorsInto(const Manifest& manifest, const std::vector<T
       if (i > request.first) {  // bytes between two stretches are read and dropped
         const Stretch& prev = stretches[i - 1];
         const uint64_t gap = s.file_offset() - (prev.file_offset() + (prev.end - prev.begin));
-        if (gap > 0) spans.push_back({gap_buffer.data(), gap});
+        if (gap > 0) {
+          if (gap_buffer.size() < gap) gap_buffer.resize(kMaxGap);  // only once a gap occurs
+          spans.push_back({gap_buffer.data(), gap});
+        }
       }
       char* to = s.direct ? s.direct : scratch.data() + used;
       if (!s.direct) used += s.end - s.begin;
@@ -256,7 +259,7 @@ Status Repository::ReadTensorsInto(const Manifest& manifest, const std::vector<T
   std::mutex mu;
   Status first_error;
   auto work = [&] {
-    std::string scratch, gap_buffer(kMaxGap, '\0');
+    std::string scratch, gap_buffer;
     for (size_t i = next++; i < requests.size(); i = next++) {
       Status s = run(requests[i], scratch, gap_buffer);
       if (s.ok()) continue;
