@@ -1,5 +1,5 @@
 // common/strings.h — small string helpers shared by the HTTP layer, the S3 signer and the
-// local API server. Header-only, no dependencies.
+// local API server, and the engine's error messages. Header-only, no dependencies.
 #pragma once
 
 #include <algorithm>
@@ -8,6 +8,11 @@
 #include <string_view>
 
 namespace tidal {
+
+// The first line of `text`: LibTorch's exception messages carry a C++ backtrace after it.
+inline std::string FirstLine(std::string_view text) {
+  return std::string(text.substr(0, text.find('\n')));
+}
 
 // ASCII lowercase (header names, kinds): bytes outside A–Z are kept as they are.
 inline std::string AsciiLower(std::string_view s) {

@@ -1,12 +1,20 @@
 // operator/main.cc — the `tidal` command. Subcommands:
-//   tidal local [--data DIR] [--port P] [--nodes K] [--gpus N] [--image I=EXE]   the local cluster
-// (the operator itself arrives with its issue).
+//   tidal local [--data DIR] [--port P] [--nodes K] [--gpus N] [--image I=EXE] [--no-operator]
+//       the local cluster, running the operator (and installing the CRD) unless --no-operator
+//   tidal operator [--kubeconfig PATH] [--namespace NS] [--default-checkpoint-root URI]
+//                  [--no-leader-elect] [--install-crd]
+//       the operator against any cluster (in a pod: the in-cluster config)
 #include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include <filesystem>
+
 #include "common/log.h"
+#ifdef TIDAL_WITH_OPERATOR  // gRPC found: the operator is built (a GPU host may lack it)
+#include "operator/controller/manager.h"
+#endif
 #include "operator/local/cluster.h"
 
 namespace {
@@ -24,7 +32,14 @@ int Usage(const char* why) {
                "  --nodes K    process-kubelet nodes (default 1)\n"
                "  --gpus N     allocatable nvidia.com/gpu per node (default 8)\n"
                "  --image IMAGE=EXECUTABLE  run pods of IMAGE as EXECUTABLE (IMAGE=host: the\n"
-               "               container command from the host PATH); repeatable\n");
+               "               container command from the host PATH); repeatable\n"
+               "  --no-operator  serve the cluster only (tests that run their own operator)\n"
+               "       tidal operator [--kubeconfig PATH] [--namespace NS] [--no-leader-elect]\n"
+               "                      [--default-checkpoint-root URI] [--install-crd]\n"
+               "  --kubeconfig PATH  default: $KUBECONFIG, ~/.kube/config, else in-cluster\n"
+               "  --namespace NS     watch one namespace (default: all)\n"
+               "  --default-checkpoint-root URI  checkpoints of jobs whose spec names no store\n"
+               "                     go to URI/<namespace>/<job>\n");
   return 2;
 }
 
@@ -38,8 +53,13 @@ bool ParseInt(const char* text, int& out) {
 
 int RunLocal(int argc, char** argv) {
   tidal::local::ClusterOptions options;
+  bool run_operator = true;
   for (int i = 0; i < argc; ++i) {
     std::string flag = argv[i];
+    if (flag == "--no-operator") {
+      run_operator = false;
+      continue;
+    }
     if (i + 1 >= argc) return Usage(("missing value for " + flag).c_str());
     const char* value = argv[++i];
     if (flag == "--data") {
@@ -81,12 +101,93 @@ int RunLocal(int argc, char** argv) {
   tidal::Logger::Get().Log(
       "info", "tidal local is serving",
       {{"port", (*cluster)->port()}, {"kubeconfig", (*cluster)->kubeconfig_path()}});
+#ifdef TIDAL_WITH_OPERATOR
+  std::unique_ptr<tidal::controller::Manager> manager;
+  if (run_operator) {
+    auto connection = tidal::kube::LoadKubeconfig((*cluster)->kubeconfig_path());
+    if (!connection.ok()) {
+      std::fprintf(stderr, "tidal local: %s\n", connection.status().message().c_str());
+      return 1;
+    }
+    tidal::controller::ManagerOptions m;
+    m.connection = *connection;
+    m.install_crd = true;
+    m.lease_namespace = "kube-system";
+    m.controller.default_checkpoint_root =
+        "file://" + std::filesystem::absolute(options.data_dir).string() + "/checkpoints";
+    auto started = tidal::controller::Manager::Start(std::move(m));
+    if (!started.ok()) {
+      std::fprintf(stderr, "tidal local: the operator: %s\n", started.status().message().c_str());
+      return 1;
+    }
+    manager = std::move(*started);
+  }
+#else
+  if (run_operator)
+    tidal::Logger::Get().Log("warn", "built without gRPC: tidal local runs no operator", {});
+#endif
   std::printf("export KUBECONFIG=%s\n", (*cluster)->kubeconfig_path().c_str());
   std::fflush(stdout);
   while (!g_stop) pause();
   tidal::Logger::Get().Log("info", "tidal local is stopping", {});
+#ifdef TIDAL_WITH_OPERATOR
+  if (manager) manager->Stop();
+#endif
   (*cluster)->Stop();
   return 0;
+}
+
+int RunOperator(int argc, char** argv) {
+#ifndef TIDAL_WITH_OPERATOR
+  (void)argc;
+  (void)argv;
+  std::fprintf(stderr, "tidal operator: this build has no gRPC, so no operator\n");
+  return 1;
+#else
+  tidal::controller::ManagerOptions m;
+  std::string kubeconfig;
+  for (int i = 0; i < argc; ++i) {
+    std::string flag = argv[i];
+    if (flag == "--no-leader-elect") {
+      m.leader_elect = false;
+      continue;
+    }
+    if (flag == "--install-crd") {
+      m.install_crd = true;
+      continue;
+    }
+    if (i + 1 >= argc) return Usage(("missing value for " + flag).c_str());
+    const char* value = argv[++i];
+    if (flag == "--kubeconfig") {
+      kubeconfig = value;
+    } else if (flag == "--namespace") {
+      m.controller.namespace_ = value;
+    } else if (flag == "--default-checkpoint-root") {
+      m.controller.default_checkpoint_root = value;
+    } else if (flag == "--lease-namespace") {
+      m.lease_namespace = value;
+    } else {
+      return Usage(("unknown flag " + flag).c_str());
+    }
+  }
+  auto connection = kubeconfig.empty() ? tidal::kube::DefaultConnection()
+                                       : tidal::kube::LoadKubeconfig(kubeconfig);
+  if (!connection.ok()) {
+    std::fprintf(stderr, "tidal operator: %s\n", connection.status().message().c_str());
+    return 2;
+  }
+  m.connection = *connection;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  auto manager = tidal::controller::Manager::Start(std::move(m));
+  if (!manager.ok()) {
+    std::fprintf(stderr, "tidal operator: %s\n", manager.status().message().c_str());
+    return 1;
+  }
+  while (!g_stop) pause();
+  (*manager)->Stop();
+  return 0;
+#endif
 }
 
 }  // namespace
@@ -95,6 +196,7 @@ int main(int argc, char** argv) {
   if (argc < 2) return Usage(nullptr);
   std::string command = argv[1];
   if (command == "local") return RunLocal(argc - 2, argv + 2);
+  if (command == "operator") return RunOperator(argc - 2, argv + 2);
   if (command == "--help" || command == "-h" || command == "help") return Usage(nullptr) & 0;
   return Usage(("unknown command " + command).c_str());
 }

@@ -167,6 +167,7 @@ StatusOr<ImageTable> DefaultImages(const std::vector<std::string>& extra) {
         auto path = dir / exe;
         if (!std::filesystem::exists(path)) continue;
         images.Set(std::string("ghcr.io/tidal-dev/") + exe, path.string());
+        images.Set(exe, path.string());  // the CRD's default worker image, tidal-worker:latest
         break;
       }
     }

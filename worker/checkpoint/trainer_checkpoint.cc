@@ -353,7 +353,7 @@ class CheckpointHooks : public engine::TrainingHooks {
     else if (policy_.snapshot_every > 0 && step % policy_.snapshot_every == 0)
       kind = CheckpointKind::kSnapshot;
     if (!kind) return OkStatus();
-    if (!policy_.async) return SaveCheckpoint(trainer, *repo_, *kind, policy_.keep);
+    if (!policy_.async) return Save(trainer, *kind).status();
     if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
     auto job = std::make_unique<InFlight>();
     auto capture = CaptureForSave(trainer, *kind);
@@ -376,7 +376,7 @@ class CheckpointHooks : public engine::TrainingHooks {
     if (!repo_) return OkStatus();
     if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
     if (!policy_.save_final) return OkStatus();
-    TIDAL_RETURN_IF_ERROR(SaveCheckpoint(trainer, *repo_, CheckpointKind::kFull, policy_.keep));
+    TIDAL_RETURN_IF_ERROR(Save(trainer, CheckpointKind::kFull).status());
     if (!policy_.export_final || trainer.comm().rank() != 0) return OkStatus();
     // DESIGN.md §5: the final adapter in PEFT's layout, next to the checkpoints.
     auto exported = ExportPeftAdapter(*repo_, trainer.step(), *store_, kFinalExportPrefix);
@@ -388,7 +388,26 @@ class CheckpointHooks : public engine::TrainingHooks {
     return OkStatus();
   }
 
+  StatusOr<std::string> CheckpointNow(Trainer& trainer) override {
+    if (!repo_) return FailedPrecondition("no checkpoint URI to save into");
+    if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
+    if (last_full_ == trainer.step())  // the save just committed is this very step
+      return repo_->store().uri() + "/" + StepDirectory(trainer.step());
+    return Save(trainer, CheckpointKind::kFull);
+  }
+
  private:
+  StatusOr<std::string> Save(Trainer& trainer, CheckpointKind kind) {
+    TIDAL_ASSIGN_OR_RETURN(std::string uri, SaveCheckpoint(trainer, *repo_, kind, policy_.keep));
+    Committed(trainer.step(), kind);
+    return uri;
+  }
+  void Committed(int64_t step, CheckpointKind kind) {
+    if (kind == CheckpointKind::kFull) last_full_ = step;
+    if (policy_.on_commit)
+      policy_.on_commit(step, kind, repo_->store().uri() + "/" + StepDirectory(step));
+  }
+
   struct InFlight {
     SaveCapture capture;
     StatusOr<BuiltShard> shard = Aborted("not written yet");
@@ -406,6 +425,7 @@ class CheckpointHooks : public engine::TrainingHooks {
     if (in_flight_->thread.joinable()) in_flight_->thread.join();
     std::unique_ptr<InFlight> job = std::move(in_flight_);
     Status committed = CommitSave(trainer, *repo_, job->capture, job->shard, policy_.keep);
+    if (committed.ok()) Committed(job->capture.step, job->capture.kind);
     if (committed.ok()) {
       Logger::Get().Log(
           "info", "checkpoint stall",
@@ -420,6 +440,7 @@ class CheckpointHooks : public engine::TrainingHooks {
   std::optional<Repository> repo_;
   std::unique_ptr<InFlight> in_flight_;
   double blocked_seconds_ = 0;  // in AfterStep since the last commit
+  int64_t last_full_ = -1;      // step of the newest full checkpoint this object committed
 };
 
 }  // namespace
@@ -435,12 +456,14 @@ std::string ConfigHash(const engine::TrainConfig& c) {
   return Xxh3Hex(identity.dump());
 }
 
-Status SaveCheckpoint(Trainer& trainer, Repository& repo, CheckpointKind kind, int keep) {
+StatusOr<std::string> SaveCheckpoint(Trainer& trainer, Repository& repo, CheckpointKind kind,
+                                     int keep) {
   auto capture = CaptureForSave(trainer, kind);
   StatusOr<BuiltShard> shard = capture.ok() ? WriteCapture(repo, *capture) : capture.status();
   SaveCapture failed;  // a rank that could not copy still takes part in the agreement
   failed.step = trainer.step();
-  return CommitSave(trainer, repo, capture.ok() ? *capture : failed, shard, keep);
+  TIDAL_RETURN_IF_ERROR(CommitSave(trainer, repo, capture.ok() ? *capture : failed, shard, keep));
+  return repo.store().uri() + "/" + StepDirectory(trainer.step());
 }
 
 StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo) {

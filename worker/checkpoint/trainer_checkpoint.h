@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,8 @@ struct CheckpointPolicy {
   bool save_final = true;  // a full checkpoint after the last step
   bool export_final = true;  // and its adapter in PEFT's layout under <uri>/final/
   bool async = true;         // write in the background, commit at a later step boundary
+  // Called on every rank after each commit, with the step, kind and directory URI.
+  std::function<void(int64_t step, CheckpointKind kind, const std::string& uri)> on_commit;
 };
 
 // What must match between the run that saved and the run that resumes (model, LoRA, data,
@@ -46,7 +49,9 @@ StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(CheckpointP
                                                                      const S3Options& s3 = {});
 
 // The collective operations themselves (used by the hooks; public for tests and tools).
-Status SaveCheckpoint(engine::Trainer& trainer, Repository& repo, CheckpointKind kind, int keep);
+// Returns the committed checkpoint's directory URI.
+StatusOr<std::string> SaveCheckpoint(engine::Trainer& trainer, Repository& repo,
+                                     CheckpointKind kind, int keep);
 // The step resumed from; NotFound (on every rank) when the store holds no usable checkpoint.
 StatusOr<int64_t> ResumeFromNewest(engine::Trainer& trainer, Repository& repo);
 

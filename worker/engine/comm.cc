@@ -1,6 +1,7 @@
 // worker/engine/comm.cc — c10d adapters. c10::Error thrown by a backend is turned into a
 // Status here, naming the collective.
 #include "worker/engine/comm.h"
+#include "common/strings.h"
 
 #include "worker/engine/torch_compat.h"
 
@@ -39,8 +40,7 @@ Status Guard(const char* what, int rank, Fn&& fn) {
   } catch (const std::exception& e) {
     // A peer that died closes its connections: gloo reports it here. Retrying the collective
     // cannot help; the job must re-form (a new generation), so the code is Unavailable.
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg = msg.substr(0, nl);
+    const std::string msg = FirstLine(e.what());
     return Unavailable(std::string(what) + " failed on rank " + std::to_string(rank) +
                        " (a peer rank probably exited): " + msg);
   }
@@ -136,6 +136,7 @@ StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
     return InvalidArgument("rank " + std::to_string(o.rank) + " is outside world size " +
                            std::to_string(o.world_size));
+  if (o.world_size == 1) return MakeSingleRankComm();
   try {
     c10d::TCPStoreOptions store_opts;
     store_opts.port = static_cast<uint16_t>(o.store_port);
@@ -161,23 +162,24 @@ StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o
     return std::unique_ptr<Comm>(
         std::make_unique<ProcessGroupComm>(store, pg, o.rank, o.world_size, o.use_cuda));
   } catch (const std::exception& e) {
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg = msg.substr(0, nl);
+    const std::string msg = FirstLine(e.what());
     return Unavailable("rank " + std::to_string(o.rank) + " could not join the process group at " +
                        o.store_host + ":" + std::to_string(o.store_port) + ": " + msg);
   }
 }
 
-StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host) {
+StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host, int port) {
+  if (port < 0 || port > 65535) return InvalidArgument("store port " + std::to_string(port));
   try {
     c10d::TCPStoreOptions opts;
-    opts.port = 0;  // the kernel picks a free port
+    opts.port = static_cast<uint16_t>(port);
     opts.isServer = true;
     opts.waitWorkers = false;
     auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
     return std::unique_ptr<StoreServer>(std::make_unique<TcpStoreServer>(store));
   } catch (const std::exception& e) {
-    return Unavailable("cannot start the rendezvous store on " + host + ": " + e.what());
+    return Unavailable("cannot start the rendezvous store on " + host + ":" + std::to_string(port) +
+                       ": " + e.what());
   }
 }
 

@@ -50,7 +50,8 @@ struct ProcessGroupOptions {
   bool use_cuda = false;  // NCCL instead of gloo
 };
 
-// Joins the process group; blocks until every rank has joined or the timeout passes.
+// Joins the process group; blocks until every rank has joined or the timeout passes. World
+// size 1 needs no group: the single-rank Comm, without a store.
 StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& options);
 
 }  // namespace tidal::engine

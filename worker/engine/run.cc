@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/strings.h"
 #include "worker/engine/safetensors.h"
 #include "worker/engine/torch_compat.h"
 #include "worker/engine/trainer.h"
@@ -42,19 +43,14 @@ Status WriteJson(const std::string& path, const nlohmann::json& json) {
 }
 
 Status Train(const TrainConfig& config, const RankLaunch& launch) {
-  std::unique_ptr<Comm> comm;
   const bool cuda = compat::CudaAvailable();
-  if (launch.world_size == 1) {
-    comm = MakeSingleRankComm();
-  } else {
-    ProcessGroupOptions options;
-    options.store_host = launch.store_host;
-    options.store_port = launch.store_port;
-    options.rank = launch.rank;
-    options.world_size = launch.world_size;
-    options.use_cuda = cuda;
-    TIDAL_ASSIGN_OR_RETURN(comm, ConnectProcessGroup(options));
-  }
+  ProcessGroupOptions group;
+  group.store_host = launch.store_host;
+  group.store_port = launch.store_port;
+  group.rank = launch.rank;
+  group.world_size = launch.world_size;
+  group.use_cuda = cuda;
+  TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectProcessGroup(group));
   TrainerOptions options;
   options.max_steps = launch.max_steps;
   if (cuda) options.device = torch::Device(torch::kCUDA, launch.rank % torch::cuda::device_count());
@@ -130,8 +126,7 @@ Status RunRank(const TrainConfig& config, const RankLaunch& launch) {
     return Train(config, launch);
   } catch (const std::exception& e) {
     // LibTorch reports shape and device mistakes by throwing; they end here as a Status.
-    std::string msg = e.what();
-    if (auto nl = msg.find('\n'); nl != std::string::npos) msg = msg.substr(0, nl);
+    const std::string msg = FirstLine(e.what());
     return Internal("rank " + std::to_string(launch.rank) + ": " + msg);
   }
 }

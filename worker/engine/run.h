@@ -25,6 +25,10 @@ class TrainingHooks {
   virtual Status AfterStep(Trainer& trainer) = 0;
   // After the last step, before the summary.
   virtual Status OnFinish(Trainer& trainer) = 0;
+  // A full checkpoint at this step boundary, committed before it returns (a save still in
+  // flight is committed first): the barrier of a rescale. Returns the committed step's
+  // directory URI.
+  virtual StatusOr<std::string> CheckpointNow(Trainer& trainer) = 0;
 };
 
 struct RankLaunch {

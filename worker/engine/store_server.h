@@ -12,7 +12,8 @@ namespace tidal::engine {
 
 class StoreServer {
  public:
-  static StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host);
+  // port 0: the kernel picks a free one.
+  static StatusOr<std::unique_ptr<StoreServer>> Start(const std::string& host, int port = 0);
   virtual ~StoreServer() = default;
   virtual int port() const = 0;
 };

@@ -16,21 +16,11 @@
 #include "worker/engine/lr_schedule.h"
 #include "worker/engine/model.h"
 #include "worker/engine/optimizer.h"
+#include "worker/engine/step_record.h"
 #include "worker/engine/train_config.h"
 #include "worker/engine/zero.h"
 
 namespace tidal::engine {
-
-struct StepRecord {
-  int64_t step = 0;  // 1-based optimizer step
-  double loss = 0;   // mean token loss over the global batch
-  double lr = 0;
-  double grad_norm = 0;  // before clipping
-  double tokens_per_s = 0;
-  double seconds = 0;
-  int world_size = 1;
-  bool skipped = false;  // fp16 overflow: the update was skipped and the loss scale lowered
-};
 
 struct TrainerOptions {
   std::optional<int64_t> max_steps;

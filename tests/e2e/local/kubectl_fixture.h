@@ -43,6 +43,7 @@ class KubectlTest : public ::testing::Test {
     std::string command = "exec \"$0\" \"$@\" 2>>" + (dir_ / "tidal-local.log").string();
     std::vector<std::string> argv = {
         "/bin/sh", "-c", command, TIDAL_BIN, "local", "--data", (dir_ / "data").string()};
+    if (!with_operator_) argv.push_back("--no-operator");  // these tests are about the cluster
     argv.insert(argv.end(), extra.begin(), extra.end());
     cluster_ = std::make_unique<Process>(argv);
     ASSERT_TRUE(cluster_->WaitForOutput(
@@ -93,6 +94,7 @@ class KubectlTest : public ::testing::Test {
   }
 
   fs::path dir_;
+  bool with_operator_ = false;  // set in the constructor of fixtures that test the operator
   std::unique_ptr<Process> cluster_;
 };
 

@@ -1,0 +1,186 @@
+// operator/controller/children.cc
+#include "operator/controller/children.h"
+
+#include <openssl/rand.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+
+#include "common/base64.h"
+
+namespace tidal::controller {
+namespace {
+
+using nlohmann::json;
+
+constexpr size_t kMaxLabelValue = 63;
+
+// FNV-1a: stable across processes and versions (std::hash is not).
+uint32_t Fnv1a(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return h;
+}
+
+json Metadata(const JobRef& job, const std::string& name) {
+  return {{"name", name},
+          {"namespace", job.namespace_},
+          {"labels", ChildLabels(job)},
+          {"ownerReferences", json::array({ControllerRef(job)})}};
+}
+
+}  // namespace
+
+std::string JobLabelValue(const std::string& job_name) {
+  if (job_name.size() <= kMaxLabelValue) return job_name;
+  char hash[9];
+  std::snprintf(hash, sizeof(hash), "%08x", Fnv1a(job_name));
+  std::string cut = job_name.substr(0, kMaxLabelValue - 9);
+  while (!cut.empty() && (cut.back() == '-' || cut.back() == '.')) cut.pop_back();
+  return cut + "-" + hash;
+}
+
+std::string ServiceName(const std::string& job_name) { return job_name + "-workers"; }
+std::string TokenSecretName(const std::string& job_name) { return job_name + "-token"; }
+std::string SpecConfigMapName(const std::string& job_name) { return job_name + "-spec"; }
+std::string WorkerPodName(const std::string& job_name, int slot) {
+  return job_name + "-worker-" + std::to_string(slot);
+}
+std::string PodGroupName(const std::string& job_name, int64_t generation) {
+  return JobLabelValue(job_name + "-g" + std::to_string(generation));
+}
+
+json ChildLabels(const JobRef& job) {
+  return {{kJobLabel, JobLabelValue(job.name)},
+          {"app.kubernetes.io/name", "tidal-worker"},
+          {"app.kubernetes.io/instance", JobLabelValue(job.name)},
+          {"app.kubernetes.io/managed-by", "tidal-operator"}};
+}
+
+json ControllerRef(const JobRef& job) {
+  return {{"apiVersion", "tidal.dev/v1alpha1"},
+          {"kind", "TrainingJob"},
+          {"name", job.name},
+          {"uid", job.uid},
+          {"controller", true},
+          {"blockOwnerDeletion", true}};
+}
+
+StatusOr<std::string> NewToken() {
+  unsigned char bytes[32];
+  if (RAND_bytes(bytes, sizeof(bytes)) != 1)
+    return Internal("the system's random source failed: cannot make a job token");
+  std::string token = Base64Encode(std::string(reinterpret_cast<char*>(bytes), sizeof(bytes)));
+  std::replace(token.begin(), token.end(), '+', '-');
+  std::replace(token.begin(), token.end(), '/', '_');
+  token.erase(std::remove(token.begin(), token.end(), '='), token.end());
+  return token;
+}
+
+json HeadlessService(const JobRef& job) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Service"},
+          {"metadata", Metadata(job, ServiceName(job.name))},
+          {"spec",
+           {{"clusterIP", "None"},
+            // Workers resolve each other (and the store) before they are Ready.
+            {"publishNotReadyAddresses", true},
+            {"selector", {{kJobLabel, JobLabelValue(job.name)}}},
+            {"ports",
+             json::array({{{"name", "control"}, {"port", kControlPort}, {"protocol", "TCP"}},
+                          {{"name", "store"}, {"port", kStorePort}, {"protocol", "TCP"}},
+                          {{"name", "metrics"}, {"port", kMetricsPort}, {"protocol", "TCP"}}})}}}};
+}
+
+json TokenSecret(const JobRef& job, const std::string& token) {
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"metadata", Metadata(job, TokenSecretName(job.name))},
+          {"type", "Opaque"},
+          {"data", {{kTokenKey, Base64Encode(token)}}}};
+}
+
+json SpecConfigMap(const JobRef& job, const json& spec) {
+  const json whole = {{"apiVersion", "tidal.dev/v1alpha1"},
+                      {"kind", "TrainingJob"},
+                      {"metadata", {{"name", job.name}, {"namespace", job.namespace_}}},
+                      {"spec", spec}};
+  return {{"apiVersion", "v1"},
+          {"kind", "ConfigMap"},
+          {"metadata", Metadata(job, SpecConfigMapName(job.name))},
+          {"data", {{kSpecKey, whole.dump()}}}};
+}
+
+json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
+               const WorkerPodOptions& options) {
+  json meta = Metadata(job, WorkerPodName(job.name, options.slot));
+  const std::string group = PodGroupName(job.name, options.generation);
+  meta["labels"][kSlotLabel] = std::to_string(options.slot);
+  meta["labels"][kKueuePodGroupLabel] = group;
+  meta["annotations"] = {{kCreatedForGenerationAnnotation, std::to_string(options.generation)},
+                         {kKueuePodGroupCountAnnotation, std::to_string(options.group_size)},
+                         {kVolcanoGroupAnnotation, group}};
+
+  json env = json::array(
+      {{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
+       {{"name", "TIDAL_SLOT"}, {"value", std::to_string(options.slot)}}});
+  if (spec.checkpoint.uri.empty() && !options.default_checkpoint_uri.empty())
+    env.push_back({{"name", "TIDAL_CHECKPOINT_URI"}, {"value", options.default_checkpoint_uri}});
+  json volumes = json::array(
+      {{{"name", "job"}, {"configMap", {{"name", SpecConfigMapName(job.name)}}}},
+       {{"name", "token"},
+        {"secret", {{"secretName", TokenSecretName(job.name)}, {"defaultMode", 0400}}}}});
+  json mounts =
+      json::array({{{"name", "job"}, {"mountPath", kSpecMountPath}, {"readOnly", true}},
+                   {{"name", "token"}, {"mountPath", kTokenMountPath}, {"readOnly", true}}});
+  if (!spec.checkpoint.credentials_secret.empty()) {
+    volumes.push_back(
+        {{"name", "s3"},
+         {"secret", {{"secretName", spec.checkpoint.credentials_secret}, {"defaultMode", 0400}}}});
+    mounts.push_back({{"name", "s3"}, {"mountPath", "/etc/tidal/s3"}, {"readOnly", true}});
+    env.push_back({{"name", "TIDAL_S3_SECRET_DIR"}, {"value", "/etc/tidal/s3"}});
+  }
+  for (const json& e : spec.worker.env) env.push_back(e);
+
+  // The user's resources, with nvidia.com/gpu set to gpusPerPod (it is the unit of scaling).
+  json resources = spec.worker.resources.is_object() ? spec.worker.resources : json::object();
+  const std::string gpus = std::to_string(spec.elastic.gpus_per_pod);
+  resources["limits"]["nvidia.com/gpu"] = gpus;
+  resources["requests"]["nvidia.com/gpu"] = gpus;
+
+  json container = {
+      {"name", "worker"},
+      {"image", spec.worker.image},
+      {"args",
+       {"--spec", std::string(kSpecMountPath) + "/" + kSpecKey, "--token-file",
+        std::string(kTokenMountPath) + "/" + kTokenKey, "--listen",
+        "$(POD_IP):" + std::to_string(kControlPort)}},
+      {"env", env},
+      {"ports", json::array({{{"name", "control"}, {"containerPort", kControlPort}},
+                             {{"name", "store"}, {"containerPort", kStorePort}},
+                             {{"name", "metrics"}, {"containerPort", kMetricsPort}}})},
+      {"readinessProbe",
+       {{"tcpSocket", {{"port", kControlPort}}}, {"periodSeconds", 2}, {"failureThreshold", 3}}},
+      {"resources", resources},
+      {"volumeMounts", mounts}};
+  if (!spec.worker.image_pull_policy.empty())
+    container["imagePullPolicy"] = spec.worker.image_pull_policy;
+
+  json pod_spec = {{"restartPolicy", "Never"},
+                   {"subdomain", ServiceName(job.name)},
+                   {"hostname", JobLabelValue(WorkerPodName(job.name, options.slot))},
+                   {"terminationGracePeriodSeconds", 120},
+                   {"containers", json::array({container})},
+                   {"volumes", volumes}};
+  if (spec.worker.node_selector.is_object() && !spec.worker.node_selector.empty())
+    pod_spec["nodeSelector"] = spec.worker.node_selector;
+  if (spec.worker.tolerations.is_array() && !spec.worker.tolerations.empty())
+    pod_spec["tolerations"] = spec.worker.tolerations;
+  return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", pod_spec}};
+}
+
+}  // namespace tidal::controller

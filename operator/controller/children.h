@@ -1,0 +1,78 @@
+// operator/controller/children.h — the objects a TrainingJob owns, built as the controller
+// wants them: the headless Service of its workers, the Secret holding the job token, the
+// ConfigMap holding the spec the workers read, and one Pod per worker slot. Pure functions of
+// the job (no I/O besides the token's randomness), so a reconcile that crashes half way and
+// runs again builds the same objects under the same names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "operator/api/training_job.h"
+
+namespace tidal::controller {
+
+inline constexpr const char* kJobLabel = "tidal.dev/job";
+inline constexpr const char* kSlotLabel = "tidal.dev/slot";
+// The generation (membership round) a pod was created for: the scale step it belongs to.
+inline constexpr const char* kCreatedForGenerationAnnotation = "tidal.dev/created-for-generation";
+// Gang scheduling: every pod of one scale step is one group, created together.
+inline constexpr const char* kKueuePodGroupLabel = "kueue.x-k8s.io/pod-group-name";
+inline constexpr const char* kKueuePodGroupCountAnnotation = "kueue.x-k8s.io/pod-group-total-count";
+inline constexpr const char* kVolcanoGroupAnnotation = "scheduling.k8s.io/group-name";
+
+inline constexpr int kControlPort = 50051;  // tidal.worker.v1
+inline constexpr int kStorePort = 29400;    // the generation's c10d TCPStore (rank 0)
+inline constexpr int kMetricsPort = 9090;
+
+inline constexpr const char* kSpecMountPath = "/etc/tidal/job";
+inline constexpr const char* kSpecKey = "trainingjob.json";
+inline constexpr const char* kTokenMountPath = "/etc/tidal/token";
+inline constexpr const char* kTokenKey = "token";
+
+// The TrainingJob a child belongs to.
+struct JobRef {
+  std::string name, namespace_, uid;
+};
+
+// Label values are at most 63 characters: longer job names are cut and suffixed with a hash.
+std::string JobLabelValue(const std::string& job_name);
+std::string ServiceName(const std::string& job_name);              // <job>-workers
+std::string TokenSecretName(const std::string& job_name);          // <job>-token
+std::string SpecConfigMapName(const std::string& job_name);        // <job>-spec
+std::string WorkerPodName(const std::string& job_name, int slot);  // <job>-worker-<slot>
+// The pod group of one scale step: <job>-g<generation>.
+std::string PodGroupName(const std::string& job_name, int64_t generation);
+
+// metadata.labels every child carries (the job label, app.kubernetes.io/*).
+nlohmann::json ChildLabels(const JobRef& job);
+// The controller ownerReference (cascading deletion, blockOwnerDeletion).
+nlohmann::json ControllerRef(const JobRef& job);
+
+// 32 random bytes, base64url without padding (43 characters).
+StatusOr<std::string> NewToken();
+
+nlohmann::json HeadlessService(const JobRef& job);
+nlohmann::json TokenSecret(const JobRef& job, const std::string& token);
+// The whole TrainingJob the workers read (name and spec), as JSON.
+nlohmann::json SpecConfigMap(const JobRef& job, const nlohmann::json& spec);
+
+struct WorkerPodOptions {
+  int slot = 0;
+  int64_t generation = 0;  // the scale step it is created for (gang group)
+  int group_size = 1;      // pods created together in that step
+  // Where checkpoints go when spec.checkpoint.uri is empty (the operator's default store).
+  std::string default_checkpoint_uri;
+};
+
+// One worker: tidal-worker with the spec and token mounted, its pod IP from the downward
+// API, the control port probed for readiness, gpusPerPod nvidia.com/gpu, the user's
+// resources/nodeSelector/tolerations/env, restartPolicy Never (the operator replaces
+// workers; a restarted process would rejoin nothing).
+nlohmann::json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
+                         const WorkerPodOptions& options);
+
+}  // namespace tidal::controller

@@ -1,0 +1,430 @@
+// operator/controller/controller.cc
+#include "operator/controller/controller.h"
+
+#include <future>
+
+#include "common/base64.h"
+#include "common/log.h"
+#include "operator/controller/children.h"
+#include "operator/kube/types.h"
+#include "tidal/worker/v1/worker.pb.h"
+#include "worker/control/client.h"
+
+namespace tidal::controller {
+namespace {
+
+using nlohmann::json;
+namespace pb = ::tidal::worker::v1;
+
+std::string Key(const std::string& ns, const std::string& name) { return ns + "/" + name; }
+
+std::string PhaseName(pb::Phase p) {
+  switch (p) {
+    case pb::WAITING:
+      return "Waiting";
+    case pb::JOINING:
+      return "Joining";
+    case pb::RUNNING:
+      return "Running";
+    case pb::CHECKPOINTING:
+      return "Checkpointing";
+    case pb::PAUSED:
+      return "Paused";
+    case pb::FAILED:
+      return "Failed";
+    case pb::SUCCEEDED:
+      return "Succeeded";
+    default:
+      return "Unknown";
+  }
+}
+
+WorkerReport ReportOf(const pb::WorkerStatus& s) {
+  WorkerReport r;
+  r.phase = PhaseName(s.phase());
+  r.generation = s.generation();
+  r.rank = s.rank();
+  r.world_size = s.world_size();
+  r.step = s.step();
+  r.loss = s.loss();
+  r.tokens_per_second = s.tokens_per_second();
+  if (s.has_last_checkpoint()) {
+    r.checkpoint_step = s.last_checkpoint().step();
+    r.checkpoint_kind = s.last_checkpoint().kind();
+    r.checkpoint_uri = s.last_checkpoint().uri();
+  }
+  r.last_error = s.last_error();
+  return r;
+}
+
+// The pod as Decide sees it; "why not running" from the scheduler or the container.
+PodView ViewOf(const json& pod) {
+  PodView v;
+  const json& md = pod["metadata"];
+  v.name = md.value("name", "");
+  v.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
+  if (auto labels = md.find("labels"); labels != md.end() && labels->is_object())
+    v.slot = std::atoi(labels->value(kSlotLabel, "0").c_str());
+  if (auto ann = md.find("annotations"); ann != md.end() && ann->is_object())
+    v.created_for_generation = std::atoll(ann->value(kCreatedForGenerationAnnotation, "0").c_str());
+  const json status = pod.value("status", json::object());
+  v.phase = status.value("phase", "Pending");
+  v.ip = status.value("podIP", "");
+  for (const json& c : status.value("conditions", json::array())) {
+    if (c.value("type", "") == "Ready") v.ready = c.value("status", "") == "True";
+    if (c.value("type", "") == "PodScheduled" && c.value("status", "") == "False")
+      v.reason = c.value("reason", "") + ": " + c.value("message", "");
+  }
+  for (const json& c : status.value("containerStatuses", json::array())) {
+    const json state = c.value("state", json::object());
+    if (auto t = state.find("terminated"); t != state.end() && t->is_object())
+      v.reason = t->value("reason", "Terminated") + " (exit code " +
+                 std::to_string(t->value("exitCode", -1)) + ")";
+    else if (auto w = state.find("waiting"); w != state.end() && w->is_object())
+      v.reason = w->value("reason", "Waiting");
+  }
+  return v;
+}
+
+bool IsOwnedBy(const json& object, const std::string& uid) {
+  const json& md = object["metadata"];
+  auto refs = md.find("ownerReferences");
+  if (refs == md.end() || !refs->is_array()) return false;
+  for (const json& r : *refs)
+    if (r.value("uid", "") == uid && r.value("controller", false)) return true;
+  return false;
+}
+
+std::string OwnerJobKey(const json& object) {
+  const json& md = object["metadata"];
+  auto refs = md.find("ownerReferences");
+  if (refs == md.end() || !refs->is_array()) return "";
+  for (const json& r : *refs)
+    if (r.value("kind", "") == "TrainingJob" && r.value("controller", false))
+      return Key(md.value("namespace", ""), r.value("name", ""));
+  return "";
+}
+
+}  // namespace
+
+TrainingJobController::TrainingJobController(kube::KubeClient& client,
+                                             kube::EventRecorder& recorder,
+                                             ControllerOptions options)
+    : client_(client), recorder_(recorder), options_(std::move(options)) {
+  auto informer = [&](kube::Resource r, const std::string& selector) {
+    kube::InformerOptions o;
+    o.resource = r;
+    o.namespace_ = r.namespaced ? options_.namespace_ : "";
+    o.label_selector = selector;
+    return std::make_unique<kube::Informer>(client_, o);
+  };
+  const std::string ours = "app.kubernetes.io/managed-by=tidal-operator";
+  jobs_ = informer(kube::Resource::TrainingJobs(), "");
+  pods_ = informer(kube::Resource::Pods(), "");  // all pods: the capacity gate counts others'
+  services_ = informer(kube::Resource::Services(), ours);
+  secrets_ = informer(kube::Resource::Secrets(), ours);
+  configs_ = informer(kube::Resource::ConfigMaps(), ours);
+  nodes_ = informer(kube::Resource::Nodes(), "");
+}
+
+TrainingJobController::~TrainingJobController() { Stop(); }
+
+Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
+  auto enqueue_job = [this](const kube::ObjectPtr& o) {
+    queue_.Add(Key((*o)["metadata"].value("namespace", ""), (*o)["metadata"].value("name", "")));
+  };
+  TIDAL_RETURN_IF_ERROR(jobs_->AddEventHandler(
+      {enqueue_job,
+       [enqueue_job](const kube::ObjectPtr&, const kube::ObjectPtr& o) { enqueue_job(o); },
+       enqueue_job}));
+  auto owner = [this](const kube::ObjectPtr& o) { EnqueueOwner(o); };
+  for (kube::Informer* inf : {pods_.get(), services_.get(), secrets_.get(), configs_.get()})
+    TIDAL_RETURN_IF_ERROR(inf->AddEventHandler(
+        {owner, [owner](const kube::ObjectPtr&, const kube::ObjectPtr& o) { owner(o); }, owner}));
+  TIDAL_RETURN_IF_ERROR(pods_->AddIndex("controller-uid", [](const json& pod) {
+    std::vector<std::string> out;
+    const json& md = pod["metadata"];
+    if (auto refs = md.find("ownerReferences"); refs != md.end() && refs->is_array())
+      for (const json& r : *refs)
+        if (r.value("controller", false)) out.push_back(r.value("uid", ""));
+    return out;
+  }));
+  for (kube::Informer* inf :
+       {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
+    TIDAL_RETURN_IF_ERROR(inf->Start());
+  for (kube::Informer* inf :
+       {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
+    if (!inf->WaitForSync(sync_timeout))
+      return DeadlineExceeded("informer caches did not sync within the timeout");
+  started_ = true;
+  worker_ = std::thread([this] { Work(); });
+  LogInfo("controller started", {{"namespace", options_.namespace_}});
+  return OkStatus();
+}
+
+void TrainingJobController::Stop() {
+  queue_.ShutDown();
+  if (worker_.joinable()) worker_.join();
+  for (auto* inf :
+       {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
+    if (inf) inf->Stop();
+}
+
+void TrainingJobController::EnqueueOwner(const kube::ObjectPtr& object) {
+  const std::string key = OwnerJobKey(*object);
+  if (!key.empty()) queue_.Add(key);
+}
+
+void TrainingJobController::Work() {
+  while (auto key = queue_.Get()) {
+    Status s = Reconcile(*key);
+    if (!s.ok()) {
+      LogWarn("reconcile failed", {{"job", *key}, {"error", s.ToString()}});
+      queue_.AddRateLimited(*key);
+    } else {
+      queue_.Forget(*key);
+    }
+    queue_.Done(*key);
+  }
+}
+
+Status TrainingJobController::Reconcile(const std::string& key) {
+  const auto slash = key.find('/');
+  const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
+  kube::ObjectPtr job = jobs_->store().Get(ns, name);
+  if (!job) {  // deleted: its children go with it (ownerReferences)
+    for (auto it = clients_.begin(); it != clients_.end();)
+      it = it->first.rfind(name + "-worker-", 0) == 0 ? clients_.erase(it) : std::next(it);
+    return OkStatus();
+  }
+  Observed observed = Observe(*job);
+  Plan plan = Decide(observed, options_.reconcile);
+  TIDAL_RETURN_IF_ERROR(WriteStatus(*job, plan));
+  Status executed = Execute(*job, observed, plan);
+  for (const Event& e : plan.events) recorder_.Record(*job, e.type, e.reason, e.message);
+  if (!executed.ok()) return executed;
+  queue_.AddAfter(key, plan.requeue_after);
+  return OkStatus();
+}
+
+std::string TrainingJobController::TokenOf(const std::string& ns, const std::string& job) const {
+  kube::ObjectPtr secret = secrets_->store().Get(ns, TokenSecretName(job));
+  if (!secret) return "";
+  auto data = secret->find("data");
+  if (data == secret->end() || !data->is_object()) return "";
+  auto token = Base64Decode(data->value(kTokenKey, ""));
+  return token ? *token : "";
+}
+
+worker::WorkerClient* TrainingJobController::ClientFor(const std::string& pod,
+                                                       const std::string& ip,
+                                                       const std::string& token) {
+  CachedClient& c = clients_[pod];
+  if (!c.client || c.ip != ip || c.token != token) {
+    worker::ClientOptions o;
+    o.address = ip + ":" + std::to_string(kControlPort);
+    o.token = token;
+    o.timeout = options_.status_timeout;
+    c.client = std::make_unique<worker::WorkerClient>(o);
+    c.ip = ip;
+    c.token = token;
+  }
+  return c.client.get();
+}
+
+int64_t TrainingJobController::IdleGpus(const std::string& job_uid) const {
+  int64_t allocatable = 0;
+  for (const kube::ObjectPtr& n : nodes_->store().List()) {
+    auto node = kube::NodeFromJson(*n);
+    if (!node.ok() || node->unschedulable) continue;
+    auto it = node->allocatable.find("nvidia.com/gpu");
+    if (it != node->allocatable.end()) allocatable += std::atoll(it->second.c_str());
+  }
+  int64_t requested = 0;
+  for (const kube::ObjectPtr& p : pods_->store().List()) {
+    if (IsOwnedBy(*p, job_uid)) continue;
+    auto pod = kube::PodFromJson(*p);
+    if (!pod.ok() || pod->Finished() || pod->node_name.empty()) continue;
+    requested += pod->GpuRequest();
+  }
+  return std::max<int64_t>(0, allocatable - requested);
+}
+
+Observed TrainingJobController::Observe(const json& job) {
+  Observed o;
+  const json& md = job["metadata"];
+  o.name = md.value("name", "");
+  o.namespace_ = md.value("namespace", "");
+  o.uid = md.value("uid", "");
+  o.metadata_generation = md.value("generation", int64_t{0});
+  o.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
+  for (const json& f : md.value("finalizers", json::array())) o.has_finalizer |= f == kFinalizer;
+  o.raw_spec = job.value("spec", json::object());
+  o.spec = api::ParseTrainingJobSpec(o.raw_spec);
+  auto status = JobStatusFromJson(job.value("status", json(nullptr)));
+  if (status.ok()) {
+    o.status = *status;
+  } else {
+    LogWarn("unreadable status, starting from an empty one",
+            {{"job", o.name}, {"error", status.status().message()}});
+  }
+  o.service_exists = services_->store().Get(o.namespace_, ServiceName(o.name)) != nullptr;
+  o.token_exists = secrets_->store().Get(o.namespace_, TokenSecretName(o.name)) != nullptr;
+  o.spec_config_exists = configs_->store().Get(o.namespace_, SpecConfigMapName(o.name)) != nullptr;
+  for (const kube::ObjectPtr& p : pods_->store().ByIndex("controller-uid", o.uid))
+    o.pods.push_back(ViewOf(*p));
+  // Ask every running worker at once; a silent one is remembered from its first silence.
+  const std::string token = TokenOf(o.namespace_, o.name);
+  std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
+  for (const PodView& p : o.pods) {
+    if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
+    worker::WorkerClient* c = ClientFor(p.name, p.ip, token);
+    asks.emplace_back(p.name, std::async(std::launch::async, [c] { return c->GetStatus(); }));
+  }
+  o.now = Clock::now();
+  for (auto& [pod, answer] : asks) {
+    auto s = answer.get();
+    if (s.ok()) {
+      o.reports[pod] = ReportOf(*s);
+      unreachable_since_.erase(pod);
+    } else {
+      unreachable_since_.try_emplace(pod, o.now);
+    }
+  }
+  for (const auto& [pod, since] : unreachable_since_) o.unreachable_since[pod] = since;
+  o.idle_gpus = IdleGpus(o.uid);
+  return o;
+}
+
+Status TrainingJobController::WriteStatus(const json& job, const Plan& plan) {
+  const std::string selector =
+      std::string(kJobLabel) + "=" + JobLabelValue(job["metadata"].value("name", ""));
+  json status = ToJson(plan.status, selector);
+  if (job.value("status", json()) == status) return OkStatus();
+  json updated = job;
+  updated["status"] = status;
+  const json& md = job["metadata"];
+  TIDAL_ASSIGN_OR_RETURN(
+      auto request, kube::ReplaceRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
+                                         md.value("name", ""), updated, "status"));
+  auto written = client_.Call(request);
+  if (!written.ok()) return written.status().WithContext("writing status");
+  return OkStatus();
+}
+
+Status TrainingJobController::Execute(const json& job, const Observed& o, const Plan& plan) {
+  const JobRef ref{o.name, o.namespace_, o.uid};
+  const std::string token = TokenOf(o.namespace_, o.name);
+  auto create = [&](kube::Resource r, const json& object) -> Status {
+    TIDAL_ASSIGN_OR_RETURN(auto request, kube::CreateRequest(r, o.namespace_, object));
+    auto made = client_.Call(request);
+    if (made.ok() || made.status().code() == StatusCode::kAborted) return OkStatus();  // exists
+    return made.status();
+  };
+  auto pod_ip = [&](const std::string& name) -> std::string {
+    for (const PodView& p : o.pods)
+      if (p.name == name) return p.ip;
+    return "";
+  };
+  for (const Action& a : plan.actions) {
+    Status done = OkStatus();
+    switch (a.kind) {
+      case Action::Kind::kAddFinalizer:
+      case Action::Kind::kRemoveFinalizer: {
+        json finalizers = json::array();
+        for (const json& f : job["metadata"].value("finalizers", json::array()))
+          if (f != kFinalizer) finalizers.push_back(f);
+        if (a.kind == Action::Kind::kAddFinalizer) finalizers.push_back(kFinalizer);
+        const json patch = {{"metadata",
+                             {{"finalizers", finalizers},
+                              {"resourceVersion", job["metadata"].value("resourceVersion", "")}}}};
+        TIDAL_ASSIGN_OR_RETURN(auto request, kube::MergePatchRequest(kube::Resource::TrainingJobs(),
+                                                                     o.namespace_, o.name, patch));
+        done = client_.Call(request).status();
+        break;
+      }
+      case Action::Kind::kEnsureService:
+        done = create(kube::Resource::Services(), HeadlessService(ref));
+        break;
+      case Action::Kind::kEnsureTokenSecret: {
+        TIDAL_ASSIGN_OR_RETURN(std::string fresh, NewToken());
+        done = create(kube::Resource::Secrets(), TokenSecret(ref, fresh));
+        break;
+      }
+      case Action::Kind::kEnsureSpecConfig:
+        done = create(kube::Resource::ConfigMaps(), SpecConfigMap(ref, o.raw_spec));
+        break;
+      case Action::Kind::kCreatePods: {
+        if (!o.spec.ok()) break;
+        WorkerPodOptions w;
+        w.generation = a.generation;
+        w.group_size = static_cast<int>(a.slots.size());
+        if (!options_.default_checkpoint_root.empty())
+          w.default_checkpoint_uri =
+              options_.default_checkpoint_root + "/" + o.namespace_ + "/" + o.name;
+        for (int slot : a.slots) {  // all pods of the step, back to back (one gang)
+          w.slot = slot;
+          Status made = create(kube::Resource::Pods(), WorkerPod(ref, *o.spec, w));
+          if (!made.ok()) done = made;
+        }
+        break;
+      }
+      case Action::Kind::kDeletePods:
+        for (const std::string& pod : a.pods) {
+          TIDAL_ASSIGN_OR_RETURN(auto request,
+                                 kube::DeleteRequest(kube::Resource::Pods(), o.namespace_, pod));
+          auto deleted = client_.Call(request);
+          if (!deleted.ok() && deleted.status().code() != StatusCode::kNotFound)
+            done = deleted.status();
+          clients_.erase(pod);
+          unreachable_since_.erase(pod);
+        }
+        break;
+      case Action::Kind::kBarrier: {
+        std::vector<std::future<Status>> calls;
+        for (const std::string& pod : a.pods) {
+          const std::string ip = pod_ip(pod);
+          if (ip.empty()) continue;
+          worker::WorkerClient* c = ClientFor(pod, ip, token);
+          const auto timeout = options_.barrier_timeout;
+          calls.push_back(std::async(std::launch::async, [c, timeout] {
+            return c->Checkpoint(/*pause=*/true, timeout).status();
+          }));
+        }
+        for (auto& call : calls)
+          if (Status s = call.get(); !s.ok()) done = s;  // Decide sees the workers next pass
+        break;
+      }
+      case Action::Kind::kRendezvous: {
+        if (a.pods.empty()) break;
+        const std::string store = pod_ip(a.pods[0]) + ":" + std::to_string(kStorePort);
+        for (const std::string& pod : a.targets) {
+          const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
+          const std::string ip = pod_ip(pod);
+          if (ip.empty()) continue;
+          Status s = ClientFor(pod, ip, token)
+                         ->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
+                                      static_cast<int>(rank), store);
+          // Already there (a repeated call after a crash) is success.
+          if (!s.ok() && s.message().find("not newer") == std::string::npos) done = s;
+        }
+        break;
+      }
+      case Action::Kind::kShutdown:
+        for (const std::string& pod : a.pods) {
+          const std::string ip = pod_ip(pod);
+          if (ip.empty() || token.empty()) continue;
+          (void)ClientFor(pod, ip, token)->Shutdown(a.reason);  // the pod is deleted anyway
+        }
+        break;
+    }
+    if (!done.ok()) {
+      LogWarn("action failed",
+              {{"job", o.name}, {"action", ActionKindName(a.kind)}, {"error", done.ToString()}});
+      return done.WithContext(ActionKindName(a.kind));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace tidal::controller

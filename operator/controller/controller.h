@@ -1,0 +1,81 @@
+// operator/controller/controller.h — the TrainingJob controller's shell: informers on
+// TrainingJobs, their pods, Services, Secrets and ConfigMaps, and Nodes; a rate-limited work
+// queue of job keys; for each key, observe (the caches, GetStatus on every worker pod, the idle
+// GPUs), Decide (reconcile.h), write the status, then carry out the plan's actions and record
+// its Events. Level-triggered: every pass starts from what is, and a job is looked at again
+// after the plan's requeue delay even when nothing changes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "operator/controller/reconcile.h"
+#include "operator/kube/client.h"
+#include "operator/kube/events.h"
+#include "operator/kube/informer.h"
+#include "operator/kube/workqueue.h"
+
+namespace tidal::worker {
+class WorkerClient;
+}
+
+namespace tidal::controller {
+
+struct ControllerOptions {
+  std::string namespace_;  // "" watches every namespace
+  // Where a job's checkpoints go when its spec names no store: <root>/<namespace>/<job>.
+  std::string default_checkpoint_root;
+  ReconcileOptions reconcile;
+  std::chrono::milliseconds status_timeout{std::chrono::seconds(3)};  // GetStatus per worker
+  std::chrono::milliseconds barrier_timeout{std::chrono::minutes(5)};
+};
+
+class TrainingJobController {
+ public:
+  TrainingJobController(kube::KubeClient& client, kube::EventRecorder& recorder,
+                        ControllerOptions options);
+  ~TrainingJobController();
+  TrainingJobController(const TrainingJobController&) = delete;
+  TrainingJobController& operator=(const TrainingJobController&) = delete;
+
+  // Starts the informers, waits for their caches, then the reconcile worker.
+  Status Start(std::chrono::milliseconds sync_timeout = std::chrono::seconds(30));
+  void Stop();
+  // One pass over "namespace/name" (what the worker runs; public for tests).
+  Status Reconcile(const std::string& key);
+
+ private:
+  Observed Observe(const nlohmann::json& job);
+  Status WriteStatus(const nlohmann::json& job, const Plan& plan);
+  Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan);
+  int64_t IdleGpus(const std::string& job_uid) const;
+  worker::WorkerClient* ClientFor(const std::string& pod, const std::string& ip,
+                                  const std::string& token);
+  std::string TokenOf(const std::string& ns, const std::string& job) const;
+  void EnqueueOwner(const kube::ObjectPtr& object);
+  void Work();
+
+  kube::KubeClient& client_;
+  kube::EventRecorder& recorder_;
+  ControllerOptions options_;
+  std::unique_ptr<kube::Informer> jobs_, pods_, services_, secrets_, configs_, nodes_;
+  kube::WorkQueue queue_;
+  std::thread worker_;
+  std::atomic<bool> started_{false};
+  // Worker pod → its gRPC client (recreated when the IP or token changes).
+  struct CachedClient {
+    std::string ip, token;
+    std::unique_ptr<worker::WorkerClient> client;
+  };
+  std::map<std::string, CachedClient> clients_;                 // reconcile thread only
+  std::map<std::string, Clock::time_point> unreachable_since_;  // reconcile thread only
+};
+
+}  // namespace tidal::controller

@@ -1,0 +1,113 @@
+// operator/controller/manager.cc
+#include "operator/controller/manager.h"
+
+#include <unistd.h>
+
+#include <mutex>
+
+#include "common/log.h"
+#include "common/yaml_json.h"
+#include "operator/kube/leader.h"
+
+namespace tidal::controller {
+
+extern const char* const kBuiltInCrdYaml;  // crd_yaml.cc, generated from crds/ at configure time
+
+StatusOr<nlohmann::json> BuiltInCrd() { return ParseYaml(kBuiltInCrdYaml); }
+
+Status InstallCrd(kube::KubeClient& client) {
+  TIDAL_ASSIGN_OR_RETURN(nlohmann::json crd, BuiltInCrd());
+  const auto resource = kube::Resource::CustomResourceDefinitions();
+  const std::string name = crd["metadata"]["name"];
+  TIDAL_ASSIGN_OR_RETURN(auto create, kube::CreateRequest(resource, "", crd));
+  auto made = client.Call(create);
+  if (made.ok()) {
+    LogInfo("installed the TrainingJob CRD", {{"name", name}});
+    return OkStatus();
+  }
+  if (made.status().code() != StatusCode::kAborted) return made.status().WithContext("CRD " + name);
+  TIDAL_ASSIGN_OR_RETURN(auto get, kube::GetRequest(resource, "", name));
+  TIDAL_ASSIGN_OR_RETURN(nlohmann::json current, client.Call(get));
+  crd["metadata"]["resourceVersion"] = current["metadata"].value("resourceVersion", "");
+  TIDAL_ASSIGN_OR_RETURN(auto replace, kube::ReplaceRequest(resource, "", name, crd));
+  auto replaced = client.Call(replace);
+  if (!replaced.ok()) return replaced.status().WithContext("updating CRD " + name);
+  return OkStatus();
+}
+
+struct Manager::State {
+  ManagerOptions options;
+  std::unique_ptr<kube::KubeClient> client;
+  std::unique_ptr<kube::EventRecorder> recorder;
+  std::unique_ptr<kube::LeaderElector> elector;
+  std::mutex mu;
+  std::unique_ptr<TrainingJobController> controller;
+
+  void StartController() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (controller) return;
+    controller = std::make_unique<TrainingJobController>(*client, *recorder, options.controller);
+    if (Status s = controller->Start(); !s.ok()) {
+      LogError("controller did not start", {{"error", s.ToString()}});
+      controller.reset();
+    }
+  }
+  void StopController() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!controller) return;
+    controller->Stop();
+    controller.reset();
+    LogInfo("controller stopped", {});
+  }
+};
+
+Manager::Manager(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+Manager::~Manager() { Stop(); }
+
+StatusOr<std::unique_ptr<Manager>> Manager::Start(ManagerOptions options) {
+  auto state = std::make_unique<State>();
+  state->options = std::move(options);
+  TIDAL_ASSIGN_OR_RETURN(state->client, kube::KubeClient::Create(state->options.connection));
+  if (state->options.install_crd) TIDAL_RETURN_IF_ERROR(InstallCrd(*state->client));
+  std::string identity = state->options.identity;
+  if (identity.empty()) {
+    char host[256] = {};
+    gethostname(host, sizeof(host) - 1);
+    identity = std::string(host) + "_" + std::to_string(getpid());
+  }
+  kube::EventRecorderOptions recorder;
+  recorder.source = {"tidal-operator", identity};
+  state->recorder = std::make_unique<kube::EventRecorder>(*state->client, recorder);
+  State* raw = state.get();
+  if (!state->options.leader_elect) {
+    raw->StartController();
+    return std::unique_ptr<Manager>(new Manager(std::move(state)));
+  }
+  kube::LeaderElectionConfig election;
+  election.lease_namespace = state->options.lease_namespace;
+  election.lease_name = state->options.lease_name;
+  election.identity = identity;
+  kube::LeaderCallbacks callbacks;
+  callbacks.on_started_leading = [raw] {
+    LogInfo("leading: starting the controller", {});
+    raw->StartController();
+  };
+  callbacks.on_stopped_leading = [raw] { raw->StopController(); };
+  state->elector = std::make_unique<kube::LeaderElector>(*state->client, election, callbacks);
+  TIDAL_RETURN_IF_ERROR(state->elector->Start());
+  return std::unique_ptr<Manager>(new Manager(std::move(state)));
+}
+
+void Manager::Stop() {
+  if (!state_) return;
+  if (state_->elector) state_->elector->Stop();  // releases the lease, stops the controller
+  state_->StopController();
+}
+
+bool Manager::leading() const {
+  if (!state_->elector) return true;
+  return state_->elector->IsLeader();
+}
+
+}  // namespace tidal::controller

@@ -1,0 +1,792 @@
+// operator/controller/reconcile.cc — Decide: deletion, invalid spec, terminal phases, suspend,
+// failures, the rescale stages, then the planner's count; status and conditions last.
+#include "operator/controller/reconcile.h"
+
+#include <algorithm>
+#include <set>
+
+#include "operator/kube/meta_time.h"
+#include "operator/planner/planner.h"
+
+namespace tidal::controller {
+namespace {
+
+using nlohmann::json;
+using Stage = RescaleState::Stage;
+
+constexpr auto kMaxBackoff = std::chrono::minutes(10);
+
+std::string Join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+std::optional<Clock::time_point> TimeField(const json& j, const char* key) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return std::nullopt;
+  auto t = kube::ParseRfc3339(it->get<std::string>());
+  if (!t.ok()) return std::nullopt;
+  return *t;
+}
+
+std::vector<std::string> Strings(const json& j, const char* key) {
+  std::vector<std::string> out;
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return out;
+  for (const json& s : *it)
+    if (s.is_string()) out.push_back(s);
+  return out;
+}
+
+template <typename T>
+T Value(const json& j, const char* key, T fallback) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    return fallback;
+  }
+}
+
+// Sets a metav1.Condition, moving lastTransitionTime only when the status changes.
+void SetCondition(JobStatus& st, const std::string& type, bool value, const std::string& reason,
+                  const std::string& message, Clock::time_point now, int64_t observed) {
+  const std::string status = value ? "True" : "False";
+  for (json& c : st.conditions) {
+    if (c.value("type", "") != type) continue;
+    if (c.value("status", "") != status) c["lastTransitionTime"] = kube::FormatTime(now);
+    c["status"] = status;
+    c["reason"] = reason;
+    c["message"] = message;
+    c["observedGeneration"] = observed;
+    return;
+  }
+  st.conditions.push_back({{"type", type},
+                           {"status", status},
+                           {"reason", reason},
+                           {"message", message},
+                           {"lastTransitionTime", kube::FormatTime(now)},
+                           {"observedGeneration", observed}});
+}
+
+bool ConditionIs(const JobStatus& st, const std::string& type, const std::string& reason) {
+  for (const json& c : st.conditions)
+    if (c.value("type", "") == type) return c.value("reason", "") == reason;
+  return false;
+}
+
+class Decider {
+ public:
+  Decider(const Observed& o, const ReconcileOptions& options)
+      : o_(o), options_(options), st_(plan_.status) {
+    plan_.status = o.status;
+    plan_.status.observed_generation = o.metadata_generation;
+    for (const PodView& p : o.pods) pods_[p.name] = &p;
+  }
+
+  Plan Run() {
+    if (o_.deleting) {
+      Delete();
+      return Finish();
+    }
+    if (!o_.spec.ok()) {
+      InvalidSpec();
+      return Finish();
+    }
+    spec_ = &*o_.spec;
+    if (ConditionIs(st_, "Ready", "InvalidSpec"))
+      SetCondition(st_, "Ready", false, "SpecAccepted", "the spec is valid", o_.now,
+                   o_.metadata_generation);
+    if (st_.phase == "Succeeded" || st_.phase == "Failed") return Finish();  // terminal
+    EnsureChildren();
+    if (spec_->suspend) {
+      Suspend();
+      return Finish();
+    }
+    if (st_.phase == "Suspended") {
+      st_.phase = "Pending";
+      Emit("Normal", "Unsuspended", "resuming from the newest checkpoint");
+    }
+    if (Succeeded()) return Finish();
+    if (FailuresHandled()) return Finish();
+    if (st_.rescale) {
+      Advance();
+    } else if (st_.members.empty()) {
+      StartGeneration(/*recovery=*/st_.generation > 0);
+    } else {
+      MaybeRescale();
+    }
+    CollectStrays();
+    return Finish();
+  }
+
+ private:
+  // --- observations -------------------------------------------------------------------
+  const PodView* Pod(const std::string& name) const {
+    auto it = pods_.find(name);
+    return it == pods_.end() ? nullptr : it->second;
+  }
+  const WorkerReport* Report(const std::string& name) const {
+    auto it = o_.reports.find(name);
+    return it == o_.reports.end() ? nullptr : &it->second;
+  }
+  int64_t GpusPerPod() const { return spec_ ? spec_->elastic.gpus_per_pod : 1; }
+
+  struct Failure {
+    std::string cause;      // "" when healthy
+    bool pod_lost = false;  // the pod must be replaced; else its worker can rejoin
+  };
+  // Why `name` can no longer go on in generation `generation`. A worker that reports its
+  // generation FAILED (a peer died, a collective timed out) is alive and rejoins the next one;
+  // a failed, vanished, deleted or silent pod is replaced.
+  Failure FailureOf(const std::string& name, int64_t generation) const {
+    const PodView* pod = Pod(name);
+    if (!pod) return {"pod " + name + " is gone", true};
+    if (pod->phase == "Failed")
+      return {"pod " + name + " failed" + (pod->reason.empty() ? "" : ": " + pod->reason), true};
+    if (pod->deleting) return {"pod " + name + " is being deleted", true};
+    if (const WorkerReport* r = Report(name)) {
+      if (r->phase == "Failed" && r->generation >= generation && generation > 0)
+        return {"worker " + name + " failed generation " + std::to_string(r->generation) + ": " +
+                    r->last_error,
+                false};
+      return {};
+    }
+    auto since = o_.unreachable_since.find(name);
+    if (pod->phase == "Running" && since != o_.unreachable_since.end() &&
+        o_.now - since->second > options_.unreachable_after)
+      return {"worker " + name + " has not answered for " +
+                  std::to_string(options_.unreachable_after.count()) + " s",
+              true};
+    return {};
+  }
+  // Ready to be sent a Rendezvous: the pod runs and its worker answers. A new worker waits
+  // for its first generation; a survivor of a failed generation may still be finishing it (a
+  // Rendezvous makes it leave).
+  bool ReadyFor(const std::string& name) const {
+    const PodView* pod = Pod(name);
+    const WorkerReport* r = Report(name);
+    return pod && pod->phase == "Running" && !pod->deleting && r && r->phase != "Succeeded";
+  }
+
+  // --- the parts of Run -----------------------------------------------------------------
+  void InvalidSpec() {
+    const std::string message = o_.spec.status().message();
+    if (!ConditionIs(st_, "Ready", "InvalidSpec")) Emit("Warning", "InvalidSpec", message);
+    SetCondition(st_, "Ready", false, "InvalidSpec", message, o_.now, o_.metadata_generation);
+    plan_.requeue_after = std::chrono::minutes(5);  // a spec edit triggers a reconcile anyway
+  }
+
+  void EnsureChildren() {
+    if (!o_.has_finalizer) Do(Action::Kind::kAddFinalizer);
+    if (!o_.service_exists) Do(Action::Kind::kEnsureService);
+    if (!o_.token_exists) Do(Action::Kind::kEnsureTokenSecret);
+    if (!o_.spec_config_exists) Do(Action::Kind::kEnsureSpecConfig);
+  }
+
+  // Checkpoints the members (if a generation is training), then stops and deletes every pod.
+  // Returns true once nothing runs any more.
+  bool Drain(const std::string& why) {
+    std::vector<std::string> live;
+    for (const std::string& m : st_.members)
+      if (Report(m) && FailureOf(m, st_.generation).cause.empty()) live.push_back(m);
+    const bool members_train =
+        !st_.rescale || st_.rescale->stage == Stage::kBarrier ||
+        (st_.rescale->stage == Stage::kWaitingForPods && !st_.rescale->recovery);
+    const bool training = members_train && !live.empty() && live.size() == st_.members.size();
+    if (training && !AllPaused(st_.members)) {
+      Do(Action::Kind::kBarrier, st_.members, why);
+      plan_.requeue_after = options_.poll;
+      return false;
+    }
+    std::vector<std::string> all;
+    for (const PodView& p : o_.pods)
+      if (!p.deleting) all.push_back(p.name);
+    if (!all.empty()) {
+      Do(Action::Kind::kShutdown, all, why);
+      Do(Action::Kind::kDeletePods, all, why);
+    }
+    st_.members.clear();
+    st_.rescale.reset();
+    return true;
+  }
+
+  void Delete() {
+    if (!o_.has_finalizer) return;
+    if (!Drain("the job is being deleted: final checkpoint")) return;
+    Do(Action::Kind::kRemoveFinalizer);
+    Emit("Normal", "FinalCheckpoint", "workers checkpointed and stopped; releasing the job");
+  }
+
+  void Suspend() {
+    if (st_.phase == "Suspended") {
+      Drain("suspended");
+      return;
+    }
+    if (!Drain("suspend: checkpoint, then remove the workers")) return;
+    st_.phase = "Suspended";
+    st_.current_gpus = 0;
+    Emit("Normal", "Suspended",
+         "checkpointed at step " + std::to_string(st_.step) + " and removed the workers");
+  }
+
+  bool Succeeded() {
+    if (st_.members.empty()) return false;
+    const PodView* rank0 = Pod(st_.members[0]);
+    const WorkerReport* r = Report(st_.members[0]);
+    if (!(rank0 && rank0->phase == "Succeeded") && !(r && r->phase == "Succeeded")) return false;
+    st_.phase = "Succeeded";
+    st_.rescale.reset();
+    if (spec_) st_.step = std::max(st_.step, spec_->train.optimization.max_steps);
+    Emit("Normal", "Succeeded", "trained to step " + std::to_string(st_.step));
+    return true;
+  }
+
+  // A member (or, during a rescale, an incoming member) failed: count the restart and plan the
+  // recovery. True when it did.
+  bool FailuresHandled() {
+    std::vector<std::string> causes, survivors;
+    // Whom to watch, and from which generation on a worker's FAILED counts: the members
+    // joining a rendezvous at its generation; in a recovery, the survivors (FAILED at the old
+    // generation is what they are expected to be) from the next one; else the current members.
+    int64_t generation = st_.generation;
+    std::vector<std::string> members = st_.members;
+    if (st_.rescale && st_.rescale->stage == Stage::kRendezvous) {
+      generation = st_.rescale->target_generation;
+      members = st_.rescale->members;
+    } else if (st_.rescale && st_.rescale->recovery) {
+      generation = st_.rescale->target_generation;
+      members.clear();
+      for (const std::string& m : st_.rescale->members)
+        if (std::find(st_.rescale->new_pods.begin(), st_.rescale->new_pods.end(), m) ==
+            st_.rescale->new_pods.end())
+          members.push_back(m);
+    }
+    std::vector<std::string> failed;
+    for (const std::string& m : members) {
+      const Failure f = FailureOf(m, generation);
+      if (!f.cause.empty()) causes.push_back(f.cause);
+      (f.pod_lost ? failed : survivors).push_back(m);
+    }
+    if (causes.empty()) return false;
+    // A scale-up still waiting for its pods gives up first; recovery comes before growth.
+    if (st_.rescale && st_.rescale->stage == Stage::kWaitingForPods &&
+        !st_.rescale->new_pods.empty())
+      Do(Action::Kind::kDeletePods, st_.rescale->new_pods, "recovery first");
+    if (!failed.empty()) Do(Action::Kind::kDeletePods, failed, Join(causes));
+    ++st_.restarts;
+    const std::string cause = Join(causes);
+    if (st_.restarts > spec_->restart_policy.max_restarts) {
+      st_.phase = "Failed";
+      st_.failure = "restart " + std::to_string(st_.restarts) + " would exceed maxRestarts " +
+                    std::to_string(spec_->restart_policy.max_restarts) + "; last failure: " + cause;
+      st_.rescale.reset();
+      std::vector<std::string> all;
+      for (const PodView& p : o_.pods) all.push_back(p.name);
+      if (!all.empty()) Do(Action::Kind::kDeletePods, all, "the job failed");
+      st_.members.clear();
+      Emit("Warning", "RestartsExhausted", st_.failure);
+      return true;
+    }
+    const auto backoff = std::min<std::chrono::seconds>(
+        std::chrono::seconds(spec_->restart_policy.backoff_seconds
+                             << std::min<int64_t>(st_.restarts - 1, 20)),
+        kMaxBackoff);
+    st_.restart_not_before = o_.now + backoff;
+    st_.phase = "Recovering";
+    st_.rescale.reset();
+    st_.members = survivors;  // the next generation starts from these
+    // The old generation is over: survivors wait (Failed) for the next Rendezvous.
+    st_.generation = std::max(st_.generation, generation);
+    Emit("Warning", "WorkerFailed",
+         cause + "; restart " + std::to_string(st_.restarts) + " of " +
+             std::to_string(spec_->restart_policy.max_restarts) + " in " +
+             std::to_string(backoff.count()) + " s from the newest checkpoint");
+    StartGeneration(/*recovery=*/true);
+    return true;
+  }
+
+  // Creates the pods of the next generation (survivors kept): the initial start, a restart
+  // after suspend, or a recovery.
+  void StartGeneration(bool recovery) {
+    if (st_.restart_not_before && o_.now < *st_.restart_not_before) {
+      plan_.requeue_after =
+          std::chrono::duration_cast<std::chrono::milliseconds>(*st_.restart_not_before - o_.now);
+      if (!st_.rescale) {  // record the pending recovery so status says what it waits for
+        RescaleState r;
+        r.stage = Stage::kWaitingForPods;
+        r.target_generation = st_.generation + 1;
+        r.members = st_.members;
+        r.recovery = true;
+        r.started = *st_.restart_not_before;
+        r.reason = "recovery after backoff";
+        st_.rescale = r;
+      }
+      return;
+    }
+    const int64_t held = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
+    const auto decision =
+        planner::DesiredGpus(*spec_, {held, std::nullopt}, {o_.idle_gpus}, o_.now);
+    st_.desired_gpus = decision.desired;
+    st_.gpus_reason = decision.reason;
+    int64_t want_pods = decision.desired / GpusPerPod();
+    std::vector<std::string> members = st_.members;
+    if (static_cast<int64_t>(members.size()) > want_pods) members.resize(want_pods);
+    std::set<int> used;
+    for (const PodView& p : o_.pods) used.insert(p.slot);
+    std::vector<int> slots;
+    std::vector<std::string> created;
+    for (int slot = 0; static_cast<int64_t>(members.size()) < want_pods; ++slot) {
+      const std::string name = o_.name + "-worker-" + std::to_string(slot);
+      if (std::find(members.begin(), members.end(), name) != members.end()) continue;
+      const PodView* existing = Pod(name);
+      if (existing &&
+          (existing->deleting || existing->phase == "Failed" || existing->phase == "Succeeded"))
+        continue;  // still going away: take another slot
+      if (!existing) {
+        slots.push_back(slot);
+        created.push_back(name);
+      }
+      members.push_back(name);
+    }
+    RescaleState r;
+    r.stage = Stage::kWaitingForPods;
+    r.target_generation = st_.generation + 1;
+    r.members = members;
+    r.new_pods = created;
+    r.recovery = recovery || st_.generation == 0;
+    r.started = o_.now;
+    r.reason = recovery
+                   ? "recovery at " + std::to_string(decision.desired) + " GPUs"
+                   : "start at " + std::to_string(decision.desired) + " GPUs: " + decision.reason;
+    st_.rescale = r;
+    if (st_.phase != "Recovering") st_.phase = "Pending";
+    st_.restart_not_before.reset();
+    if (!slots.empty()) {
+      Action& a = Do(Action::Kind::kCreatePods, created, r.reason);
+      a.slots = slots;
+      a.generation = r.target_generation;
+      Emit("Normal", "CreatingWorkers",
+           std::to_string(slots.size()) + " worker pod(s) for generation " +
+               std::to_string(r.target_generation) + " (" + r.reason + ")");
+    }
+    plan_.requeue_after = options_.poll;
+  }
+
+  void MaybeRescale() {
+    const int64_t held = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
+    const auto decision =
+        planner::DesiredGpus(*spec_, {held, st_.last_membership_change}, {o_.idle_gpus}, o_.now);
+    st_.desired_gpus = decision.desired;
+    st_.gpus_reason = decision.reason;
+    st_.phase = "Running";
+    if (decision.desired == held) return;
+    RescaleState r;
+    r.target_generation = st_.generation + 1;
+    r.started = o_.now;
+    r.reason = "scale " + std::to_string(held) + " -> " + std::to_string(decision.desired) +
+               " GPUs: " + decision.reason;
+    const int64_t want_pods = decision.desired / GpusPerPod();
+    if (decision.desired < held) {  // scale down: the first ranks stay
+      r.stage = Stage::kBarrier;
+      r.members.assign(st_.members.begin(), st_.members.begin() + want_pods);
+      st_.phase = "Scaling";
+      st_.rescale = r;
+      Emit("Normal", "ScalingDown", r.reason);
+      Advance();
+      return;
+    }
+    r.stage = Stage::kWaitingForPods;
+    r.members = st_.members;
+    std::set<int> used;
+    for (const PodView& p : o_.pods) used.insert(p.slot);
+    std::vector<int> slots;
+    for (int slot = 0; static_cast<int64_t>(r.members.size()) < want_pods; ++slot) {
+      if (used.count(slot)) continue;
+      slots.push_back(slot);
+      const std::string name = o_.name + "-worker-" + std::to_string(slot);
+      r.members.push_back(name);
+      r.new_pods.push_back(name);
+    }
+    st_.rescale = r;
+    Action& a = Do(Action::Kind::kCreatePods, r.new_pods, r.reason);
+    a.slots = slots;
+    a.generation = r.target_generation;
+    Emit("Normal", "ScalingUp",
+         r.reason + "; creating " + std::to_string(slots.size()) + " pod(s), training goes on");
+  }
+
+  bool AllPaused(const std::vector<std::string>& names) const {
+    std::optional<int64_t> step;
+    for (const std::string& n : names) {
+      const WorkerReport* r = Report(n);
+      if (!r || r->phase != "Paused" || !r->checkpoint_step || *r->checkpoint_step != r->step)
+        return false;
+      if (step && *step != r->step) return false;
+      step = r->step;
+    }
+    return !names.empty();
+  }
+
+  void Advance() {
+    RescaleState& r = *st_.rescale;
+    switch (r.stage) {
+      case Stage::kWaitingForPods: {
+        if (st_.restart_not_before) {
+          StartGeneration(true);  // waits out the backoff, then creates the pods
+          return;
+        }
+        bool ready = true;
+        std::vector<std::string> waiting;
+        for (const std::string& m : r.members) {
+          if (std::find(st_.members.begin(), st_.members.end(), m) != st_.members.end() &&
+              !r.recovery)
+            continue;  // current members keep training
+          if (!ReadyFor(m)) {
+            ready = false;
+            const PodView* p = Pod(m);
+            waiting.push_back(
+                m + (p ? " (" + p->phase + (p->reason.empty() ? "" : ": " + p->reason) + ")"
+                       : " (not created yet)"));
+          }
+        }
+        for (const std::string& p : r.new_pods)
+          if (const PodView* pod = Pod(p); pod && pod->phase == "Failed") {
+            Abandon({p + " (Failed" + (pod->reason.empty() ? "" : ": " + pod->reason) + ")"});
+            return;
+          }
+        if (!ready) {
+          const auto timeout = std::chrono::seconds(spec_->elastic.scale_up_timeout_seconds);
+          if (o_.now - r.started > timeout) Abandon(waiting);
+          plan_.requeue_after = options_.poll;
+          return;
+        }
+        if (r.recovery || st_.members.empty()) {
+          r.stage = Stage::kRendezvous;
+          Rendezvous();
+          return;
+        }
+        r.stage = Stage::kBarrier;
+        st_.phase = "Scaling";
+        Emit("Normal", "CheckpointBarrier",
+             "new workers ready; checkpointing every rank at one step before generation " +
+                 std::to_string(r.target_generation));
+        Advance();
+        return;
+      }
+      case Stage::kBarrier:
+        st_.phase = "Scaling";
+        if (!AllPaused(st_.members)) {
+          Do(Action::Kind::kBarrier, st_.members, r.reason);
+          plan_.requeue_after = options_.poll;
+          return;
+        }
+        r.stage = Stage::kRendezvous;
+        Rendezvous();
+        return;
+      case Stage::kRendezvous:
+        Rendezvous();
+        return;
+    }
+  }
+
+  // The new pods never became ready: delete them. A scale-up leaves the job as it was; a
+  // recovery goes on with the survivors alone when they are an allowed size (DESIGN.md §4),
+  // else tries again after the backoff.
+  void Abandon(const std::vector<std::string>& waiting) {
+    RescaleState r = *st_.rescale;
+    const std::string why =
+        std::string(r.recovery ? "replacement" : "scale-up") + " pods abandoned after " +
+        std::to_string(spec_->elastic.scale_up_timeout_seconds) + " s: not ready: " + Join(waiting);
+    if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, why);
+    Emit("Warning", "ScaleUpAbandoned", why);
+    SetCondition(st_, "Scaling", false, "ScaleUpAbandoned", why, o_.now, o_.metadata_generation);
+    if (!r.recovery) {
+      st_.rescale.reset();
+      st_.last_membership_change = o_.now;  // the cooldown spaces out the next attempt
+      return;
+    }
+    std::vector<std::string> survivors;
+    for (const std::string& m : r.members)
+      if (std::find(r.new_pods.begin(), r.new_pods.end(), m) == r.new_pods.end())
+        survivors.push_back(m);
+    const int64_t gpus = static_cast<int64_t>(survivors.size()) * GpusPerPod();
+    const auto allowed = spec_->AllowedGpuCounts();
+    if (!survivors.empty() && std::find(allowed.begin(), allowed.end(), gpus) != allowed.end()) {
+      st_.rescale->members = survivors;
+      st_.rescale->new_pods.clear();
+      st_.rescale->reason = "recovery at the survivors' " + std::to_string(gpus) + " GPUs";
+      st_.rescale->stage = Stage::kRendezvous;
+      Rendezvous();
+      return;
+    }
+    st_.rescale.reset();
+    st_.members = survivors;
+    st_.restart_not_before = o_.now + std::chrono::seconds(spec_->restart_policy.backoff_seconds);
+    StartGeneration(/*recovery=*/true);  // records the wait
+  }
+
+  // Status first (generation, members), then Rendezvous to every member not there yet, and
+  // the surplus shut down. Done when every member reports the new generation.
+  void Rendezvous() {
+    RescaleState& r = *st_.rescale;
+    std::vector<std::string> surplus;
+    for (const std::string& m : st_.members)
+      if (std::find(r.members.begin(), r.members.end(), m) == r.members.end()) surplus.push_back(m);
+    if (st_.generation != r.target_generation) {
+      st_.generation = r.target_generation;
+      st_.members = r.members;
+      st_.last_membership_change = o_.now;
+      st_.current_gpus = static_cast<int64_t>(r.members.size()) * GpusPerPod();
+      Emit("Normal", "Rendezvous",
+           "generation " + std::to_string(r.target_generation) + " at " +
+               std::to_string(st_.current_gpus) + " GPUs: " + r.reason);
+    }
+    if (!surplus.empty()) {
+      Do(Action::Kind::kShutdown, surplus, r.reason);
+      Do(Action::Kind::kDeletePods, surplus, r.reason);
+    }
+    std::vector<std::string> pending;
+    for (const std::string& m : r.members) {
+      const WorkerReport* w = Report(m);
+      if (!w || w->generation < r.target_generation) pending.push_back(m);
+    }
+    if (!pending.empty()) {
+      Action& a = Do(Action::Kind::kRendezvous, r.members, r.reason);
+      a.targets = pending;
+      a.generation = r.target_generation;
+      st_.phase = r.recovery ? (st_.restarts > 0 ? "Recovering" : "Pending") : "Scaling";
+      plan_.requeue_after = options_.poll;
+      return;
+    }
+    const bool recovery = r.recovery;
+    st_.rescale.reset();
+    st_.phase = "Running";
+    if (recovery && st_.restarts > 0)
+      Emit("Normal", "Recovered",
+           "generation " + std::to_string(st_.generation) + " resumed from the newest checkpoint");
+    else if (!recovery)
+      Emit("Normal", "Rescaled",
+           "generation " + std::to_string(st_.generation) + " training at " +
+               std::to_string(st_.current_gpus) + " GPUs");
+  }
+
+  // Pods of the job that neither the current generation nor the change under way counts on
+  // (a surplus rank whose Shutdown was lost with a crashed leader, a pod of an abandoned step)
+  // are stopped and deleted: they hold GPUs.
+  void CollectStrays() {
+    std::set<std::string> known(st_.members.begin(), st_.members.end());
+    if (st_.rescale) {
+      known.insert(st_.rescale->members.begin(), st_.rescale->members.end());
+      known.insert(st_.rescale->new_pods.begin(), st_.rescale->new_pods.end());
+    }
+    for (const Action& a : plan_.actions)
+      if (a.kind == Action::Kind::kDeletePods) known.insert(a.pods.begin(), a.pods.end());
+    std::vector<std::string> strays;
+    for (const PodView& p : o_.pods)
+      if (!known.count(p.name) && !p.deleting && p.phase != "Succeeded") strays.push_back(p.name);
+    if (strays.empty()) return;
+    Do(Action::Kind::kShutdown, strays,
+       "not a member of generation " + std::to_string(st_.generation));
+    Do(Action::Kind::kDeletePods, strays,
+       "not a member of generation " + std::to_string(st_.generation));
+  }
+
+  // --- output ---------------------------------------------------------------------------
+  // Appends an action; the caller fills in the kind-specific fields through the reference.
+  Action& Do(Action::Kind kind, std::vector<std::string> pods = {}, std::string reason = "") {
+    Action a;
+    a.kind = kind;
+    a.pods = std::move(pods);
+    a.reason = std::move(reason);
+    plan_.actions.push_back(std::move(a));
+    return plan_.actions.back();
+  }
+  void Emit(const std::string& type, const std::string& reason, const std::string& message) {
+    plan_.events.push_back({type, reason, message});
+  }
+
+  void WriteStatus() {
+    // Rank 0 reports for the job; after a drain (suspend, deletion) the members are gone from
+    // the new status but their last answers (the checkpoint they paused at) still count.
+    const auto& members = st_.members.empty() ? o_.status.members : st_.members;
+    if (!members.empty()) {
+      if (const WorkerReport* r = Report(members[0])) {
+        if (r->step > 0) {
+          st_.step = r->step;
+          st_.loss = r->loss;
+          st_.tokens_per_second = r->tokens_per_second;
+        }
+        const std::string known =
+            st_.last_checkpoint.is_object() ? st_.last_checkpoint.value("uri", "") : std::string();
+        if (r->checkpoint_step && r->checkpoint_uri != known) {
+          st_.last_checkpoint = {{"step", *r->checkpoint_step},
+                                 {"kind", r->checkpoint_kind},
+                                 {"uri", r->checkpoint_uri},
+                                 {"time", kube::FormatTime(o_.now)}};
+        }
+      }
+    }
+    if (st_.phase != "Suspended" && st_.phase != "Failed" && st_.phase != "Succeeded")
+      st_.current_gpus = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
+    const int64_t gen = o_.metadata_generation;
+    if (!o_.spec.ok()) return;
+    const bool scaling = st_.rescale && !st_.rescale->recovery;
+    const bool recovering = st_.rescale && st_.rescale->recovery && st_.restarts > 0;
+    // An abandoned scale-up keeps its condition (and why) until the next rescale starts.
+    if (scaling || !ConditionIs(st_, "Scaling", "ScaleUpAbandoned"))
+      SetCondition(st_, "Scaling", scaling, scaling ? StageName(st_.rescale->stage) : "Stable",
+                   scaling ? st_.rescale->reason : "no membership change under way", o_.now, gen);
+    SetCondition(
+        st_, "Recovering", recovering, recovering ? "Restarting" : "Healthy",
+        recovering ? "restart " + std::to_string(st_.restarts) : "no failure being recovered",
+        o_.now, gen);
+    const bool running = st_.phase == "Running" || st_.phase == "Scaling";
+    SetCondition(st_, "Ready", running, running ? "Training" : st_.phase,
+                 running ? "generation " + std::to_string(st_.generation) + " at " +
+                               std::to_string(st_.current_gpus) + " GPUs"
+                         : (st_.phase == "Failed" ? st_.failure : "phase " + st_.phase),
+                 o_.now, gen);
+    const bool progressing = running || st_.phase == "Pending" || st_.phase == "Recovering";
+    SetCondition(st_, "Progressing", progressing, progressing ? "Training" : st_.phase,
+                 "step " + std::to_string(st_.step), o_.now, gen);
+  }
+
+  Plan Finish() {
+    WriteStatus();
+    return std::move(plan_);
+  }
+
+  const Observed& o_;
+  const ReconcileOptions& options_;
+  Plan plan_;
+  JobStatus& st_;
+  const api::TrainingJobSpec* spec_ = nullptr;
+  std::map<std::string, const PodView*> pods_;
+};
+
+}  // namespace
+
+const char* ActionKindName(Action::Kind kind) {
+  switch (kind) {
+    case Action::Kind::kAddFinalizer:
+      return "AddFinalizer";
+    case Action::Kind::kRemoveFinalizer:
+      return "RemoveFinalizer";
+    case Action::Kind::kEnsureService:
+      return "EnsureService";
+    case Action::Kind::kEnsureTokenSecret:
+      return "EnsureTokenSecret";
+    case Action::Kind::kEnsureSpecConfig:
+      return "EnsureSpecConfig";
+    case Action::Kind::kCreatePods:
+      return "CreatePods";
+    case Action::Kind::kDeletePods:
+      return "DeletePods";
+    case Action::Kind::kBarrier:
+      return "Barrier";
+    case Action::Kind::kRendezvous:
+      return "Rendezvous";
+    case Action::Kind::kShutdown:
+      return "Shutdown";
+  }
+  return "Unknown";
+}
+
+const char* StageName(Stage stage) {
+  switch (stage) {
+    case Stage::kWaitingForPods:
+      return "WaitingForPods";
+    case Stage::kBarrier:
+      return "Barrier";
+    case Stage::kRendezvous:
+      return "Rendezvous";
+  }
+  return "Unknown";
+}
+
+StatusOr<JobStatus> JobStatusFromJson(const json& j) {
+  JobStatus st;
+  if (j.is_null()) return st;
+  if (!j.is_object()) return InvalidArgument("status: expected an object");
+  st.phase = Value<std::string>(j, "phase", "Pending");
+  st.generation = Value<int64_t>(j, "generation", 0);
+  st.members = Strings(j, "members");
+  st.restarts = Value<int64_t>(j, "restarts", 0);
+  st.restart_not_before = TimeField(j, "restartNotBefore");
+  st.last_membership_change = TimeField(j, "lastMembershipChange");
+  st.step = Value<int64_t>(j, "step", 0);
+  st.loss = Value<double>(j, "loss", 0);
+  st.tokens_per_second = Value<double>(j, "tokensPerSecond", 0);
+  if (auto c = j.find("lastCheckpoint"); c != j.end() && c->is_object()) st.last_checkpoint = *c;
+  if (auto g = j.find("gpus"); g != j.end() && g->is_object()) {
+    st.desired_gpus = Value<int64_t>(*g, "desired", 0);
+    st.current_gpus = Value<int64_t>(*g, "current", 0);
+    st.gpus_reason = Value<std::string>(*g, "reason", "");
+  }
+  st.failure = Value<std::string>(j, "failure", "");
+  if (auto c = j.find("conditions"); c != j.end() && c->is_array()) st.conditions = *c;
+  st.observed_generation = Value<int64_t>(j, "observedGeneration", 0);
+  if (auto r = j.find("rescale"); r != j.end() && r->is_object()) {
+    RescaleState rs;
+    const std::string stage = Value<std::string>(*r, "stage", "");
+    if (stage == "WaitingForPods")
+      rs.stage = Stage::kWaitingForPods;
+    else if (stage == "Barrier")
+      rs.stage = Stage::kBarrier;
+    else if (stage == "Rendezvous")
+      rs.stage = Stage::kRendezvous;
+    else
+      return InvalidArgument("status.rescale.stage: unknown \"" + stage + "\"");
+    rs.target_generation = Value<int64_t>(*r, "targetGeneration", 0);
+    rs.members = Strings(*r, "members");
+    rs.new_pods = Strings(*r, "newPods");
+    rs.reason = Value<std::string>(*r, "reason", "");
+    rs.recovery = Value<bool>(*r, "recovery", false);
+    rs.started = TimeField(*r, "started").value_or(Clock::time_point{});
+    st.rescale = rs;
+  }
+  return st;
+}
+
+json ToJson(const JobStatus& st, const std::string& label_selector) {
+  json j = {{"phase", st.phase},
+            {"generation", st.generation},
+            {"members", st.members},
+            {"restarts", st.restarts},
+            {"step", st.step},
+            {"loss", st.loss},
+            {"tokensPerSecond", st.tokens_per_second},
+            {"gpus",
+             {{"desired", st.desired_gpus},
+              {"current", st.current_gpus},
+              {"summary", std::to_string(st.current_gpus) + "/" + std::to_string(st.desired_gpus)},
+              {"reason", st.gpus_reason}}},
+            {"selector", label_selector},
+            {"conditions", st.conditions},
+            {"observedGeneration", st.observed_generation}};
+  if (!st.last_checkpoint.is_null()) j["lastCheckpoint"] = st.last_checkpoint;
+  if (!st.failure.empty()) j["failure"] = st.failure;
+  if (st.restart_not_before) j["restartNotBefore"] = kube::FormatTime(*st.restart_not_before);
+  if (st.last_membership_change)
+    j["lastMembershipChange"] = kube::FormatTime(*st.last_membership_change);
+  if (st.rescale) {
+    const RescaleState& r = *st.rescale;
+    j["rescale"] = {{"stage", StageName(r.stage)},
+                    {"targetGeneration", r.target_generation},
+                    {"members", r.members},
+                    {"newPods", r.new_pods},
+                    {"reason", r.reason},
+                    {"recovery", r.recovery},
+                    {"started", kube::FormatTime(r.started)}};
+  }
+  return j;
+}
+
+Plan Decide(const Observed& observed, const ReconcileOptions& options) {
+  return Decider(observed, options).Run();
+}
+
+}  // namespace tidal::controller

@@ -1,0 +1,160 @@
+// operator/controller/reconcile.h — what the controller does next for one TrainingJob, as a
+// pure function of what it observes: the job (spec, status, deletion), the children it owns,
+// its worker pods, what each reachable worker reports over gRPC, the cluster's idle GPUs and
+// the time. No I/O: the controller's shell (controller.h) observes, calls Decide, writes the
+// status first and then carries out the actions, each idempotent. Every step of DESIGN.md §4
+// is recorded in status before it is acted on, so a new leader that finds a half-done rescale
+// or recovery carries it on from the status alone — never two generations training at once.
+//
+// The rescale protocol, make before break:
+//   WaitingForPods  new pods of the next generation created together (one gang group);
+//                   training goes on. Not all reachable within scaleUpTimeoutSeconds:
+//                   they are deleted, an Event says why, the job stays as it was.
+//   Barrier         Checkpoint{pause} on every member: all pause at one step, checkpointed.
+//   Rendezvous      status.generation + 1 and the new members written, then Rendezvous on
+//                   each new member (rank order = member order); surplus ranks Shutdown and
+//                   their pods deleted. Done when every member reports the new generation.
+// Recovery: a member pod that failed, vanished, or reports FAILED ends the generation. The
+// restart is counted (Failed beyond maxRestarts), the failed pods are deleted, and after the
+// backoff (backoffSeconds × 2^(restarts-1), at most 10 minutes) the survivors plus
+// replacements (or the survivors alone when that is ≥ minGPUs) rendezvous as a new
+// generation, resuming from the newest checkpoint.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "operator/api/training_job.h"
+
+namespace tidal::controller {
+
+using Clock = std::chrono::system_clock;
+
+inline constexpr const char* kFinalizer = "tidal.dev/final-checkpoint";
+
+// The protocol state the controller keeps in status (beside what it reports).
+struct RescaleState {
+  enum class Stage { kWaitingForPods, kBarrier, kRendezvous };
+  Stage stage = Stage::kWaitingForPods;
+  int64_t target_generation = 0;
+  std::vector<std::string> members;   // the next generation's pods, rank order
+  std::vector<std::string> new_pods;  // created for it (deleted if abandoned)
+  std::string reason;                 // "scale 2 -> 4 GPUs: schedule window night"
+  Clock::time_point started;
+  bool recovery = false;  // a recovery's rendezvous (no barrier: the old generation is gone)
+};
+
+struct JobStatus {
+  std::string phase = "Pending";
+  int64_t generation = 0;
+  std::vector<std::string> members;  // current generation's pods, rank order
+  std::optional<RescaleState> rescale;
+  int64_t restarts = 0;
+  std::optional<Clock::time_point> restart_not_before;  // recovery backoff
+  std::optional<Clock::time_point> last_membership_change;
+  int64_t step = 0;
+  double loss = 0, tokens_per_second = 0;
+  nlohmann::json last_checkpoint;  // {step, kind, uri, time} or null
+  int64_t desired_gpus = 0, current_gpus = 0;
+  std::string gpus_reason;
+  std::string failure;  // why the job failed, for the condition
+  nlohmann::json conditions = nlohmann::json::array();
+  int64_t observed_generation = 0;
+};
+StatusOr<JobStatus> JobStatusFromJson(const nlohmann::json& status);  // tolerant of absent fields
+// The status subresource body; `label_selector` is written for the scale subresource.
+nlohmann::json ToJson(const JobStatus& status, const std::string& label_selector);
+
+// A worker's answer to GetStatus (worker/control's proto, without protobuf types).
+struct WorkerReport {
+  std::string phase;  // Waiting Joining Running Checkpointing Paused Failed Succeeded
+  int64_t generation = 0;
+  int rank = 0, world_size = 0;
+  int64_t step = 0;
+  double loss = 0, tokens_per_second = 0;
+  std::optional<int64_t> checkpoint_step;
+  std::string checkpoint_kind, checkpoint_uri;
+  std::string last_error;
+};
+
+struct PodView {
+  std::string name;
+  int slot = 0;
+  std::string phase;  // Pending Running Succeeded Failed
+  bool ready = false;
+  bool deleting = false;
+  std::string ip;
+  int64_t created_for_generation = 0;
+  std::string reason;  // why it is not running (Unschedulable, the exit code, ...)
+};
+
+struct Observed {
+  std::string name, namespace_, uid;
+  int64_t metadata_generation = 0;
+  bool deleting = false;
+  bool has_finalizer = false;
+  StatusOr<api::TrainingJobSpec> spec = Internal("not observed");
+  nlohmann::json raw_spec;
+  JobStatus status;
+  bool service_exists = false, token_exists = false, spec_config_exists = false;
+  std::vector<PodView> pods;
+  std::map<std::string, WorkerReport> reports;  // by pod name: the reachable workers
+  // Pods whose worker did not answer, since when (the shell remembers across reconciles).
+  std::map<std::string, Clock::time_point> unreachable_since;
+  int64_t idle_gpus = 0;  // the capacity gate's input
+  Clock::time_point now;
+};
+
+struct Action {
+  enum class Kind {
+    kAddFinalizer,
+    kRemoveFinalizer,
+    kEnsureService,
+    kEnsureTokenSecret,
+    kEnsureSpecConfig,
+    kCreatePods,  // slots, generation, group size
+    kDeletePods,  // pods
+    kBarrier,     // Checkpoint{pause} on pods
+    kRendezvous,  // generation, pods in rank order, store on the first one's IP
+    kShutdown,    // pods
+  };
+  Kind kind = Kind::kEnsureService;
+  std::vector<std::string> pods;     // for kRendezvous: every member, in rank order
+  std::vector<std::string> targets;  // kRendezvous: the members to call (not there yet)
+  std::vector<int> slots;
+  int64_t generation = 0;
+  std::string reason;
+};
+
+struct Event {
+  std::string type;  // Normal | Warning
+  std::string reason, message;
+};
+
+struct Plan {
+  JobStatus status;  // written (if changed) before any action runs
+  std::vector<Action> actions;
+  std::vector<Event> events;
+  // Look again after this long at the latest (worker progress, schedule windows, backoff).
+  std::chrono::milliseconds requeue_after{std::chrono::seconds(5)};
+};
+
+struct ReconcileOptions {
+  // A member that does not answer for this long counts as failed.
+  std::chrono::seconds unreachable_after{30};
+  std::chrono::milliseconds poll{std::chrono::seconds(2)};
+};
+
+Plan Decide(const Observed& observed, const ReconcileOptions& options = {});
+
+const char* ActionKindName(Action::Kind kind);
+const char* StageName(RescaleState::Stage stage);
+
+}  // namespace tidal::controller

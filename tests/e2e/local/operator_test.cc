@@ -1,0 +1,225 @@
+// The operator end to end: `tidal local` (API server, process kubelet, the operator and its
+// CRD), the real kubectl, and real tidal-worker processes training a job that is resized by
+// `kubectl scale`, recovered after kill -9, suspended and resumed, or refused for a bad spec.
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/e2e/local/kubectl_fixture.h"
+
+namespace tidal::testing {
+namespace {
+
+class OperatorTest : public KubectlTest {
+ protected:
+  OperatorTest() { with_operator_ = true; }
+  std::vector<std::string> ExtraClusterArgs() override { return {"--gpus", "4"}; }
+
+  // A tiny job: 8 sequences per step (whole micro-batches at 2 and 4 ranks), a full
+  // checkpoint every 5 steps, no cooldown, one intra-op thread per worker (4 share 2 cores).
+  std::string JobYaml(const std::string& name, int max_steps, const std::string& extra = "") {
+    std::ostringstream y;
+    y << "apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: " << name
+      << "}\nspec:\n"
+      << "  model: {preset: tiny, seed: 3}\n"
+      << "  dataset: {uri: " << TIDAL_SOURCE_DIR
+      << "/examples/data/sample.jsonl, format: text, maxSeqLen: 32}\n"
+      << "  lora: {rank: 4, alpha: 8, dropout: 0.1, targetModules: [q_proj, v_proj]}\n"
+      << "  optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 8, microBatchSize: 2,"
+      << " learningRate: 2.0e-3, warmup: {steps: 5, adaptive: true}, maxSteps: " << max_steps
+      << ", seed: 1}\n"
+      << "  elastic: {minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 120}\n"
+      << "  checkpoint: {fullEverySteps: 5, snapshotEverySteps: 0, keep: 2}\n"
+      << "  restartPolicy: {maxRestarts: 3, backoffSeconds: 1}\n"
+      << "  worker: {env: [{name: TIDAL_INTRA_OP_THREADS, value: \"1\"}]}\n"
+      << extra;
+    return WriteFile(name + ".yaml", y.str());
+  }
+  std::string Status(const std::string& job, const std::string& path) {
+    return Kubectl({"get", "tj", job, "-o", "jsonpath=" + path}).out;
+  }
+  int64_t Int(const std::string& job, const std::string& path) {
+    const std::string v = Status(job, path);
+    return v.empty() ? -1 : std::atoll(v.c_str());
+  }
+  void WaitInt(const std::string& job, const std::string& path,
+               const std::function<bool(int64_t)>& done, std::chrono::seconds timeout) {
+    const std::string out = WaitFor(
+        {"tj", job}, path,
+        [&](const std::string& v) { return !v.empty() && done(std::atoll(v.c_str())); }, timeout);
+    ASSERT_TRUE(!out.empty() && done(std::atoll(out.c_str())))
+        << path << " = " << out << "\nstatus: " << Status(job, "{.status}")
+        << "\nlog tail: " << LogTail();
+  }
+  std::string LogTail() {
+    std::ifstream in(dir_ / "tidal-local.log");
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return all.size() > 4000 ? all.substr(all.size() - 4000) : all;
+  }
+  // step → losses logged by rank 0 (`kubectl logs`; worker-0 is rank 0 in every generation).
+  std::map<int64_t, std::vector<double>> StepLosses(const std::string& pod) {
+    std::map<int64_t, std::vector<double>> out;
+    std::istringstream in(Ok({"logs", pod}));
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || j.value("msg", "") != "step") continue;
+      out[j["step"].get<int64_t>()].push_back(j["loss"].get<double>());
+    }
+    return out;
+  }
+  std::map<int64_t, double> ReferenceLosses(const std::string& manifest, int steps) {
+    auto r = RunProcess({TIDAL_TRAIN_BIN, "--config", manifest, "--nproc", "2", "--max-steps",
+                         std::to_string(steps)},
+                        300s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::map<int64_t, double> losses;
+    std::istringstream in(r.out);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.contains("step")) losses[j["step"]] = j["loss"];
+    }
+    return losses;
+  }
+  int PodCount(const std::string& job) {
+    std::string out = Ok({"get", "pods", "-l", "tidal.dev/job=" + job, "-o", "name"});
+    return static_cast<int>(std::count(out.begin(), out.end(), '\n'));
+  }
+};
+
+// kubectl scale 2 → 4, then clearing the override (back to minGPUs) 4 → 2, while the job
+// trains: every step once, with the losses of an unresized 2-GPU run to 1e-5.
+TEST_F(OperatorTest, KubectlScaleResizesARunningJobWithoutChangingItsLossCurve) {
+  constexpr int kSteps = 30;
+  const std::string manifest = JobYaml("elastic", kSteps);
+  const auto reference = ReferenceLosses(manifest, kSteps);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+  Ok({"apply", "-f", manifest});
+  WaitInt("elastic", "{.status.generation}", [](int64_t g) { return g >= 1; }, 120s);
+  WaitInt("elastic", "{.status.step}", [](int64_t s) { return s >= 4; }, 120s);
+  EXPECT_EQ(Status("elastic", "{.status.gpus.summary}"), "2/2");
+
+  Ok({"scale", "tj", "elastic", "--replicas=4"});
+  WaitInt("elastic", "{.status.generation}", [](int64_t g) { return g >= 2; }, 120s);
+  EXPECT_EQ(Int("elastic", "{.status.gpus.current}"), 4);
+  EXPECT_EQ(PodCount("elastic"), 4);
+  const int64_t at = Int("elastic", "{.status.step}");
+  WaitInt("elastic", "{.status.step}", [&](int64_t s) { return s >= at + 3; }, 120s);
+
+  Ok({"patch", "tj", "elastic", "--type=merge", "-p", R"({"spec":{"replicas":null}})"});
+  WaitInt("elastic", "{.status.generation}", [](int64_t g) { return g >= 3; }, 120s);
+  EXPECT_EQ(Int("elastic", "{.status.gpus.current}"), 2);
+
+  EXPECT_EQ(WaitFor({"tj", "elastic"}, "{.status.phase}",
+                    [](const std::string& p) { return p == "Succeeded"; }, 300s),
+            "Succeeded")
+      << LogTail();
+  const auto losses = StepLosses("elastic-worker-0");
+  EXPECT_EQ(losses.size(), static_cast<size_t>(kSteps)) << "a step was lost";
+  for (const auto& [step, seen] : losses) {
+    EXPECT_EQ(seen.size(), 1u) << "step " << step << " ran " << seen.size() << " times";
+    const double want = reference.at(step);
+    EXPECT_LE(std::abs(seen[0] - want) / std::abs(want), 1e-5) << "step " << step;
+  }
+  const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
+  for (const char* reason :
+       {"ScalingUp", "CheckpointBarrier", "Rescaled", "ScalingDown", "Succeeded"})
+    EXPECT_NE(events.find(reason), std::string::npos) << reason << " in " << events;
+  EXPECT_NE(Ok({"get", "tj", "elastic"}).find("Succeeded"), std::string::npos);
+}
+
+TEST_F(OperatorTest, KillNineOfAWorkerIsRecoveredFromTheNewestCheckpointAndCounted) {
+  Ok({"apply", "-f", JobYaml("faulty", 400)});
+  WaitInt("faulty", "{.status.lastCheckpoint.step}", [](int64_t s) { return s >= 5; }, 180s);
+  // The worker process of pod faulty-worker-1, found by its mounted spec path.
+  auto r = RunProcess({"/usr/bin/pgrep", "-f", "faulty-worker-1/.*trainingjob.json"}, 10s);
+  ASSERT_EQ(r.exit_code, 0) << "no worker process found";
+  const pid_t pid = std::atoi(r.out.c_str());
+  ASSERT_GT(pid, 0);
+  kill(pid, SIGKILL);
+  WaitInt("faulty", "{.status.restarts}", [](int64_t n) { return n >= 1; }, 120s);
+  WaitInt("faulty", "{.status.generation}", [](int64_t g) { return g >= 2; }, 180s);
+  EXPECT_EQ(WaitFor({"tj", "faulty"}, "{.status.phase}",
+                    [](const std::string& p) { return p == "Running"; }, 120s),
+            "Running");
+  const int64_t step = Int("faulty", "{.status.step}");
+  WaitInt("faulty", "{.status.step}", [&](int64_t s) { return s > step; }, 120s);
+  const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
+  EXPECT_NE(events.find("WorkerFailed"), std::string::npos) << events;
+  EXPECT_NE(events.find("Recovered"), std::string::npos) << events;
+}
+
+TEST_F(OperatorTest, SuspendCheckpointsAndRemovesThePodsAndResumeContinuesFromThatStep) {
+  Ok({"apply", "-f", JobYaml("pausable", 400)});
+  WaitInt("pausable", "{.status.step}", [](int64_t s) { return s >= 3; }, 180s);
+  Ok({"patch", "tj", "pausable", "--type=merge", "-p", R"({"spec":{"suspend":true}})"});
+  EXPECT_EQ(WaitFor({"tj", "pausable"}, "{.status.phase}",
+                    [](const std::string& p) { return p == "Suspended"; }, 120s),
+            "Suspended");
+  const int64_t saved = Int("pausable", "{.status.lastCheckpoint.step}");
+  EXPECT_EQ(saved, Int("pausable", "{.status.step}"))
+      << "suspended without a checkpoint at its step";
+  for (int i = 0; i < 100 && PodCount("pausable") > 0; ++i) std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(PodCount("pausable"), 0);
+  Ok({"patch", "tj", "pausable", "--type=merge", "-p", R"({"spec":{"suspend":false}})"});
+  WaitInt("pausable", "{.status.step}", [&](int64_t s) { return s > saved; }, 180s);
+  // The new generation's rank 0 says where it resumed.
+  int64_t resumed = -1;
+  std::istringstream in(Ok({"logs", "pausable-worker-0"}));
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.value("msg", "") == "generation running")
+      resumed = j.value("resumed_at_step", int64_t{-1});
+  }
+  EXPECT_EQ(resumed, saved) << "did not resume from the suspend checkpoint";
+}
+
+// Specs the schema lets through but the operator refuses: Ready=False InvalidSpec naming the
+// field, an Event, and no pod. (The schema's own refusals are in trainingjob_crd_test.)
+TEST_F(OperatorTest, InvalidSpecsGetAnInvalidSpecConditionNamingTheFieldAndNoPod) {
+  struct Case {
+    std::string name, patch, field;
+  };
+  const std::vector<Case> cases = {
+      {"bad-tz", R"({"spec":{"elastic":{"timeZone":"Mars/Olympus_Mons"}}})",
+       "spec.elastic.timeZone"},
+      {"bad-cron",
+       R"({"spec":{"elastic":{"schedule":[{"name":"n","start":"0 25 * * *","end":"0 8 * * *","gpus":4}]}}})",
+       "spec.elastic.schedule[0].start"},
+      {"bad-ckpt", R"({"spec":{"checkpoint":{"uri":"ftp://host/ckpt"}}})", "spec.checkpoint.uri"},
+      {"bad-secret",
+       R"({"spec":{"checkpoint":{"uri":"s3://b/p","credentialsSecret":"Bad_Name"}}})",
+       "spec.checkpoint.credentialsSecret"},
+      {"bad-data", R"({"spec":{"dataset":{"uri":"hdfs://nn/data.jsonl"}}})", "spec.dataset.uri"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    // Created suspended, patched bad, then released: bad from the first reconcile that acts.
+    Ok({"apply", "-f", JobYaml(c.name, 10, "  suspend: true\n")});
+    ProcessResult patched = Kubectl({"patch", "tj", c.name, "--type=merge", "-p", c.patch});
+    if (patched.exit_code != 0) {  // refused by the schema: it must name the field too
+      EXPECT_NE(patched.err.find(c.field.substr(5)), std::string::npos) << patched.err;
+      continue;
+    }
+    Ok({"patch", "tj", c.name, "--type=merge", "-p", R"({"spec":{"suspend":false}})"});
+    const std::string reason =
+        WaitFor({"tj", c.name}, "{.status.conditions[?(@.type==\"Ready\")].reason}",
+                [](const std::string& r) { return r == "InvalidSpec"; }, 60s);
+    EXPECT_EQ(reason, "InvalidSpec") << Status(c.name, "{.status}");
+    const std::string message =
+        Status(c.name, "{.status.conditions[?(@.type==\"Ready\")].message}");
+    EXPECT_NE(message.find(c.field), std::string::npos) << message;
+  }
+  std::this_thread::sleep_for(2s);
+  EXPECT_EQ(Ok({"get", "pods", "-o", "name"}), "") << "an invalid spec created a pod";
+}
+
+}  // namespace
+}  // namespace tidal::testing

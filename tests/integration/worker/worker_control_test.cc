@@ -1,0 +1,513 @@
+// tidal-worker as the operator drives it: real worker processes on their own loopback
+// addresses, the real gRPC control API, a real file:// checkpoint store. The operator's side
+// (worker/control/client) is played by the test.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <google/protobuf/descriptor.h>
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "common/http/pki.h"
+#include "tests/integration/process.h"
+#include "tidal/worker/v1/worker.grpc.pb.h"
+#include "worker/control/client.h"
+
+namespace tidal::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+namespace pb = ::tidal::worker::v1;
+using worker::ClientOptions;
+using worker::WorkerClient;
+
+constexpr const char* kToken = "s3cr3t-job-token";
+
+// A free TCP port on `host` (bound and released; the worker binds it moments later).
+int FreePort(const std::string& host) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
+  addr.sin_port = 0;
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    socklen_t len = sizeof(addr);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// One tidal-worker process on 127.0.0.<octet>, its client, and its stderr.
+struct Worker {
+  std::string ip;
+  std::unique_ptr<Process> process;
+  std::unique_ptr<WorkerClient> client;
+  std::string address;
+};
+
+class WorkerControlTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "tidal-worker-XXXXXX").string();
+    dir_ = mkdtemp(tmpl.data());
+    std::ofstream(dir_ + "/token") << kToken << "\n";
+    // 8 sequences per step: whole micro-batches at 1, 2 and 4 ranks, not at 3.
+    WriteSpec("full: 1000", 24);
+  }
+  void TearDown() override {
+    for (auto& w : workers_)
+      if (w.process) kill(w.process->pid(), SIGKILL);
+    workers_.clear();
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  void WriteSpec(const std::string& checkpoint, int max_steps) {
+    const std::string full = checkpoint.substr(checkpoint.find(':') + 2);
+    std::ofstream(dir_ + "/job.yaml")
+        << "apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: wc}\nspec:\n"
+        << "  model: {preset: tiny, seed: 3}\n"
+        << "  dataset: {uri: " << TIDAL_SOURCE_DIR
+        << "/examples/data/sample.jsonl, format: text, maxSeqLen: 32}\n"
+        << "  lora: {rank: 4, alpha: 8, dropout: 0.1, targetModules: [q_proj, v_proj, up_proj]}\n"
+        << "  optimization:\n    zeroStage: 3\n    precision: fp32\n    globalBatchSize: 8\n"
+        << "    microBatchSize: 2\n    learningRate: 2.0e-3\n"
+        << "    warmup: {steps: 5, adaptive: true}\n    maxSteps: " << max_steps
+        << "\n    seed: 1\n"
+        << "  elastic: {minGPUs: 1, maxGPUs: 4}\n"
+        << "  checkpoint: {fullEverySteps: " << full << ", snapshotEverySteps: 0, keep: 2}\n";
+  }
+
+  // Starts worker `index` on 127.0.0.(20 + index).
+  Worker& StartWorker(int index, std::vector<std::string> extra = {},
+                      const std::string& ca_pem = "") {
+    Worker w;
+    w.ip = "127.0.0." + std::to_string(20 + index);
+    const std::string port_file = dir_ + "/port-" + std::to_string(index);
+    fs::remove(port_file);
+    std::vector<std::string> argv = {TIDAL_WORKER_BIN,
+                                     "--spec",
+                                     dir_ + "/job.yaml",
+                                     "--token-file",
+                                     dir_ + "/token",
+                                     "--listen",
+                                     w.ip + ":0",
+                                     "--port-file",
+                                     port_file,
+                                     "--checkpoint-uri",
+                                     "file://" + dir_ + "/ckpt",
+                                     "--intra-op-threads",
+                                     "1",
+                                     "--collective-timeout-seconds",
+                                     "30"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    w.process = std::make_unique<Process>(argv);
+    for (int i = 0; i < 300 && !fs::exists(port_file); ++i) std::this_thread::sleep_for(50ms);
+    std::ifstream in(port_file);
+    int port = 0;
+    in >> port;
+    EXPECT_GT(port, 0) << "worker " << index << " never wrote its port";
+    w.address = w.ip + ":" + std::to_string(port);
+    ClientOptions options;
+    options.address = w.address;
+    options.token = kToken;
+    options.tls_ca_pem = ca_pem;
+    if (!ca_pem.empty()) options.tls_server_name = "tidal-worker";
+    w.client = std::make_unique<WorkerClient>(options);
+    workers_.push_back(std::move(w));
+    return workers_.back();
+  }
+
+  // Rendezvous of `members` (indexes into workers_, rank order) as `generation`.
+  void Rendezvous(int64_t generation, const std::vector<int>& members) {
+    const std::string store =
+        workers_[members[0]].ip + ":" + std::to_string(FreePort(workers_[members[0]].ip));
+    for (size_t rank = 0; rank < members.size(); ++rank) {
+      Status s = workers_[members[rank]].client->Rendezvous(
+          generation, static_cast<int>(members.size()), static_cast<int>(rank), store);
+      ASSERT_TRUE(s.ok()) << s.ToString();
+    }
+  }
+
+  pb::WorkerStatus StatusOf(int index) {
+    auto s = workers_[index].client->GetStatus();
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? *s : pb::WorkerStatus();
+  }
+
+  // Polls GetStatus until `pred` holds (bounded).
+  pb::WorkerStatus WaitFor(int index, const std::function<bool(const pb::WorkerStatus&)>& pred,
+                           std::chrono::seconds timeout = 120s) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    pb::WorkerStatus s;
+    while (std::chrono::steady_clock::now() < end) {
+      auto got = workers_[index].client->GetStatus();
+      if (got.ok()) {
+        s = *got;
+        if (pred(s)) return s;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+    ADD_FAILURE() << "worker " << index
+                  << " never got there; last status: " << s.ShortDebugString();
+    return s;
+  }
+
+  // The losses of an unresized run of the same spec: tidal-train at 2 ranks.
+  std::map<int64_t, double> ReferenceLosses(int steps) {
+    auto result = RunProcess({TIDAL_TRAIN_BIN, "--config", dir_ + "/job.yaml", "--nproc", "2",
+                              "--max-steps", std::to_string(steps)},
+                             300s);
+    EXPECT_EQ(result.exit_code, 0) << result.err;
+    std::map<int64_t, double> losses;
+    std::istringstream in(result.out);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.contains("step")) losses[j["step"]] = j["loss"];
+    }
+    return losses;
+  }
+
+  std::string dir_;
+  std::vector<Worker> workers_;
+};
+
+// Collects every step event of a worker's stream on a thread of its own.
+class StepRecorder {
+ public:
+  explicit StepRecorder(WorkerClient& client)
+      : thread_([this, &client] {
+          Status s = client.WatchSteps(0, 300s, [this](const pb::StepEvent& e) {
+            std::lock_guard<std::mutex> lock(mu_);
+            events_.push_back(e);
+            return true;
+          });
+          std::lock_guard<std::mutex> lock(mu_);
+          ended_ = s;
+        }) {}
+  ~StepRecorder() { thread_.join(); }
+  std::vector<pb::StepEvent> events() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+  int64_t last_step() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_.empty() ? 0 : events_.back().step();
+  }
+  void WaitForStep(int64_t step) {
+    for (int i = 0; i < 1200 && last_step() < step; ++i) std::this_thread::sleep_for(100ms);
+    ASSERT_GE(last_step(), step);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<pb::StepEvent> events_;
+  Status ended_;
+  std::thread thread_;
+};
+
+TEST_F(WorkerControlTest, EveryMethodRefusesACallWithoutTheJobTokenAndChangesNothing) {
+  Worker& w = StartWorker(0);
+  auto channel = grpc::CreateChannel(w.address, grpc::InsecureChannelCredentials());
+  auto stub = pb::WorkerControl::NewStub(channel);
+  // One call per method; the descriptor check below fails when a method is added without one.
+  using Call = std::function<grpc::Status(grpc::ClientContext*)>;
+  std::map<std::string, Call> calls = {
+      {"GetStatus",
+       [&](grpc::ClientContext* c) {
+         pb::WorkerStatus out;
+         return stub->GetStatus(c, {}, &out);
+       }},
+      {"Rendezvous",
+       [&](grpc::ClientContext* c) {
+         pb::RendezvousRequest req;
+         req.set_generation(1);
+         req.set_world_size(1);
+         pb::RendezvousResponse out;
+         return stub->Rendezvous(c, req, &out);
+       }},
+      {"Checkpoint",
+       [&](grpc::ClientContext* c) {
+         pb::CheckpointResponse out;
+         return stub->Checkpoint(c, {}, &out);
+       }},
+      {"Pause",
+       [&](grpc::ClientContext* c) {
+         pb::PauseResponse out;
+         return stub->Pause(c, {}, &out);
+       }},
+      {"Resume",
+       [&](grpc::ClientContext* c) {
+         pb::ResumeResponse out;
+         return stub->Resume(c, {}, &out);
+       }},
+      {"Shutdown",
+       [&](grpc::ClientContext* c) {
+         pb::ShutdownResponse out;
+         return stub->Shutdown(c, {}, &out);
+       }},
+      {"WatchSteps",
+       [&](grpc::ClientContext* c) {
+         auto reader = stub->WatchSteps(c, {});
+         pb::StepEvent e;
+         while (reader->Read(&e)) {
+         }
+         return reader->Finish();
+       }},
+  };
+  const auto* service = google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+      "tidal.worker.v1.WorkerControl");
+  ASSERT_NE(service, nullptr);
+  ASSERT_EQ(static_cast<size_t>(service->method_count()), calls.size());
+  for (int m = 0; m < service->method_count(); ++m) {
+    const std::string name = service->method(m)->name();
+    ASSERT_TRUE(calls.count(name)) << "no refusal test for method " << name;
+    for (const std::string& header : {std::string(), std::string("Bearer wrong-token"),
+                                      std::string(kToken), std::string("Bearer ")}) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+      if (!header.empty()) ctx.AddMetadata("authorization", header);
+      grpc::Status s = calls[name](&ctx);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << name << " with authorization \"" << header << "\": " << s.error_message();
+    }
+  }
+  // Nothing happened: no generation, still serving (Shutdown was refused too).
+  pb::WorkerStatus s = StatusOf(0);
+  EXPECT_EQ(s.phase(), pb::WAITING);
+  EXPECT_EQ(s.generation(), 0);
+  EXPECT_FALSE(s.has_gpu_utilization_percent()) << "a CPU worker reports no GPU figures";
+}
+
+TEST_F(WorkerControlTest, OverTlsTheTokenIsStillRequiredAndPlaintextClientsGetNothing) {
+  auto ca = http::GenerateCa("tidal-test-ca", 1);
+  ASSERT_TRUE(ca.ok());
+  http::CertificateRequest req;
+  req.common_name = "tidal-worker";
+  req.dns_names = {"tidal-worker"};
+  req.ip_addresses = {"127.0.0.20"};
+  auto cert = http::IssueCertificate(*ca, req);
+  ASSERT_TRUE(cert.ok());
+  std::ofstream(dir_ + "/tls.crt") << cert->cert_pem;
+  std::ofstream(dir_ + "/tls.key") << cert->key_pem;
+  Worker& w = StartWorker(0, {"--tls-cert", dir_ + "/tls.crt", "--tls-key", dir_ + "/tls.key"},
+                          ca->cert_pem);
+  auto status = w.client->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_EQ(status->phase(), pb::WAITING);
+
+  ClientOptions no_token;
+  no_token.address = w.address;
+  no_token.tls_ca_pem = ca->cert_pem;
+  no_token.tls_server_name = "tidal-worker";
+  auto refused = WorkerClient(no_token).GetStatus();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("UNAUTHENTICATED"), std::string::npos)
+      << refused.status().ToString();
+
+  ClientOptions plaintext;
+  plaintext.address = w.address;
+  plaintext.token = kToken;
+  plaintext.timeout = 3s;
+  auto plain = WorkerClient(plaintext).GetStatus();
+  ASSERT_FALSE(plain.ok());
+  EXPECT_EQ(plain.status().code(), StatusCode::kUnavailable) << plain.status().ToString();
+}
+
+TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
+  StartWorker(0);
+  WorkerClient& c = *workers_[0].client;
+  auto expect = [](const Status& s, const std::string& code, const std::string& words) {
+    EXPECT_FALSE(s.ok());
+    EXPECT_EQ(s.message().rfind(code, 0), 0u) << s.ToString();
+    EXPECT_NE(s.message().find(words), std::string::npos) << s.ToString();
+  };
+  expect(c.Rendezvous(0, 1, 0, ""), "INVALID_ARGUMENT", "generation");
+  expect(c.Rendezvous(1, 2, 2, "127.0.0.20:1234"), "INVALID_ARGUMENT", "outside world size 2");
+  expect(c.Rendezvous(1, 2, 0, "127.0.0.20"), "INVALID_ARGUMENT", "store_address");
+  expect(c.Rendezvous(1, 2, 0, "127.0.0.20:99999"), "INVALID_ARGUMENT", "store_address");
+  expect(c.Rendezvous(1, 3, 0, "127.0.0.20:1234"), "INVALID_ARGUMENT", "globalBatchSize");
+  expect(c.Checkpoint(false, 5s).status(), "FAILED_PRECONDITION", "phase Waiting");
+  expect(c.Pause(5s).status(), "FAILED_PRECONDITION", "phase Waiting");
+  expect(c.Resume(), "FAILED_PRECONDITION", "not paused");
+  // A good one, then the same generation again.
+  ASSERT_TRUE(c.Rendezvous(1, 1, 0, "").ok());
+  expect(c.Rendezvous(1, 1, 0, ""), "FAILED_PRECONDITION", "not newer");
+  EXPECT_EQ(WaitFor(0, [](auto& s) { return s.step() >= 1; }).generation(), 1);
+}
+
+TEST_F(WorkerControlTest, BadInvocationsExitTwoNamingTheFlagOrField) {
+  std::ofstream(dir_ + "/bad.yaml") << "spec:\n  model: {preset: tiny}\n"
+                                    << "  dataset: {uri: /x.jsonl}\n"
+                                    << "  optimization: {globalBatchSize: 7, microBatchSize: 2}\n";
+  const std::string spec = dir_ + "/job.yaml", token = dir_ + "/token";
+  struct Case {
+    std::vector<std::string> args;
+    std::string words;
+  };
+  std::vector<Case> cases = {
+      {{"--token-file", token, "--listen", "127.0.0.1:0"}, "--spec"},
+      {{"--spec", spec, "--listen", "127.0.0.1:0"}, "--token-file"},
+      {{"--spec", spec, "--token-file", dir_ + "/nope", "--listen", "127.0.0.1:0"},
+       "--token-file: cannot read"},
+      {{"--spec", dir_ + "/bad.yaml", "--token-file", token, "--listen", "127.0.0.1:0"},
+       "spec.optimization.globalBatchSize"},
+      {{"--spec", spec, "--token-file", token}, "--listen"},
+      {{"--spec", spec, "--token-file", token, "--listen", "127.0.0.1:0"}, "checkpoint"},
+      {{"--spec", spec, "--token-file", token, "--listen", "127.0.0.1:0", "--tls-cert", "x"},
+       "--tls-key"},
+      {{"--spec", spec, "--token-file", token, "--listen", "127.0.0.1:0", "--max-steps", "0"},
+       "--max-steps"},
+      {{"--spec", spec, "--token-file", token, "--listen", "127.0.0.1:0", "--bogus", "1"},
+       "--bogus"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {TIDAL_WORKER_BIN};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    auto r = RunProcess(argv, 30s);
+    EXPECT_EQ(r.exit_code, 2) << c.words << ": " << r.err;
+    EXPECT_NE(r.err.find(c.words), std::string::npos) << r.err;
+  }
+  std::ofstream(dir_ + "/empty-token") << "\n";
+  auto r = RunProcess({TIDAL_WORKER_BIN, "--spec", spec, "--token-file", dir_ + "/empty-token",
+                       "--listen", "127.0.0.1:0", "--checkpoint-uri", dir_ + "/ckpt"},
+                      30s);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("token is empty"), std::string::npos) << r.err;
+}
+
+TEST_F(WorkerControlTest, PauseHoldsEveryRankAtOneStepAndResumeGoesOn) {
+  StartWorker(0);
+  StartWorker(1);
+  Rendezvous(1, {0, 1});
+  WaitFor(0, [](auto& s) { return s.step() >= 2; });
+  auto paused = workers_[0].client->Pause(60s);
+  ASSERT_TRUE(paused.ok()) << paused.status().ToString();
+  auto other = workers_[1].client->Pause(60s);
+  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  EXPECT_EQ(*paused, *other) << "the ranks paused at different steps";
+  std::this_thread::sleep_for(1s);
+  for (int i : {0, 1}) {
+    pb::WorkerStatus s = StatusOf(i);
+    EXPECT_EQ(s.phase(), pb::PAUSED);
+    EXPECT_EQ(s.step(), *paused);
+    EXPECT_EQ(s.last_checkpoint().step(), *paused) << "a pause is checkpointed";
+  }
+  ASSERT_TRUE(workers_[0].client->Resume().ok());
+  ASSERT_TRUE(workers_[1].client->Resume().ok());
+  WaitFor(0, [&](auto& s) { return s.step() >= *paused + 2; });
+}
+
+// The rescale protocol of DESIGN.md §4, driven as the operator drives it: 2 ranks, then 4,
+// then 2 again, each change a checkpoint barrier and a new generation. Every step happens
+// exactly once, with the loss of an unresized 2-rank run.
+TEST_F(WorkerControlTest, RescaleTwoFourTwoKeepsEveryStepAndTheLossesOfAnUnresizedRun) {
+  constexpr int kSteps = 24;
+  const auto reference = ReferenceLosses(kSteps);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+  for (int i = 0; i < 4; ++i) StartWorker(i);
+  Rendezvous(1, {0, 1});
+  StepRecorder steps(*workers_[0].client);
+  steps.WaitForStep(6);
+
+  // Scale up: the new workers are up (WAITING, answering); barrier; generation 2 at 4.
+  for (int i : {2, 3}) EXPECT_EQ(StatusOf(i).phase(), pb::WAITING);
+  auto barrier = workers_[0].client->Checkpoint(/*pause=*/true, 120s);
+  ASSERT_TRUE(barrier.ok()) << barrier.status().ToString();
+  auto barrier1 = workers_[1].client->Checkpoint(true, 120s);
+  ASSERT_TRUE(barrier1.ok()) << barrier1.status().ToString();
+  EXPECT_EQ(barrier->step(), barrier1->step());
+  EXPECT_TRUE(fs::exists(dir_ + "/ckpt/step-" +
+                         std::string(8 - std::to_string(barrier->step()).size(), '0') +
+                         std::to_string(barrier->step()) + "/manifest.json"));
+  Rendezvous(2, {0, 1, 2, 3});
+  WaitFor(3, [](auto& s) { return s.generation() == 2 && s.phase() == pb::RUNNING; });
+  steps.WaitForStep(barrier->step() + 6);
+
+  // Scale down: barrier on all four, generation 3 at 2, the surplus shut down.
+  for (int i = 0; i < 4; ++i) {
+    auto b = workers_[i].client->Checkpoint(true, 120s);
+    ASSERT_TRUE(b.ok()) << b.status().ToString();
+  }
+  Rendezvous(3, {0, 1});
+  for (int i : {2, 3}) ASSERT_TRUE(workers_[i].client->Shutdown("scale down").ok());
+  for (int i : {2, 3}) EXPECT_EQ(workers_[i].process->Wait(60s).exit_code, 0);
+
+  // Trains to the last step and exits 0.
+  for (int i : {0, 1}) {
+    auto r = workers_[i].process->Wait(300s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  }
+  std::map<int64_t, int> seen;
+  std::set<int64_t> generations;
+  for (const pb::StepEvent& e : steps.events()) {
+    ++seen[e.step()];
+    generations.insert(e.generation());
+    ASSERT_TRUE(reference.count(e.step()));
+    const double want = reference.at(e.step());
+    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5)
+        << "step " << e.step() << " at world size " << e.world_size();
+    EXPECT_EQ(e.world_size(), e.generation() == 2 ? 4 : 2);
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kSteps)) << "a step was lost";
+  for (const auto& [step, count] : seen) EXPECT_EQ(count, 1) << "step " << step << " repeated";
+  EXPECT_EQ(generations, (std::set<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(fs::exists(dir_ + "/ckpt/final/adapter_model.safetensors"));
+}
+
+// kill -9 of one rank: the survivor's generation fails (the error says so), and a new
+// generation with a replacement resumes from the newest checkpoint with the reference losses.
+TEST_F(WorkerControlTest, KillNineOfARankFailsTheGenerationAndARendezvousResumesIt) {
+  constexpr int kSteps = 20;
+  WriteSpec("full: 3", kSteps);
+  const auto reference = ReferenceLosses(kSteps);
+  fs::remove_all(dir_ + "/ckpt");
+  StartWorker(0);
+  StartWorker(1);
+  Rendezvous(1, {0, 1});
+  pb::WorkerStatus before = WaitFor(0, [](auto& s) { return s.last_checkpoint().step() >= 6; });
+  kill(workers_[1].process->pid(), SIGKILL);
+  pb::WorkerStatus failed = WaitFor(
+      0, [](auto& s) { return s.phase() == pb::FAILED; }, 90s);
+  EXPECT_FALSE(failed.last_error().empty());
+  const int64_t newest = failed.last_checkpoint().step();
+  EXPECT_GE(newest, before.last_checkpoint().step());
+
+  StepRecorder steps(*workers_[0].client);
+  StartWorker(2);
+  Rendezvous(2, {0, 2});
+  auto r = workers_[0].process->Wait(300s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::vector<pb::StepEvent> events;
+  for (const auto& e : steps.events())
+    if (e.generation() == 2) events.push_back(e);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().step(), newest + 1) << "generation 2 did not resume at the newest";
+  EXPECT_EQ(events.back().step(), kSteps);
+  for (const auto& e : events) {
+    const double want = reference.at(e.step());
+    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5) << "step " << e.step();
+  }
+}
+
+}  // namespace
+}  // namespace tidal::testing

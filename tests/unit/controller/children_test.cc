@@ -1,0 +1,189 @@
+// The objects a TrainingJob owns, and that `tidal local`'s kubelet would start its worker pods
+// as tidal-worker with the spec, token and address the worker expects.
+#include "operator/controller/children.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <variant>
+
+#include "common/base64.h"
+#include "operator/local/pod_spec.h"
+
+namespace tidal::controller {
+namespace {
+
+using nlohmann::json;
+
+json MinimalSpec() {
+  return json::parse(R"({
+    "model": {"preset": "tiny"},
+    "dataset": {"uri": "/data/sample.jsonl", "format": "text", "maxSeqLen": 32},
+    "optimization": {"globalBatchSize": 8, "microBatchSize": 2, "maxSteps": 10},
+    "elastic": {"minGPUs": 2, "maxGPUs": 4, "gpusPerPod": 2},
+    "worker": {"image": "ghcr.io/tidal-dev/tidal-worker:0.1",
+               "resources": {"limits": {"cpu": "4", "memory": "8Gi"}},
+               "nodeSelector": {"gpu": "h100"},
+               "env": [{"name": "NCCL_DEBUG", "value": "INFO"}]}
+  })");
+}
+
+api::TrainingJobSpec Parse(const json& spec) {
+  auto parsed = api::ParseTrainingJobSpec(spec);
+  EXPECT_TRUE(parsed.ok()) << parsed.status().ToString();
+  return parsed.ok() ? *parsed : api::TrainingJobSpec();
+}
+
+const JobRef kJob{"llama-lora", "team-a", "uid-123"};
+
+TEST(Children, EveryChildIsOwnedByTheJobAsItsControllerAndCarriesTheJobLabel) {
+  const auto spec = Parse(MinimalSpec());
+  for (const json& child :
+       {HeadlessService(kJob), TokenSecret(kJob, "t"), SpecConfigMap(kJob, MinimalSpec()),
+        WorkerPod(kJob, spec, {.slot = 0, .generation = 1, .group_size = 2})}) {
+    SCOPED_TRACE(child["kind"].get<std::string>());
+    EXPECT_EQ(child["metadata"]["namespace"], "team-a");
+    ASSERT_EQ(child["metadata"]["ownerReferences"].size(), 1u);
+    const json& ref = child["metadata"]["ownerReferences"][0];
+    EXPECT_EQ(ref["uid"], "uid-123");
+    EXPECT_EQ(ref["kind"], "TrainingJob");
+    EXPECT_EQ(ref["apiVersion"], "tidal.dev/v1alpha1");
+    EXPECT_TRUE(ref["controller"].get<bool>());
+    EXPECT_TRUE(ref["blockOwnerDeletion"].get<bool>());
+    EXPECT_EQ(child["metadata"]["labels"][kJobLabel], "llama-lora");
+  }
+}
+
+TEST(Children, TheHeadlessServiceSelectsExactlyTheJobsWorkers) {
+  const json svc = HeadlessService(kJob);
+  EXPECT_EQ(svc["metadata"]["name"], "llama-lora-workers");
+  EXPECT_EQ(svc["spec"]["clusterIP"], "None");
+  EXPECT_TRUE(svc["spec"]["publishNotReadyAddresses"].get<bool>());
+  const json pod = WorkerPod(kJob, Parse(MinimalSpec()), {.slot = 3});
+  for (const auto& [key, value] : svc["spec"]["selector"].items())
+    EXPECT_EQ(pod["metadata"]["labels"][key], value) << key;
+  EXPECT_EQ(pod["spec"]["subdomain"], "llama-lora-workers");
+}
+
+TEST(Children, WorkerPodsCarryTheSlotAndOneGangGroupPerScaleStep) {
+  const auto spec = Parse(MinimalSpec());
+  const json a = WorkerPod(kJob, spec, {.slot = 2, .generation = 5, .group_size = 2});
+  const json b = WorkerPod(kJob, spec, {.slot = 3, .generation = 5, .group_size = 2});
+  EXPECT_EQ(a["metadata"]["name"], "llama-lora-worker-2");
+  EXPECT_EQ(a["metadata"]["labels"][kSlotLabel], "2");
+  EXPECT_EQ(a["metadata"]["labels"][kKueuePodGroupLabel], "llama-lora-g5");
+  EXPECT_EQ(a["metadata"]["labels"][kKueuePodGroupLabel],
+            b["metadata"]["labels"][kKueuePodGroupLabel]);
+  EXPECT_EQ(a["metadata"]["annotations"][kKueuePodGroupCountAnnotation], "2");
+  EXPECT_EQ(a["metadata"]["annotations"][kVolcanoGroupAnnotation], "llama-lora-g5");
+  EXPECT_EQ(a["metadata"]["annotations"][kCreatedForGenerationAnnotation], "5");
+  EXPECT_EQ(a["spec"]["restartPolicy"], "Never");
+}
+
+TEST(Children, WorkerPodsRequestGpusPerPodOnTopOfTheUsersResources) {
+  const json pod = WorkerPod(kJob, Parse(MinimalSpec()), {.slot = 0});
+  const json& c = pod["spec"]["containers"][0];
+  EXPECT_EQ(c["resources"]["limits"]["nvidia.com/gpu"], "2");
+  EXPECT_EQ(c["resources"]["requests"]["nvidia.com/gpu"], "2");
+  EXPECT_EQ(c["resources"]["limits"]["cpu"], "4");
+  EXPECT_EQ(c["resources"]["limits"]["memory"], "8Gi");
+  EXPECT_EQ(pod["spec"]["nodeSelector"]["gpu"], "h100");
+  auto gpus = local::PodGpuRequest(pod);
+  ASSERT_TRUE(gpus.ok()) << gpus.status().ToString();
+  EXPECT_EQ(*gpus, 2);
+  EXPECT_EQ(c["image"], "ghcr.io/tidal-dev/tidal-worker:0.1");
+}
+
+TEST(Children, TheDefaultCheckpointStoreIsPassedOnlyWhenTheSpecNamesNone) {
+  json with_uri = MinimalSpec();
+  with_uri["checkpoint"] = {{"uri", "s3://ckpt/job"}, {"credentialsSecret", "ckpt-s3"}};
+  auto env_of = [](const json& pod) {
+    std::map<std::string, json> env;
+    for (const json& e : pod["spec"]["containers"][0]["env"]) env[e["name"]] = e;
+    return env;
+  };
+  const WorkerPodOptions options{.default_checkpoint_uri = "file:///var/lib/tidal/ckpt/job"};
+  auto plain = env_of(WorkerPod(kJob, Parse(MinimalSpec()), options));
+  EXPECT_EQ(plain["TIDAL_CHECKPOINT_URI"]["value"], "file:///var/lib/tidal/ckpt/job");
+  EXPECT_FALSE(plain.count("TIDAL_S3_SECRET_DIR"));
+  EXPECT_EQ(plain["NCCL_DEBUG"]["value"], "INFO");
+  EXPECT_EQ(plain["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+
+  const json s3_pod = WorkerPod(kJob, Parse(with_uri), options);
+  auto s3 = env_of(s3_pod);
+  EXPECT_FALSE(s3.count("TIDAL_CHECKPOINT_URI"));
+  EXPECT_EQ(s3["TIDAL_S3_SECRET_DIR"]["value"], "/etc/tidal/s3");
+  bool mounted = false;
+  for (const json& v : s3_pod["spec"]["volumes"])
+    mounted |= v.contains("secret") && v["secret"]["secretName"] == "ckpt-s3";
+  EXPECT_TRUE(mounted);
+}
+
+TEST(Children, LongJobNamesGiveStableDistinctLabelValuesOfAtMost63Characters) {
+  const std::string a(80, 'a'), b = std::string(79, 'a') + "b";
+  EXPECT_LE(JobLabelValue(a).size(), 63u);
+  EXPECT_EQ(JobLabelValue(a), JobLabelValue(a));
+  EXPECT_NE(JobLabelValue(a), JobLabelValue(b));
+  EXPECT_EQ(JobLabelValue("short"), "short");
+  const json pod = WorkerPod({a, "ns", "u"}, Parse(MinimalSpec()), {.slot = 12});
+  EXPECT_LE(pod["spec"]["hostname"].get<std::string>().size(), 63u);
+  EXPECT_LE(pod["metadata"]["labels"][kKueuePodGroupLabel].get<std::string>().size(), 63u);
+}
+
+TEST(Children, TokensAreUrlSafe256BitAndNeverRepeat) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 100; ++i) {
+    auto token = NewToken();
+    ASSERT_TRUE(token.ok());
+    EXPECT_EQ(token->size(), 43u);
+    EXPECT_EQ(token->find_first_not_of(
+                  "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"),
+              std::string::npos);
+    EXPECT_TRUE(seen.insert(*token).second);
+  }
+  const json secret = TokenSecret(kJob, "abc");
+  EXPECT_EQ(Base64Decode(secret["data"][kTokenKey].get<std::string>()), "abc");
+}
+
+TEST(Children, TheSpecConfigMapHoldsAJobTheWorkersParseBackUnchanged) {
+  const json cm = SpecConfigMap(kJob, MinimalSpec());
+  const json whole = json::parse(cm["data"][kSpecKey].get<std::string>());
+  EXPECT_EQ(whole["metadata"]["name"], "llama-lora");
+  EXPECT_EQ(whole["spec"], MinimalSpec());
+  auto parsed = api::ParseTrainingJobSpec(whole["spec"]);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->elastic.gpus_per_pod, 2);
+}
+
+// What the process kubelet of `tidal local` makes of a worker pod: tidal-worker, with the
+// spec and token at their mounted paths and the control API on the pod's own address.
+TEST(Children, TheLocalKubeletStartsAWorkerPodAsTidalWorkerOnItsPodIp) {
+  const json pod = WorkerPod(kJob, Parse(MinimalSpec()), {.slot = 1});
+  local::ImageTable images;
+  images.Set("ghcr.io/tidal-dev/tidal-worker", "/opt/tidal/tidal-worker");
+  local::PodContext context;
+  context.pod_ip = "127.0.0.7";
+  context.pod_dir = "/var/pods/w1";
+  context.mounts = local::ContainerMounts(
+      pod["spec"]["containers"][0],
+      {{"job", "/var/pods/w1/volumes/job"}, {"token", "/var/pods/w1/volumes/token"}});
+  context.lookup = [](const std::string&, const std::string&) -> std::optional<json> {
+    return std::nullopt;
+  };
+  auto launch = local::PrepareContainer(pod, pod["spec"]["containers"][0], images, context);
+  ASSERT_TRUE(std::holds_alternative<local::ContainerLaunch>(launch))
+      << std::get<local::LaunchError>(launch).message;
+  const auto& argv = std::get<local::ContainerLaunch>(launch).argv;
+  const std::vector<std::string> want = {"/opt/tidal/tidal-worker",
+                                         "--spec",
+                                         "/var/pods/w1/volumes/job/trainingjob.json",
+                                         "--token-file",
+                                         "/var/pods/w1/volumes/token/token",
+                                         "--listen",
+                                         "127.0.0.7:50051"};
+  EXPECT_EQ(argv, want);
+  EXPECT_EQ(std::get<local::ContainerLaunch>(launch).env.at("POD_IP"), "127.0.0.7");
+}
+
+}  // namespace
+}  // namespace tidal::controller

@@ -1,0 +1,448 @@
+// Decide, the controller's brain, against a simulated cluster: pods appear (or stay Pending),
+// workers answer GetStatus, train, pause at barriers and join generations as tidal-worker
+// does. The status goes through its JSON form between every reconcile — exactly what a new
+// leader would read — so every scenario also shows the protocol carries on from status alone.
+#include "operator/controller/reconcile.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+
+namespace tidal::controller {
+namespace {
+
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+json Spec(const std::string& extra = "") {
+  json spec = json::parse(R"({
+    "model": {"preset": "tiny"},
+    "dataset": {"uri": "/data/sample.jsonl", "format": "text", "maxSeqLen": 32},
+    "optimization": {"globalBatchSize": 8, "microBatchSize": 2, "maxSteps": 1000},
+    "elastic": {"minGPUs": 2, "maxGPUs": 4, "cooldownSeconds": 0, "scaleUpTimeoutSeconds": 60},
+    "restartPolicy": {"maxRestarts": 2, "backoffSeconds": 10}
+  })");
+  if (!extra.empty()) spec.merge_patch(json::parse(extra));
+  return spec;
+}
+
+class Sim {
+ public:
+  explicit Sim(json spec) { SetSpec(std::move(spec)); }
+  void SetSpec(json spec) {
+    raw_spec_ = std::move(spec);
+    ++metadata_generation_;
+  }
+
+  // One reconcile: observe, decide, round-trip the status through JSON, apply the actions,
+  // then let the workers train one step.
+  Plan Reconcile() {
+    Observed o;
+    o.name = "job";
+    o.namespace_ = "ns";
+    o.uid = "uid-1";
+    o.metadata_generation = metadata_generation_;
+    o.deleting = deleting_;
+    o.has_finalizer = finalizer_;
+    o.spec = api::ParseTrainingJobSpec(raw_spec_);
+    o.raw_spec = raw_spec_;
+    auto status = JobStatusFromJson(status_json_);
+    EXPECT_TRUE(status.ok()) << status.status().ToString();
+    o.status = *status;
+    o.service_exists = service_;
+    o.token_exists = token_;
+    o.spec_config_exists = config_;
+    for (const auto& [name, pod] : pods_) o.pods.push_back(pod);
+    for (const auto& [name, r] : reports_)
+      if (pods_.count(name) && pods_[name].phase == "Running") o.reports[name] = r;
+    o.idle_gpus = idle_gpus_;
+    o.now = now_;
+    Plan plan = Decide(o);
+    status_json_ = ToJson(plan.status, "tidal.dev/job=job");
+    // An operator that dies after writing the status loses the actions it had not done.
+    if (lose_actions_every_ == 0 || ++reconciles_ % lose_actions_every_ != 0)
+      for (const Action& a : plan.actions) Apply(a);
+    for (const Event& e : plan.events) events_.push_back(e.reason);
+    Train();
+    CheckOneGenerationTrains();
+    now_ += 1s;
+    return plan;
+  }
+  // Reconciles until `done` holds (at most `max` times).
+  void Until(const std::function<bool()>& done, int max = 50) {
+    for (int i = 0; i < max && !done(); ++i) Reconcile();
+    ASSERT_TRUE(done()) << "status: " << status_json_.dump();
+  }
+
+  JobStatus status() const { return *JobStatusFromJson(status_json_); }
+  const json& status_json() const { return status_json_; }
+  bool HasEvent(const std::string& reason) const {
+    return std::find(events_.begin(), events_.end(), reason) != events_.end();
+  }
+  std::map<std::string, PodView> pods_;
+  std::map<std::string, WorkerReport> reports_;
+  bool pods_stay_pending_ = false;
+  int lose_actions_every_ = 0;  // drop every Nth reconcile's actions (a crashed leader)
+  int reconciles_ = 0;
+  bool deleting_ = false, finalizer_ = false;
+  int64_t idle_gpus_ = 8;
+  Clock::time_point now_ = Clock::time_point{} + std::chrono::hours(24 * 365 * 50);
+  std::vector<std::string> events_;
+  std::vector<std::string> shutdown_;
+
+ private:
+  void Apply(const Action& a) {
+    switch (a.kind) {
+      case Action::Kind::kAddFinalizer:
+        finalizer_ = true;
+        break;
+      case Action::Kind::kRemoveFinalizer:
+        finalizer_ = false;
+        break;
+      case Action::Kind::kEnsureService:
+        service_ = true;
+        break;
+      case Action::Kind::kEnsureTokenSecret:
+        token_ = true;
+        break;
+      case Action::Kind::kEnsureSpecConfig:
+        config_ = true;
+        break;
+      case Action::Kind::kCreatePods:
+        ASSERT_EQ(a.pods.size(), a.slots.size());
+        for (size_t i = 0; i < a.pods.size(); ++i) {
+          ASSERT_FALSE(pods_.count(a.pods[i])) << a.pods[i] << " created twice";
+          PodView p;
+          p.name = a.pods[i];
+          p.slot = a.slots[i];
+          p.created_for_generation = a.generation;
+          p.phase = pods_stay_pending_ ? "Pending" : "Running";
+          p.reason = pods_stay_pending_ ? "Unschedulable" : "";
+          p.ip = "127.0.0." + std::to_string(10 + a.slots[i]);
+          pods_[p.name] = p;
+          reports_[p.name] = WorkerReport{.phase = "Waiting"};
+        }
+        break;
+      case Action::Kind::kDeletePods:
+        for (const std::string& p : a.pods) {
+          pods_.erase(p);
+          reports_.erase(p);
+        }
+        break;
+      case Action::Kind::kBarrier: {
+        int64_t step = 0;
+        for (const std::string& p : a.pods)
+          if (reports_.count(p)) step = std::max(step, reports_[p].step);
+        for (const std::string& p : a.pods) {
+          if (!reports_.count(p) || reports_[p].phase != "Running") continue;
+          reports_[p].phase = "Paused";
+          reports_[p].step = step;
+          reports_[p].checkpoint_step = step;
+          checkpoint_ = step;
+        }
+        break;
+      }
+      case Action::Kind::kRendezvous:
+        for (const std::string& p : a.targets) {
+          auto rank = std::find(a.pods.begin(), a.pods.end(), p) - a.pods.begin();
+          ASSERT_LT(static_cast<size_t>(rank), a.pods.size()) << "target outside the members";
+          WorkerReport& r = reports_[p];
+          r.generation = a.generation;
+          r.rank = static_cast<int>(rank);
+          r.world_size = static_cast<int>(a.pods.size());
+          r.phase = "Running";
+          r.step = checkpoint_;  // resumes from the newest checkpoint
+        }
+        break;
+      case Action::Kind::kShutdown:
+        for (const std::string& p : a.pods) {
+          shutdown_.push_back(p);
+          reports_.erase(p);
+        }
+        break;
+    }
+  }
+  void Train() {
+    // A member that died ends its generation on every peer (gloo sees the closed pairs).
+    std::set<int64_t> broken;
+    for (const auto& [name, r] : reports_)
+      if (!pods_.count(name) || pods_[name].phase == "Failed") broken.insert(r.generation);
+    const JobStatus st = status();
+    for (const std::string& m : st.members)
+      if (!pods_.count(m) || pods_[m].phase == "Failed") broken.insert(st.generation);
+    for (auto& [name, r] : reports_)
+      if (r.phase == "Running" && broken.count(r.generation)) {
+        r.phase = "Failed";
+        r.last_error = "a peer closed the connection";
+      }
+    for (auto& [name, r] : reports_)
+      if (r.phase == "Running") {
+        ++r.step;
+        if (r.step % 5 == 0) checkpoint_ = std::max(checkpoint_, r.step);
+      }
+  }
+  // DESIGN.md §4: never two generations at once.
+  void CheckOneGenerationTrains() {
+    std::set<int64_t> training;
+    for (const auto& [name, r] : reports_)
+      if (r.phase == "Running") training.insert(r.generation);
+    EXPECT_LE(training.size(), 1u) << "two generations train at once";
+  }
+
+  json raw_spec_;
+  int64_t metadata_generation_ = 0;
+  json status_json_ = json::object();
+  bool service_ = false, token_ = false, config_ = false;
+  int64_t checkpoint_ = 0;
+};
+
+std::vector<std::string> Names(std::initializer_list<int> slots) {
+  std::vector<std::string> out;
+  for (int s : slots) out.push_back("job-worker-" + std::to_string(s));
+  return out;
+}
+
+TEST(Reconcile, ANewJobCreatesItsChildrenAndMinGpusWorkersThenRendezvousAsGenerationOne) {
+  Sim sim(Spec());
+  Plan first = sim.Reconcile();
+  std::vector<std::string> kinds;
+  for (const Action& a : first.actions) kinds.push_back(ActionKindName(a.kind));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"AddFinalizer", "EnsureService", "EnsureTokenSecret",
+                                             "EnsureSpecConfig", "CreatePods"}));
+  EXPECT_EQ(sim.status().phase, "Pending");
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().generation, 1);
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+  EXPECT_EQ(sim.reports_["job-worker-1"].rank, 1);
+  EXPECT_EQ(sim.status().current_gpus, 2);
+  EXPECT_TRUE(sim.HasEvent("CreatingWorkers"));
+  EXPECT_TRUE(sim.HasEvent("Rendezvous"));
+  sim.Reconcile();
+  EXPECT_GT(sim.status().step, 0);
+  EXPECT_EQ(sim.status_json()["gpus"]["summary"], "2/2");
+}
+
+TEST(Reconcile, ScaleUpIsMakeBeforeBreakAndScaleDownShutsTheSurplusRanks) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  Plan plan = sim.Reconcile();
+  // The new pods are created while generation 1 keeps training.
+  ASSERT_TRUE(sim.status().rescale.has_value());
+  EXPECT_EQ(StageName(sim.status().rescale->stage), std::string("WaitingForPods"));
+  EXPECT_EQ(sim.reports_["job-worker-0"].phase, "Running");
+  EXPECT_TRUE(sim.pods_.count("job-worker-3"));
+  sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
+  EXPECT_EQ(sim.status().members, Names({0, 1, 2, 3}));
+  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_TRUE(sim.HasEvent("CheckpointBarrier"));
+  EXPECT_TRUE(sim.HasEvent("Rescaled"));
+  for (const auto& [name, r] : sim.reports_) EXPECT_EQ(r.world_size, 4) << name;
+
+  sim.SetSpec(Spec(R"({"replicas": 2})"));
+  sim.Until([&] { return sim.status().generation == 3 && !sim.status().rescale; });
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+  EXPECT_EQ(sim.pods_.size(), 2u);
+  EXPECT_EQ(sim.shutdown_, Names({2, 3}));
+  EXPECT_EQ(sim.status().current_gpus, 2);
+}
+
+// A leader that dies between writing the status and acting (every second reconcile here):
+// the next one carries the rescale on from the status, never two generations at once (the
+// simulator checks that after every reconcile).
+TEST(Reconcile, ALeaderDyingMidRescaleLeavesARescaleTheNextLeaderFinishes) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.lose_actions_every_ = 2;
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
+  EXPECT_EQ(sim.status().members, Names({0, 1, 2, 3}));
+  sim.SetSpec(Spec(R"({"replicas": 2})"));
+  sim.Until([&] { return sim.status().generation == 3 && !sim.status().rescale; });
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+  for (const auto& [name, r] : sim.reports_) EXPECT_EQ(r.generation, 3) << name;
+}
+
+TEST(Reconcile, ARecoveryWhoseReplacementStaysPendingGoesOnWithTheSurvivorsWhenAllowed) {
+  // 12 sequences of 1: 2, 3 and 4 ranks are all allowed sizes.
+  Sim sim(Spec(R"({"optimization": {"globalBatchSize": 12, "microBatchSize": 1},
+                   "replicas": 4})"));
+  sim.Until([&] { return sim.status().current_gpus == 4 && sim.status().phase == "Running"; });
+  sim.pods_stay_pending_ = true;
+  sim.pods_["job-worker-2"].phase = "Failed";
+  sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Recovering");
+  sim.now_ += 10s;
+  for (int i = 0; i < 5; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.pods_["job-worker-2"].phase, "Pending");
+  sim.now_ += 60s;
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().members, Names({0, 1, 3}));
+  EXPECT_EQ(sim.status().current_gpus, 3);
+  EXPECT_TRUE(sim.HasEvent("ScaleUpAbandoned"));
+  EXPECT_FALSE(sim.pods_.count("job-worker-2"));
+}
+
+TEST(Reconcile, AScaleUpWhosePodsStayPendingIsAbandonedAfterTheTimeoutAndTrainingNeverStops) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.pods_stay_pending_ = true;
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  for (int i = 0; i < 30; ++i) {
+    sim.Reconcile();
+    EXPECT_EQ(sim.reports_["job-worker-0"].phase, "Running") << "training stopped";
+  }
+  sim.now_ += 60s;
+  sim.Reconcile();
+  EXPECT_TRUE(sim.HasEvent("ScaleUpAbandoned"));
+  EXPECT_FALSE(sim.status().rescale.has_value());
+  EXPECT_EQ(sim.status().generation, 1);
+  EXPECT_EQ(sim.pods_.size(), 2u) << "the pending pods were not deleted";
+  bool condition = false;
+  for (const json& c : sim.status().conditions)
+    condition |= c["type"] == "Scaling" && c["reason"] == "ScaleUpAbandoned" &&
+                 c["message"].get<std::string>().find("Unschedulable") != std::string::npos;
+  EXPECT_TRUE(condition) << sim.status_json().dump();
+}
+
+TEST(Reconcile, AFailedWorkerIsReplacedAfterTheBackoffAndTheRestartCounted) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.reports_["job-worker-1"].phase = "Failed";
+  sim.reports_["job-worker-1"].last_error = "gloo: connection reset";
+  sim.reports_["job-worker-0"].phase = "Failed";  // its peer's death ends its generation too
+  sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.status().restarts, 1);
+  EXPECT_TRUE(sim.HasEvent("WorkerFailed"));
+  // Both workers are alive (their generation failed, not their pods): nothing is deleted or
+  // created, and nothing happens before the backoff.
+  for (int i = 0; i < 5; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.pods_.size(), 2u);
+  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.reports_["job-worker-0"].generation, 1);
+  sim.now_ += 10s;
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().generation, 2);
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+  EXPECT_TRUE(sim.HasEvent("Recovered"));
+  EXPECT_EQ(sim.status().restarts, 1);
+}
+
+TEST(Reconcile, AVanishedPodIsRecoveredWithTheSurvivorKept) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.pods_.erase("job-worker-1");
+  sim.reports_["job-worker-0"].phase = "Failed";
+  sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_TRUE(sim.pods_.count("job-worker-0")) << "the survivor was deleted";
+  sim.now_ += 10s;
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+  EXPECT_EQ(sim.reports_["job-worker-0"].generation, 2);
+}
+
+TEST(Reconcile, BeyondMaxRestartsTheJobFailsWithTheCauseAndItsPodsGo) {
+  Sim sim(Spec());
+  for (int restart = 1; restart <= 3; ++restart) {
+    sim.Until([&] { return sim.status().phase == "Running"; }, 200);
+    sim.pods_["job-worker-1"].phase = "Failed";
+    sim.pods_["job-worker-1"].reason = "exit code 137";
+    sim.Reconcile();
+    sim.now_ += std::chrono::seconds(10 << (restart - 1));
+  }
+  EXPECT_EQ(sim.status().phase, "Failed");
+  EXPECT_NE(sim.status().failure.find("exit code 137"), std::string::npos) << sim.status().failure;
+  EXPECT_NE(sim.status().failure.find("maxRestarts 2"), std::string::npos);
+  EXPECT_TRUE(sim.HasEvent("RestartsExhausted"));
+  EXPECT_TRUE(sim.pods_.empty());
+  Plan after = sim.Reconcile();
+  EXPECT_TRUE(after.actions.empty()) << "a failed job is terminal";
+}
+
+TEST(Reconcile, SuspendCheckpointsAndRemovesTheWorkersAndUnsuspendStartsANewGeneration) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Reconcile();
+  sim.SetSpec(Spec(R"({"suspend": true})"));
+  Plan plan = sim.Reconcile();
+  ASSERT_FALSE(plan.actions.empty());
+  EXPECT_EQ(ActionKindName(plan.actions.back().kind), std::string("Barrier"));
+  sim.Until([&] { return sim.status().phase == "Suspended"; });
+  EXPECT_TRUE(sim.pods_.empty());
+  EXPECT_TRUE(sim.HasEvent("Suspended"));
+  const int64_t generation = sim.status().generation;
+  sim.SetSpec(Spec(R"({"suspend": false})"));
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().generation, generation + 1);
+  EXPECT_TRUE(sim.HasEvent("Unsuspended"));
+}
+
+TEST(Reconcile, DeletionTakesAFinalCheckpointBeforeReleasingTheFinalizer) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.deleting_ = true;
+  Plan plan = sim.Reconcile();
+  EXPECT_TRUE(sim.finalizer_) << "released before the final checkpoint";
+  sim.Until([&] { return !sim.finalizer_; });
+  EXPECT_TRUE(sim.HasEvent("FinalCheckpoint"));
+  EXPECT_EQ(sim.shutdown_.size(), 2u);
+}
+
+TEST(Reconcile, AnInvalidSpecSetsReadyFalseInvalidSpecAndCreatesNothing) {
+  Sim sim(Spec(R"({"elastic": {"minGPUs": 3}})"));
+  Plan plan = sim.Reconcile();
+  EXPECT_TRUE(plan.actions.empty());
+  EXPECT_TRUE(sim.HasEvent("InvalidSpec"));
+  bool found = false;
+  for (const json& c : sim.status().conditions)
+    if (c["type"] == "Ready") {
+      found = true;
+      EXPECT_EQ(c["status"], "False");
+      EXPECT_EQ(c["reason"], "InvalidSpec");
+      EXPECT_NE(c["message"].get<std::string>().find("spec.optimization.globalBatchSize"),
+                std::string::npos)
+          << c.dump();
+    }
+  EXPECT_TRUE(found);
+  sim.Reconcile();
+  EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "InvalidSpec"), 1)
+      << "the same invalid spec is reported once";
+  sim.SetSpec(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+}
+
+TEST(Reconcile, RankZeroSucceedingMakesTheJobSucceeded) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.pods_["job-worker-0"].phase = "Succeeded";
+  sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Succeeded");
+  EXPECT_TRUE(sim.HasEvent("Succeeded"));
+}
+
+TEST(Reconcile, TheCapacityGateHoldsTheJobAtMinAndSaysWhy) {
+  Sim sim(Spec(R"({"elastic": {"schedule": [{"name": "all-day", "start": "0 0 * * *",
+                                             "end": "59 23 * * *", "gpus": 4}]}})"));
+  sim.idle_gpus_ = 2;  // enough to start at min, not to grow
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.idle_gpus_ = 0;  // the job's own pods now hold those
+  for (int i = 0; i < 5; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.status().current_gpus, 2);
+  EXPECT_FALSE(sim.status().rescale.has_value());
+  EXPECT_NE(sim.status().gpus_reason.find("capacity"), std::string::npos)
+      << sim.status().gpus_reason;
+  sim.idle_gpus_ = 2;
+  sim.Until([&] { return sim.status().current_gpus == 4 && !sim.status().rescale; });
+}
+
+TEST(Reconcile, StatusRejectsAnUnknownRescaleStageNamingTheField) {
+  auto st = JobStatusFromJson({{"rescale", {{"stage", "Sideways"}}}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.status().message().find("status.rescale.stage"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tidal::controller

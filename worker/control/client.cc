@@ -1,0 +1,185 @@
+// worker/control/client.cc
+#include "worker/control/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "tidal/worker/v1/worker.grpc.pb.h"
+
+namespace tidal::worker {
+namespace {
+
+namespace pb = ::tidal::worker::v1;
+
+const char* GrpcCodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return "OK";
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    default:
+      return "UNKNOWN";
+  }
+}
+
+Status FromGrpcStatus(const grpc::Status& s) {
+  return FromGrpc(static_cast<int>(s.error_code()), s.error_message());
+}
+
+}  // namespace
+
+Status FromGrpc(int grpc_code, const std::string& message) {
+  const auto code = static_cast<grpc::StatusCode>(grpc_code);
+  if (code == grpc::StatusCode::OK) return OkStatus();
+  std::string text = std::string(GrpcCodeName(code)) + ": " + message;
+  switch (code) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return InvalidArgument(text);
+    case grpc::StatusCode::NOT_FOUND:
+      return NotFound(text);
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return FailedPrecondition(text);
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return DeadlineExceeded(text);
+    case grpc::StatusCode::ABORTED:
+      return Aborted(text);
+    case grpc::StatusCode::DATA_LOSS:
+      return DataLoss(text);
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::CANCELLED:
+      return Unavailable(text);
+    default:
+      return Internal(text);
+  }
+}
+
+struct WorkerClient::Impl {
+  ClientOptions options;
+  std::unique_ptr<pb::WorkerControl::Stub> stub;
+
+  void Prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const {
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    if (!options.token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.token);
+  }
+};
+
+WorkerClient::WorkerClient(ClientOptions options) : impl_(std::make_unique<Impl>()) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  grpc::ChannelArguments args;
+  if (options.tls_ca_pem.empty()) {
+    credentials = grpc::InsecureChannelCredentials();
+  } else {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca_pem;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  // Reconnect quickly after a worker restarts: the operator polls on its own schedule.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  impl_->stub =
+      pb::WorkerControl::NewStub(grpc::CreateCustomChannel(options.address, credentials, args));
+  impl_->options = std::move(options);
+}
+
+WorkerClient::~WorkerClient() = default;
+
+StatusOr<pb::WorkerStatus> WorkerClient::GetStatus() {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, impl_->options.timeout);
+  pb::WorkerStatus out;
+  grpc::Status s = impl_->stub->GetStatus(&ctx, pb::GetStatusRequest(), &out);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return out;
+}
+
+Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
+                                const std::string& store_address) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, impl_->options.timeout);
+  pb::RendezvousRequest req;
+  req.set_generation(generation);
+  req.set_world_size(world_size);
+  req.set_rank(rank);
+  req.set_store_address(store_address);
+  pb::RendezvousResponse out;
+  return FromGrpcStatus(impl_->stub->Rendezvous(&ctx, req, &out));
+}
+
+StatusOr<pb::CheckpointInfo> WorkerClient::Checkpoint(bool pause,
+                                                      std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, timeout);
+  pb::CheckpointRequest req;
+  req.set_pause(pause);
+  pb::CheckpointResponse out;
+  grpc::Status s = impl_->stub->Checkpoint(&ctx, req, &out);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return out.checkpoint();
+}
+
+StatusOr<int64_t> WorkerClient::Pause(std::chrono::milliseconds timeout) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, timeout);
+  pb::PauseResponse out;
+  grpc::Status s = impl_->stub->Pause(&ctx, pb::PauseRequest(), &out);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return out.step();
+}
+
+Status WorkerClient::Resume() {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, impl_->options.timeout);
+  pb::ResumeResponse out;
+  return FromGrpcStatus(impl_->stub->Resume(&ctx, pb::ResumeRequest(), &out));
+}
+
+Status WorkerClient::Shutdown(const std::string& reason) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, impl_->options.timeout);
+  pb::ShutdownRequest req;
+  req.set_reason(reason);
+  pb::ShutdownResponse out;
+  return FromGrpcStatus(impl_->stub->Shutdown(&ctx, req, &out));
+}
+
+Status WorkerClient::WatchSteps(int64_t after_step, std::chrono::milliseconds timeout,
+                                const std::function<bool(const pb::StepEvent&)>& on_event) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, timeout);
+  pb::WatchStepsRequest req;
+  req.set_after_step(after_step);
+  auto reader = impl_->stub->WatchSteps(&ctx, req);
+  pb::StepEvent event;
+  while (reader->Read(&event)) {
+    if (!on_event(event)) {
+      ctx.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::StatusCode::CANCELLED) return OkStatus();  // we stopped it
+  return FromGrpcStatus(s);
+}
+
+}  // namespace tidal::worker

@@ -1,0 +1,52 @@
+// worker/control/client.h — the operator's (and tests') side of tidal.worker.v1: one channel
+// per worker, the job token on every call, a deadline on every call, errors as Status.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace tidal::worker::v1 {
+class WorkerStatus;
+class CheckpointInfo;
+class StepEvent;
+}  // namespace tidal::worker::v1
+
+namespace tidal::worker {
+
+struct ClientOptions {
+  std::string address;          // HOST:PORT
+  std::string token;            // "" sends no authorization metadata (for tests of the refusal)
+  std::string tls_ca_pem;       // set: TLS, the server's certificate verified against it
+  std::string tls_server_name;  // overrides the name checked in the certificate
+  std::chrono::milliseconds timeout{std::chrono::seconds(10)};  // per call
+};
+
+class WorkerClient {
+ public:
+  explicit WorkerClient(ClientOptions options);
+  ~WorkerClient();
+
+  StatusOr<v1::WorkerStatus> GetStatus();
+  Status Rendezvous(int64_t generation, int world_size, int rank, const std::string& store_address);
+  StatusOr<v1::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout);
+  StatusOr<int64_t> Pause(std::chrono::milliseconds timeout);
+  Status Resume();
+  Status Shutdown(const std::string& reason);
+  // Calls `on_event` for each step after `after_step` until it returns false, the stream
+  // ends, or `timeout`.
+  Status WatchSteps(int64_t after_step, std::chrono::milliseconds timeout,
+                    const std::function<bool(const v1::StepEvent&)>& on_event);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// gRPC's status as ours; the gRPC code's name leads the message ("UNAUTHENTICATED: ...").
+Status FromGrpc(int grpc_code, const std::string& message);
+
+}  // namespace tidal::worker

@@ -1,0 +1,328 @@
+// worker/control/runtime.cc — the worker's generations: join, resume, train, agree on
+// requests at step boundaries, checkpoint before leaving, and report.
+#include "worker/control/runtime.h"
+
+#include "common/log.h"
+#include "worker/checkpoint/manifest.h"
+
+namespace tidal::worker {
+namespace {
+
+constexpr size_t kMaxEvents = 4096;
+
+int64_t NowMillis() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+bool InGeneration(Phase p) {
+  return p == Phase::kJoining || p == Phase::kRunning || p == Phase::kCheckpointing ||
+         p == Phase::kPaused;
+}
+
+}  // namespace
+
+const char* PhaseName(Phase phase) {
+  switch (phase) {
+    case Phase::kWaiting:
+      return "Waiting";
+    case Phase::kJoining:
+      return "Joining";
+    case Phase::kRunning:
+      return "Running";
+    case Phase::kCheckpointing:
+      return "Checkpointing";
+    case Phase::kPaused:
+      return "Paused";
+    case Phase::kFailed:
+      return "Failed";
+    case Phase::kSucceeded:
+      return "Succeeded";
+  }
+  return "Unknown";
+}
+
+WorkerRuntime::WorkerRuntime(RuntimeOptions options) : options_(std::move(options)) {
+  Logger::Get().SetContext({options_.config.name, -1, 0});
+  thread_ = std::thread([this] { Loop(); });
+}
+
+WorkerRuntime::~WorkerRuntime() {
+  Shutdown("worker destroyed");
+  if (thread_.joinable()) thread_.join();
+}
+
+Status WorkerRuntime::Rendezvous(const engine::Membership& m) {
+  if (m.world_size < 1 || m.rank < 0 || m.rank >= m.world_size)
+    return InvalidArgument("rank " + std::to_string(m.rank) + " is outside world size " +
+                           std::to_string(m.world_size));
+  if (m.world_size > 1 && (m.store_host.empty() || m.store_port <= 0 || m.store_port > 65535))
+    return InvalidArgument("store_address: expected HOST:PORT with a port in 1-65535");
+  if (Status fits = options_.config.ValidateForWorldSize(m.world_size); !fits.ok()) return fits;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return FailedPrecondition("the worker is shutting down");
+  if (state_.phase == Phase::kSucceeded) return FailedPrecondition("the job has finished");
+  const int64_t newest = std::max(state_.generation, pending_ ? pending_->generation : 0);
+  if (m.generation <= newest)
+    return FailedPrecondition("generation " + std::to_string(m.generation) +
+                              " is not newer than this worker's generation " +
+                              std::to_string(newest));
+  pending_ = m;
+  if (InGeneration(state_.phase)) requested_ |= kLeaveFlag;
+  changed_.notify_all();
+  return OkStatus();
+}
+
+StatusOr<CheckpointRef> WorkerRuntime::Checkpoint(bool pause,
+                                                  std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!InGeneration(state_.phase))
+    return FailedPrecondition(std::string("no generation to checkpoint (phase ") +
+                              PhaseName(state_.phase) + ")");
+  // Every pause is checkpointed, so a paused worker already holds one at its step.
+  if (state_.phase == Phase::kPaused && state_.last_checkpoint &&
+      state_.last_checkpoint->step == state_.step)
+    return *state_.last_checkpoint;
+  uint64_t target = barriers_begun_ + 1;
+  if (state_.phase == Phase::kCheckpointing) target = barriers_begun_;  // join the one going on
+  requested_ |= kCheckpointFlag | (pause ? uint32_t{kPauseFlag} : uint32_t{0});
+  const int64_t generation = state_.generation;
+  const bool done = changed_.wait_until(lock, deadline, [&] {
+    return barriers_done_ >= target || state_.generation != generation ||
+           !InGeneration(state_.phase) || shutdown_;
+  });
+  if (barriers_done_ >= target) return barrier_result_;
+  if (!done)
+    return DeadlineExceeded("no agreed step boundary before the deadline (phase " +
+                            std::string(PhaseName(state_.phase)) + ", step " +
+                            std::to_string(state_.step) + ")");
+  return Aborted("generation " + std::to_string(generation) + " ended before the checkpoint" +
+                 (state_.last_error.empty() ? "" : ": " + state_.last_error));
+}
+
+StatusOr<int64_t> WorkerRuntime::Pause(std::chrono::steady_clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (state_.phase == Phase::kPaused) return state_.step;
+  if (!InGeneration(state_.phase))
+    return FailedPrecondition(std::string("no generation to pause (phase ") +
+                              PhaseName(state_.phase) + ")");
+  requested_ |= kPauseFlag;
+  const int64_t generation = state_.generation;
+  const bool done = changed_.wait_until(lock, deadline, [&] {
+    return state_.phase == Phase::kPaused || state_.generation != generation ||
+           !InGeneration(state_.phase) || shutdown_;
+  });
+  if (state_.phase == Phase::kPaused && state_.generation == generation) return state_.step;
+  if (!done) return DeadlineExceeded("no agreed step boundary before the deadline");
+  return Aborted("generation " + std::to_string(generation) + " ended before it paused");
+}
+
+Status WorkerRuntime::Resume() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_.phase != Phase::kPaused)
+    return FailedPrecondition(std::string("not paused (phase ") + PhaseName(state_.phase) + ")");
+  resume_requested_ = true;
+  changed_.notify_all();
+  return OkStatus();
+}
+
+void WorkerRuntime::Shutdown(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return;
+  LogInfo("shutting down", {{"reason", reason}, {"phase", PhaseName(state_.phase)}});
+  shutdown_ = true;
+  if (InGeneration(state_.phase)) requested_ |= kLeaveFlag;
+  changed_.notify_all();
+}
+
+WorkerState WorkerRuntime::State() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+bool WorkerRuntime::exited() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return exited_;
+}
+
+bool WorkerRuntime::WaitExited(std::chrono::steady_clock::time_point deadline) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  return changed_.wait_until(lock, deadline, [&] { return exited_; });
+}
+
+std::vector<StepEvent> WorkerRuntime::EventsAfter(
+    uint64_t after_seq, size_t max, std::chrono::steady_clock::time_point deadline) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait_until(lock, deadline, [&] {
+    return (!events_.empty() && events_.back().seq > after_seq) || exited_ || shutdown_;
+  });
+  std::vector<StepEvent> out;
+  for (const StepEvent& e : events_) {
+    if (e.seq <= after_seq) continue;
+    out.push_back(e);
+    if (out.size() >= max) break;
+  }
+  return out;
+}
+
+uint64_t WorkerRuntime::FirstSeqAfterStep(int64_t after_step) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The newest run of events (a recovery may repeat step numbers): back up while steps are
+  // beyond after_step.
+  uint64_t seq = events_.empty() ? next_seq_ - 1 : events_.back().seq;
+  for (auto it = events_.rbegin(); it != events_.rend() && it->record.step > after_step; ++it)
+    seq = it->seq - 1;
+  return seq;
+}
+
+void WorkerRuntime::SetPhase(Phase phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_.phase = phase;
+  changed_.notify_all();
+}
+
+void WorkerRuntime::PublishStep(const engine::StepRecord& record) {
+  const WorkerState state = State();
+  if (state.rank == 0)  // one line per step from rank 0, for `kubectl logs`
+    LogInfo("step", {{"step", record.step},
+                     {"loss", record.loss},
+                     {"lr", record.lr},
+                     {"grad_norm", record.grad_norm},
+                     {"tokens_per_s", record.tokens_per_s},
+                     {"world_size", record.world_size},
+                     {"max_steps", state.max_steps}});
+  std::lock_guard<std::mutex> lock(mu_);
+  state_.step = record.step;
+  state_.last_step = record;
+  events_.push_back({next_seq_++, state_.generation, record, NowMillis()});
+  if (events_.size() > kMaxEvents) events_.pop_front();
+  changed_.notify_all();
+}
+
+void WorkerRuntime::EndBarrier(const StatusOr<CheckpointRef>& result) {
+  std::lock_guard<std::mutex> lock(mu_);
+  barriers_done_ = barriers_begun_;
+  barrier_result_ = result;
+  changed_.notify_all();
+}
+
+void WorkerRuntime::Loop() {
+  while (true) {
+    engine::Membership m;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      changed_.wait(lock, [&] { return pending_.has_value() || shutdown_; });
+      if (shutdown_) break;
+      m = *pending_;
+      pending_.reset();
+      requested_ = 0;
+      resume_requested_ = false;
+      state_.phase = Phase::kJoining;
+      state_.generation = m.generation;
+      state_.rank = m.rank;
+      state_.world_size = m.world_size;
+      changed_.notify_all();
+    }
+    Logger::Get().SetContext({options_.config.name, m.rank, static_cast<int>(m.generation)});
+    LogInfo("joining generation", {{"world_size", m.world_size},
+                                   {"store", m.store_host + ":" + std::to_string(m.store_port)}});
+    const Status ended = RunGeneration(m);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (barriers_begun_ > barriers_done_) {  // a barrier cut short by the failure
+      barriers_done_ = barriers_begun_;
+      barrier_result_ = ended.ok() ? Aborted("the generation ended") : ended;
+    }
+    if (!ended.ok()) {
+      state_.phase = Phase::kFailed;
+      state_.last_error = ended.message();
+      LogError("generation failed", {{"error", ended.message()}, {"step", state_.step}});
+    } else if (state_.phase != Phase::kSucceeded) {
+      state_.phase = Phase::kWaiting;
+      LogInfo("left generation", {{"step", state_.step}});
+    }
+    changed_.notify_all();
+    if (state_.phase == Phase::kSucceeded) break;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  exited_ = true;
+  changed_.notify_all();
+}
+
+Status WorkerRuntime::RunGeneration(const engine::Membership& membership) {
+  engine::Membership m = membership;
+  m.interface_host = options_.interface_host;
+  m.timeout = options_.collective_timeout;
+  TIDAL_ASSIGN_OR_RETURN(auto session, engine::Session::Join(options_.config, m, options_.session));
+  checkpoint::CheckpointPolicy policy = options_.policy;
+  policy.resume = true;  // every generation starts from the newest usable checkpoint
+  policy.on_commit = [this](int64_t step, checkpoint::CheckpointKind kind, const std::string& uri) {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.last_checkpoint = CheckpointRef{step, checkpoint::KindName(kind), uri, NowMillis()};
+  };
+  // Declared after the session: destroyed first (its writer thread ends before the group).
+  TIDAL_ASSIGN_OR_RETURN(auto hooks, checkpoint::MakeCheckpointHooks(policy, options_.s3));
+  TIDAL_RETURN_IF_ERROR(session->Start(*hooks));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.step = session->step();
+    state_.max_steps = session->max_steps();
+    state_.last_error.clear();
+    state_.phase = Phase::kRunning;
+    changed_.notify_all();
+  }
+  LogInfo("generation running",
+          {{"world_size", m.world_size}, {"resumed_at_step", session->step()}});
+  return TrainUntilLeave(*session, *hooks);
+}
+
+Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks) {
+  while (true) {
+    if (session.step() >= session.max_steps()) {
+      TIDAL_RETURN_IF_ERROR(session.Finish(hooks));
+      SetPhase(Phase::kSucceeded);
+      LogInfo("trained to the last step", {{"step", session.step()}});
+      return OkStatus();
+    }
+    TIDAL_ASSIGN_OR_RETURN(engine::StepRecord record, session.Step());
+    PublishStep(record);
+    TIDAL_RETURN_IF_ERROR(session.After(hooks));
+    uint32_t mine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      mine = requested_;
+    }
+    TIDAL_ASSIGN_OR_RETURN(uint32_t agreed, session.AgreeFlags(mine));
+    if (agreed == 0) continue;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      requested_ &= ~agreed;  // every rank acts on these at this boundary
+      ++barriers_begun_;
+      state_.phase = Phase::kCheckpointing;
+      changed_.notify_all();
+    }
+    // Every agreed request is checkpointed first: a pause can last, and leaving (rescale,
+    // shutdown) must lose no step.
+    auto uri = session.CheckpointNow(hooks);
+    StatusOr<CheckpointRef> result = uri.status();
+    if (uri.ok()) result = CheckpointRef{session.step(), "full", *uri, NowMillis()};
+    EndBarrier(result);
+    TIDAL_RETURN_IF_ERROR(uri.status());
+    if (agreed & kLeaveFlag) return OkStatus();
+    if ((agreed & kPauseFlag) && !HoldPaused()) return OkStatus();
+    SetPhase(Phase::kRunning);
+  }
+}
+
+bool WorkerRuntime::HoldPaused() {
+  std::unique_lock<std::mutex> lock(mu_);
+  state_.phase = Phase::kPaused;
+  changed_.notify_all();
+  LogInfo("paused", {{"step", state_.step}});
+  changed_.wait(lock, [&] { return resume_requested_ || pending_.has_value() || shutdown_; });
+  const bool resume = resume_requested_ && !pending_ && !shutdown_;
+  resume_requested_ = false;
+  if (resume) LogInfo("resumed", {{"step", state_.step}});
+  return resume;
+}
+
+}  // namespace tidal::worker

@@ -1,0 +1,125 @@
+// worker/control/runtime.h — a worker's life across generations (DESIGN.md §4), behind the
+// gRPC service and independent of it. One training thread runs each generation's session;
+// requests from the control API (rendezvous, checkpoint barrier, pause, shutdown) are raised
+// as flags that every rank agrees on at the next optimizer-step boundary, so all ranks act at
+// the same step whichever of them heard first. No LibTorch types here.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/checkpoint/object_store.h"
+#include "worker/checkpoint/trainer_checkpoint.h"
+#include "worker/engine/session.h"
+#include "worker/engine/step_record.h"
+#include "worker/engine/train_config.h"
+
+namespace tidal::worker {
+
+enum class Phase { kWaiting, kJoining, kRunning, kCheckpointing, kPaused, kFailed, kSucceeded };
+const char* PhaseName(Phase phase);
+
+struct CheckpointRef {
+  int64_t step = 0;
+  std::string kind;  // "full" | "snapshot"
+  std::string uri;
+  int64_t unix_millis = 0;
+};
+
+struct StepEvent {
+  uint64_t seq = 0;  // increases by one per event over the worker's life
+  int64_t generation = 0;
+  engine::StepRecord record;
+  int64_t unix_millis = 0;
+};
+
+struct WorkerState {
+  Phase phase = Phase::kWaiting;
+  int64_t generation = 0;
+  int rank = 0, world_size = 0;
+  int64_t step = 0, max_steps = 0;
+  std::optional<engine::StepRecord> last_step;
+  std::optional<CheckpointRef> last_checkpoint;
+  std::string last_error;
+};
+
+struct RuntimeOptions {
+  engine::TrainConfig config;
+  checkpoint::CheckpointPolicy policy;  // uri, intervals, keep; resume from the newest
+  checkpoint::S3Options s3;
+  engine::SessionOptions session;
+  std::string interface_host = "127.0.0.1";  // this worker's address, for gloo
+  std::chrono::milliseconds collective_timeout{std::chrono::seconds(120)};
+};
+
+class WorkerRuntime {
+ public:
+  explicit WorkerRuntime(RuntimeOptions options);
+  ~WorkerRuntime();  // leaves any generation and joins the training thread
+  WorkerRuntime(const WorkerRuntime&) = delete;
+  WorkerRuntime& operator=(const WorkerRuntime&) = delete;
+
+  // Accepts the membership of a newer generation. A running generation is left at the next
+  // step boundary (every rank agrees; the state is checkpointed first, so nothing is lost); a
+  // paused or failed one at once. Refused (FailedPrecondition) when `generation` is not newer.
+  Status Rendezvous(const engine::Membership& membership);
+  // A full checkpoint at the next agreed step boundary; with `pause`, hold after it. Waits
+  // until it is committed, the generation ends, or `deadline`.
+  StatusOr<CheckpointRef> Checkpoint(bool pause, std::chrono::steady_clock::time_point deadline);
+  // Hold at the next agreed step boundary; returns that step.
+  StatusOr<int64_t> Pause(std::chrono::steady_clock::time_point deadline);
+  Status Resume();
+  // Leaves the generation (checkpointed first when it is running) and stops the training
+  // thread; `exited()` turns true once it has.
+  void Shutdown(const std::string& reason);
+
+  WorkerState State() const;
+  // Events with seq > `after_seq` (at most `max`), waiting until there is one, `deadline`, or
+  // shutdown. `FirstSeqAfterStep` turns a step into a starting point.
+  std::vector<StepEvent> EventsAfter(uint64_t after_seq, size_t max,
+                                     std::chrono::steady_clock::time_point deadline) const;
+  uint64_t FirstSeqAfterStep(int64_t after_step) const;
+  // True once the training thread is done: shut down, or the job trained to its last step.
+  bool exited() const;
+  bool WaitExited(std::chrono::steady_clock::time_point deadline) const;
+
+ private:
+  enum Flag : uint32_t { kCheckpointFlag = 1, kPauseFlag = 2, kLeaveFlag = 4 };
+  void Loop();
+  // One generation, from joining to leaving; returns why it ended (OK: left on request or
+  // finished).
+  Status RunGeneration(const engine::Membership& membership);
+  Status TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks);
+  // In PAUSED: waits for Resume (true) or a reason to leave (false).
+  bool HoldPaused();
+  void SetPhase(Phase phase);
+  void PublishStep(const engine::StepRecord& record);
+  void EndBarrier(const StatusOr<CheckpointRef>& result);
+
+  RuntimeOptions options_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;
+  WorkerState state_;
+  std::optional<engine::Membership> pending_;  // the next generation, not yet joined
+  uint32_t requested_ = 0;                     // flags raised by the control API
+  bool resume_requested_ = false;
+  bool shutdown_ = false;
+  bool exited_ = false;
+  // Checkpoint barriers: begun and finished counts, and the newest one's result.
+  uint64_t barriers_begun_ = 0, barriers_done_ = 0;
+  StatusOr<CheckpointRef> barrier_result_ = Aborted("no checkpoint barrier yet");
+  std::deque<StepEvent> events_;  // the newest kMaxEvents
+  uint64_t next_seq_ = 1;
+  std::thread thread_;
+};
+
+}  // namespace tidal::worker

@@ -1,0 +1,301 @@
+// worker/control/service.cc — WorkerControl's handlers: authenticate, translate, delegate.
+#include "worker/control/service.h"
+
+#include <grpcpp/grpcpp.h>
+#include <openssl/crypto.h>
+
+#include <atomic>
+#include <thread>
+
+#include "common/log.h"
+#include "tidal/worker/v1/worker.grpc.pb.h"
+
+namespace tidal::worker {
+namespace {
+
+namespace pb = ::tidal::worker::v1;
+using Clock = std::chrono::steady_clock;
+
+// A call without a deadline still ends: barriers wait at most this long.
+constexpr auto kMaxWait = std::chrono::minutes(30);
+
+grpc::Status ToGrpc(const Status& s) {
+  using grpc::StatusCode;
+  StatusCode code = StatusCode::UNKNOWN;
+  switch (s.code()) {
+    case tidal::StatusCode::kOk:
+      return grpc::Status::OK;
+    case tidal::StatusCode::kInvalidArgument:
+      code = StatusCode::INVALID_ARGUMENT;
+      break;
+    case tidal::StatusCode::kNotFound:
+      code = StatusCode::NOT_FOUND;
+      break;
+    case tidal::StatusCode::kFailedPrecondition:
+      code = StatusCode::FAILED_PRECONDITION;
+      break;
+    case tidal::StatusCode::kUnavailable:
+      code = StatusCode::UNAVAILABLE;
+      break;
+    case tidal::StatusCode::kDeadlineExceeded:
+      code = StatusCode::DEADLINE_EXCEEDED;
+      break;
+    case tidal::StatusCode::kAborted:
+      code = StatusCode::ABORTED;
+      break;
+    case tidal::StatusCode::kDataLoss:
+      code = StatusCode::DATA_LOSS;
+      break;
+    case tidal::StatusCode::kInternal:
+      code = StatusCode::INTERNAL;
+      break;
+  }
+  return grpc::Status(code, s.message());
+}
+
+pb::Phase ToProto(Phase p) {
+  switch (p) {
+    case Phase::kWaiting:
+      return pb::WAITING;
+    case Phase::kJoining:
+      return pb::JOINING;
+    case Phase::kRunning:
+      return pb::RUNNING;
+    case Phase::kCheckpointing:
+      return pb::CHECKPOINTING;
+    case Phase::kPaused:
+      return pb::PAUSED;
+    case Phase::kFailed:
+      return pb::FAILED;
+    case Phase::kSucceeded:
+      return pb::SUCCEEDED;
+  }
+  return pb::PHASE_UNSPECIFIED;
+}
+
+void Fill(const CheckpointRef& c, pb::CheckpointInfo* out) {
+  out->set_step(c.step);
+  out->set_kind(c.kind);
+  out->set_uri(c.uri);
+  out->set_unix_millis(c.unix_millis);
+}
+
+Clock::time_point DeadlineOf(const grpc::ServerContext* ctx) {
+  const auto limit = Clock::now() + kMaxWait;
+  const auto remaining = ctx->deadline() - std::chrono::system_clock::now();
+  if (remaining > kMaxWait) return limit;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(remaining);
+}
+
+class Service final : public pb::WorkerControl::Service {
+ public:
+  Service(WorkerRuntime& runtime, std::string token, std::function<void()> on_shutdown)
+      : runtime_(runtime),
+        expected_("Bearer " + std::move(token)),
+        on_shutdown_(std::move(on_shutdown)),
+        started_(Clock::now()) {}
+  ~Service() override {
+    if (shutdown_thread_.joinable()) shutdown_thread_.join();
+  }
+
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const pb::GetStatusRequest*,
+                         pb::WorkerStatus* out) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    const WorkerState s = runtime_.State();
+    out->set_phase(ToProto(s.phase));
+    out->set_generation(s.generation);
+    out->set_rank(s.rank);
+    out->set_world_size(s.world_size);
+    out->set_step(s.step);
+    out->set_max_steps(s.max_steps);
+    if (s.last_step) {
+      out->set_loss(s.last_step->loss);
+      out->set_tokens_per_second(s.last_step->tokens_per_s);
+      out->set_learning_rate(s.last_step->lr);
+      out->set_grad_norm(s.last_step->grad_norm);
+    }
+    if (s.last_checkpoint) Fill(*s.last_checkpoint, out->mutable_last_checkpoint());
+    out->set_last_error(s.last_error);
+    out->set_uptime_millis(
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_).count());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Rendezvous(grpc::ServerContext* ctx, const pb::RendezvousRequest* req,
+                          pb::RendezvousResponse* out) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    engine::Membership m;
+    m.generation = req->generation();
+    m.world_size = req->world_size();
+    m.rank = req->rank();
+    if (m.world_size > 1) {
+      const std::string& address = req->store_address();
+      const auto colon = address.rfind(':');
+      int port = 0;
+      if (colon == std::string::npos || colon == 0 || !ParsePort(address.substr(colon + 1), &port))
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "store_address: expected HOST:PORT, got \"" + address + "\"");
+      m.store_host = address.substr(0, colon);
+      m.store_port = port;
+    }
+    if (m.generation < 1)
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "generation: expected >= 1");
+    Status accepted = runtime_.Rendezvous(m);
+    if (!accepted.ok()) return ToGrpc(accepted);
+    out->set_generation(m.generation);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Checkpoint(grpc::ServerContext* ctx, const pb::CheckpointRequest* req,
+                          pb::CheckpointResponse* out) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    auto saved = runtime_.Checkpoint(req->pause(), DeadlineOf(ctx));
+    if (!saved.ok()) return ToGrpc(saved.status());
+    Fill(*saved, out->mutable_checkpoint());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Pause(grpc::ServerContext* ctx, const pb::PauseRequest*,
+                     pb::PauseResponse* out) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    auto step = runtime_.Pause(DeadlineOf(ctx));
+    if (!step.ok()) return ToGrpc(step.status());
+    out->set_step(*step);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Resume(grpc::ServerContext* ctx, const pb::ResumeRequest*,
+                      pb::ResumeResponse*) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    return ToGrpc(runtime_.Resume());
+  }
+
+  grpc::Status Shutdown(grpc::ServerContext* ctx, const pb::ShutdownRequest* req,
+                        pb::ShutdownResponse*) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    runtime_.Shutdown(req->reason().empty() ? "Shutdown call" : req->reason());
+    if (!shutdown_called_.exchange(true) && on_shutdown_) {
+      // After this reply is on its way: the callback stops the server, which waits for
+      // handlers like this one.
+      shutdown_thread_ = std::thread([cb = on_shutdown_] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        cb();
+      });
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchSteps(grpc::ServerContext* ctx, const pb::WatchStepsRequest* req,
+                          grpc::ServerWriter<pb::StepEvent>* writer) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    uint64_t cursor = runtime_.FirstSeqAfterStep(req->after_step());
+    while (!ctx->IsCancelled()) {
+      auto events =
+          runtime_.EventsAfter(cursor, 256, Clock::now() + std::chrono::milliseconds(500));
+      for (const StepEvent& e : events) {
+        pb::StepEvent out;
+        out.set_generation(e.generation);
+        out.set_step(e.record.step);
+        out.set_loss(e.record.loss);
+        out.set_learning_rate(e.record.lr);
+        out.set_grad_norm(e.record.grad_norm);
+        out.set_tokens_per_second(e.record.tokens_per_s);
+        out.set_seconds(e.record.seconds);
+        out.set_world_size(e.record.world_size);
+        out.set_unix_millis(e.unix_millis);
+        out.set_skipped(e.record.skipped);
+        if (!writer->Write(out)) return grpc::Status::OK;  // the caller went away
+        cursor = e.seq;
+      }
+      if (events.empty() && runtime_.exited()) break;
+    }
+    return grpc::Status::OK;
+  }
+
+ private:
+  static bool ParsePort(const std::string& text, int* port) {
+    if (text.empty() || text.size() > 5) return false;
+    int value = 0;
+    for (char c : text) {
+      if (c < '0' || c > '9') return false;
+      value = value * 10 + (c - '0');
+    }
+    if (value < 1 || value > 65535) return false;
+    *port = value;
+    return true;
+  }
+
+  std::optional<grpc::Status> Authenticate(const grpc::ServerContext* ctx) const {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    if (it == md.end())
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "missing authorization metadata: expected \"Bearer <job token>\"");
+    const grpc::string_ref got = it->second;
+    if (got.size() != expected_.size() ||
+        CRYPTO_memcmp(got.data(), expected_.data(), expected_.size()) != 0)
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the job token does not match");
+    return std::nullopt;
+  }
+
+  WorkerRuntime& runtime_;
+  const std::string expected_;
+  std::function<void()> on_shutdown_;
+  const Clock::time_point started_;
+  std::atomic<bool> shutdown_called_{false};
+  std::thread shutdown_thread_;
+};
+
+class GrpcControlServer final : public ControlServer {
+ public:
+  GrpcControlServer(std::unique_ptr<Service> service, std::unique_ptr<grpc::Server> server,
+                    int port)
+      : service_(std::move(service)), server_(std::move(server)), port_(port) {}
+  ~GrpcControlServer() override { Stop(); }
+  int port() const override { return port_; }
+  void Stop() override {
+    std::call_once(stopped_, [this] {
+      server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      server_->Wait();
+    });
+  }
+
+ private:
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_;
+  std::once_flag stopped_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(WorkerRuntime& runtime,
+                                                              ControlServerOptions options) {
+  if (options.token.empty())
+    return InvalidArgument("the job token is empty: a worker never serves without one");
+  if (options.tls_cert_pem.empty() != options.tls_key_pem.empty())
+    return InvalidArgument("TLS: expected both a certificate and its key, or neither");
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  if (options.tls_cert_pem.empty()) {
+    credentials = grpc::InsecureServerCredentials();
+  } else {
+    grpc::SslServerCredentialsOptions ssl;
+    ssl.pem_key_cert_pairs.push_back({options.tls_key_pem, options.tls_cert_pem});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  auto service = std::make_unique<Service>(runtime, options.token, options.on_shutdown);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, credentials, &port);
+  builder.RegisterService(service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server || port == 0)
+    return Unavailable("cannot serve gRPC on " + options.listen +
+                       " (address in use, or not HOST:PORT)");
+  LogInfo("control API listening",
+          {{"address", options.listen}, {"port", port}, {"tls", !options.tls_cert_pem.empty()}});
+  return std::unique_ptr<ControlServer>(
+      std::make_unique<GrpcControlServer>(std::move(service), std::move(server), port));
+}
+
+}  // namespace tidal::worker

@@ -1,0 +1,137 @@
+// worker/engine/session.cc — a generation's process group and trainer, with every LibTorch
+// exception turned into a Status at this boundary.
+#include "worker/engine/session.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "common/strings.h"
+#include "worker/engine/comm.h"
+#include "worker/engine/torch_compat.h"
+#include "worker/engine/trainer.h"
+
+namespace tidal::engine {
+namespace {
+
+constexpr int kFlagBits = 16;
+
+class TrainerSession final : public Session {
+ public:
+  TrainerSession(Membership membership, std::unique_ptr<StoreServer> store)
+      : membership_(std::move(membership)), store_(std::move(store)) {}
+  ~TrainerSession() override {
+    trainer_.reset();  // leaves the process group before rank 0's store goes away
+    store_.reset();
+  }
+
+  Status Build(const TrainConfig& config, const SessionOptions& options) {
+    const bool cuda = compat::CudaAvailable();
+    ProcessGroupOptions group;
+    group.store_host = membership_.store_host;
+    group.store_port = membership_.store_port;
+    group.rank = membership_.rank;
+    group.world_size = membership_.world_size;
+    group.interface_host = membership_.interface_host;
+    group.timeout = membership_.timeout;
+    group.use_cuda = cuda;
+    TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectProcessGroup(group));
+    TrainerOptions trainer_options;
+    trainer_options.max_steps = options.max_steps;
+    if (cuda) {
+      // One GPU per pod: the device the container runtime gave us (CUDA_VISIBLE_DEVICES).
+      trainer_options.device = torch::Device(torch::kCUDA, 0);
+    }
+    TIDAL_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config, std::move(comm), trainer_options));
+    return OkStatus();
+  }
+
+  const Membership& membership() const override { return membership_; }
+  int64_t step() const override { return trainer_->step(); }
+  int64_t max_steps() const override { return trainer_->max_steps(); }
+
+  StatusOr<StepRecord> Step() override {
+    return Guard<StepRecord>([&] { return trainer_->Step(); });
+  }
+
+  StatusOr<uint32_t> AgreeFlags(uint32_t mine) override {
+    return Guard<uint32_t>([&]() -> StatusOr<uint32_t> {
+      auto bits = torch::zeros({kFlagBits}, torch::kInt64);
+      for (int b = 0; b < kFlagBits; ++b)
+        if (mine & (1u << b)) bits[b] = 1;
+      TIDAL_RETURN_IF_ERROR(trainer_->comm().AllReduceSum(bits));
+      uint32_t all = 0;
+      for (int b = 0; b < kFlagBits; ++b)
+        if (bits[b].item<int64_t>() > 0) all |= 1u << b;
+      return all;
+    });
+  }
+
+  Status Start(TrainingHooks& hooks) override {
+    return Guard<bool>([&]() -> StatusOr<bool> {
+             TIDAL_RETURN_IF_ERROR(hooks.OnStart(*trainer_));
+             return true;
+           })
+        .status();
+  }
+  Status After(TrainingHooks& hooks) override {
+    return Guard<bool>([&]() -> StatusOr<bool> {
+             TIDAL_RETURN_IF_ERROR(hooks.AfterStep(*trainer_));
+             return true;
+           })
+        .status();
+  }
+  Status Finish(TrainingHooks& hooks) override {
+    return Guard<bool>([&]() -> StatusOr<bool> {
+             TIDAL_RETURN_IF_ERROR(hooks.OnFinish(*trainer_));
+             return true;
+           })
+        .status();
+  }
+  StatusOr<std::string> CheckpointNow(TrainingHooks& hooks) override {
+    return Guard<std::string>([&] { return hooks.CheckpointNow(*trainer_); });
+  }
+
+ private:
+  template <typename T, typename F>
+  StatusOr<T> Guard(F&& f) {
+    try {
+      return f();
+    } catch (const std::exception& e) {
+      const std::string msg = FirstLine(e.what());
+      return Unavailable("rank " + std::to_string(membership_.rank) + " of generation " +
+                         std::to_string(membership_.generation) + ": " + msg);
+    }
+  }
+
+  Membership membership_;
+  std::unique_ptr<StoreServer> store_;  // rank 0 only
+  std::unique_ptr<Trainer> trainer_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Session>> Session::Join(const TrainConfig& config,
+                                                 const Membership& membership,
+                                                 const SessionOptions& options) {
+  if (membership.world_size < 1 || membership.rank < 0 || membership.rank >= membership.world_size)
+    return InvalidArgument("rank " + std::to_string(membership.rank) + " is outside world size " +
+                           std::to_string(membership.world_size));
+  TIDAL_RETURN_IF_ERROR(config.ValidateForWorldSize(membership.world_size));
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  torch::set_num_threads(options.intra_op_threads > 0 ? options.intra_op_threads : cores);
+  std::unique_ptr<StoreServer> store;
+  if (membership.rank == 0 && membership.world_size > 1) {
+    TIDAL_ASSIGN_OR_RETURN(store, StoreServer::Start(membership.store_host, membership.store_port));
+  }
+  auto session = std::make_unique<TrainerSession>(membership, std::move(store));
+  try {
+    TIDAL_RETURN_IF_ERROR(session->Build(config, options));
+  } catch (const std::exception& e) {
+    const std::string msg = FirstLine(e.what());
+    return Unavailable("rank " + std::to_string(membership.rank) + " could not start generation " +
+                       std::to_string(membership.generation) + ": " + msg);
+  }
+  return std::unique_ptr<Session>(std::move(session));
+}
+
+}  // namespace tidal::engine

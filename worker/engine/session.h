@@ -1,0 +1,64 @@
+// worker/engine/session.h — one generation of an elastic run: this rank's membership of a
+// process group and the trainer built on it. No LibTorch types, so the worker's control code
+// (gRPC, state machine) stays out of LibTorch's headers. A rescale or a recovery ends the
+// session and starts another with the new membership; state crosses over through a checkpoint.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "common/status.h"
+#include "worker/engine/run.h"
+#include "worker/engine/step_record.h"
+#include "worker/engine/train_config.h"
+
+namespace tidal::engine {
+
+struct Membership {
+  int64_t generation = 0;
+  int rank = 0;
+  int world_size = 1;
+  std::string store_host = "127.0.0.1";  // the c10d TCPStore; rank 0 hosts it there
+  int store_port = 0;
+  std::string interface_host = "127.0.0.1";  // the address gloo binds this rank's pairs to
+  // Bound on joining and on any one collective: a silent (hung) peer fails the session
+  // within it; a dead one is usually seen at once as a closed connection.
+  std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+};
+
+struct SessionOptions {
+  std::optional<int64_t> max_steps;  // overrides spec.optimization.maxSteps
+  int intra_op_threads = 0;          // 0: every core of the machine
+};
+
+class Session {
+ public:
+  // Rank 0 starts the store on store_host:store_port, then every rank joins the group and
+  // builds its trainer at step 0. Resuming is the hooks' job (OnStart).
+  static StatusOr<std::unique_ptr<Session>> Join(const TrainConfig& config,
+                                                 const Membership& membership,
+                                                 const SessionOptions& options);
+  virtual ~Session() = default;
+
+  virtual const Membership& membership() const = 0;
+  virtual int64_t step() const = 0;
+  virtual int64_t max_steps() const = 0;
+
+  // One optimizer step (collective). LibTorch's and the backend's exceptions come back as a
+  // Status naming the rank.
+  virtual StatusOr<StepRecord> Step() = 0;
+  // Collective: the bitwise OR of every rank's `mine` (bits 0..15). The step-boundary
+  // agreement behind checkpoint barriers, pauses and stops.
+  virtual StatusOr<uint32_t> AgreeFlags(uint32_t mine) = 0;
+
+  // The hooks' calls, each collective and guarded like Step.
+  virtual Status Start(TrainingHooks& hooks) = 0;   // OnStart: resume
+  virtual Status After(TrainingHooks& hooks) = 0;   // AfterStep: scheduled saves
+  virtual Status Finish(TrainingHooks& hooks) = 0;  // OnFinish: final save and export
+  virtual StatusOr<std::string> CheckpointNow(TrainingHooks& hooks) = 0;
+};
+
+}  // namespace tidal::engine

@@ -1,0 +1,263 @@
+// worker/worker_main.cc — `tidal-worker`, the container entrypoint of every worker pod.
+//   tidal-worker --spec FILE --token-file FILE [--listen HOST:PORT] [--pod-ip IP]
+//                [--checkpoint-uri URI] [--tls-cert FILE --tls-key FILE] [--port-file FILE]
+//                [--max-steps K] [--intra-op-threads N] [--collective-timeout-seconds S]
+// Reads the TrainingJob (mounted), serves the control API (tidal.worker.v1) and waits for its
+// first Rendezvous; then trains generation after generation until the last step (exit 0), a
+// Shutdown call or SIGTERM (checkpointed first, exit 0). Environment fallbacks: TIDAL_SPEC_FILE,
+// TIDAL_TOKEN_FILE, POD_IP, TIDAL_CHECKPOINT_URI, TIDAL_S3_SECRET_DIR, TIDAL_INTRA_OP_THREADS.
+#include <pthread.h>
+#include <signal.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "common/environment.h"
+#include "common/flags.h"
+#include "common/log.h"
+#include "common/yaml_json.h"
+#include "operator/api/training_job.h"
+#include "worker/control/runtime.h"
+#include "worker/control/service.h"
+
+namespace {
+
+using tidal::Status;
+using tidal::StatusOr;
+
+constexpr const char* kUsage =
+    "usage: tidal-worker --spec FILE --token-file FILE [options]\n"
+    "  --spec FILE         the TrainingJob (manifest or its spec), YAML or JSON\n"
+    "  --token-file FILE   the job token every control call must carry\n"
+    "  --listen HOST:PORT  control API address (default $POD_IP:50051, port 0: any free one)\n"
+    "  --pod-ip IP         this worker's address for the process group (default $POD_IP,\n"
+    "                      else the host of --listen)\n"
+    "  --checkpoint-uri U  where checkpoints go when spec.checkpoint.uri is empty\n"
+    "  --tls-cert FILE --tls-key FILE   serve the control API over TLS\n"
+    "  --port-file FILE    write the control port there once listening\n"
+    "  --max-steps K       stop after K optimizer steps (default spec.optimization.maxSteps)\n"
+    "  --intra-op-threads N   LibTorch threads (default: every core)\n"
+    "  --collective-timeout-seconds S   bound on a join or a collective (default 120)\n"
+    "  --base-dir DIR      resolve relative model/dataset paths there (default: the spec's)\n";
+
+struct Args {
+  std::string spec, token_file, listen, pod_ip, checkpoint_uri, tls_cert, tls_key, port_file,
+      base_dir;
+  std::optional<int64_t> max_steps;
+  int intra_op_threads = 0;
+  int collective_timeout_s = 120;
+};
+
+StatusOr<Args> ParseArgs(int argc, char** argv, const std::map<std::string, std::string>& env) {
+  Args a;
+  auto from_env = [&](const char* name) {
+    auto it = env.find(name);
+    return it == env.end() ? std::string() : it->second;
+  };
+  a.spec = from_env("TIDAL_SPEC_FILE");
+  a.token_file = from_env("TIDAL_TOKEN_FILE");
+  a.pod_ip = from_env("POD_IP");
+  a.checkpoint_uri = from_env("TIDAL_CHECKPOINT_URI");
+  if (const std::string threads = from_env("TIDAL_INTRA_OP_THREADS"); !threads.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(a.intra_op_threads,
+                           tidal::ParseIntFlag<int>("TIDAL_INTRA_OP_THREADS", threads, 1));
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") return tidal::InvalidArgument("help");
+    if (i + 1 >= argc) return tidal::InvalidArgument(flag + ": missing value");
+    const std::string value = argv[++i];
+    if (flag == "--spec") {
+      a.spec = value;
+    } else if (flag == "--token-file") {
+      a.token_file = value;
+    } else if (flag == "--listen") {
+      a.listen = value;
+    } else if (flag == "--pod-ip") {
+      a.pod_ip = value;
+    } else if (flag == "--checkpoint-uri") {
+      a.checkpoint_uri = value;
+    } else if (flag == "--tls-cert") {
+      a.tls_cert = value;
+    } else if (flag == "--tls-key") {
+      a.tls_key = value;
+    } else if (flag == "--port-file") {
+      a.port_file = value;
+    } else if (flag == "--base-dir") {
+      a.base_dir = value;
+    } else if (flag == "--max-steps") {
+      TIDAL_ASSIGN_OR_RETURN(a.max_steps, tidal::ParseIntFlag<int64_t>(flag, value, 1));
+    } else if (flag == "--intra-op-threads") {
+      TIDAL_ASSIGN_OR_RETURN(a.intra_op_threads, tidal::ParseIntFlag<int>(flag, value, 1));
+    } else if (flag == "--collective-timeout-seconds") {
+      TIDAL_ASSIGN_OR_RETURN(a.collective_timeout_s, tidal::ParseIntFlag<int>(flag, value, 1));
+    } else {
+      return tidal::InvalidArgument("unknown flag " + flag);
+    }
+  }
+  if (a.spec.empty()) return tidal::InvalidArgument("--spec (or TIDAL_SPEC_FILE) is required");
+  if (a.token_file.empty())
+    return tidal::InvalidArgument("--token-file (or TIDAL_TOKEN_FILE) is required");
+  if (a.tls_cert.empty() != a.tls_key.empty())
+    return tidal::InvalidArgument("--tls-cert and --tls-key: expected both or neither");
+  if (a.listen.empty()) {
+    if (a.pod_ip.empty())
+      return tidal::InvalidArgument("--listen: required when POD_IP is not set");
+    a.listen = a.pod_ip + ":50051";
+  }
+  if (a.pod_ip.empty()) a.pod_ip = a.listen.substr(0, a.listen.rfind(':'));
+  return a;
+}
+
+StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return tidal::InvalidArgument(std::string(what) + ": cannot read " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
+                                                    const std::map<std::string, std::string>& env) {
+  TIDAL_ASSIGN_OR_RETURN(nlohmann::json doc, tidal::ReadYamlFile(a.spec));
+  if (!doc.is_object()) return tidal::InvalidArgument(a.spec + ": expected a mapping");
+  std::string name = "local";
+  nlohmann::json spec = doc;
+  if (auto s = doc.find("spec"); s != doc.end()) {
+    spec = *s;
+    if (auto md = doc.find("metadata"); md != doc.end() && md->is_object())
+      if (auto n = md->find("name"); n != md->end() && n->is_string()) name = *n;
+  }
+  auto job = tidal::api::ParseTrainingJobSpec(spec);
+  if (!job.ok()) return job.status().WithContext(a.spec);
+  const std::string base =
+      a.base_dir.empty() ? std::filesystem::absolute(a.spec).parent_path().string() : a.base_dir;
+  auto config = tidal::engine::TrainConfigFromJson(doc, base);
+  if (!config.ok()) return config.status().WithContext(a.spec);
+  config->name = name;
+
+  tidal::worker::RuntimeOptions o;
+  o.config = std::move(*config);
+  o.policy.uri = job->checkpoint.uri.empty() ? a.checkpoint_uri : job->checkpoint.uri;
+  if (o.policy.uri.empty())
+    return tidal::InvalidArgument(
+        "spec.checkpoint.uri is empty and no --checkpoint-uri (TIDAL_CHECKPOINT_URI) was given: "
+        "an elastic worker needs a checkpoint store");
+  o.policy.full_every = job->checkpoint.full_every_steps;
+  o.policy.snapshot_every = job->checkpoint.snapshot_every_steps;
+  o.policy.keep = static_cast<int>(job->checkpoint.keep);
+  if (o.policy.uri.rfind("s3://", 0) == 0) {
+    auto secret = env.find("TIDAL_S3_SECRET_DIR");
+    TIDAL_ASSIGN_OR_RETURN(
+        o.s3, tidal::checkpoint::S3OptionsFromEnv(secret == env.end() ? "" : secret->second, env));
+  }
+  o.session.max_steps = a.max_steps;
+  o.session.intra_op_threads = a.intra_op_threads;
+  o.interface_host = a.pod_ip;
+  o.collective_timeout = std::chrono::seconds(a.collective_timeout_s);
+  return o;
+}
+
+int Fail(const Status& status) {
+  std::fprintf(stderr, "tidal-worker: %s\n", status.message().c_str());
+  return status.code() == tidal::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+// Ends main's wait: a Shutdown call, SIGTERM/SIGINT, or the last step.
+struct ExitSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string reason;
+  void Raise(std::string why) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (reason.empty()) reason = std::move(why);
+    cv.notify_all();
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto env = tidal::EnvironmentMap();
+  auto args = ParseArgs(argc, argv, env);
+  if (!args.ok()) {
+    if (args.status().message() != "help")
+      std::fprintf(stderr, "tidal-worker: %s\n", args.status().message().c_str());
+    std::fputs(kUsage, stderr);
+    return args.status().message() == "help" ? 0 : 2;
+  }
+  auto token = ReadFile(args->token_file, "--token-file");
+  if (!token.ok()) return Fail(token.status());
+  while (!token->empty() && (token->back() == '\n' || token->back() == '\r')) token->pop_back();
+  auto options = LoadOptions(*args, env);
+  if (!options.ok()) return Fail(options.status());
+  tidal::worker::ControlServerOptions server_options;
+  server_options.listen = args->listen;
+  server_options.token = *token;
+  if (!args->tls_cert.empty()) {
+    auto cert = ReadFile(args->tls_cert, "--tls-cert");
+    if (!cert.ok()) return Fail(cert.status());
+    auto key = ReadFile(args->tls_key, "--tls-key");
+    if (!key.ok()) return Fail(key.status());
+    server_options.tls_cert_pem = *cert;
+    server_options.tls_key_pem = *key;
+  }
+
+  // Signals go to one thread (blocked everywhere else, before any thread starts).
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ExitSignal exit_signal;
+  std::thread([&signals, &exit_signal] {
+    int sig = 0;
+    if (sigwait(&signals, &sig) == 0) exit_signal.Raise(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  }).detach();
+
+  const std::string job_name = options->config.name;
+  tidal::worker::WorkerRuntime runtime(std::move(*options));
+  server_options.on_shutdown = [&exit_signal] { exit_signal.Raise("Shutdown call"); };
+  auto server = tidal::worker::ControlServer::Start(runtime, server_options);
+  if (!server.ok()) return Fail(server.status());
+  if (!args->port_file.empty()) {
+    std::ofstream out(args->port_file + ".tmp");
+    out << (*server)->port() << "\n";
+    out.close();
+    std::filesystem::rename(args->port_file + ".tmp", args->port_file);
+  }
+  tidal::LogInfo("waiting for the first rendezvous", {{"job", job_name}});
+
+  std::string reason;
+  {
+    std::unique_lock<std::mutex> lock(exit_signal.mu);
+    while (exit_signal.reason.empty() && !runtime.exited())
+      exit_signal.cv.wait_for(lock, std::chrono::milliseconds(200));
+    reason = exit_signal.reason.empty() ? "finished" : exit_signal.reason;
+  }
+  const bool succeeded = runtime.State().phase == tidal::worker::Phase::kSucceeded;
+  runtime.Shutdown(reason);  // checkpoints a running generation first
+  // A rank stuck in a collective with a hung peer cannot be interrupted: give it the
+  // collective timeout, then leave without it.
+  const auto grace =
+      std::chrono::steady_clock::now() + std::chrono::seconds(args->collective_timeout_s + 10);
+  if (!runtime.WaitExited(grace)) {
+    tidal::LogError("training thread did not stop; exiting without it", {{"reason", reason}});
+    (*server)->Stop();
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+  (*server)->Stop();
+  server->reset();
+  const auto state = runtime.State();
+  tidal::LogInfo(
+      "exiting",
+      {{"reason", reason}, {"phase", tidal::worker::PhaseName(state.phase)}, {"step", state.step}});
+  if (succeeded || state.phase == tidal::worker::Phase::kSucceeded) return 0;
+  return state.phase == tidal::worker::Phase::kFailed && reason == "finished" ? 1 : 0;
+}
