@@ -5,7 +5,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test unit integration e2e demo bench bench-kube bench-checkpoint format clean
+.PHONY: all deps configure build test unit integration e2e demo demo-train bench bench-kube bench-checkpoint format clean
 
 all: build
 
@@ -33,14 +33,18 @@ integration: build
 e2e: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -L e2e $(CTEST_ARGS)
 
-# The main job: a multi-process LoRA fine-tune of the tiny preset on the shipped sample data.
-DEMO_NPROC ?= 2
+# The product: `tidal local` with the operator, a TrainingJob that grows 2 -> 4 GPUs when its
+# schedule window opens and shrinks back when it closes, watched with kubectl (tools/demo.sh).
 demo: build
-	@echo "== tidal demo: LoRA + ZeRO-3 fine-tune of the tiny preset on $(DEMO_NPROC) local ranks =="
-	@mkdir -p out/demo
+	tools/demo.sh $(BUILD_DIR)
+
+# The engine alone: a multi-process LoRA fine-tune of the tiny preset with tidal-train.
+DEMO_NPROC ?= 2
+demo-train: build
+	@mkdir -p out/demo-train
 	$(BUILD_DIR)/worker/tidal-train --config examples/tiny-lora.yaml --nproc $(DEMO_NPROC) \
-	  --out out/demo > out/demo/steps.jsonl
-	@echo "  per-step JSON lines: out/demo/steps.jsonl"
+	  --out out/demo-train > out/demo-train/steps.jsonl
+	@echo "  per-step JSON lines: out/demo-train/steps.jsonl"
 
 bench: build bench-kube bench-checkpoint
 	bench/step_time_vs_python.sh $(BUILD_DIR)

@@ -25,7 +25,14 @@ inline constexpr const char* kKueuePodGroupCountAnnotation = "kueue.x-k8s.io/pod
 inline constexpr const char* kVolcanoGroupAnnotation = "scheduling.k8s.io/group-name";
 
 inline constexpr int kControlPort = 50051;  // tidal.worker.v1
-inline constexpr int kStorePort = 29400;    // the generation's c10d TCPStore (rank 0)
+// The generation's c10d TCPStore, hosted by its rank 0 on kStorePort + generation % kStorePorts:
+// consecutive generations never share a port, so a rank cannot reach the store of the
+// generation before (still closing on the same pod) instead of its own.
+inline constexpr int kStorePort = 29400;
+inline constexpr int kStorePorts = 8;
+inline int StorePort(int64_t generation) {
+  return kStorePort + static_cast<int>(generation % kStorePorts);
+}
 inline constexpr int kMetricsPort = 9090;
 
 inline constexpr const char* kSpecMountPath = "/etc/tidal/job";

@@ -199,8 +199,8 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   }
   Observed observed = Observe(*job);
   Plan plan = Decide(observed, options_.reconcile);
-  TIDAL_RETURN_IF_ERROR(WriteStatus(*job, plan));
-  Status executed = Execute(*job, observed, plan);
+  TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan));
+  Status executed = Execute(current, observed, plan);
   for (const Event& e : plan.events) recorder_.Record(*job, e.type, e.reason, e.message);
   if (!executed.ok()) return executed;
   queue_.AddAfter(key, plan.requeue_after);
@@ -296,11 +296,11 @@ Observed TrainingJobController::Observe(const json& job) {
   return o;
 }
 
-Status TrainingJobController::WriteStatus(const json& job, const Plan& plan) {
+StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& plan) {
   const std::string selector =
       std::string(kJobLabel) + "=" + JobLabelValue(job["metadata"].value("name", ""));
   json status = ToJson(plan.status, selector);
-  if (job.value("status", json()) == status) return OkStatus();
+  if (job.value("status", json()) == status) return job;
   json updated = job;
   updated["status"] = status;
   const json& md = job["metadata"];
@@ -309,7 +309,7 @@ Status TrainingJobController::WriteStatus(const json& job, const Plan& plan) {
                                          md.value("name", ""), updated, "status"));
   auto written = client_.Call(request);
   if (!written.ok()) return written.status().WithContext("writing status");
-  return OkStatus();
+  return written;  // its resourceVersion is the one later patches must name
 }
 
 Status TrainingJobController::Execute(const json& job, const Observed& o, const Plan& plan) {
@@ -397,7 +397,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
       }
       case Action::Kind::kRendezvous: {
         if (a.pods.empty()) break;
-        const std::string store = pod_ip(a.pods[0]) + ":" + std::to_string(kStorePort);
+        const std::string store = pod_ip(a.pods[0]) + ":" + std::to_string(StorePort(a.generation));
         for (const std::string& pod : a.targets) {
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
           const std::string ip = pod_ip(pod);

@@ -53,7 +53,8 @@ class TrainingJobController {
 
  private:
   Observed Observe(const nlohmann::json& job);
-  Status WriteStatus(const nlohmann::json& job, const Plan& plan);
+  // The job as written (or unchanged when its status already matched).
+  StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan);
   Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan);
   int64_t IdleGpus(const std::string& job_uid) const;
   worker::WorkerClient* ClientFor(const std::string& pod, const std::string& ip,

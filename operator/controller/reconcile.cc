@@ -276,8 +276,18 @@ class Decider {
         !st_.rescale->new_pods.empty())
       Do(Action::Kind::kDeletePods, st_.rescale->new_pods, "recovery first");
     if (!failed.empty()) Do(Action::Kind::kDeletePods, failed, Join(causes));
-    ++st_.restarts;
     const std::string cause = Join(causes);
+    if (st_.rescale && st_.rescale->recovery && st_.rescale->stage == Stage::kWaitingForPods &&
+        st_.generation > 0) {
+      // More of the same incident (the rest of a generation going down): one restart, one
+      // backoff; the recovery goes on with who is left, replacing the rest.
+      st_.rescale.reset();
+      st_.members = survivors;
+      Emit("Warning", "WorkerFailed", cause + " (the same recovery: not counted again)");
+      StartGeneration(/*recovery=*/true);
+      return true;
+    }
+    ++st_.restarts;
     if (st_.restarts > spec_->restart_policy.max_restarts) {
       st_.phase = "Failed";
       st_.failure = "restart " + std::to_string(st_.restarts) + " would exceed maxRestarts " +
@@ -437,6 +447,21 @@ class Decider {
         if (st_.restart_not_before) {
           StartGeneration(true);  // waits out the backoff, then creates the pods
           return;
+        }
+        // Pods the status says were created but are not there (the creating leader died, or
+        // its create failed): create them again, under the same names.
+        std::vector<std::string> missing;
+        std::vector<int> slots;
+        const std::string prefix = o_.name + "-worker-";
+        for (const std::string& p : r.new_pods)
+          if (!Pod(p) && p.rfind(prefix, 0) == 0) {
+            missing.push_back(p);
+            slots.push_back(std::atoi(p.c_str() + prefix.size()));
+          }
+        if (!missing.empty()) {
+          Action& a = Do(Action::Kind::kCreatePods, missing, r.reason);
+          a.slots = slots;
+          a.generation = r.target_generation;
         }
         bool ready = true;
         std::vector<std::string> waiting;

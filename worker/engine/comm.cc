@@ -5,6 +5,7 @@
 
 #include "worker/engine/torch_compat.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef TIDAL_WITH_NCCL
@@ -145,6 +146,9 @@ StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o
     store_opts.timeout = o.timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(o.store_host, store_opts);
     c10::intrusive_ptr<c10d::Store> store = tcp;
+    // A generation's keys under its own prefix: a rank that reached another generation's
+    // store by mistake waits (and times out) instead of reading foreign addresses.
+    if (!o.key_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(o.key_prefix, store);
     c10::intrusive_ptr<compat::CollectiveBackend> pg;
     if (o.use_cuda) {
 #ifdef TIDAL_WITH_NCCL

@@ -47,7 +47,8 @@ struct ProcessGroupOptions {
   // Bound on any one collective or rendezvous wait; a dead peer is usually seen at once as a
   // closed connection, this catches the silent (hung) case.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
-  bool use_cuda = false;  // NCCL instead of gloo
+  bool use_cuda = false;   // NCCL instead of gloo
+  std::string key_prefix;  // namespaces the group's store keys (e.g. per generation)
 };
 
 // Joins the process group; blocks until every rank has joined or the timeout passes. World

@@ -34,6 +34,7 @@ class TrainerSession final : public Session {
     group.interface_host = membership_.interface_host;
     group.timeout = membership_.timeout;
     group.use_cuda = cuda;
+    group.key_prefix = "generation-" + std::to_string(membership_.generation);
     TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectProcessGroup(group));
     TrainerOptions trainer_options;
     trainer_options.max_steps = options.max_steps;

@@ -101,23 +101,29 @@ TEST_F(OperatorTest, KubectlScaleResizesARunningJobWithoutChangingItsLossCurve) 
   const auto reference = ReferenceLosses(manifest, kSteps);
   ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
   Ok({"apply", "-f", manifest});
-  WaitInt("elastic", "{.status.generation}", [](int64_t g) { return g >= 1; }, 120s);
-  WaitInt("elastic", "{.status.step}", [](int64_t s) { return s >= 4; }, 120s);
+  WaitInt(
+      "elastic", "{.status.generation}", [](int64_t g) { return g >= 1; }, 120s);
+  WaitInt(
+      "elastic", "{.status.step}", [](int64_t s) { return s >= 4; }, 120s);
   EXPECT_EQ(Status("elastic", "{.status.gpus.summary}"), "2/2");
 
   Ok({"scale", "tj", "elastic", "--replicas=4"});
-  WaitInt("elastic", "{.status.generation}", [](int64_t g) { return g >= 2; }, 120s);
+  WaitInt(
+      "elastic", "{.status.generation}", [](int64_t g) { return g >= 2; }, 120s);
   EXPECT_EQ(Int("elastic", "{.status.gpus.current}"), 4);
   EXPECT_EQ(PodCount("elastic"), 4);
   const int64_t at = Int("elastic", "{.status.step}");
-  WaitInt("elastic", "{.status.step}", [&](int64_t s) { return s >= at + 3; }, 120s);
+  WaitInt(
+      "elastic", "{.status.step}", [&](int64_t s) { return s >= at + 3; }, 120s);
 
   Ok({"patch", "tj", "elastic", "--type=merge", "-p", R"({"spec":{"replicas":null}})"});
-  WaitInt("elastic", "{.status.generation}", [](int64_t g) { return g >= 3; }, 120s);
+  WaitInt(
+      "elastic", "{.status.generation}", [](int64_t g) { return g >= 3; }, 120s);
   EXPECT_EQ(Int("elastic", "{.status.gpus.current}"), 2);
 
-  EXPECT_EQ(WaitFor({"tj", "elastic"}, "{.status.phase}",
-                    [](const std::string& p) { return p == "Succeeded"; }, 300s),
+  EXPECT_EQ(WaitFor(
+                {"tj", "elastic"}, "{.status.phase}",
+                [](const std::string& p) { return p == "Succeeded"; }, 300s),
             "Succeeded")
       << LogTail();
   const auto losses = StepLosses("elastic-worker-0");
@@ -136,20 +142,27 @@ TEST_F(OperatorTest, KubectlScaleResizesARunningJobWithoutChangingItsLossCurve) 
 
 TEST_F(OperatorTest, KillNineOfAWorkerIsRecoveredFromTheNewestCheckpointAndCounted) {
   Ok({"apply", "-f", JobYaml("faulty", 400)});
-  WaitInt("faulty", "{.status.lastCheckpoint.step}", [](int64_t s) { return s >= 5; }, 180s);
-  // The worker process of pod faulty-worker-1, found by its mounted spec path.
-  auto r = RunProcess({"/usr/bin/pgrep", "-f", "faulty-worker-1/.*trainingjob.json"}, 10s);
+  WaitInt(
+      "faulty", "{.status.lastCheckpoint.step}", [](int64_t s) { return s >= 5; }, 180s);
+  // The worker process of pod faulty-worker-1, found by its pod directory (named by uid).
+  const std::string uid = Ok({"get", "pod", "faulty-worker-1", "-o", "jsonpath={.metadata.uid}"});
+  ASSERT_FALSE(uid.empty());
+  auto r = RunProcess({"/usr/bin/pgrep", "-f", uid + "/volumes/job/trainingjob.json"}, 10s);
   ASSERT_EQ(r.exit_code, 0) << "no worker process found";
   const pid_t pid = std::atoi(r.out.c_str());
   ASSERT_GT(pid, 0);
   kill(pid, SIGKILL);
-  WaitInt("faulty", "{.status.restarts}", [](int64_t n) { return n >= 1; }, 120s);
-  WaitInt("faulty", "{.status.generation}", [](int64_t g) { return g >= 2; }, 180s);
-  EXPECT_EQ(WaitFor({"tj", "faulty"}, "{.status.phase}",
-                    [](const std::string& p) { return p == "Running"; }, 120s),
+  WaitInt(
+      "faulty", "{.status.restarts}", [](int64_t n) { return n >= 1; }, 120s);
+  WaitInt(
+      "faulty", "{.status.generation}", [](int64_t g) { return g >= 2; }, 180s);
+  EXPECT_EQ(WaitFor(
+                {"tj", "faulty"}, "{.status.phase}",
+                [](const std::string& p) { return p == "Running"; }, 120s),
             "Running");
   const int64_t step = Int("faulty", "{.status.step}");
-  WaitInt("faulty", "{.status.step}", [&](int64_t s) { return s > step; }, 120s);
+  WaitInt(
+      "faulty", "{.status.step}", [&](int64_t s) { return s > step; }, 120s);
   const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
   EXPECT_NE(events.find("WorkerFailed"), std::string::npos) << events;
   EXPECT_NE(events.find("Recovered"), std::string::npos) << events;
@@ -157,10 +170,12 @@ TEST_F(OperatorTest, KillNineOfAWorkerIsRecoveredFromTheNewestCheckpointAndCount
 
 TEST_F(OperatorTest, SuspendCheckpointsAndRemovesThePodsAndResumeContinuesFromThatStep) {
   Ok({"apply", "-f", JobYaml("pausable", 400)});
-  WaitInt("pausable", "{.status.step}", [](int64_t s) { return s >= 3; }, 180s);
+  WaitInt(
+      "pausable", "{.status.step}", [](int64_t s) { return s >= 3; }, 180s);
   Ok({"patch", "tj", "pausable", "--type=merge", "-p", R"({"spec":{"suspend":true}})"});
-  EXPECT_EQ(WaitFor({"tj", "pausable"}, "{.status.phase}",
-                    [](const std::string& p) { return p == "Suspended"; }, 120s),
+  EXPECT_EQ(WaitFor(
+                {"tj", "pausable"}, "{.status.phase}",
+                [](const std::string& p) { return p == "Suspended"; }, 120s),
             "Suspended");
   const int64_t saved = Int("pausable", "{.status.lastCheckpoint.step}");
   EXPECT_EQ(saved, Int("pausable", "{.status.step}"))
@@ -168,7 +183,8 @@ TEST_F(OperatorTest, SuspendCheckpointsAndRemovesThePodsAndResumeContinuesFromTh
   for (int i = 0; i < 100 && PodCount("pausable") > 0; ++i) std::this_thread::sleep_for(200ms);
   EXPECT_EQ(PodCount("pausable"), 0);
   Ok({"patch", "tj", "pausable", "--type=merge", "-p", R"({"spec":{"suspend":false}})"});
-  WaitInt("pausable", "{.status.step}", [&](int64_t s) { return s > saved; }, 180s);
+  WaitInt(
+      "pausable", "{.status.step}", [&](int64_t s) { return s > saved; }, 180s);
   // The new generation's rank 0 says where it resumed.
   int64_t resumed = -1;
   std::istringstream in(Ok({"logs", "pausable-worker-0"}));
@@ -194,8 +210,7 @@ TEST_F(OperatorTest, InvalidSpecsGetAnInvalidSpecConditionNamingTheFieldAndNoPod
        R"({"spec":{"elastic":{"schedule":[{"name":"n","start":"0 25 * * *","end":"0 8 * * *","gpus":4}]}}})",
        "spec.elastic.schedule[0].start"},
       {"bad-ckpt", R"({"spec":{"checkpoint":{"uri":"ftp://host/ckpt"}}})", "spec.checkpoint.uri"},
-      {"bad-secret",
-       R"({"spec":{"checkpoint":{"uri":"s3://b/p","credentialsSecret":"Bad_Name"}}})",
+      {"bad-secret", R"({"spec":{"checkpoint":{"uri":"s3://b/p","credentialsSecret":"Bad_Name"}}})",
        "spec.checkpoint.credentialsSecret"},
       {"bad-data", R"({"spec":{"dataset":{"uri":"hdfs://nn/data.jsonl"}}})", "spec.dataset.uri"},
   };
@@ -209,9 +224,9 @@ TEST_F(OperatorTest, InvalidSpecsGetAnInvalidSpecConditionNamingTheFieldAndNoPod
       continue;
     }
     Ok({"patch", "tj", c.name, "--type=merge", "-p", R"({"spec":{"suspend":false}})"});
-    const std::string reason =
-        WaitFor({"tj", c.name}, "{.status.conditions[?(@.type==\"Ready\")].reason}",
-                [](const std::string& r) { return r == "InvalidSpec"; }, 60s);
+    const std::string reason = WaitFor(
+        {"tj", c.name}, "{.status.conditions[?(@.type==\"Ready\")].reason}",
+        [](const std::string& r) { return r == "InvalidSpec"; }, 60s);
     EXPECT_EQ(reason, "InvalidSpec") << Status(c.name, "{.status}");
     const std::string message =
         Status(c.name, "{.status.conditions[?(@.type==\"Ready\")].message}");

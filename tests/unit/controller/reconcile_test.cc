@@ -264,6 +264,16 @@ TEST(Reconcile, ALeaderDyingMidRescaleLeavesARescaleTheNextLeaderFinishes) {
   for (const auto& [name, r] : sim.reports_) EXPECT_EQ(r.generation, 3) << name;
 }
 
+TEST(Reconcile, PodsWhoseCreationWasLostAreCreatedAgainUnderTheSameNames) {
+  Sim sim(Spec());
+  sim.lose_actions_every_ = 1;  // the first reconcile's status is written, its actions lost
+  sim.Reconcile();
+  sim.lose_actions_every_ = 0;
+  EXPECT_TRUE(sim.pods_.empty());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+}
+
 TEST(Reconcile, ARecoveryWhoseReplacementStaysPendingGoesOnWithTheSurvivorsWhenAllowed) {
   // 12 sequences of 1: 2, 3 and 4 ranks are all allowed sizes.
   Sim sim(Spec(R"({"optimization": {"globalBatchSize": 12, "microBatchSize": 1},
@@ -328,6 +338,20 @@ TEST(Reconcile, AFailedWorkerIsReplacedAfterTheBackoffAndTheRestartCounted) {
   EXPECT_EQ(sim.status().members, Names({0, 1}));
   EXPECT_TRUE(sim.HasEvent("Recovered"));
   EXPECT_EQ(sim.status().restarts, 1);
+}
+
+TEST(Reconcile, FailuresThatFollowOneAnotherInOneRecoveryCountAsOneRestart) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.Reconcile();
+  sim.pods_["job-worker-0"].phase = "Failed";  // the rest of the generation goes down
+  sim.Reconcile();
+  EXPECT_EQ(sim.status().restarts, 1);
+  sim.now_ += 10s;
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().restarts, 1);
+  EXPECT_EQ(sim.status().members.size(), 2u);
 }
 
 TEST(Reconcile, AVanishedPodIsRecoveredWithTheSurvivorKept) {
