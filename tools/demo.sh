@@ -6,7 +6,8 @@
 set -euo pipefail
 build=${1:-build}
 root=$(cd "$(dirname "$0")/.." && pwd)
-tidal="$root/$build/operator/tidal"
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+tidal="$build/operator/tidal"
 kubectl_bin=$(command -v kubectl || echo "$root/tools/bin/kubectl")
 out="$root/out/demo"
 rm -rf "$out"

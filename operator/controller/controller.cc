@@ -86,15 +86,6 @@ PodView ViewOf(const json& pod) {
   return v;
 }
 
-bool IsOwnedBy(const json& object, const std::string& uid) {
-  const json& md = object["metadata"];
-  auto refs = md.find("ownerReferences");
-  if (refs == md.end() || !refs->is_array()) return false;
-  for (const json& r : *refs)
-    if (r.value("uid", "") == uid && r.value("controller", false)) return true;
-  return false;
-}
-
 std::string OwnerJobKey(const json& object) {
   const json& md = object["metadata"];
   auto refs = md.find("ownerReferences");
@@ -232,7 +223,7 @@ worker::WorkerClient* TrainingJobController::ClientFor(const std::string& pod,
   return c.client.get();
 }
 
-int64_t TrainingJobController::IdleGpus(const std::string& job_uid) const {
+int64_t TrainingJobController::IdleGpus() const {
   int64_t allocatable = 0;
   for (const kube::ObjectPtr& n : nodes_->store().List()) {
     auto node = kube::NodeFromJson(*n);
@@ -240,9 +231,10 @@ int64_t TrainingJobController::IdleGpus(const std::string& job_uid) const {
     auto it = node->allocatable.find("nvidia.com/gpu");
     if (it != node->allocatable.end()) allocatable += std::atoll(it->second.c_str());
   }
+  // Requested by any bound pod, the job's own included: what is left is truly idle (the
+  // planner adds what the job holds itself).
   int64_t requested = 0;
   for (const kube::ObjectPtr& p : pods_->store().List()) {
-    if (IsOwnedBy(*p, job_uid)) continue;
     auto pod = kube::PodFromJson(*p);
     if (!pod.ok() || pod->Finished() || pod->node_name.empty()) continue;
     requested += pod->GpuRequest();
@@ -292,7 +284,7 @@ Observed TrainingJobController::Observe(const json& job) {
     }
   }
   for (const auto& [pod, since] : unreachable_since_) o.unreachable_since[pod] = since;
-  o.idle_gpus = IdleGpus(o.uid);
+  o.idle_gpus = IdleGpus();
   return o;
 }
 

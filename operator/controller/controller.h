@@ -56,7 +56,8 @@ class TrainingJobController {
   // The job as written (or unchanged when its status already matched).
   StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan);
   Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan);
-  int64_t IdleGpus(const std::string& job_uid) const;
+  // Allocatable nvidia.com/gpu of schedulable nodes minus what bound, unfinished pods request.
+  int64_t IdleGpus() const;
   worker::WorkerClient* ClientFor(const std::string& pod, const std::string& ip,
                                   const std::string& token);
   std::string TokenOf(const std::string& ns, const std::string& job) const;

@@ -393,6 +393,11 @@ class Decider {
     st_.gpus_reason = decision.reason;
     st_.phase = "Running";
     if (decision.desired == held) return;
+    if (decision.desired > held && st_.scale_up_not_before && o_.now < *st_.scale_up_not_before) {
+      st_.gpus_reason = decision.reason + "; holding after an abandoned scale-up until " +
+                        kube::FormatTime(*st_.scale_up_not_before);
+      return;
+    }
     RescaleState r;
     r.target_generation = st_.generation + 1;
     r.started = o_.now;
@@ -530,7 +535,10 @@ class Decider {
     SetCondition(st_, "Scaling", false, "ScaleUpAbandoned", why, o_.now, o_.metadata_generation);
     if (!r.recovery) {
       st_.rescale.reset();
-      st_.last_membership_change = o_.now;  // the cooldown spaces out the next attempt
+      st_.last_membership_change = o_.now;
+      st_.scale_up_not_before =
+          o_.now + std::chrono::seconds(std::max(spec_->elastic.cooldown_seconds,
+                                                 spec_->elastic.scale_up_timeout_seconds));
       return;
     }
     std::vector<std::string> survivors;
@@ -742,6 +750,7 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
   st.restarts = Value<int64_t>(j, "restarts", 0);
   st.restart_not_before = TimeField(j, "restartNotBefore");
   st.last_membership_change = TimeField(j, "lastMembershipChange");
+  st.scale_up_not_before = TimeField(j, "scaleUpNotBefore");
   st.step = Value<int64_t>(j, "step", 0);
   st.loss = Value<double>(j, "loss", 0);
   st.tokens_per_second = Value<double>(j, "tokensPerSecond", 0);
@@ -797,6 +806,7 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
   if (st.restart_not_before) j["restartNotBefore"] = kube::FormatTime(*st.restart_not_before);
   if (st.last_membership_change)
     j["lastMembershipChange"] = kube::FormatTime(*st.last_membership_change);
+  if (st.scale_up_not_before) j["scaleUpNotBefore"] = kube::FormatTime(*st.scale_up_not_before);
   if (st.rescale) {
     const RescaleState& r = *st.rescale;
     j["rescale"] = {{"stage", StageName(r.stage)},

@@ -59,6 +59,8 @@ struct JobStatus {
   int64_t restarts = 0;
   std::optional<Clock::time_point> restart_not_before;  // recovery backoff
   std::optional<Clock::time_point> last_membership_change;
+  // After an abandoned scale-up, no new one before this (max(cooldown, scale-up timeout)).
+  std::optional<Clock::time_point> scale_up_not_before;
   int64_t step = 0;
   double loss = 0, tokens_per_second = 0;
   nlohmann::json last_checkpoint;  // {step, kind, uri, time} or null

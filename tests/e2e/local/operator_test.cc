@@ -22,7 +22,10 @@ class OperatorTest : public KubectlTest {
 
   // A tiny job: 8 sequences per step (whole micro-batches at 2 and 4 ranks), a full
   // checkpoint every 5 steps, no cooldown, one intra-op thread per worker (4 share 2 cores).
-  std::string JobYaml(const std::string& name, int max_steps, const std::string& extra = "") {
+  std::string JobYaml(const std::string& name, int max_steps, const std::string& extra = "",
+                      const std::string& elastic =
+                          "{minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0,"
+                          " scaleUpTimeoutSeconds: 120}") {
     std::ostringstream y;
     y << "apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: " << name
       << "}\nspec:\n"
@@ -33,7 +36,7 @@ class OperatorTest : public KubectlTest {
       << "  optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 8, microBatchSize: 2,"
       << " learningRate: 2.0e-3, warmup: {steps: 5, adaptive: true}, maxSteps: " << max_steps
       << ", seed: 1}\n"
-      << "  elastic: {minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 120}\n"
+      << "  elastic: " << elastic << "\n"
       << "  checkpoint: {fullEverySteps: 5, snapshotEverySteps: 0, keep: 2}\n"
       << "  restartPolicy: {maxRestarts: 3, backoffSeconds: 1}\n"
       << "  worker: {env: [{name: TIDAL_INTRA_OP_THREADS, value: \"1\"}]}\n"
@@ -195,6 +198,53 @@ TEST_F(OperatorTest, SuspendCheckpointsAndRemovesThePodsAndResumeContinuesFromTh
       resumed = j.value("resumed_at_step", int64_t{-1});
   }
   EXPECT_EQ(resumed, saved) << "did not resume from the suspend checkpoint";
+}
+
+// Another pod holds 2 of the node's 4 GPUs: a job whose window wants 4 stays at 2 and says
+// why; a forced scale-up (no idle-capacity rule) leaves its new pods Pending and is abandoned
+// after the timeout while training goes on; once the GPUs are free the window grows the job.
+TEST_F(OperatorTest, TheCapacityGateHoldsAJobAtMinAndAPendingScaleUpIsAbandoned) {
+  WriteFile("hog.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: hog}\nspec:\n  containers:\n"
+            "  - name: hog\n    image: busybox\n    command: [sleep, \"3600\"]\n"
+            "    resources: {limits: {nvidia.com/gpu: \"2\"}}\n");
+  Ok({"apply", "-f", (dir_ / "hog.yaml").string()});
+  WaitFor(
+      {"pod", "hog"}, "{.status.phase}", [](const std::string& p) { return p == "Running"; }, 30s);
+  // A window open all day, in a time zone that is not UTC.
+  Ok({"apply", "-f",
+      JobYaml("gated", 2000, "",
+              "{minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 30,"
+              " timeZone: America/New_York, schedule: [{name: all-day, start: \"0 0 * * *\","
+              " end: \"59 23 * * *\", gpus: 4}]}")});
+  WaitInt(
+      "gated", "{.status.step}", [](int64_t s) { return s >= 3; }, 180s);
+  EXPECT_EQ(Int("gated", "{.status.gpus.current}"), 2);
+  EXPECT_EQ(Int("gated", "{.status.gpus.desired}"), 2);
+  EXPECT_NE(Status("gated", "{.status.gpus.reason}").find("capacity"), std::string::npos)
+      << Status("gated", "{.status.gpus}");
+
+  // Forced: no idle-capacity rule, so it tries to grow; the new pods cannot be scheduled.
+  Ok({"patch", "tj", "gated", "--type=merge", "-p",
+      R"({"spec":{"elastic":{"requireIdleCapacity":false}}})"});
+  const std::string abandoned = WaitFor(
+      {"tj", "gated"}, "{.status.conditions[?(@.type==\"Scaling\")].reason}",
+      [](const std::string& r) { return r == "ScaleUpAbandoned"; }, 90s);
+  EXPECT_EQ(abandoned, "ScaleUpAbandoned") << Status("gated", "{.status}");
+  EXPECT_NE(
+      Status("gated", "{.status.conditions[?(@.type==\"Scaling\")].message}").find("Unschedulable"),
+      std::string::npos);
+  EXPECT_EQ(Int("gated", "{.status.generation}"), 1) << "the abandoned scale-up changed members";
+  const int64_t step = Int("gated", "{.status.step}");
+  WaitInt(
+      "gated", "{.status.step}", [&](int64_t s) { return s > step + 2; }, 60s);
+
+  Ok({"patch", "tj", "gated", "--type=merge", "-p",
+      R"({"spec":{"elastic":{"requireIdleCapacity":true}}})"});
+  Ok({"delete", "pod", "hog", "--wait=true"});
+  WaitInt(
+      "gated", "{.status.gpus.current}", [](int64_t g) { return g == 4; }, 180s);
+  EXPECT_NE(Status("gated", "{.status.gpus.reason}").find("all-day"), std::string::npos);
 }
 
 // Specs the schema lets through but the operator refuses: Ready=False InvalidSpec naming the

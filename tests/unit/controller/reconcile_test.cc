@@ -314,6 +314,14 @@ TEST(Reconcile, AScaleUpWhosePodsStayPendingIsAbandonedAfterTheTimeoutAndTrainin
     condition |= c["type"] == "Scaling" && c["reason"] == "ScaleUpAbandoned" &&
                  c["message"].get<std::string>().find("Unschedulable") != std::string::npos;
   EXPECT_TRUE(condition) << sim.status_json().dump();
+  // No new attempt before max(cooldown, scale-up timeout): pods are not churned.
+  for (int i = 0; i < 30; ++i) {
+    sim.Reconcile();
+    EXPECT_EQ(sim.pods_.size(), 2u) << "retried at once";
+  }
+  sim.now_ += 60s;
+  sim.Reconcile();
+  EXPECT_EQ(sim.pods_.size(), 4u) << "never tried again";
 }
 
 TEST(Reconcile, AFailedWorkerIsReplacedAfterTheBackoffAndTheRestartCounted) {
