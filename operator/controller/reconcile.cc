@@ -3,6 +3,7 @@
 #include "operator/controller/reconcile.h"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "operator/kube/meta_time.h"
@@ -649,7 +650,7 @@ class Decider {
       if (const WorkerReport* r = Report(members[0])) {
         if (r->step > 0) {
           st_.step = r->step;
-          st_.loss = r->loss;
+          st_.loss = std::round(r->loss * 1e4) / 1e4;  // the LOSS column; exact ones are logged
           st_.tokens_per_second = r->tokens_per_second;
         }
         const std::string known =

@@ -1,7 +1,8 @@
 // operator/local/cluster.h — `tidal local`: one process holding the API server and the
-// process kubelet (and, when its issue lands, the operator). On first start it creates, under DIR,
-// a CA, a serving certificate for 127.0.0.1/localhost, an admin bearer token and a kubeconfig;
-// later starts reuse them (and the port), so clients and watchers carry on after a restart.
+// process kubelet (`tidal local` in operator/main.cc adds the operator on top). On first start
+// it creates, under DIR, a CA, a serving certificate for 127.0.0.1/localhost, an admin bearer
+// token and a kubeconfig; later starts reuse them (and the port), so clients and watchers carry
+// on after a restart.
 #pragma once
 
 #include <memory>
