@@ -288,3 +288,29 @@ TEST_F(OperatorTest, InvalidSpecsGetAnInvalidSpecConditionNamingTheFieldAndNoPod
 
 }  // namespace
 }  // namespace tidal::testing
+
+namespace tidal::testing {
+namespace {
+
+// `tidal operator` refuses what it cannot run with, naming the flag or the file, exit 2.
+TEST(OperatorCli, BadInvocationsExitTwoNamingTheFlagOrTheKubeconfig) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string words;
+  };
+  const std::vector<Case> cases = {
+      {{"--bogus", "1"}, "unknown flag --bogus"},
+      {{"--namespace"}, "missing value for --namespace"},
+      {{"--kubeconfig", "/nonexistent/kubeconfig"}, "/nonexistent/kubeconfig"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {TIDAL_BIN, "operator"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    ProcessResult r = RunProcess(argv, 30s);
+    EXPECT_EQ(r.exit_code, 2) << c.words << ": " << r.err;
+    EXPECT_NE(r.err.find(c.words), std::string::npos) << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace tidal::testing
