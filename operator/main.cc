@@ -1,8 +1,9 @@
 // operator/main.cc — the `tidal` command. Subcommands:
 //   tidal local [--data DIR] [--port P] [--nodes K] [--gpus N] [--image I=EXE] [--no-operator]
+//               [--operator-metrics-address ADDR]
 //       the local cluster, running the operator (and installing the CRD) unless --no-operator
 //   tidal operator [--kubeconfig PATH] [--namespace NS] [--default-checkpoint-root URI]
-//                  [--no-leader-elect] [--install-crd]
+//                  [--no-leader-elect] [--install-crd] [--metrics-address ADDR]
 //       the operator against any cluster (in a pod: the in-cluster config)
 #include <csignal>
 #include <cstdio>
@@ -34,12 +35,17 @@ int Usage(const char* why) {
                "  --image IMAGE=EXECUTABLE  run pods of IMAGE as EXECUTABLE (IMAGE=host: the\n"
                "               container command from the host PATH); repeatable\n"
                "  --no-operator  serve the cluster only (tests that run their own operator)\n"
+               "  --operator-metrics-address HOST:PORT  the operator's /metrics (default\n"
+               "               127.0.0.1:0, a free port: written to DIR/operator-metrics-port)\n"
                "       tidal operator [--kubeconfig PATH] [--namespace NS] [--no-leader-elect]\n"
                "                      [--default-checkpoint-root URI] [--install-crd]\n"
+               "                      [--metrics-address HOST:PORT]\n"
                "  --kubeconfig PATH  default: $KUBECONFIG, ~/.kube/config, else in-cluster\n"
                "  --namespace NS     watch one namespace (default: all)\n"
                "  --default-checkpoint-root URI  checkpoints of jobs whose spec names no store\n"
-               "                     go to URI/<namespace>/<job>\n");
+               "                     go to URI/<namespace>/<job>\n"
+               "  --metrics-address HOST:PORT  where /metrics is served (default :8080; \"\"\n"
+               "                     serves none)\n");
   return 2;
 }
 
@@ -54,6 +60,7 @@ bool ParseInt(const char* text, int& out) {
 int RunLocal(int argc, char** argv) {
   tidal::local::ClusterOptions options;
   bool run_operator = true;
+  std::string metrics_address = "127.0.0.1:0";
   for (int i = 0; i < argc; ++i) {
     std::string flag = argv[i];
     if (flag == "--no-operator") {
@@ -79,6 +86,8 @@ int RunLocal(int argc, char** argv) {
       options.bookmark_interval = std::chrono::milliseconds(ms);
     } else if (flag == "--image") {
       options.images.push_back(value);
+    } else if (flag == "--operator-metrics-address") {
+      metrics_address = value;
     } else if (flag == "--crash-backoff-ms") {  // for tests: CrashLoopBackOff's first delay
       int ms = 0;
       if (!ParseInt(value, ms) || ms < 0) return Usage("--crash-backoff-ms: expected >= 0");
@@ -115,12 +124,21 @@ int RunLocal(int argc, char** argv) {
     m.lease_namespace = "kube-system";
     m.controller.default_checkpoint_root =
         "file://" + std::filesystem::absolute(options.data_dir).string() + "/checkpoints";
+    m.metrics_address = metrics_address;
     auto started = tidal::controller::Manager::Start(std::move(m));
     if (!started.ok()) {
       std::fprintf(stderr, "tidal local: the operator: %s\n", started.status().message().c_str());
       return 1;
     }
     manager = std::move(*started);
+    if (manager->metrics_port() > 0) {  // for scrapers started after this (tests, make demo)
+      const std::string path = options.data_dir + "/operator-metrics-port";
+      if (FILE* f = std::fopen((path + ".tmp").c_str(), "w")) {
+        std::fprintf(f, "%d\n", manager->metrics_port());
+        std::fclose(f);
+        std::rename((path + ".tmp").c_str(), path.c_str());
+      }
+    }
   }
 #else
   if (run_operator)
@@ -145,6 +163,7 @@ int RunOperator(int argc, char** argv) {
   return 1;
 #else
   tidal::controller::ManagerOptions m;
+  m.metrics_address = ":8080";
   std::string kubeconfig;
   for (int i = 0; i < argc; ++i) {
     std::string flag = argv[i];
@@ -166,6 +185,8 @@ int RunOperator(int argc, char** argv) {
       m.controller.default_checkpoint_root = value;
     } else if (flag == "--lease-namespace") {
       m.lease_namespace = value;
+    } else if (flag == "--metrics-address") {
+      m.metrics_address = value;
     } else {
       return Usage(("unknown flag " + flag).c_str());
     }

@@ -2,7 +2,9 @@
 //   tidal-worker --spec FILE --token-file FILE [--listen HOST:PORT] [--pod-ip IP]
 //                [--checkpoint-uri URI] [--tls-cert FILE --tls-key FILE] [--port-file FILE]
 //                [--max-steps K] [--intra-op-threads N] [--collective-timeout-seconds S]
-// Reads the TrainingJob (mounted), serves the control API (tidal.worker.v1) and waits for its
+//                [--metrics-listen HOST:PORT]
+// Reads the TrainingJob (mounted), serves the control API (tidal.worker.v1) and /metrics
+// (worker/control/metrics.h), and waits for its
 // first Rendezvous; then trains generation after generation until the last step (exit 0), a
 // Shutdown call or SIGTERM (checkpointed first, exit 0). Environment fallbacks: TIDAL_SPEC_FILE,
 // TIDAL_TOKEN_FILE, POD_IP, TIDAL_CHECKPOINT_URI, TIDAL_S3_SECRET_DIR, TIDAL_INTRA_OP_THREADS.
@@ -20,8 +22,10 @@
 #include "common/environment.h"
 #include "common/flags.h"
 #include "common/log.h"
+#include "common/metrics/endpoint.h"
 #include "common/yaml_json.h"
 #include "operator/api/training_job.h"
+#include "worker/control/metrics.h"
 #include "worker/control/runtime.h"
 #include "worker/control/service.h"
 
@@ -40,6 +44,8 @@ constexpr const char* kUsage =
     "  --checkpoint-uri U  where checkpoints go when spec.checkpoint.uri is empty\n"
     "  --tls-cert FILE --tls-key FILE   serve the control API over TLS\n"
     "  --port-file FILE    write the control port there once listening\n"
+    "  --metrics-listen HOST:PORT  /metrics address (default: --listen's host, port 9090;\n"
+    "                      port 0 when --listen's is 0; \"none\" serves none)\n"
     "  --max-steps K       stop after K optimizer steps (default spec.optimization.maxSteps)\n"
     "  --intra-op-threads N   LibTorch threads (default: every core)\n"
     "  --collective-timeout-seconds S   bound on a join or a collective (default 120)\n"
@@ -47,7 +53,7 @@ constexpr const char* kUsage =
 
 struct Args {
   std::string spec, token_file, listen, pod_ip, checkpoint_uri, tls_cert, tls_key, port_file,
-      base_dir;
+      base_dir, metrics_listen;
   std::optional<int64_t> max_steps;
   int intra_op_threads = 0;
   int collective_timeout_s = 120;
@@ -90,6 +96,8 @@ StatusOr<Args> ParseArgs(int argc, char** argv, const std::map<std::string, std:
       a.port_file = value;
     } else if (flag == "--base-dir") {
       a.base_dir = value;
+    } else if (flag == "--metrics-listen") {
+      a.metrics_listen = value;
     } else if (flag == "--max-steps") {
       TIDAL_ASSIGN_OR_RETURN(a.max_steps, tidal::ParseIntFlag<int64_t>(flag, value, 1));
     } else if (flag == "--intra-op-threads") {
@@ -110,7 +118,13 @@ StatusOr<Args> ParseArgs(int argc, char** argv, const std::map<std::string, std:
       return tidal::InvalidArgument("--listen: required when POD_IP is not set");
     a.listen = a.pod_ip + ":50051";
   }
-  if (a.pod_ip.empty()) a.pod_ip = a.listen.substr(0, a.listen.rfind(':'));
+  const auto colon = a.listen.rfind(':');
+  if (colon == std::string::npos)
+    return tidal::InvalidArgument("--listen: expected HOST:PORT, got \"" + a.listen + "\"");
+  if (a.pod_ip.empty()) a.pod_ip = a.listen.substr(0, colon);
+  if (a.metrics_listen.empty())  // beside the control API; a test's free port gets a free one
+    a.metrics_listen =
+        a.listen.substr(0, colon + 1) + (a.listen.substr(colon + 1) == "0" ? "0" : "9090");
   return a;
 }
 
@@ -221,6 +235,14 @@ int main(int argc, char** argv) {
   }).detach();
 
   const std::string job_name = options->config.name;
+  tidal::worker::WorkerMetrics metrics(job_name);
+  std::unique_ptr<tidal::metrics::Endpoint> metrics_endpoint;
+  if (args->metrics_listen != "none") {
+    auto endpoint = tidal::metrics::Endpoint::Start(args->metrics_listen, metrics.registry());
+    if (!endpoint.ok()) return Fail(endpoint.status().WithContext("--metrics-listen"));
+    metrics_endpoint = std::move(*endpoint);
+  }
+  options->observer = &metrics;
   tidal::worker::WorkerRuntime runtime(std::move(*options));
   server_options.on_shutdown = [&exit_signal] { exit_signal.Raise("Shutdown call"); };
   auto server = tidal::worker::ControlServer::Start(runtime, server_options);
@@ -231,7 +253,10 @@ int main(int argc, char** argv) {
     out.close();
     std::filesystem::rename(args->port_file + ".tmp", args->port_file);
   }
-  tidal::LogInfo("waiting for the first rendezvous", {{"job", job_name}});
+  tidal::LogInfo("waiting for the first rendezvous",
+                 {{"job", job_name},
+                  {"control_port", (*server)->port()},
+                  {"metrics_port", metrics_endpoint ? metrics_endpoint->port() : 0}});
 
   std::string reason;
   {

@@ -6,6 +6,7 @@
 #include "common/base64.h"
 #include "common/log.h"
 #include "operator/controller/children.h"
+#include "operator/controller/metrics.h"
 #include "operator/kube/types.h"
 #include "tidal/worker/v1/worker.pb.h"
 #include "worker/control/client.h"
@@ -168,7 +169,13 @@ void TrainingJobController::EnqueueOwner(const kube::ObjectPtr& object) {
 
 void TrainingJobController::Work() {
   while (auto key = queue_.Get()) {
+    const auto start = std::chrono::steady_clock::now();
     Status s = Reconcile(*key);
+    if (OperatorMetrics* m = options_.metrics) {
+      m->ObserveReconcile(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), s.ok());
+      m->SetQueueDepth(queue_.Len());
+    }
     if (!s.ok()) {
       LogWarn("reconcile failed", {{"job", *key}, {"error", s.ToString()}});
       queue_.AddRateLimited(*key);
@@ -186,11 +193,20 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   if (!job) {  // deleted: its children go with it (ownerReferences)
     for (auto it = clients_.begin(); it != clients_.end();)
       it = it->first.rfind(name + "-worker-", 0) == 0 ? clients_.erase(it) : std::next(it);
+    if (options_.metrics) options_.metrics->ForgetJob(ns, name);
     return OkStatus();
   }
   Observed observed = Observe(*job);
   Plan plan = Decide(observed, options_.reconcile);
   TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan));
+  if (OperatorMetrics* m = options_.metrics) {
+    m->SetJob(ns, name, plan.status.phase, plan.status.desired_gpus, plan.status.current_gpus);
+    if (plan.status.restarts > observed.status.restarts) m->CountRestart(ns, name);
+    if (plan.finished_rescale)
+      m->ObserveRescale(
+          plan.finished_rescale->kind,
+          std::chrono::duration<double>(observed.now - plan.finished_rescale->started).count());
+  }
   Status executed = Execute(current, observed, plan);
   for (const Event& e : plan.events) recorder_.Record(*job, e.type, e.reason, e.message);
   if (!executed.ok()) return executed;

@@ -28,6 +28,8 @@ class WorkerClient;
 
 namespace tidal::controller {
 
+class OperatorMetrics;
+
 struct ControllerOptions {
   std::string namespace_;  // "" watches every namespace
   // Where a job's checkpoints go when its spec names no store: <root>/<namespace>/<job>.
@@ -35,6 +37,7 @@ struct ControllerOptions {
   ReconcileOptions reconcile;
   std::chrono::milliseconds status_timeout{std::chrono::seconds(3)};  // GetStatus per worker
   std::chrono::milliseconds barrier_timeout{std::chrono::minutes(5)};
+  OperatorMetrics* metrics = nullptr;  // not owned; none recorded when null
 };
 
 class TrainingJobController {

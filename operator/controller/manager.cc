@@ -3,10 +3,13 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <mutex>
 
 #include "common/log.h"
+#include "common/metrics/endpoint.h"
 #include "common/yaml_json.h"
+#include "operator/controller/metrics.h"
 #include "operator/kube/leader.h"
 
 namespace tidal::controller {
@@ -37,6 +40,8 @@ Status InstallCrd(kube::KubeClient& client) {
 
 struct Manager::State {
   ManagerOptions options;
+  OperatorMetrics metrics;
+  std::unique_ptr<metrics::Endpoint> endpoint;
   std::unique_ptr<kube::KubeClient> client;
   std::unique_ptr<kube::EventRecorder> recorder;
   std::unique_ptr<kube::LeaderElector> elector;
@@ -50,13 +55,16 @@ struct Manager::State {
     if (Status s = controller->Start(); !s.ok()) {
       LogError("controller did not start", {{"error", s.ToString()}});
       controller.reset();
+      return;
     }
+    metrics.SetLeader(true);
   }
   void StopController() {
     std::lock_guard<std::mutex> lock(mu);
     if (!controller) return;
     controller->Stop();
     controller.reset();
+    metrics.SetLeader(false);
     LogInfo("controller stopped", {});
   }
 };
@@ -68,7 +76,22 @@ Manager::~Manager() { Stop(); }
 StatusOr<std::unique_ptr<Manager>> Manager::Start(ManagerOptions options) {
   auto state = std::make_unique<State>();
   state->options = std::move(options);
+  state->options.controller.metrics = &state->metrics;
+  if (!state->options.metrics_address.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(state->endpoint, metrics::Endpoint::Start(state->options.metrics_address,
+                                                                     state->metrics.registry()));
+    LogInfo("serving /metrics", {{"port", state->endpoint->port()}});
+  }
   TIDAL_ASSIGN_OR_RETURN(state->client, kube::KubeClient::Create(state->options.connection));
+  // Failed API requests, for tidal_operator_api_errors_total. A 404 is an answer the
+  // controller asks for (does it exist yet?), not a failure.
+  state->client->set_observer(
+      [metrics = &state->metrics](const kube::Request& request, bool watch, int code) {
+        if (code != 0 && (code < 400 || code == 404)) return;
+        std::string verb = watch ? "watch" : request.method;
+        for (char& c : verb) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        metrics->CountApiError(verb, code);
+      });
   if (state->options.install_crd) TIDAL_RETURN_IF_ERROR(InstallCrd(*state->client));
   std::string identity = state->options.identity;
   if (identity.empty()) {
@@ -104,6 +127,8 @@ void Manager::Stop() {
   if (state_->elector) state_->elector->Stop();  // releases the lease, stops the controller
   state_->StopController();
 }
+
+int Manager::metrics_port() const { return state_->endpoint ? state_->endpoint->port() : 0; }
 
 bool Manager::leading() const {
   if (!state_->elector) return true;

@@ -21,6 +21,8 @@ struct ManagerOptions {
   std::string lease_name = "tidal-operator";
   std::string identity;  // "" → hostname + pid
   bool install_crd = false;
+  // Where /metrics is served ("host:port", port 0 picks one; "" serves none).
+  std::string metrics_address;
 };
 
 // The CRD as built into the binary (crds/tidal.dev_trainingjobs.yaml), as JSON.
@@ -34,6 +36,7 @@ class Manager {
   ~Manager();
   void Stop();
   bool leading() const;
+  int metrics_port() const;  // 0 when no /metrics is served
 
  private:
   struct State;

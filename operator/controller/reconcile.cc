@@ -596,6 +596,10 @@ class Decider {
       return;
     }
     const bool recovery = r.recovery;
+    plan_.finished_rescale =
+        Plan::FinishedRescale{recovery ? (st_.restarts > 0 ? "recovery" : "start")
+                                       : (r.new_pods.empty() ? "scale_down" : "scale_up"),
+                              r.started};
     st_.rescale.reset();
     st_.phase = "Running";
     if (recovery && st_.restarts > 0)

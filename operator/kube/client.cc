@@ -32,7 +32,9 @@ http::Request KubeClient::ToHttp(const Request& request) const {
 }
 
 StatusOr<ApiResponse> KubeClient::Send(const Request& request) {
-  TIDAL_ASSIGN_OR_RETURN(http::Response response, http_->Send(ToHttp(request)));
+  StatusOr<http::Response> sent = http_->Send(ToHttp(request));
+  Observe(request, /*watch=*/false, sent.ok() ? sent->status : 0);
+  TIDAL_ASSIGN_OR_RETURN(http::Response response, std::move(sent));
   ApiResponse out;
   out.code = response.status;
   out.body = nlohmann::json::parse(response.body, nullptr, false);
@@ -48,7 +50,9 @@ StatusOr<nlohmann::json> KubeClient::Call(const Request& request) {
 
 StatusOr<std::unique_ptr<WatchStream>> KubeClient::Watch(const Request& request,
                                                          std::chrono::milliseconds idle_timeout) {
-  TIDAL_ASSIGN_OR_RETURN(auto stream, http_->Stream(ToHttp(request), idle_timeout));
+  auto opened = http_->Stream(ToHttp(request), idle_timeout);
+  Observe(request, /*watch=*/true, opened.ok() ? (*opened)->head().status : 0);
+  TIDAL_ASSIGN_OR_RETURN(auto stream, std::move(opened));
   if (stream->head().status / 100 != 2) {
     ApiResponse response;
     response.code = stream->head().status;

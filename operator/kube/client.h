@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,13 +54,23 @@ class KubeClient {
   StatusOr<std::unique_ptr<WatchStream>> Watch(const Request& request,
                                                std::chrono::milliseconds idle_timeout);
 
+  // Told of every request's outcome: the HTTP status, or 0 when no answer came (metrics). Set
+  // it before the client is shared; it is called from whichever thread sent the request.
+  using Observer = std::function<void(const Request& request, bool watch, int code)>;
+  void set_observer(Observer observer) { observer_ = std::move(observer); }
+
  private:
   KubeClient(Connection connection, std::unique_ptr<http::Client> http)
       : connection_(std::move(connection)), http_(std::move(http)) {}
   http::Request ToHttp(const Request& request) const;
 
+  void Observe(const Request& request, bool watch, int code) const {
+    if (observer_) observer_(request, watch, code);
+  }
+
   Connection connection_;
   std::unique_ptr<http::Client> http_;
+  Observer observer_;
 };
 
 // Maps a non-2xx answer to a Status naming the server's message.

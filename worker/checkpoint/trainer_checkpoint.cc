@@ -398,14 +398,24 @@ class CheckpointHooks : public engine::TrainingHooks {
 
  private:
   StatusOr<std::string> Save(Trainer& trainer, CheckpointKind kind) {
-    TIDAL_ASSIGN_OR_RETURN(std::string uri, SaveCheckpoint(trainer, *repo_, kind, policy_.keep));
-    Committed(trainer.step(), kind);
+    const auto start = std::chrono::steady_clock::now();
+    uint64_t bytes = 0;
+    TIDAL_ASSIGN_OR_RETURN(std::string uri,
+                           SaveCheckpoint(trainer, *repo_, kind, policy_.keep, &bytes));
+    Committed(trainer.step(), kind, start, bytes);
     return uri;
   }
-  void Committed(int64_t step, CheckpointKind kind) {
+  void Committed(int64_t step, CheckpointKind kind, std::chrono::steady_clock::time_point start,
+                 uint64_t shard_bytes) {
     if (kind == CheckpointKind::kFull) last_full_ = step;
-    if (policy_.on_commit)
-      policy_.on_commit(step, kind, repo_->store().uri() + "/" + StepDirectory(step));
+    if (!policy_.on_commit) return;
+    CommitInfo info;
+    info.step = step;
+    info.kind = kind;
+    info.uri = repo_->store().uri() + "/" + StepDirectory(step);
+    info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    info.shard_bytes = shard_bytes;
+    policy_.on_commit(info);
   }
 
   struct InFlight {
@@ -425,7 +435,9 @@ class CheckpointHooks : public engine::TrainingHooks {
     if (in_flight_->thread.joinable()) in_flight_->thread.join();
     std::unique_ptr<InFlight> job = std::move(in_flight_);
     Status committed = CommitSave(trainer, *repo_, job->capture, job->shard, policy_.keep);
-    if (committed.ok()) Committed(job->capture.step, job->capture.kind);
+    if (committed.ok())
+      Committed(job->capture.step, job->capture.kind, job->capture.start,
+                job->shard.ok() ? job->shard->entry.size : 0);
     if (committed.ok()) {
       Logger::Get().Log(
           "info", "checkpoint stall",
@@ -457,9 +469,10 @@ std::string ConfigHash(const engine::TrainConfig& c) {
 }
 
 StatusOr<std::string> SaveCheckpoint(Trainer& trainer, Repository& repo, CheckpointKind kind,
-                                     int keep) {
+                                     int keep, uint64_t* shard_bytes) {
   auto capture = CaptureForSave(trainer, kind);
   StatusOr<BuiltShard> shard = capture.ok() ? WriteCapture(repo, *capture) : capture.status();
+  if (shard_bytes) *shard_bytes = shard.ok() ? shard->entry.size : 0;
   SaveCapture failed;  // a rank that could not copy still takes part in the agreement
   failed.step = trainer.step();
   TIDAL_RETURN_IF_ERROR(CommitSave(trainer, repo, capture.ok() ? *capture : failed, shard, keep));

@@ -27,6 +27,15 @@
 
 namespace tidal::checkpoint {
 
+// One committed checkpoint, as every rank sees it.
+struct CommitInfo {
+  int64_t step = 0;
+  CheckpointKind kind = CheckpointKind::kFull;
+  std::string uri;           // the step's directory
+  double seconds = 0;        // from the copy at the step boundary to the commit
+  uint64_t shard_bytes = 0;  // this rank's shard file
+};
+
 struct CheckpointPolicy {
   std::string uri;             // where checkpoints go (file://, s3://); "" saves none
   std::string resume_uri;      // resume from the newest usable checkpoint there (required)
@@ -37,8 +46,8 @@ struct CheckpointPolicy {
   bool save_final = true;  // a full checkpoint after the last step
   bool export_final = true;  // and its adapter in PEFT's layout under <uri>/final/
   bool async = true;         // write in the background, commit at a later step boundary
-  // Called on every rank after each commit, with the step, kind and directory URI.
-  std::function<void(int64_t step, CheckpointKind kind, const std::string& uri)> on_commit;
+  // Called on every rank after each commit.
+  std::function<void(const CommitInfo& commit)> on_commit;
 };
 
 // What must match between the run that saved and the run that resumes (model, LoRA, data,
@@ -49,9 +58,11 @@ StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(CheckpointP
                                                                      const S3Options& s3 = {});
 
 // The collective operations themselves (used by the hooks; public for tests and tools).
-// Returns the committed checkpoint's directory URI.
+// Returns the committed checkpoint's directory URI; `shard_bytes`, when given, gets the size of
+// this rank's shard.
 StatusOr<std::string> SaveCheckpoint(engine::Trainer& trainer, Repository& repo,
-                                     CheckpointKind kind, int keep);
+                                     CheckpointKind kind, int keep,
+                                     uint64_t* shard_bytes = nullptr);
 // The step resumed from; NotFound (on every rank) when the store holds no usable checkpoint.
 StatusOr<int64_t> ResumeFromNewest(engine::Trainer& trainer, Repository& repo);
 

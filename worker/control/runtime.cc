@@ -191,6 +191,7 @@ void WorkerRuntime::PublishStep(const engine::StepRecord& record) {
                      {"tokens_per_s", record.tokens_per_s},
                      {"world_size", record.world_size},
                      {"max_steps", state.max_steps}});
+  if (options_.observer) options_.observer->OnStep(record);
   std::lock_guard<std::mutex> lock(mu_);
   state_.step = record.step;
   state_.last_step = record;
@@ -224,6 +225,7 @@ void WorkerRuntime::Loop() {
       changed_.notify_all();
     }
     Logger::Get().SetContext({options_.config.name, m.rank, static_cast<int>(m.generation)});
+    if (options_.observer) options_.observer->OnGeneration(m.generation, m.rank, m.world_size);
     LogInfo("joining generation", {{"world_size", m.world_size},
                                    {"store", m.store_host + ":" + std::to_string(m.store_port)}});
     const Status ended = RunGeneration(m);
@@ -255,9 +257,13 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership) {
   TIDAL_ASSIGN_OR_RETURN(auto session, engine::Session::Join(options_.config, m, options_.session));
   checkpoint::CheckpointPolicy policy = options_.policy;
   policy.resume = true;  // every generation starts from the newest usable checkpoint
-  policy.on_commit = [this](int64_t step, checkpoint::CheckpointKind kind, const std::string& uri) {
-    std::lock_guard<std::mutex> lock(mu_);
-    state_.last_checkpoint = CheckpointRef{step, checkpoint::KindName(kind), uri, NowMillis()};
+  policy.on_commit = [this](const checkpoint::CommitInfo& commit) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      state_.last_checkpoint =
+          CheckpointRef{commit.step, checkpoint::KindName(commit.kind), commit.uri, NowMillis()};
+    }
+    if (options_.observer) options_.observer->OnCheckpoint(commit);
   };
   // Declared after the session: destroyed first (its writer thread ends before the group).
   TIDAL_ASSIGN_OR_RETURN(auto hooks, checkpoint::MakeCheckpointHooks(policy, options_.s3));

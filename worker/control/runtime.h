@@ -52,6 +52,16 @@ struct WorkerState {
   std::string last_error;
 };
 
+// Told what the training thread does, as it happens (the worker's /metrics). Called from the
+// training thread, without the runtime's lock held.
+class RuntimeObserver {
+ public:
+  virtual ~RuntimeObserver() = default;
+  virtual void OnGeneration(int64_t generation, int rank, int world_size) = 0;
+  virtual void OnStep(const engine::StepRecord& record) = 0;
+  virtual void OnCheckpoint(const checkpoint::CommitInfo& commit) = 0;
+};
+
 struct RuntimeOptions {
   engine::TrainConfig config;
   checkpoint::CheckpointPolicy policy;  // uri, intervals, keep; resume from the newest
@@ -59,6 +69,7 @@ struct RuntimeOptions {
   engine::SessionOptions session;
   std::string interface_host = "127.0.0.1";  // this worker's address, for gloo
   std::chrono::milliseconds collective_timeout{std::chrono::seconds(120)};
+  RuntimeObserver* observer = nullptr;  // not owned; outlives the runtime
 };
 
 class WorkerRuntime {

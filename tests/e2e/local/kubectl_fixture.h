@@ -75,7 +75,8 @@ class KubectlTest : public ::testing::Test {
   // the last output (the caller asserts on it).
   std::string WaitFor(std::vector<std::string> args, const std::string& jsonpath,
                       const std::function<bool(const std::string&)>& done,
-                      std::chrono::milliseconds timeout = 30s) {
+                      std::chrono::milliseconds timeout = 30s,
+                      std::chrono::milliseconds poll = 100ms) {
     args.insert(args.begin(), "get");
     args.push_back("-o");
     args.push_back("jsonpath=" + jsonpath);
@@ -85,7 +86,7 @@ class KubectlTest : public ::testing::Test {
       ProcessResult r = Kubectl(args);
       out = r.exit_code == 0 ? r.out : "<error: " + r.err + ">";
       if (done(out) || std::chrono::steady_clock::now() > deadline) return out;
-      std::this_thread::sleep_for(100ms);
+      std::this_thread::sleep_for(poll);
     }
   }
   void ApplyWidgetKind() {

@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
+#include <iostream>
 #include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "tests/e2e/local/kubectl_fixture.h"
+#include "tests/integration/metrics_scrape.h"
 
 namespace tidal::testing {
 namespace {
@@ -90,6 +93,35 @@ class OperatorTest : public KubectlTest {
     }
     return losses;
   }
+  // Rank 0's log holds every step of the reference run exactly once, each with its loss to
+  // 1e-5 relative: nothing lost, nothing trained twice (two generations at once would).
+  void ExpectEveryStepOnceWithTheReferenceLoss(const std::string& pod,
+                                               const std::map<int64_t, double>& reference) {
+    const auto losses = StepLosses(pod);
+    EXPECT_EQ(losses.size(), reference.size()) << "a step was lost";
+    for (const auto& [step, seen] : losses) {
+      EXPECT_EQ(seen.size(), 1u) << "step " << step << " ran " << seen.size() << " times";
+      ASSERT_TRUE(reference.count(step)) << "step " << step << " is past the last one";
+      const double want = reference.at(step);
+      EXPECT_LE(std::abs(seen[0] - want) / std::abs(want), 1e-5) << "step " << step;
+    }
+  }
+  // The in-process operator's /metrics (its port is in the data directory).
+  std::string OperatorMetrics() {
+    std::ifstream in(dir_ / "data" / "operator-metrics-port");
+    int port = 0;
+    in >> port;
+    EXPECT_GT(port, 0) << "tidal local wrote no operator-metrics-port";
+    auto text = ScrapeMetrics("127.0.0.1", port);
+    EXPECT_TRUE(text.ok()) << text.status().ToString();
+    return text.ok() ? *text : "";
+  }
+  std::string PodMetrics(const std::string& pod) {
+    const std::string ip = Ok({"get", "pod", pod, "-o", "jsonpath={.status.podIP}"});
+    auto text = ScrapeMetrics(ip, 9090);
+    EXPECT_TRUE(text.ok()) << pod << " at " << ip << ": " << text.status().ToString();
+    return text.ok() ? *text : "";
+  }
   int PodCount(const std::string& job) {
     std::string out = Ok({"get", "pods", "-l", "tidal.dev/job=" + job, "-o", "name"});
     return static_cast<int>(std::count(out.begin(), out.end(), '\n'));
@@ -116,6 +148,26 @@ TEST_F(OperatorTest, KubectlScaleResizesARunningJobWithoutChangingItsLossCurve) 
   EXPECT_EQ(Int("elastic", "{.status.gpus.current}"), 4);
   EXPECT_EQ(PodCount("elastic"), 4);
   const int64_t at = Int("elastic", "{.status.step}");
+  // What Prometheus would scrape once the rescale is through: the operator's view and a
+  // worker's, both promtool-clean.
+  EXPECT_EQ(WaitFor(
+                {"tj", "elastic"}, "{.status.phase}/{.status.rescale.stage}",
+                [](const std::string& p) { return p == "Running/"; }, 60s),
+            "Running/");
+  const std::string op = OperatorMetrics();
+  EXPECT_EQ(PromtoolCheckMetrics(op), "") << op;
+  const std::string elastic = R"(trainingjob="elastic")";
+  EXPECT_EQ(MetricValue(op, "tidal_trainingjob_gpus_current", elastic), 4) << op;
+  EXPECT_EQ(MetricValue(op, "tidal_trainingjob_gpus_desired", elastic), 4) << op;
+  EXPECT_EQ(MetricValue(op, "tidal_trainingjob_rescale_duration_seconds_count", "scale_up"), 1);
+  EXPECT_EQ(MetricValue(op, "tidal_trainingjob_rescale_duration_seconds_count", "start"), 1);
+  EXPECT_EQ(MetricValue(op, "tidal_operator_leader"), 1);
+  EXPECT_GT(MetricValue(op, "tidal_operator_reconcile_duration_seconds_count", "ok").value_or(0),
+            0);
+  const std::string worker = PodMetrics("elastic-worker-3");
+  EXPECT_EQ(PromtoolCheckMetrics(worker), "") << worker;
+  EXPECT_EQ(MetricValue(worker, "tidal_worker_world_size", elastic), 4) << worker;
+  EXPECT_EQ(MetricValue(worker, "tidal_worker_rank", elastic), 3) << worker;
   WaitInt(
       "elastic", "{.status.step}", [&](int64_t s) { return s >= at + 3; }, 120s);
 
@@ -129,13 +181,7 @@ TEST_F(OperatorTest, KubectlScaleResizesARunningJobWithoutChangingItsLossCurve) 
                 [](const std::string& p) { return p == "Succeeded"; }, 300s),
             "Succeeded")
       << LogTail();
-  const auto losses = StepLosses("elastic-worker-0");
-  EXPECT_EQ(losses.size(), static_cast<size_t>(kSteps)) << "a step was lost";
-  for (const auto& [step, seen] : losses) {
-    EXPECT_EQ(seen.size(), 1u) << "step " << step << " ran " << seen.size() << " times";
-    const double want = reference.at(step);
-    EXPECT_LE(std::abs(seen[0] - want) / std::abs(want), 1e-5) << "step " << step;
-  }
+  ExpectEveryStepOnceWithTheReferenceLoss("elastic-worker-0", reference);
   const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
   for (const char* reason :
        {"ScalingUp", "CheckpointBarrier", "Rescaled", "ScalingDown", "Succeeded"})
@@ -203,6 +249,48 @@ TEST_F(OperatorTest, SuspendCheckpointsAndRemovesThePodsAndResumeContinuesFromTh
 // Another pod holds 2 of the node's 4 GPUs: a job whose window wants 4 stays at 2 and says
 // why; a forced scale-up (no idle-capacity rule) leaves its new pods Pending and is abandoned
 // after the timeout while training goes on; once the GPUs are free the window grows the job.
+// A schedule window in Asia/Kolkata (UTC+5:30, a zone that is not UTC and not a whole hour
+// off it) that opens at the next minute boundary at least 45 s away and closes a minute
+// later: the job grows 2 -> 4 when it opens, not before, and shrinks back when it closes.
+TEST_F(OperatorTest, AScheduleWindowInTheJobsTimeZoneGrowsTheJobWhenItOpensAndShrinksItAtItsEnd) {
+  using std::chrono::system_clock;
+  const auto now = system_clock::to_time_t(system_clock::now());
+  const time_t opens = (now + 45 + 59) / 60 * 60, closes = opens + 60;
+  auto kolkata_cron = [](time_t t) {  // "M H * * *" on the Kolkata clock (no DST there)
+    const time_t local = t + 5 * 3600 + 30 * 60;
+    std::tm tm{};
+    gmtime_r(&local, &tm);
+    return std::to_string(tm.tm_min) + " " + std::to_string(tm.tm_hour) + " * * *";
+  };
+  Ok({"apply", "-f",
+      JobYaml("nightly", 5000, "",
+              "{minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 60,"
+              " timeZone: Asia/Kolkata, schedule: [{name: next-minute, start: \"" +
+                  kolkata_cron(opens) + "\", end: \"" + kolkata_cron(closes) + "\", gpus: 4}]}")});
+  WaitInt(
+      "nightly", "{.status.step}", [](int64_t s) { return s >= 2; }, 120s);
+  ASSERT_LT(system_clock::to_time_t(system_clock::now()), opens) << "started too late to tell";
+  EXPECT_EQ(Int("nightly", "{.status.gpus.current}"), 2);
+  EXPECT_EQ(Int("nightly", "{.status.gpus.desired}"), 2);
+
+  WaitInt(
+      "nightly", "{.status.gpus.desired}", [](int64_t g) { return g == 4; }, 150s);
+  EXPECT_GE(system_clock::to_time_t(system_clock::now()), opens) << "grew before the window";
+  EXPECT_NE(Status("nightly", "{.status.gpus.reason}").find("next-minute"), std::string::npos)
+      << Status("nightly", "{.status.gpus}");
+  WaitInt(
+      "nightly", "{.status.gpus.current}", [](int64_t g) { return g == 4; }, 120s);
+  const int64_t grown_at = Int("nightly", "{.status.step}");
+
+  WaitInt(
+      "nightly", "{.status.gpus.current}", [](int64_t g) { return g == 2; }, 150s);
+  EXPECT_GE(system_clock::to_time_t(system_clock::now()), closes) << "shrank before the end";
+  EXPECT_GT(Int("nightly", "{.status.step}"), grown_at);
+  const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
+  for (const char* reason : {"ScalingUp", "Rescaled", "ScalingDown"})
+    EXPECT_NE(events.find(reason), std::string::npos) << reason << " in " << events;
+}
+
 TEST_F(OperatorTest, TheCapacityGateHoldsAJobAtMinAndAPendingScaleUpIsAbandoned) {
   WriteFile("hog.yaml",
             "apiVersion: v1\nkind: Pod\nmetadata: {name: hog}\nspec:\n  containers:\n"
@@ -293,6 +381,76 @@ namespace tidal::testing {
 namespace {
 
 // `tidal operator` refuses what it cannot run with, naming the flag or the file, exit 2.
+// The operator as a process of its own beside `tidal local --no-operator`, so that it can be
+// killed: two replicas of it, as a Deployment with leader election would run.
+class OperatorFailoverTest : public OperatorTest {
+ protected:
+  OperatorFailoverTest() { with_operator_ = false; }
+  std::unique_ptr<Process> StartOperator(const std::string& name) {
+    const std::string command = "exec \"$0\" \"$@\" 2>>" + (dir_ / (name + ".log")).string();
+    return std::make_unique<Process>(std::vector<std::string>{
+        "/bin/sh", "-c", command, TIDAL_BIN, "operator", "--kubeconfig",
+        (dir_ / "data" / "kubeconfig").string(), "--install-crd", "--lease-namespace",
+        "kube-system", "--default-checkpoint-root", "file://" + (dir_ / "checkpoints").string(),
+        "--metrics-address", "127.0.0.1:0"});
+  }
+  std::string OperatorLog(const std::string& name) {
+    std::ifstream in(dir_ / (name + ".log"));
+    std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return all.size() > 3000 ? all.substr(all.size() - 3000) : all;
+  }
+};
+
+// kill -9 of the leading operator while a scale-up is under way (its pods created, the
+// checkpoint barrier not yet done): the standby takes the lease over and carries the rescale
+// on from what status says — one new generation, every step trained once, losses unchanged.
+TEST_F(OperatorFailoverTest,
+       KillingTheLeaderMidRescaleLetsTheNextOneFinishItWithoutASecondGeneration) {
+  constexpr int kSteps = 80;  // still training when the standby takes over, ~15 s later
+  auto first = StartOperator("operator-a");
+  auto crd = WaitFor(
+      {"crd", "trainingjobs.tidal.dev"}, "{.metadata.name}",
+      [](const std::string& n) { return n == "trainingjobs.tidal.dev"; }, 30s);
+  ASSERT_EQ(crd, "trainingjobs.tidal.dev") << OperatorLog("operator-a");
+  const std::string manifest = JobYaml("failover", kSteps);
+  const auto reference = ReferenceLosses(manifest, kSteps);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+  Ok({"apply", "-f", manifest});
+  WaitInt(
+      "failover", "{.status.step}", [](int64_t s) { return s >= 4; }, 120s);
+  ASSERT_EQ(Int("failover", "{.status.generation}"), 1);
+  auto second = StartOperator("operator-b");  // a standby: the lease is taken
+
+  Ok({"scale", "tj", "failover", "--replicas=4"});
+  const std::string stage = WaitFor(
+      {"tj", "failover"}, "{.status.rescale.stage}",
+      [](const std::string& s) { return !s.empty(); }, 60s, /*poll=*/20ms);
+  ASSERT_FALSE(stage.empty()) << "no rescale began: " << Status("failover", "{.status}");
+  ::kill(first->pid(), SIGKILL);
+  first->Wait(10s);
+  const int64_t step_at_kill = Int("failover", "{.status.step}");
+
+  // The standby leads once the dead leader's lease expires, and sees the rescale through.
+  EXPECT_EQ(WaitFor(
+                {"tj", "failover"}, "{.status.gpus.current}/{.status.rescale.stage}",
+                [](const std::string& p) { return p == "4/"; }, 180s),
+            "4/")
+      << OperatorLog("operator-b");
+  EXPECT_EQ(Int("failover", "{.status.generation}"), 2)
+      << "killed at stage " << stage << "; status " << Status("failover", "{.status}");
+  EXPECT_NE(OperatorLog("operator-b").find("leading"), std::string::npos)
+      << OperatorLog("operator-b");
+  EXPECT_EQ(WaitFor(
+                {"tj", "failover"}, "{.status.phase}",
+                [](const std::string& p) { return p == "Succeeded"; }, 300s),
+            "Succeeded")
+      << OperatorLog("operator-b");
+  EXPECT_EQ(Int("failover", "{.status.generation}"), 2) << "a generation more than the rescale";
+  EXPECT_EQ(Int("failover", "{.status.restarts}"), 0) << "the handover is not a failure";
+  ExpectEveryStepOnceWithTheReferenceLoss("failover-worker-0", reference);
+  std::cout << "killed the leader at stage " << stage << ", step " << step_at_kill << "\n";
+}
+
 TEST(OperatorCli, BadInvocationsExitTwoNamingTheFlagOrTheKubeconfig) {
   struct Case {
     std::vector<std::string> args;

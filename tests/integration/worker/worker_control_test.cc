@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/http/pki.h"
+#include "tests/integration/metrics_scrape.h"
 #include "tests/integration/process.h"
 #include "tidal/worker/v1/worker.grpc.pb.h"
 #include "worker/control/client.h"
@@ -505,6 +506,60 @@ TEST_F(WorkerControlTest, KillNineOfARankFailsTheGenerationAndARendezvousResumes
     const double want = reference.at(e.step());
     EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5) << "step " << e.step();
   }
+}
+
+TEST_F(WorkerControlTest, MetricsReportStepsLossAndCheckpointsAndPassPromtool) {
+  const std::string ip = "127.0.0.20";
+  const int metrics_port = FreePort(ip);
+  StartWorker(0, {"--metrics-listen", ip + ":" + std::to_string(metrics_port)});
+  Rendezvous(1, {0});
+  WaitFor(0, [](auto& s) { return s.step() >= 3; });
+  auto checkpoint = workers_[0].client->Checkpoint(/*pause=*/true, 60s);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
+  const pb::WorkerStatus status = StatusOf(0);  // paused: nothing moves while we scrape
+  ASSERT_EQ(status.phase(), pb::PAUSED);
+
+  auto text = ScrapeMetrics(ip, metrics_port);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_EQ(PromtoolCheckMetrics(*text), "") << *text;
+  const std::string job = R"(trainingjob="wc")";
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_step", job), status.step());
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_steps_total", job), status.step());
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_step_duration_seconds_count", job), status.step());
+  EXPECT_NEAR(MetricValue(*text, "tidal_worker_loss", job).value_or(-1), status.loss(), 1e-6);
+  EXPECT_GT(MetricValue(*text, "tidal_worker_tokens_per_second", job).value_or(0), 0);
+  EXPECT_GT(MetricValue(*text, "tidal_worker_learning_rate", job).value_or(0), 0);
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_generation", job), 1);
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_world_size", job), 1);
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_checkpoints_total", R"(kind="full")"), 1);
+  EXPECT_GT(MetricValue(*text, "tidal_worker_checkpoint_written_bytes_total", R"(kind="full")")
+                .value_or(0),
+            1000);
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_checkpoint_duration_seconds_count", R"(kind="full")"),
+            1);
+  // A CPU worker has no GPU: no utilisation or memory series rather than made-up ones.
+  EXPECT_EQ(text->find("gpu"), std::string::npos);
+}
+
+TEST_F(WorkerControlTest, AMetricsPortThatIsTakenIsABadInvocationNamingTheFlag) {
+  const std::string ip = "127.0.0.21";
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  inet_pton(AF_INET, ip.c_str(), &addr.sin_addr);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const std::string taken = ip + ":" + std::to_string(ntohs(addr.sin_port));
+  auto r = RunProcess(
+      {TIDAL_WORKER_BIN, "--spec", dir_ + "/job.yaml", "--token-file", dir_ + "/token", "--listen",
+       ip + ":0", "--checkpoint-uri", "file://" + dir_ + "/ckpt", "--metrics-listen", taken},
+      30s);
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("--metrics-listen"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(taken), std::string::npos) << r.err;
 }
 
 }  // namespace

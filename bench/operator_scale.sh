@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# bench/operator_scale.sh [BUILD_DIR] [JOBS] [PODS_PER_JOB] [WINDOW_S] — the operator at scale
+# on `tidal local`: JOBS TrainingJobs of PODS_PER_JOB pods each (default 200 x 10 = 2,000 pods
+# on 20 nodes of 100 GPUs), their workers replaced by sleeping stand-ins that answer the control
+# API (bench/idle_worker.cc), the operator a process of its own. First a tenth of the jobs (the
+# baseline, same run), then all: once every job runs, the operator is watched for WINDOW_S
+# seconds (default 60) — reconcile duration p50/p99 (from its /metrics histogram, interpolated
+# within buckets as Prometheus' histogram_quantile does), reconciles per job per second, work
+# queue depth and its resident memory. Prints both and the ratios full / baseline.
+set -euo pipefail
+build=${1:-build}
+jobs=${2:-200}
+per_job=${3:-10}
+window=${4:-60}
+root=$(cd "$(dirname "$0")/.." && pwd)
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+tidal="$build/operator/tidal"
+idle="$build/bench/idle_worker"
+kubectl_bin=$(command -v kubectl || echo "$root/tools/bin/kubectl")
+for exe in "$tidal" "$idle"; do [[ -x "$exe" ]] || { echo "operator_scale: no $exe (build first)" >&2; exit 2; }; done
+for n in "$jobs" "$per_job" "$window"; do
+  [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "operator_scale: expected positive integers, got $n" >&2; exit 2; }
+done
+base_jobs=$(( jobs / 10 > 0 ? jobs / 10 : 1 ))
+nodes=$(( (jobs * per_job + 99) / 100 ))
+work=$(mktemp -d /tmp/tidal-scale-bench-XXXXXX)
+data="$work/cluster"
+k() { "$kubectl_bin" --kubeconfig="$data/kubeconfig" --request-timeout=60s "$@"; }
+cluster_pid="" operator_pid=""
+cleanup() {
+  set +e
+  [[ -n "$operator_pid" ]] && kill "$operator_pid" 2>/dev/null && wait "$operator_pid" 2>/dev/null
+  [[ -n "$cluster_pid" ]] && kill "$cluster_pid" 2>/dev/null && wait "$cluster_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$tidal" local --no-operator --data "$data" --nodes "$nodes" --gpus 100 --port 0 \
+  --image "tidal-idle-worker=$idle" >"$work/cluster.out" 2>"$work/tidal-local.log" &
+cluster_pid=$!
+for _ in $(seq 1 150); do grep -q 'export KUBECONFIG' "$work/cluster.out" 2>/dev/null && break; sleep 0.2; done
+grep -q 'export KUBECONFIG' "$work/cluster.out" || { echo "tidal local did not start" >&2; exit 1; }
+metrics_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$tidal" operator --kubeconfig "$data/kubeconfig" --install-crd --no-leader-elect \
+  --metrics-address "127.0.0.1:$metrics_port" --default-checkpoint-root "file://$work/ckpt" \
+  2>"$work/operator.log" &
+operator_pid=$!
+for _ in $(seq 1 100); do k get crd trainingjobs.tidal.dev >/dev/null 2>&1 && break; sleep 0.2; done
+
+# JOBS jobs from $1 to $2 (names scale-NNN), min = max = PODS_PER_JOB GPUs, 1 GPU per pod.
+make_jobs() {
+  local i
+  for i in $(seq "$1" "$2"); do
+    cat <<YAML
+---
+apiVersion: tidal.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: scale-$(printf %03d "$i")}
+spec:
+  model: {preset: tiny}
+  dataset: {uri: "$root/examples/data/sample.jsonl", format: text, maxSeqLen: 32}
+  optimization: {globalBatchSize: $((per_job * 2)), microBatchSize: 2, maxSteps: 1000000}
+  elastic: {minGPUs: $per_job, maxGPUs: $per_job, gpusPerPod: 1}
+  worker: {image: tidal-idle-worker}
+YAML
+  done
+}
+running() { k get tj -o 'jsonpath={range .items[*]}{.status.phase}{"\n"}{end}' 2>/dev/null | grep -c '^Running$' || true; }
+wait_running() {
+  local want=$1 deadline=$((SECONDS + 1200)) n=0
+  while ((SECONDS < deadline)); do
+    n=$(running)
+    ((n >= want)) && return 0
+    echo "  $n of $want jobs running ($(k get pods --no-headers 2>/dev/null | wc -l) pods)" >&2
+    sleep 10
+  done
+  echo "operator_scale: only $n of $want jobs reached Running" >&2
+  exit 1
+}
+scrape() { curl -s "http://127.0.0.1:$metrics_port/metrics"; }
+rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$operator_pid/status"; }
+# Watches the operator for the window; writes "jobs pods p50 p99 rate depth rss_mib".
+measure() {
+  local label=$1 njobs=$2
+  scrape >"$work/$label.before"
+  local t0=$SECONDS depth_max=0 rss_max=0
+  while ((SECONDS - t0 < window)); do
+    sleep 5
+    local d r
+    d=$(scrape | awk '/^tidal_operator_workqueue_depth / {print int($2)}')
+    r=$(rss_kib)
+    ((d > depth_max)) && depth_max=$d
+    ((r > rss_max)) && rss_max=$r
+  done
+  scrape >"$work/$label.after"
+  python3 - "$work/$label.before" "$work/$label.after" "$label" "$njobs" \
+    "$(k get pods --no-headers | wc -l)" "$((SECONDS - t0))" "$depth_max" "$rss_max" <<'PY'
+import sys, re
+def buckets(path):
+    out, count = {}, 0.0
+    for line in open(path):
+        m = re.match(r'tidal_operator_reconcile_duration_seconds_bucket\{le="([^"]+)",result="ok"\} (\S+)', line)
+        if m:
+            out[float("inf") if m.group(1) == "+Inf" else float(m.group(1))] = float(m.group(2))
+    return out
+b0, b1 = buckets(sys.argv[1]), buckets(sys.argv[2])
+bounds = sorted(b1)
+cum = [b1[b] - b0.get(b, 0) for b in bounds]
+total = cum[-1]
+def quantile(q):
+    rank, prev_bound, prev = q * total, 0.0, 0.0
+    for bound, c in zip(bounds, cum):
+        if c >= rank:
+            if bound == float("inf"):
+                return prev_bound
+            return prev_bound + (bound - prev_bound) * (rank - prev) / max(c - prev, 1e-9)
+        prev_bound, prev = bound, c
+    return bounds[-2]
+label, njobs, pods, secs, depth, rss = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
+p50, p99 = quantile(0.5), quantile(0.99)
+rate = total / secs / njobs
+print(f"{label:<9} {njobs:>5} jobs {pods:>5} pods: reconcile p50 {p50*1000:7.1f} ms  p99 {p99*1000:7.1f} ms  "
+      f"{rate:5.2f} reconciles/job/s  queue depth <= {depth:4d}  RSS {rss/1024:6.1f} MiB")
+with open(f"{sys.argv[1]}.result", "w") as f:
+    f.write(f"{p50} {p99} {rate} {rss}\n")
+PY
+}
+
+echo "baseline: $base_jobs jobs x $per_job pods" >&2
+make_jobs 1 "$base_jobs" | k apply -f - >/dev/null
+wait_running "$base_jobs"
+measure baseline "$base_jobs"
+echo "full: $jobs jobs x $per_job pods" >&2
+make_jobs $((base_jobs + 1)) "$jobs" | k apply -f - >/dev/null
+wait_running "$jobs"
+measure full "$jobs"
+read -r b50 b99 brate brss <"$work/baseline.before.result"
+read -r f50 f99 frate frss <"$work/full.before.result"
+python3 -c "
+b50,b99,brate,brss,f50,f99,frate,frss=map(float,'$b50 $b99 $brate $brss $f50 $f99 $frate $frss'.split())
+print(f'ratio full/baseline ({$jobs}/{$base_jobs} jobs): p50 {f50/b50:.2f}x  p99 {f99/b99:.2f}x  '
+      f'reconciles per job {frate/brate:.2f}x  RSS {frss/brss:.2f}x')"

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# bench/rescale_cost.sh [BUILD_DIR] [ROUNDS] — training time one rescale 2 -> 4 GPUs loses
+# through the operator's make-before-break protocol (kubectl scale: new pods start while the
+# job trains, checkpoint barrier, new generation, resharded resume) against a full
+# stop-and-restart of the same job from its checkpoint (suspend: checkpoint and remove every
+# pod; then resume at 4 GPUs), measured in the same run on `tidal local` (1 node, 4 GPUs, the
+# tiny preset on CPU). Rounds alternate the two, each followed by a make-before-break scale
+# back to 2 (also reported).
+#
+# Lost time of one change = (time of the first step finished at the new size - the decision)
+#                           - steps finished at the old size since the decision x their median
+#                           - one median step at the new size (that step is training, not loss)
+# The step times come from rank 0's JSON log (worker-0 is rank 0 in every generation),
+# followed across pod incarnations. Prints every change and the ratio of the medians; the
+# target is <= 0.3.
+set -euo pipefail
+build=${1:-build}
+rounds=${2:-2}
+root=$(cd "$(dirname "$0")/.." && pwd)
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+tidal="$build/operator/tidal"
+kubectl_bin=$(command -v kubectl || echo "$root/tools/bin/kubectl")
+[[ -x "$tidal" ]] || { echo "rescale_cost: no $tidal (build first)" >&2; exit 2; }
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "rescale_cost: ROUNDS: expected a positive integer" >&2; exit 2; }
+work=$(mktemp -d /tmp/tidal-rescale-bench-XXXXXX)
+data="$work/cluster"
+k() { "$kubectl_bin" --kubeconfig="$data/kubeconfig" "$@"; }
+cluster_pid="" tail_pid=""
+cleanup() {
+  set +e
+  [[ -n "$tail_pid" ]] && kill "$tail_pid" 2>/dev/null
+  if [[ -n "$cluster_pid" ]]; then kill "$cluster_pid"; wait "$cluster_pid"; fi 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$tidal" local --data "$data" --gpus 4 --port 0 >"$work/cluster.out" 2>"$work/tidal-local.log" &
+cluster_pid=$!
+for _ in $(seq 1 150); do grep -q 'export KUBECONFIG' "$work/cluster.out" 2>/dev/null && break; sleep 0.2; done
+grep -q 'export KUBECONFIG' "$work/cluster.out" || { echo "tidal local did not start" >&2; exit 1; }
+for _ in $(seq 1 100); do k get crd trainingjobs.tidal.dev >/dev/null 2>&1 && break; sleep 0.2; done
+
+cat >"$work/job.yaml" <<YAML
+apiVersion: tidal.dev/v1alpha1
+kind: TrainingJob
+metadata: {name: rc}
+spec:
+  model: {preset: tiny, seed: 0}
+  dataset: {uri: "$root/examples/data/sample.jsonl", format: text, maxSeqLen: 32}
+  lora: {rank: 8, alpha: 16, dropout: 0.05, targetModules: [q_proj, k_proj, v_proj, o_proj]}
+  optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 8, microBatchSize: 2,
+                 learningRate: 3.0e-3, warmup: {steps: 10, adaptive: true}, maxSteps: 100000}
+  elastic: {minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 120}
+  checkpoint: {fullEverySteps: 10, snapshotEverySteps: 0, keep: 2}
+  restartPolicy: {maxRestarts: 3, backoffSeconds: 1}
+  worker:
+    env: [{name: TIDAL_INTRA_OP_THREADS, value: "1"}]
+YAML
+k apply -f "$work/job.yaml" >/dev/null
+log="$data/logs/default/rc-worker-0/worker.log"
+for _ in $(seq 1 300); do [[ -f "$log" ]] && break; sleep 0.2; done
+# tail -F follows the file by name through each new pod incarnation (which truncates it).
+tail -n +1 -F "$log" >"$work/steps.jsonl" 2>/dev/null &
+tail_pid=$!
+
+jp() { k get tj rc -o "jsonpath=$1" 2>/dev/null || true; }
+# Waits until the job trains at $1 GPUs, phase Running, $2 steps past the step it had then.
+settle() {
+  local gpus=$1 extra=$2 deadline=$((SECONDS + 300)) base=""
+  while ((SECONDS < deadline)); do
+    if [[ "$(jp '{.status.gpus.current}/{.status.phase}')" == "$gpus/Running" ]]; then
+      local step; step=$(jp '{.status.step}')
+      [[ -z "$base" ]] && base=$step
+      ((step >= base + extra)) && return 0
+    fi
+    sleep 0.5
+  done
+  echo "rescale_cost: the job did not settle at $gpus GPUs: $(jp '{.status}')" >&2
+  exit 1
+}
+now() { date +%s.%N; }
+events="$work/changes.tsv"
+: >"$events"
+settle 2 5
+for round in $(seq 1 "$rounds"); do
+  t=$(now); k scale tj rc --replicas=4 >/dev/null
+  settle 4 4; printf 'make-before-break\t2\t4\t%s\n' "$t" >>"$events"
+  t=$(now); k scale tj rc --replicas=2 >/dev/null
+  settle 2 4; printf 'scale-down\t4\t2\t%s\n' "$t" >>"$events"
+  t=$(now); k patch tj rc --type=merge -p '{"spec":{"suspend":true}}' >/dev/null
+  for _ in $(seq 1 600); do [[ "$(jp '{.status.phase}')" == Suspended ]] && break; sleep 0.1; done
+  k patch tj rc --type=merge -p '{"spec":{"suspend":false,"replicas":4}}' >/dev/null
+  settle 4 4; printf 'stop-and-restart\t2\t4\t%s\n' "$t" >>"$events"
+  t=$(now); k scale tj rc --replicas=2 >/dev/null
+  settle 2 4; printf 'scale-down\t4\t2\t%s\n' "$t" >>"$events"
+  echo "round $round of $rounds done" >&2
+done
+sleep 1
+
+python3 - "$work/steps.jsonl" "$events" <<'PY'
+import json, statistics, sys
+steps = {}
+for line in open(sys.argv[1], errors="replace"):
+    try:
+        j = json.loads(line)
+    except ValueError:
+        continue
+    if isinstance(j, dict) and j.get("msg") == "step":
+        steps.setdefault(j["step"], (j["ts"], j["world_size"]))
+timeline = sorted((ts, step, world) for step, (ts, world) in steps.items())
+missing = sorted(set(range(1, max(steps) + 1)) - set(steps))
+if missing:
+    print(f"warning: steps missing from rank 0's log: {missing[:10]}", file=sys.stderr)
+def lost(t0, old, new):
+    before = [b[0] - a[0] for a, b in zip(timeline, timeline[1:])
+              if b[0] < t0 and a[2] == old and b[2] == old][-8:]
+    old_since = [s for s in timeline if s[0] > t0 and s[2] == old]
+    new = [s for s in timeline if s[0] > t0 and s[2] == new]
+    after = [b[0] - a[0] for a, b in zip(new, new[1:])][:8]
+    step_old, step_new = statistics.median(before), statistics.median(after)
+    return (new[0][0] - t0) - len(old_since) * step_old - step_new, new[0][0] - t0, len(old_since), step_old, step_new
+results = {}
+print(f"{'change':<18} {'GPUs':>6} {'to first new step':>18} {'old steps since':>15} "
+      f"{'step old/new':>13} {'lost':>8}")
+for line in open(sys.argv[2]):
+    kind, old, new, t0 = line.split("\t")
+    l, wall, n, so, sn = lost(float(t0), int(old), int(new))
+    results.setdefault(kind, []).append(l)
+    print(f"{kind:<18} {old + '->' + new:>6} {wall:>17.2f}s {n:>15} {so:>6.2f}/{sn:<5.2f}s {l:>7.2f}s")
+mbb = statistics.median(results["make-before-break"])
+sr = statistics.median(results["stop-and-restart"])
+print(f"\nmedian training time lost per 2->4 rescale: make-before-break {mbb:.2f} s, "
+      f"stop-and-restart {sr:.2f} s")
+print(f"ratio make-before-break / stop-and-restart = {mbb / sr:.3f} (target <= 0.3)")
+PY

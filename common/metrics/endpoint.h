@@ -1,0 +1,42 @@
+// common/metrics/endpoint.h — what every binary's Prometheus metrics share (prometheus-cpp
+// core + pull): the /metrics endpoint and histogram bucket layouts. Each binary defines its
+// metrics in one place of its own (operator/controller/metrics.h, worker/control/metrics.h).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "common/status.h"
+
+namespace prometheus {
+class Exposer;
+}
+
+namespace tidal::metrics {
+
+// Serves a registry in the Prometheus text format at http://ADDRESS/metrics.
+class Endpoint {
+ public:
+  // `address` is "host:port" (":port" or a bare port listens on every interface); port 0
+  // picks a free one, see port(). Unavailable, naming the address, when it cannot listen.
+  static StatusOr<std::unique_ptr<Endpoint>> Start(
+      const std::string& address, const std::shared_ptr<prometheus::Registry>& registry);
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  Endpoint(std::unique_ptr<prometheus::Exposer> exposer, int port);
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+// `count` upper bounds start, start·factor, start·factor², ... (the +Inf bucket is implied).
+prometheus::Histogram::BucketBoundaries ExponentialBuckets(double start, double factor, int count);
+
+}  // namespace tidal::metrics

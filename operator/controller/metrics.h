@@ -1,0 +1,66 @@
+// operator/controller/metrics.h — every metric the operator exports (DESIGN.md §7), defined
+// here and nowhere else. Names follow Prometheus conventions: the tidal_ prefix, base units,
+// _seconds, _total. Per-job series carry the labels namespace and trainingjob ("job" is
+// Prometheus' own target label) and are removed when the job goes.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace tidal::controller {
+
+class OperatorMetrics {
+ public:
+  OperatorMetrics();
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  // One reconcile pass of one job; `ok` false when it returned an error (and was requeued).
+  void ObserveReconcile(double seconds, bool ok);
+  void SetQueueDepth(size_t depth);
+  // The job's phase and GPUs as of its latest reconcile; Forget drops its series.
+  void SetJob(const std::string& ns, const std::string& name, const std::string& phase,
+              int64_t desired_gpus, int64_t current_gpus);
+  void ForgetJob(const std::string& ns, const std::string& name);
+  // A rescale (make-before-break or recovery) finished, from decision to the new generation.
+  void ObserveRescale(const std::string& kind, double seconds);
+  void CountRestart(const std::string& ns, const std::string& name);
+  // A Kubernetes API request that failed: its HTTP status, or 0 when none came back.
+  void CountApiError(const std::string& verb, int code);
+  void SetLeader(bool leading);
+
+ private:
+  struct JobSeries {
+    std::string phase;
+    prometheus::Gauge* desired = nullptr;
+    prometheus::Gauge* current = nullptr;
+  };
+  void RecountPhases();  // under mu_
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Histogram>& reconcile_duration_;
+  prometheus::Histogram* reconcile_ok_ = nullptr;
+  prometheus::Histogram* reconcile_error_ = nullptr;
+  prometheus::Gauge& queue_depth_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Gauge>& gpus_desired_;
+  prometheus::Family<prometheus::Gauge>& gpus_current_;
+  prometheus::Family<prometheus::Histogram>& rescale_duration_;
+  std::map<std::string, prometheus::Histogram*> rescale_by_kind_;
+  prometheus::Family<prometheus::Counter>& restarts_;
+  prometheus::Family<prometheus::Counter>& api_errors_;
+  prometheus::Gauge& leader_;
+
+  std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, JobSeries> jobs_by_key_;
+};
+
+}  // namespace tidal::controller

@@ -1,0 +1,88 @@
+#include "worker/control/metrics.h"
+
+#include "common/metrics/endpoint.h"
+
+namespace tidal::worker {
+namespace {
+
+template <typename Builder>
+auto& Family(Builder builder, const char* name, const char* help, prometheus::Registry& registry) {
+  return builder.Name(name).Help(help).Register(registry);
+}
+
+}  // namespace
+
+WorkerMetrics::WorkerMetrics(const std::string& trainingjob)
+    : registry_(std::make_shared<prometheus::Registry>()) {
+  const prometheus::Labels job{{"trainingjob", trainingjob}};
+  auto& r = *registry_;
+  auto gauge = [&](const char* name, const char* help) {
+    return &Family(prometheus::BuildGauge(), name, help, r).Add(job);
+  };
+  auto counter = [&](const char* name, const char* help) {
+    return &Family(prometheus::BuildCounter(), name, help, r).Add(job);
+  };
+  // 10 ms to ~5.8 min per optimizer step: a tiny CPU model to a large one on few GPUs.
+  step_duration_ = &Family(prometheus::BuildHistogram(), "tidal_worker_step_duration_seconds",
+                           "Wall time of one optimizer step (all micro-batches), in seconds.", r)
+                        .Add(job, metrics::ExponentialBuckets(0.01, 2, 16));
+  steps_ = counter("tidal_worker_steps_total", "Optimizer steps this worker process trained.");
+  skipped_steps_ = counter("tidal_worker_skipped_steps_total",
+                           "Optimizer steps skipped for an fp16 overflow (loss scale lowered).");
+  step_ = gauge("tidal_worker_step", "The job's optimizer step this worker last finished.");
+  tokens_per_second_ = gauge("tidal_worker_tokens_per_second",
+                             "Training throughput of the whole job over the last step, in "
+                             "tokens per second.");
+  loss_ = gauge("tidal_worker_loss",
+                "Mean token cross-entropy loss over the last step's global batch.");
+  learning_rate_ = gauge("tidal_worker_learning_rate", "Learning rate of the last step.");
+  grad_norm_ =
+      gauge("tidal_worker_grad_norm", "L2 norm of the last step's gradient, before clipping.");
+  generation_ = gauge("tidal_worker_generation",
+                      "The membership generation this worker last joined (DESIGN.md §4).");
+  rank_ = gauge("tidal_worker_rank", "This worker's rank in its generation.");
+  world_size_ = gauge("tidal_worker_world_size", "Ranks in this worker's generation.");
+
+  auto& duration = Family(prometheus::BuildHistogram(), "tidal_worker_checkpoint_duration_seconds",
+                          "Time from a checkpoint's copy at the step boundary to its commit, "
+                          "in seconds, by kind (full, snapshot).",
+                          r);
+  auto& bytes = Family(prometheus::BuildCounter(), "tidal_worker_checkpoint_written_bytes_total",
+                       "Bytes of checkpoint shards this worker wrote, by kind.", r);
+  auto& count = Family(prometheus::BuildCounter(), "tidal_worker_checkpoints_total",
+                       "Checkpoints committed that this worker wrote a shard of, by kind.", r);
+  for (auto kind : {checkpoint::CheckpointKind::kFull, checkpoint::CheckpointKind::kSnapshot}) {
+    prometheus::Labels labels = job;
+    labels["kind"] = checkpoint::KindName(kind);
+    // 50 ms to ~14 min: a LoRA snapshot to a full ZeRO-3 checkpoint over S3.
+    checkpoints_[kind] = {&duration.Add(labels, metrics::ExponentialBuckets(0.05, 2, 15)),
+                          &bytes.Add(labels), &count.Add(labels)};
+  }
+}
+
+void WorkerMetrics::OnGeneration(int64_t generation, int rank, int world_size) {
+  generation_->Set(static_cast<double>(generation));
+  rank_->Set(rank);
+  world_size_->Set(world_size);
+}
+
+void WorkerMetrics::OnStep(const engine::StepRecord& record) {
+  step_duration_->Observe(record.seconds);
+  steps_->Increment();
+  if (record.skipped) skipped_steps_->Increment();
+  step_->Set(static_cast<double>(record.step));
+  tokens_per_second_->Set(record.tokens_per_s);
+  loss_->Set(record.loss);
+  learning_rate_->Set(record.lr);
+  grad_norm_->Set(record.grad_norm);
+}
+
+void WorkerMetrics::OnCheckpoint(const checkpoint::CommitInfo& commit) {
+  auto it = checkpoints_.find(commit.kind);
+  if (it == checkpoints_.end()) return;
+  it->second.duration->Observe(commit.seconds);
+  it->second.bytes->Increment(static_cast<double>(commit.shard_bytes));
+  it->second.count->Increment();
+}
+
+}  // namespace tidal::worker

@@ -1,0 +1,51 @@
+// worker/control/metrics.h — every metric a worker exports (DESIGN.md §7), defined here and
+// nowhere else, fed by the runtime as it trains (RuntimeObserver). Every series carries the
+// label trainingjob ("job" is Prometheus' own target label); the scrape adds pod and
+// namespace. GPU utilisation and memory are not exported here: on a CPU worker there is none,
+// and a made-up number would be worse than an absent series.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "worker/control/runtime.h"
+
+namespace tidal::worker {
+
+class WorkerMetrics : public RuntimeObserver {
+ public:
+  explicit WorkerMetrics(const std::string& trainingjob);
+  const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
+
+  void OnGeneration(int64_t generation, int rank, int world_size) override;
+  void OnStep(const engine::StepRecord& record) override;
+  void OnCheckpoint(const checkpoint::CommitInfo& commit) override;
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Histogram* step_duration_ = nullptr;
+  prometheus::Counter* steps_ = nullptr;
+  prometheus::Counter* skipped_steps_ = nullptr;
+  prometheus::Gauge* step_ = nullptr;
+  prometheus::Gauge* tokens_per_second_ = nullptr;
+  prometheus::Gauge* loss_ = nullptr;
+  prometheus::Gauge* learning_rate_ = nullptr;
+  prometheus::Gauge* grad_norm_ = nullptr;
+  prometheus::Gauge* generation_ = nullptr;
+  prometheus::Gauge* rank_ = nullptr;
+  prometheus::Gauge* world_size_ = nullptr;
+  struct CheckpointSeries {
+    prometheus::Histogram* duration = nullptr;
+    prometheus::Counter* bytes = nullptr;
+    prometheus::Counter* count = nullptr;
+  };
+  std::map<checkpoint::CheckpointKind, CheckpointSeries> checkpoints_;
+};
+
+}  // namespace tidal::worker
