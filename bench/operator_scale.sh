@@ -27,10 +27,16 @@ work=$(mktemp -d /tmp/tidal-scale-bench-XXXXXX)
 data="$work/cluster"
 k() { "$kubectl_bin" --kubeconfig="$data/kubeconfig" --request-timeout=60s "$@"; }
 cluster_pid="" operator_pid=""
+stop() {  # SIGTERM, then SIGKILL after 30 s (a kubelet pass over thousands of pods is long)
+  kill "$1" 2>/dev/null || return 0
+  for _ in $(seq 1 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$1" 2>/dev/null
+  wait "$1" 2>/dev/null
+}
 cleanup() {
   set +e
-  [[ -n "$operator_pid" ]] && kill "$operator_pid" 2>/dev/null && wait "$operator_pid" 2>/dev/null
-  [[ -n "$cluster_pid" ]] && kill "$cluster_pid" 2>/dev/null && wait "$cluster_pid" 2>/dev/null
+  [[ -n "$operator_pid" ]] && stop "$operator_pid"
+  [[ -n "$cluster_pid" ]] && stop "$cluster_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -73,7 +79,7 @@ wait_running() {
     n=$(running)
     ((n >= want)) && return 0
     echo "  $n of $want jobs running ($(k get pods --no-headers 2>/dev/null | wc -l) pods)" >&2
-    sleep 10
+    sleep 5
   done
   echo "operator_scale: only $n of $want jobs reached Running" >&2
   exit 1
@@ -100,9 +106,11 @@ import sys, re
 def buckets(path):
     out, count = {}, 0.0
     for line in open(path):
-        m = re.match(r'tidal_operator_reconcile_duration_seconds_bucket\{le="([^"]+)",result="ok"\} (\S+)', line)
-        if m:
-            out[float("inf") if m.group(1) == "+Inf" else float(m.group(1))] = float(m.group(2))
+        m = re.match(r'tidal_operator_reconcile_duration_seconds_bucket\{([^}]*)\} (\S+)', line)
+        if not m or 'result="ok"' not in m.group(1):
+            continue
+        le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
+        out[float("inf") if le == "+Inf" else float(le)] = float(m.group(2))
     return out
 b0, b1 = buckets(sys.argv[1]), buckets(sys.argv[2])
 bounds = sorted(b1)
@@ -127,13 +135,21 @@ with open(f"{sys.argv[1]}.result", "w") as f:
 PY
 }
 
+# Jobs go in in batches of the baseline's size, each running before the next: `tidal local`'s
+# scheduler binds a pod against every other (quadratic), which is its limit, not the operator's.
+add_jobs() {
+  local from=$1 to=$2 i
+  for ((i = from; i <= to; i += base_jobs)); do
+    local last=$((i + base_jobs - 1 < to ? i + base_jobs - 1 : to))
+    make_jobs "$i" "$last" | k apply -f - >/dev/null
+    wait_running "$last"
+  done
+}
 echo "baseline: $base_jobs jobs x $per_job pods" >&2
-make_jobs 1 "$base_jobs" | k apply -f - >/dev/null
-wait_running "$base_jobs"
+add_jobs 1 "$base_jobs"
 measure baseline "$base_jobs"
 echo "full: $jobs jobs x $per_job pods" >&2
-make_jobs $((base_jobs + 1)) "$jobs" | k apply -f - >/dev/null
-wait_running "$jobs"
+add_jobs $((base_jobs + 1)) "$jobs"
 measure full "$jobs"
 read -r b50 b99 brate brss <"$work/baseline.before.result"
 read -r f50 f99 frate frss <"$work/full.before.result"

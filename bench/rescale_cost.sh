@@ -10,8 +10,8 @@
 # Lost time of one change = (time of the first step finished at the new size - the decision)
 #                           - steps finished at the old size since the decision x their median
 #                           - one median step at the new size (that step is training, not loss)
-# The step times come from rank 0's JSON log (worker-0 is rank 0 in every generation),
-# followed across pod incarnations. Prints every change and the ratio of the medians; the
+# The step times come from rank 0's JSON log lines, followed in every worker pod's log
+# across pod incarnations. Prints every change and the ratio of the medians; the
 # target is <= 0.3.
 set -euo pipefail
 build=${1:-build}
@@ -30,7 +30,7 @@ cleanup() {
   set +e
   [[ -n "$tail_pid" ]] && kill "$tail_pid" 2>/dev/null
   if [[ -n "$cluster_pid" ]]; then kill "$cluster_pid"; wait "$cluster_pid"; fi 2>/dev/null
-  rm -rf "$work"
+  if [[ -n "${KEEP:-}" ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -58,10 +58,33 @@ spec:
     env: [{name: TIDAL_INTRA_OP_THREADS, value: "1"}]
 YAML
 k apply -f "$work/job.yaml" >/dev/null
-log="$data/logs/default/rc-worker-0/worker.log"
-for _ in $(seq 1 300); do [[ -f "$log" ]] && break; sleep 0.2; done
-# tail -F follows the file by name through each new pod incarnation (which truncates it).
-tail -n +1 -F "$log" >"$work/steps.jsonl" 2>/dev/null &
+# Every worker pod's log, followed by path through each pod incarnation (a new pod of the same
+# name truncates it): only rank 0 logs steps, and rank 0 is whichever pod holds it.
+python3 -u - "$data/logs/default" "$work/steps.jsonl" <<'PY' &
+import os, sys, time
+root, out = sys.argv[1], open(sys.argv[2], "a")
+state = {}  # path -> (inode, offset)
+while True:
+    for slot in range(4):
+        path = os.path.join(root, f"rc-worker-{slot}", "worker.log")
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        inode, offset = state.get(path, (None, 0))
+        if inode != st.st_ino or st.st_size < offset:
+            inode, offset = st.st_ino, 0
+        if st.st_size > offset:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            end = chunk.rfind(b"\n") + 1
+            out.write(chunk[:end].decode(errors="replace"))
+            out.flush()
+            offset += end
+        state[path] = (inode, offset)
+    time.sleep(0.05)
+PY
 tail_pid=$!
 
 jp() { k get tj rc -o "jsonpath=$1" 2>/dev/null || true; }
@@ -115,8 +138,8 @@ if missing:
 def lost(t0, old, new):
     before = [b[0] - a[0] for a, b in zip(timeline, timeline[1:])
               if b[0] < t0 and a[2] == old and b[2] == old][-8:]
-    old_since = [s for s in timeline if s[0] > t0 and s[2] == old]
     new = [s for s in timeline if s[0] > t0 and s[2] == new]
+    old_since = [s for s in timeline if t0 < s[0] < new[0][0] and s[2] == old]
     after = [b[0] - a[0] for a, b in zip(new, new[1:])][:8]
     step_old, step_new = statistics.median(before), statistics.median(after)
     return (new[0][0] - t0) - len(old_since) * step_old - step_new, new[0][0] - t0, len(old_since), step_old, step_new

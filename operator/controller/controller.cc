@@ -149,14 +149,17 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
     if (!inf->WaitForSync(sync_timeout))
       return DeadlineExceeded("informer caches did not sync within the timeout");
   started_ = true;
-  worker_ = std::thread([this] { Work(); });
-  LogInfo("controller started", {{"namespace", options_.namespace_}});
+  for (int i = 0; i < std::max(1, options_.workers); ++i)
+    workers_.emplace_back([this] { Work(); });
+  LogInfo("controller started", {{"namespace", options_.namespace_}, {"workers", workers_.size()}});
   return OkStatus();
 }
 
 void TrainingJobController::Stop() {
   queue_.ShutDown();
-  if (worker_.joinable()) worker_.join();
+  for (std::thread& w : workers_)
+    if (w.joinable()) w.join();
+  workers_.clear();
   for (auto* inf :
        {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
     if (inf) inf->Stop();
@@ -191,12 +194,15 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
   kube::ObjectPtr job = jobs_->store().Get(ns, name);
   if (!job) {  // deleted: its children go with it (ownerReferences)
-    for (auto it = clients_.begin(); it != clients_.end();)
-      it = it->first.rfind(name + "-worker-", 0) == 0 ? clients_.erase(it) : std::next(it);
+    {
+      std::lock_guard<std::mutex> lock(connections_mu_);
+      connections_.erase(key);
+    }
     if (options_.metrics) options_.metrics->ForgetJob(ns, name);
     return OkStatus();
   }
-  Observed observed = Observe(*job);
+  WorkerConnections& connections = ConnectionsOf(key);
+  Observed observed = Observe(*job, connections);
   Plan plan = Decide(observed, options_.reconcile);
   TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan));
   if (OperatorMetrics* m = options_.metrics) {
@@ -207,7 +213,7 @@ Status TrainingJobController::Reconcile(const std::string& key) {
           plan.finished_rescale->kind,
           std::chrono::duration<double>(observed.now - plan.finished_rescale->started).count());
   }
-  Status executed = Execute(current, observed, plan);
+  Status executed = Execute(current, observed, plan, connections);
   for (const Event& e : plan.events) recorder_.Record(*job, e.type, e.reason, e.message);
   if (!executed.ok()) return executed;
   queue_.AddAfter(key, plan.requeue_after);
@@ -223,15 +229,25 @@ std::string TrainingJobController::TokenOf(const std::string& ns, const std::str
   return token ? *token : "";
 }
 
-worker::WorkerClient* TrainingJobController::ClientFor(const std::string& pod,
+TrainingJobController::WorkerConnections& TrainingJobController::ConnectionsOf(
+    const std::string& key) {
+  std::lock_guard<std::mutex> lock(connections_mu_);
+  std::unique_ptr<WorkerConnections>& c = connections_[key];
+  if (!c) c = std::make_unique<WorkerConnections>();
+  return *c;  // stable: entries are erased only by this job's own reconcile
+}
+
+worker::WorkerClient* TrainingJobController::ClientFor(WorkerConnections& connections,
+                                                       const std::string& pod,
                                                        const std::string& ip,
-                                                       const std::string& token) {
-  CachedClient& c = clients_[pod];
+                                                       const std::string& token,
+                                                       std::chrono::milliseconds timeout) {
+  CachedClient& c = connections.clients[pod];
   if (!c.client || c.ip != ip || c.token != token) {
     worker::ClientOptions o;
     o.address = ip + ":" + std::to_string(kControlPort);
     o.token = token;
-    o.timeout = options_.status_timeout;
+    o.timeout = timeout;
     c.client = std::make_unique<worker::WorkerClient>(o);
     c.ip = ip;
     c.token = token;
@@ -258,7 +274,7 @@ int64_t TrainingJobController::IdleGpus() const {
   return std::max<int64_t>(0, allocatable - requested);
 }
 
-Observed TrainingJobController::Observe(const json& job) {
+Observed TrainingJobController::Observe(const json& job, WorkerConnections& connections) {
   Observed o;
   const json& md = job["metadata"];
   o.name = md.value("name", "");
@@ -286,7 +302,8 @@ Observed TrainingJobController::Observe(const json& job) {
   std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
-    worker::WorkerClient* c = ClientFor(p.name, p.ip, token);
+    worker::WorkerClient* c =
+        ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
     asks.emplace_back(p.name, std::async(std::launch::async, [c] { return c->GetStatus(); }));
   }
   o.now = Clock::now();
@@ -294,12 +311,18 @@ Observed TrainingJobController::Observe(const json& job) {
     auto s = answer.get();
     if (s.ok()) {
       o.reports[pod] = ReportOf(*s);
-      unreachable_since_.erase(pod);
-    } else {
-      unreachable_since_.try_emplace(pod, o.now);
+      auto& unreachable = connections.unreachable_since;
+      if (auto it = unreachable.find(pod); it != unreachable.end()) {
+        LogInfo("worker answers again",
+                {{"pod", pod},
+                 {"after_seconds", std::chrono::duration<double>(o.now - it->second).count()}});
+        unreachable.erase(it);
+      }
+    } else if (connections.unreachable_since.try_emplace(pod, o.now).second) {
+      LogInfo("worker does not answer", {{"pod", pod}, {"error", s.status().ToString()}});
     }
   }
-  for (const auto& [pod, since] : unreachable_since_) o.unreachable_since[pod] = since;
+  o.unreachable_since = connections.unreachable_since;
   o.idle_gpus = IdleGpus();
   return o;
 }
@@ -320,9 +343,13 @@ StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& p
   return written;  // its resourceVersion is the one later patches must name
 }
 
-Status TrainingJobController::Execute(const json& job, const Observed& o, const Plan& plan) {
+Status TrainingJobController::Execute(const json& job, const Observed& o, const Plan& plan,
+                                      WorkerConnections& connections) {
   const JobRef ref{o.name, o.namespace_, o.uid};
   const std::string token = TokenOf(o.namespace_, o.name);
+  auto client_for = [&](const std::string& pod, const std::string& ip) {
+    return ClientFor(connections, pod, ip, token, options_.status_timeout);
+  };
   auto create = [&](kube::Resource r, const json& object) -> Status {
     TIDAL_ASSIGN_OR_RETURN(auto request, kube::CreateRequest(r, o.namespace_, object));
     auto made = client_.Call(request);
@@ -384,8 +411,8 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           auto deleted = client_.Call(request);
           if (!deleted.ok() && deleted.status().code() != StatusCode::kNotFound)
             done = deleted.status();
-          clients_.erase(pod);
-          unreachable_since_.erase(pod);
+          connections.clients.erase(pod);
+          connections.unreachable_since.erase(pod);
         }
         break;
       case Action::Kind::kBarrier: {
@@ -393,7 +420,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         for (const std::string& pod : a.pods) {
           const std::string ip = pod_ip(pod);
           if (ip.empty()) continue;
-          worker::WorkerClient* c = ClientFor(pod, ip, token);
+          worker::WorkerClient* c = client_for(pod, ip);
           const auto timeout = options_.barrier_timeout;
           calls.push_back(std::async(std::launch::async, [c, timeout] {
             return c->Checkpoint(/*pause=*/true, timeout).status();
@@ -410,7 +437,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
           const std::string ip = pod_ip(pod);
           if (ip.empty()) continue;
-          Status s = ClientFor(pod, ip, token)
+          Status s = client_for(pod, ip)
                          ->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
                                       static_cast<int>(rank), store);
           // Already there (a repeated call after a crash) is success.
@@ -422,7 +449,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         for (const std::string& pod : a.pods) {
           const std::string ip = pod_ip(pod);
           if (ip.empty() || token.empty()) continue;
-          (void)ClientFor(pod, ip, token)->Shutdown(a.reason);  // the pod is deleted anyway
+          (void)client_for(pod, ip)->Shutdown(a.reason);  // the pod is deleted anyway
         }
         break;
     }

@@ -37,10 +37,15 @@ struct ControllerOptions {
   ReconcileOptions reconcile;
   std::chrono::milliseconds status_timeout{std::chrono::seconds(3)};  // GetStatus per worker
   std::chrono::milliseconds barrier_timeout{std::chrono::minutes(5)};
+  // Reconciles running at once (never two of one job: the queue hands a key to one worker).
+  // A pass mostly waits on the API server and the workers, so more than the cores helps.
+  int workers = 4;
   OperatorMetrics* metrics = nullptr;  // not owned; none recorded when null
 };
 
 class TrainingJobController {
+  struct WorkerConnections;
+
  public:
   TrainingJobController(kube::KubeClient& client, kube::EventRecorder& recorder,
                         ControllerOptions options);
@@ -55,14 +60,17 @@ class TrainingJobController {
   Status Reconcile(const std::string& key);
 
  private:
-  Observed Observe(const nlohmann::json& job);
+  Observed Observe(const nlohmann::json& job, WorkerConnections& connections);
   // The job as written (or unchanged when its status already matched).
   StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan);
-  Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan);
+  Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan,
+                 WorkerConnections& connections);
   // Allocatable nvidia.com/gpu of schedulable nodes minus what bound, unfinished pods request.
   int64_t IdleGpus() const;
-  worker::WorkerClient* ClientFor(const std::string& pod, const std::string& ip,
-                                  const std::string& token);
+  static worker::WorkerClient* ClientFor(WorkerConnections& connections, const std::string& pod,
+                                         const std::string& ip, const std::string& token,
+                                         std::chrono::milliseconds timeout);
+  WorkerConnections& ConnectionsOf(const std::string& key);
   std::string TokenOf(const std::string& ns, const std::string& job) const;
   void EnqueueOwner(const kube::ObjectPtr& object);
   void Work();
@@ -72,15 +80,21 @@ class TrainingJobController {
   ControllerOptions options_;
   std::unique_ptr<kube::Informer> jobs_, pods_, services_, secrets_, configs_, nodes_;
   kube::WorkQueue queue_;
-  std::thread worker_;
+  std::vector<std::thread> workers_;
   std::atomic<bool> started_{false};
-  // Worker pod → its gRPC client (recreated when the IP or token changes).
+  // What the shell remembers of one job's workers between its reconciles: a gRPC client per
+  // pod (recreated when the IP or token changes) and since when each has not answered. Only
+  // the reconcile of that job touches its entry (one at a time); the map itself is locked.
   struct CachedClient {
     std::string ip, token;
     std::unique_ptr<worker::WorkerClient> client;
   };
-  std::map<std::string, CachedClient> clients_;                 // reconcile thread only
-  std::map<std::string, Clock::time_point> unreachable_since_;  // reconcile thread only
+  struct WorkerConnections {
+    std::map<std::string, CachedClient> clients;
+    std::map<std::string, Clock::time_point> unreachable_since;
+  };
+  std::mutex connections_mu_;
+  std::map<std::string, std::unique_ptr<WorkerConnections>> connections_;  // by job key
 };
 
 }  // namespace tidal::controller

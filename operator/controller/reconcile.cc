@@ -227,6 +227,12 @@ class Decider {
       return;
     }
     if (!Drain("suspend: checkpoint, then remove the workers")) return;
+    // Suspended once the pods are gone: their GPUs are free then, and a resume right after
+    // finds its slots and the capacity it had.
+    if (!o_.pods.empty()) {
+      plan_.requeue_after = options_.poll;
+      return;
+    }
     st_.phase = "Suspended";
     st_.current_gpus = 0;
     Emit("Normal", "Suspended",

@@ -3,6 +3,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <mutex>
+
 #include "tidal/worker/v1/worker.grpc.pb.h"
 
 namespace tidal::worker {
@@ -76,8 +78,25 @@ Status FromGrpc(int grpc_code, const std::string& message) {
 
 struct WorkerClient::Impl {
   ClientOptions options;
-  std::unique_ptr<pb::WorkerControl::Stub> stub;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  grpc::ChannelArguments args;
+  std::mutex mu;
+  std::shared_ptr<grpc::Channel> channel;
+  std::shared_ptr<pb::WorkerControl::Stub> stub;
 
+  void Connect() {  // under mu
+    channel = grpc::CreateCustomChannel(options.address, credentials, args);
+    stub = pb::WorkerControl::NewStub(channel);
+  }
+  // The stub for the next call. A channel in TRANSIENT_FAILURE (the worker was not listening
+  // yet, or restarted) is replaced: gRPC would otherwise fail every call until its reconnect
+  // backoff ran out, which was measured at 30 s and more for a worker that had been up for
+  // most of that time.
+  std::shared_ptr<pb::WorkerControl::Stub> Stub() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (channel->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_TRANSIENT_FAILURE) Connect();
+    return stub;
+  }
   void Prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const {
     ctx.set_deadline(std::chrono::system_clock::now() + timeout);
     if (!options.token.empty()) ctx.AddMetadata("authorization", "Bearer " + options.token);
@@ -85,21 +104,24 @@ struct WorkerClient::Impl {
 };
 
 WorkerClient::WorkerClient(ClientOptions options) : impl_(std::make_unique<Impl>()) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  grpc::ChannelArguments args;
   if (options.tls_ca_pem.empty()) {
-    credentials = grpc::InsecureChannelCredentials();
+    impl_->credentials = grpc::InsecureChannelCredentials();
   } else {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = options.tls_ca_pem;
-    credentials = grpc::SslCredentials(ssl);
-    if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
+    impl_->credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty())
+      impl_->args.SetSslTargetNameOverride(options.tls_server_name);
   }
-  // Reconnect quickly after a worker restarts: the operator polls on its own schedule.
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  impl_->stub =
-      pb::WorkerControl::NewStub(grpc::CreateCustomChannel(options.address, credentials, args));
+  // Reconnect quickly after a worker restarts: the operator polls on its own schedule. A
+  // channel of its own (not the process-wide subchannel pool), so that replacing it starts
+  // afresh.
+  impl_->args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  impl_->args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  impl_->args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   impl_->options = std::move(options);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->Connect();
 }
 
 WorkerClient::~WorkerClient() = default;
@@ -108,7 +130,7 @@ StatusOr<pb::WorkerStatus> WorkerClient::GetStatus() {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, impl_->options.timeout);
   pb::WorkerStatus out;
-  grpc::Status s = impl_->stub->GetStatus(&ctx, pb::GetStatusRequest(), &out);
+  grpc::Status s = impl_->Stub()->GetStatus(&ctx, pb::GetStatusRequest(), &out);
   if (!s.ok()) return FromGrpcStatus(s);
   return out;
 }
@@ -123,7 +145,7 @@ Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
   req.set_rank(rank);
   req.set_store_address(store_address);
   pb::RendezvousResponse out;
-  return FromGrpcStatus(impl_->stub->Rendezvous(&ctx, req, &out));
+  return FromGrpcStatus(impl_->Stub()->Rendezvous(&ctx, req, &out));
 }
 
 StatusOr<pb::CheckpointInfo> WorkerClient::Checkpoint(bool pause,
@@ -133,7 +155,7 @@ StatusOr<pb::CheckpointInfo> WorkerClient::Checkpoint(bool pause,
   pb::CheckpointRequest req;
   req.set_pause(pause);
   pb::CheckpointResponse out;
-  grpc::Status s = impl_->stub->Checkpoint(&ctx, req, &out);
+  grpc::Status s = impl_->Stub()->Checkpoint(&ctx, req, &out);
   if (!s.ok()) return FromGrpcStatus(s);
   return out.checkpoint();
 }
@@ -142,7 +164,7 @@ StatusOr<int64_t> WorkerClient::Pause(std::chrono::milliseconds timeout) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, timeout);
   pb::PauseResponse out;
-  grpc::Status s = impl_->stub->Pause(&ctx, pb::PauseRequest(), &out);
+  grpc::Status s = impl_->Stub()->Pause(&ctx, pb::PauseRequest(), &out);
   if (!s.ok()) return FromGrpcStatus(s);
   return out.step();
 }
@@ -151,7 +173,7 @@ Status WorkerClient::Resume() {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, impl_->options.timeout);
   pb::ResumeResponse out;
-  return FromGrpcStatus(impl_->stub->Resume(&ctx, pb::ResumeRequest(), &out));
+  return FromGrpcStatus(impl_->Stub()->Resume(&ctx, pb::ResumeRequest(), &out));
 }
 
 Status WorkerClient::Shutdown(const std::string& reason) {
@@ -160,7 +182,7 @@ Status WorkerClient::Shutdown(const std::string& reason) {
   pb::ShutdownRequest req;
   req.set_reason(reason);
   pb::ShutdownResponse out;
-  return FromGrpcStatus(impl_->stub->Shutdown(&ctx, req, &out));
+  return FromGrpcStatus(impl_->Stub()->Shutdown(&ctx, req, &out));
 }
 
 Status WorkerClient::WatchSteps(int64_t after_step, std::chrono::milliseconds timeout,
@@ -169,7 +191,7 @@ Status WorkerClient::WatchSteps(int64_t after_step, std::chrono::milliseconds ti
   impl_->Prepare(ctx, timeout);
   pb::WatchStepsRequest req;
   req.set_after_step(after_step);
-  auto reader = impl_->stub->WatchSteps(&ctx, req);
+  auto reader = impl_->Stub()->WatchSteps(&ctx, req);
   pb::StepEvent event;
   while (reader->Read(&event)) {
     if (!on_event(event)) {

@@ -3,8 +3,10 @@
 #include "worker/engine/session.h"
 
 #include <algorithm>
+#include <chrono>
 #include <thread>
 
+#include "common/log.h"
 #include "common/strings.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/torch_compat.h"
@@ -35,7 +37,12 @@ class TrainerSession final : public Session {
     group.timeout = membership_.timeout;
     group.use_cuda = cuda;
     group.key_prefix = "generation-" + std::to_string(membership_.generation);
+    const auto start = std::chrono::steady_clock::now();
     TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectProcessGroup(group));
+    LogInfo("process group connected",
+            {{"world_size", membership_.world_size},
+             {"seconds",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
     TrainerOptions trainer_options;
     trainer_options.max_steps = options.max_steps;
     if (cuda) {

@@ -180,7 +180,9 @@ TEST(Children, TheLocalKubeletStartsAWorkerPodAsTidalWorkerOnItsPodIp) {
                                          "--token-file",
                                          "/var/pods/w1/volumes/token/token",
                                          "--listen",
-                                         "127.0.0.7:50051"};
+                                         "127.0.0.7:50051",
+                                         "--metrics-listen",
+                                         "127.0.0.7:9090"};
   EXPECT_EQ(argv, want);
   EXPECT_EQ(std::get<local::ContainerLaunch>(launch).env.at("POD_IP"), "127.0.0.7");
 }
