@@ -5,7 +5,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test unit integration e2e demo demo-train bench bench-kube bench-checkpoint format clean
+.PHONY: all deps configure build test unit integration e2e demo demo-train bench bench-kube bench-checkpoint bench-operator format clean
 
 all: build
 
@@ -46,7 +46,7 @@ demo-train: build
 	  --out out/demo-train > out/demo-train/steps.jsonl
 	@echo "  per-step JSON lines: out/demo-train/steps.jsonl"
 
-bench: build bench-kube bench-checkpoint
+bench: build bench-kube bench-checkpoint bench-operator
 	bench/step_time_vs_python.sh $(BUILD_DIR)
 
 # The Kubernetes side: informer memory per Pod, list+watch throughput through tidal local.
@@ -58,6 +58,12 @@ bench-kube: build
 bench-checkpoint: build
 	$(BUILD_DIR)/bench/checkpoint_io_bench --mib 512
 	bench/checkpoint_stall.sh $(BUILD_DIR) small 8 2
+
+# The operator: training time lost per rescale against stop-and-restart; reconcile latency and
+# memory with many jobs (sleeping stand-ins for the workers).
+bench-operator: build
+	bench/rescale_cost.sh $(BUILD_DIR) 3
+	bench/operator_scale.sh $(BUILD_DIR) 200 10 60
 
 format:
 	find common operator worker tests bench -name '*.cc' -o -name '*.h' | xargs clang-format -i

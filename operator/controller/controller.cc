@@ -149,8 +149,7 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
     if (!inf->WaitForSync(sync_timeout))
       return DeadlineExceeded("informer caches did not sync within the timeout");
   started_ = true;
-  for (int i = 0; i < std::max(1, options_.workers); ++i)
-    workers_.emplace_back([this] { Work(); });
+  for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { Work(); });
   LogInfo("controller started", {{"namespace", options_.namespace_}, {"workers", workers_.size()}});
   return OkStatus();
 }
@@ -302,8 +301,7 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
-    worker::WorkerClient* c =
-        ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
+    worker::WorkerClient* c = ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
     asks.emplace_back(p.name, std::async(std::launch::async, [c] { return c->GetStatus(); }));
   }
   o.now = Clock::now();
@@ -437,9 +435,8 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
           const std::string ip = pod_ip(pod);
           if (ip.empty()) continue;
-          Status s = client_for(pod, ip)
-                         ->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
-                                      static_cast<int>(rank), store);
+          Status s = client_for(pod, ip)->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
+                                                     static_cast<int>(rank), store);
           // Already there (a repeated call after a crash) is success.
           if (!s.ok() && s.message().find("not newer") == std::string::npos) done = s;
         }
