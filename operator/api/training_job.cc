@@ -137,6 +137,10 @@ void ReadWorker(const json& spec, WorkerSpec& w, std::vector<std::string>& error
   if (!w.image_pull_policy.empty())
     s.OneOf("imagePullPolicy", w.image_pull_policy, {"Always", "IfNotPresent", "Never"});
   if (w.image.empty()) s.Error("image", "must not be empty");
+  s.String("tlsSecretName", w.tls_secret_name);
+  if (!w.tls_secret_name.empty() && !ValidSecretName(w.tls_secret_name))
+    s.Error("tlsSecretName",
+            "\"" + w.tls_secret_name + "\" is not a valid Secret name (RFC 1123 subdomain)");
   auto take = [&](const char* key, json& out, bool object) {
     if (const json* v = s.Field(key)) {
       if (object ? v->is_object() : v->is_array())

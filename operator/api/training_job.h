@@ -59,6 +59,7 @@ struct WorkerSpec {
   nlohmann::json node_selector = nlohmann::json::object();
   nlohmann::json tolerations = nlohmann::json::array();
   nlohmann::json env = nlohmann::json::array();
+  std::string tls_secret_name;  // "" → the control API in plaintext
 };
 
 struct TrainingJobSpec {

@@ -145,6 +145,20 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
     env.push_back({{"name", "TIDAL_S3_SECRET_DIR"}, {"value", "/etc/tidal/s3"}});
   }
   for (const json& e : spec.worker.env) env.push_back(e);
+  json args = {"--spec",           std::string(kSpecMountPath) + "/" + kSpecKey,
+               "--token-file",     std::string(kTokenMountPath) + "/" + kTokenKey,
+               "--listen",         "$(POD_IP):" + std::to_string(kControlPort),
+               "--metrics-listen", "$(POD_IP):" + std::to_string(kMetricsPort)};
+  if (!spec.worker.tls_secret_name.empty()) {
+    volumes.push_back(
+        {{"name", "tls"},
+         {"secret", {{"secretName", spec.worker.tls_secret_name}, {"defaultMode", 0400}}}});
+    mounts.push_back({{"name", "tls"}, {"mountPath", kTlsMountPath}, {"readOnly", true}});
+    for (const char* part : {"cert", "key"}) {
+      args.push_back(std::string("--tls-") + part);
+      args.push_back(std::string(kTlsMountPath) + "/tls." + (part[0] == 'c' ? "crt" : "key"));
+    }
+  }
 
   // The user's resources, with nvidia.com/gpu set to gpusPerPod (it is the unit of scaling).
   json resources = spec.worker.resources.is_object() ? spec.worker.resources : json::object();
@@ -155,11 +169,7 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
   json container = {
       {"name", "worker"},
       {"image", spec.worker.image},
-      {"args",
-       {"--spec", std::string(kSpecMountPath) + "/" + kSpecKey, "--token-file",
-        std::string(kTokenMountPath) + "/" + kTokenKey, "--listen",
-        "$(POD_IP):" + std::to_string(kControlPort), "--metrics-listen",
-        "$(POD_IP):" + std::to_string(kMetricsPort)}},
+      {"args", args},
       {"env", env},
       {"ports", json::array({{{"name", "control"}, {"containerPort", kControlPort}},
                              {{"name", "store"}, {"containerPort", kStorePort}},

@@ -38,6 +38,11 @@ inline constexpr int kMetricsPort = 9090;
 inline constexpr const char* kSpecMountPath = "/etc/tidal/job";
 inline constexpr const char* kSpecKey = "trainingjob.json";
 inline constexpr const char* kTokenMountPath = "/etc/tidal/token";
+inline constexpr const char* kTlsMountPath = "/etc/tidal/tls";
+// The name a worker's certificate must hold (spec.worker.tlsSecretName): its Service's.
+inline std::string WorkerTlsServerName(const std::string& job, const std::string& ns) {
+  return job + "-workers." + ns + ".svc";
+}
 inline constexpr const char* kTokenKey = "token";
 
 // The TrainingJob a child belongs to.

@@ -2,6 +2,7 @@
 #include "operator/controller/controller.h"
 
 #include <future>
+#include <optional>
 
 #include "common/base64.h"
 #include "common/log.h"
@@ -202,7 +203,7 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   }
   WorkerConnections& connections = ConnectionsOf(key);
   Observed observed = Observe(*job, connections);
-  Plan plan = Decide(observed, options_.reconcile);
+  Plan plan = DecideWithCapacity(observed);
   TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan));
   if (OperatorMetrics* m = options_.metrics) {
     m->SetJob(ns, name, plan.status.phase, plan.status.desired_gpus, plan.status.current_gpus);
@@ -241,20 +242,69 @@ worker::WorkerClient* TrainingJobController::ClientFor(WorkerConnections& connec
                                                        const std::string& ip,
                                                        const std::string& token,
                                                        std::chrono::milliseconds timeout) {
+  if (!connections.tls_unusable.empty()) return nullptr;
   CachedClient& c = connections.clients[pod];
-  if (!c.client || c.ip != ip || c.token != token) {
+  if (!c.client || c.ip != ip || c.token != token || c.tls_ca != connections.tls_ca) {
     worker::ClientOptions o;
     o.address = ip + ":" + std::to_string(kControlPort);
     o.token = token;
     o.timeout = timeout;
+    o.tls_ca_pem = connections.tls_ca;
+    if (!o.tls_ca_pem.empty()) o.tls_server_name = connections.tls_server_name;
     c.client = std::make_unique<worker::WorkerClient>(o);
     c.ip = ip;
     c.token = token;
+    c.tls_ca = connections.tls_ca;
   }
   return c.client.get();
 }
 
-int64_t TrainingJobController::IdleGpus() const {
+void TrainingJobController::RefreshTls(WorkerConnections& connections, const Observed& o) {
+  const std::string secret = o.spec.ok() ? o.spec->worker.tls_secret_name : "";
+  const auto now = Clock::now();
+  if (secret == connections.tls_secret &&
+      (secret.empty() || now - connections.tls_read < std::chrono::minutes(5)))
+    return;
+  connections.tls_secret = secret;
+  connections.tls_read = now;
+  connections.tls_ca.clear();
+  connections.tls_unusable.clear();
+  connections.tls_server_name = WorkerTlsServerName(o.name, o.namespace_);
+  if (secret.empty()) return;
+  auto request = kube::GetRequest(kube::Resource::Secrets(), o.namespace_, secret);
+  auto read = request.ok() ? client_.Call(*request) : StatusOr<json>(request.status());
+  std::optional<std::string> ca;
+  if (read.ok()) {
+    const json data = read->value("data", json::object());
+    if (data.is_object() && data.contains("ca.crt") && data["ca.crt"].is_string())
+      ca = Base64Decode(data["ca.crt"].get<std::string>());
+  }
+  if (!ca || ca->empty()) {
+    // No CA, no verified connection: the workers stay unreachable (and the log says why)
+    // rather than being spoken to in plaintext or unverified.
+    connections.tls_unusable = "spec.worker.tlsSecretName " + secret + ": " +
+                               (read.ok() ? "no data[ca.crt]" : read.status().ToString());
+    LogWarn("the job's workers cannot be verified",
+            {{"job", o.namespace_ + "/" + o.name}, {"error", connections.tls_unusable}});
+    return;
+  }
+  connections.tls_ca = *ca;
+}
+
+Plan TrainingJobController::DecideWithCapacity(Observed& observed) {
+  std::lock_guard<std::mutex> lock(capacity_mu_);
+  observed.idle_gpus = IdleGpus();
+  Plan plan = Decide(observed, options_.reconcile);
+  if (observed.spec.ok())
+    for (const Action& a : plan.actions)
+      if (a.kind == Action::Kind::kCreatePods)
+        for (const std::string& pod : a.pods)
+          booked_gpus_[Key(observed.namespace_, pod)] = {observed.spec->elastic.gpus_per_pod,
+                                                         observed.now};
+  return plan;
+}
+
+int64_t TrainingJobController::IdleGpus() {
   int64_t allocatable = 0;
   for (const kube::ObjectPtr& n : nodes_->store().List()) {
     auto node = kube::NodeFromJson(*n);
@@ -269,6 +319,20 @@ int64_t TrainingJobController::IdleGpus() const {
     auto pod = kube::PodFromJson(*p);
     if (!pod.ok() || pod->Finished() || pod->node_name.empty()) continue;
     requested += pod->GpuRequest();
+  }
+  const auto now = Clock::now();
+  for (auto it = booked_gpus_.begin(); it != booked_gpus_.end();) {
+    const auto slash = it->first.find('/');
+    kube::ObjectPtr cached =
+        pods_->store().Get(it->first.substr(0, slash), it->first.substr(slash + 1));
+    auto pod = cached ? kube::PodFromJson(*cached) : StatusOr<kube::Pod>(NotFound(""));
+    const bool counted = pod.ok() && (!pod->node_name.empty() || pod->Finished());
+    if (counted || now - it->second.at > std::chrono::minutes(1)) {
+      it = booked_gpus_.erase(it);
+    } else {
+      requested += it->second.gpus;
+      ++it;
+    }
   }
   return std::max<int64_t>(0, allocatable - requested);
 }
@@ -297,11 +361,16 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   for (const kube::ObjectPtr& p : pods_->store().ByIndex("controller-uid", o.uid))
     o.pods.push_back(ViewOf(*p));
   // Ask every running worker at once; a silent one is remembered from its first silence.
+  RefreshTls(connections, o);
   const std::string token = TokenOf(o.namespace_, o.name);
   std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
     worker::WorkerClient* c = ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
+    if (!c) {
+      connections.unreachable_since.try_emplace(p.name, Clock::now());
+      continue;
+    }
     asks.emplace_back(p.name, std::async(std::launch::async, [c] { return c->GetStatus(); }));
   }
   o.now = Clock::now();
@@ -321,8 +390,7 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     }
   }
   o.unreachable_since = connections.unreachable_since;
-  o.idle_gpus = IdleGpus();
-  return o;
+  return o;  // idle_gpus: DecideWithCapacity
 }
 
 StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& plan) {
@@ -419,6 +487,10 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           const std::string ip = pod_ip(pod);
           if (ip.empty()) continue;
           worker::WorkerClient* c = client_for(pod, ip);
+          if (!c) {
+            done = FailedPrecondition(connections.tls_unusable);
+            continue;
+          }
           const auto timeout = options_.barrier_timeout;
           calls.push_back(std::async(std::launch::async, [c, timeout] {
             return c->Checkpoint(/*pause=*/true, timeout).status();
@@ -435,8 +507,13 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
           const std::string ip = pod_ip(pod);
           if (ip.empty()) continue;
-          Status s = client_for(pod, ip)->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
-                                                     static_cast<int>(rank), store);
+          worker::WorkerClient* c = client_for(pod, ip);
+          if (!c) {
+            done = FailedPrecondition(connections.tls_unusable);
+            continue;
+          }
+          Status s = c->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
+                                   static_cast<int>(rank), store);
           // Already there (a repeated call after a crash) is success.
           if (!s.ok() && s.message().find("not newer") == std::string::npos) done = s;
         }
@@ -446,7 +523,8 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         for (const std::string& pod : a.pods) {
           const std::string ip = pod_ip(pod);
           if (ip.empty() || token.empty()) continue;
-          (void)client_for(pod, ip)->Shutdown(a.reason);  // the pod is deleted anyway
+          if (worker::WorkerClient* c = client_for(pod, ip))
+            (void)c->Shutdown(a.reason);  // the pod is deleted anyway
         }
         break;
     }

@@ -65,8 +65,14 @@ class TrainingJobController {
   StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan);
   Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan,
                  WorkerConnections& connections);
-  // Allocatable nvidia.com/gpu of schedulable nodes minus what bound, unfinished pods request.
-  int64_t IdleGpus() const;
+  // Allocatable nvidia.com/gpu of schedulable nodes minus what bound, unfinished pods request,
+  // minus what pods this controller decided to create (and the cache does not show yet)
+  // will. Under capacity_mu_.
+  int64_t IdleGpus();
+  // Observes the capacity, decides and books the GPUs of the pods the plan creates, as one
+  // step: two jobs reconciled at once cannot both plan for the same idle GPUs.
+  Plan DecideWithCapacity(Observed& observed);
+  // nullptr when the job's TLS Secret cannot be used (connections.tls_unusable says why).
   static worker::WorkerClient* ClientFor(WorkerConnections& connections, const std::string& pod,
                                          const std::string& ip, const std::string& token,
                                          std::chrono::milliseconds timeout);
@@ -86,13 +92,28 @@ class TrainingJobController {
   // pod (recreated when the IP or token changes) and since when each has not answered. Only
   // the reconcile of that job touches its entry (one at a time); the map itself is locked.
   struct CachedClient {
-    std::string ip, token;
+    std::string ip, token, tls_ca;
     std::unique_ptr<worker::WorkerClient> client;
   };
   struct WorkerConnections {
     std::map<std::string, CachedClient> clients;
     std::map<std::string, Clock::time_point> unreachable_since;
+    // spec.worker.tlsSecretName's ca.crt ("": plaintext), the name the workers' certificate
+    // holds, and when the Secret was read (it is read again every few minutes: rotation).
+    std::string tls_secret, tls_ca, tls_server_name;
+    std::string tls_unusable;  // why the named Secret cannot be used ("" when it can)
+    Clock::time_point tls_read;
   };
+  // Reads the job's TLS Secret into `connections` when it is named and not read lately.
+  void RefreshTls(WorkerConnections& connections, const Observed& observed);
+  // GPUs of pods a plan creates, by "namespace/pod", until the pod cache shows the pod bound
+  // to a node (then it counts as requested) or a minute passes (its creation failed).
+  struct Booking {
+    int64_t gpus = 0;
+    Clock::time_point at;
+  };
+  std::mutex capacity_mu_;
+  std::map<std::string, Booking> booked_gpus_;
   std::mutex connections_mu_;
   std::map<std::string, std::unique_ptr<WorkerConnections>> connections_;  // by job key
 };

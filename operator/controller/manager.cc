@@ -65,6 +65,7 @@ struct Manager::State {
     controller->Stop();
     controller.reset();
     metrics.SetLeader(false);
+    metrics.ForgetAllJobs();
     LogInfo("controller stopped", {});
   }
 };

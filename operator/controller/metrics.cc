@@ -42,7 +42,8 @@ OperatorMetrics::OperatorMetrics()
           prometheus::BuildHistogram()
               .Name("tidal_trainingjob_rescale_duration_seconds")
               .Help("Time from a rescale decision to every member running the new "
-                    "generation, in seconds, by kind (start, scale_up, scale_down, recovery).")
+                    "generation, in seconds, by kind (start, resume, scale_up, scale_down, "
+                    "recovery).")
               .Register(*registry_)),
       restarts_(prometheus::BuildCounter()
                     .Name("tidal_trainingjob_restarts_total")
@@ -67,7 +68,7 @@ OperatorMetrics::OperatorMetrics()
   reconcile_ok_ = &reconcile_duration_.Add({{"result", "ok"}}, pass);
   reconcile_error_ = &reconcile_duration_.Add({{"result", "error"}}, pass);
   const auto rescale = metrics::ExponentialBuckets(0.5, 2, 14);
-  for (const char* kind : {"start", "scale_up", "scale_down", "recovery"})
+  for (const char* kind : {"start", "resume", "scale_up", "scale_down", "recovery"})
     rescale_by_kind_[kind] = &rescale_duration_.Add({{"kind", kind}}, rescale);
   std::lock_guard<std::mutex> lock(mu_);
   RecountPhases();
@@ -106,6 +107,15 @@ void OperatorMetrics::ForgetJob(const std::string& ns, const std::string& name) 
   const prometheus::Labels labels{{"namespace", ns}, {"trainingjob", name}};
   if (restarts_.Has(labels)) restarts_.Remove(&restarts_.Add(labels));
   RecountPhases();
+}
+
+void OperatorMetrics::ForgetAllJobs() {
+  std::vector<std::pair<std::string, std::string>> keys;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [key, series] : jobs_by_key_) keys.push_back(key);
+  }
+  for (const auto& [ns, name] : keys) ForgetJob(ns, name);
 }
 
 void OperatorMetrics::RecountPhases() {

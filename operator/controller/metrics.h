@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -30,6 +31,8 @@ class OperatorMetrics {
   void SetJob(const std::string& ns, const std::string& name, const std::string& phase,
               int64_t desired_gpus, int64_t current_gpus);
   void ForgetJob(const std::string& ns, const std::string& name);
+  // Every job's series: this replica stopped leading (another one reports them now).
+  void ForgetAllJobs();
   // A rescale (make-before-break or recovery) finished, from decision to the new generation.
   void ObserveRescale(const std::string& kind, double seconds);
   void CountRestart(const std::string& ns, const std::string& name);

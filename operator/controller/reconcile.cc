@@ -230,6 +230,7 @@ class Decider {
     // Suspended once the pods are gone: their GPUs are free then, and a resume right after
     // finds its slots and the capacity it had.
     if (!o_.pods.empty()) {
+      st_.current_gpus = 0;  // no generation trains any more
       plan_.requeue_after = options_.poll;
       return;
     }
@@ -602,9 +603,13 @@ class Decider {
       return;
     }
     const bool recovery = r.recovery;
+    // A change with no member from before it is a start (nothing trained yet), a recovery
+    // (after a failure) or a resume (after suspend); else it grew or shrank the generation.
+    const bool all_new = r.new_pods.size() == r.members.size();
     plan_.finished_rescale =
-        Plan::FinishedRescale{recovery ? (st_.restarts > 0 ? "recovery" : "start")
-                                       : (r.new_pods.empty() ? "scale_down" : "scale_up"),
+        Plan::FinishedRescale{recovery  ? (st_.restarts > 0 ? "recovery" : "start")
+                              : all_new ? "resume"
+                                        : (r.new_pods.empty() ? "scale_down" : "scale_up"),
                               r.started};
     st_.rescale.reset();
     st_.phase = "Running";

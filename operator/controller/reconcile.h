@@ -147,8 +147,8 @@ struct Plan {
   // Look again after this long at the latest (worker progress, schedule windows, backoff).
   std::chrono::milliseconds requeue_after{std::chrono::seconds(5)};
   // Set by the pass that sees a rescale through (every member on the new generation), for
-  // the rescale duration metric: "start" (the first generation), "scale_up", "scale_down" or
-  // "recovery", and when it began.
+  // the rescale duration metric: "start" (the first generation), "resume" (after suspend),
+  // "scale_up", "scale_down" or "recovery", and when it began.
   struct FinishedRescale {
     std::string kind;
     Clock::time_point started;

@@ -64,6 +64,7 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
       {"/anomaly", json{{"action", "Panic"}}, "spec.anomaly.action: expected one of Pause | Alert"},
       {"/restartPolicy/maxRestarts", -1, "spec.restartPolicy.maxRestarts: must be >= 0"},
       {"/worker/imagePullPolicy", "Sometimes", "spec.worker.imagePullPolicy: expected one of"},
+      {"/worker/tlsSecretName", "Worker_TLS", "spec.worker.tlsSecretName: \"Worker_TLS\" is not"},
       {"/optimization/zeroStage", 5, "spec.optimization.zeroStage: must be 0, 1, 2 or 3"},
       {"/lora/targetModules", json({"qkv"}), "spec.lora.targetModules[0]: unknown module"},
       {"/elastic/minGPUz", 2, "spec.elastic.minGPUz: unknown field"},

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <variant>
+#include <vector>
 
 #include "common/base64.h"
 #include "operator/local/pod_spec.h"
@@ -117,6 +119,32 @@ TEST(Children, TheDefaultCheckpointStoreIsPassedOnlyWhenTheSpecNamesNone) {
   for (const json& v : s3_pod["spec"]["volumes"])
     mounted |= v.contains("secret") && v["secret"]["secretName"] == "ckpt-s3";
   EXPECT_TRUE(mounted);
+}
+
+TEST(Children, ATlsSecretIsMountedAndTheWorkerServesItsCertificate) {
+  json spec = MinimalSpec();
+  const auto args_of = [](const json& pod) {
+    return pod["spec"]["containers"][0]["args"].get<std::vector<std::string>>();
+  };
+  const auto plain = args_of(WorkerPod(kJob, Parse(spec), {.slot = 0}));
+  EXPECT_EQ(std::find(plain.begin(), plain.end(), "--tls-cert"), plain.end());
+
+  spec["worker"] = {{"tlsSecretName", "worker-tls"}};
+  const json pod = WorkerPod(kJob, Parse(spec), {.slot = 0});
+  const auto args = args_of(pod);
+  auto after = [&](const std::string& flag) {
+    auto it = std::find(args.begin(), args.end(), flag);
+    return it == args.end() || it + 1 == args.end() ? std::string() : *(it + 1);
+  };
+  EXPECT_EQ(after("--tls-cert"), "/etc/tidal/tls/tls.crt");
+  EXPECT_EQ(after("--tls-key"), "/etc/tidal/tls/tls.key");
+  bool volume = false, mount = false;
+  for (const json& v : pod["spec"]["volumes"])
+    volume |= v["name"] == "tls" && v["secret"]["secretName"] == "worker-tls";
+  for (const json& m : pod["spec"]["containers"][0]["volumeMounts"])
+    mount |= m["name"] == "tls" && m["mountPath"] == "/etc/tidal/tls";
+  EXPECT_TRUE(volume && mount) << pod.dump(2);
+  EXPECT_EQ(WorkerTlsServerName("train", "ml"), "train-workers.ml.svc");
 }
 
 TEST(Children, LongJobNamesGiveStableDistinctLabelValuesOfAtMost63Characters) {
