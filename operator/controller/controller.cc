@@ -385,8 +385,16 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
                  {"after_seconds", std::chrono::duration<double>(o.now - it->second).count()}});
         unreachable.erase(it);
       }
-    } else if (connections.unreachable_since.try_emplace(pod, o.now).second) {
-      LogInfo("worker does not answer", {{"pod", pod}, {"error", s.status().ToString()}});
+      connections.unreachable_error.erase(pod);
+    } else {
+      connections.unreachable_since.try_emplace(pod, o.now);
+      // Logged when it starts and whenever the reason changes (refused while the worker
+      // starts, then a TLS handshake that fails, say), not on every pass.
+      std::string& last = connections.unreachable_error[pod];
+      if (last != s.status().ToString()) {
+        last = s.status().ToString();
+        LogInfo("worker does not answer", {{"pod", pod}, {"error", last}});
+      }
     }
   }
   o.unreachable_since = connections.unreachable_since;
@@ -479,6 +487,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
             done = deleted.status();
           connections.clients.erase(pod);
           connections.unreachable_since.erase(pod);
+          connections.unreachable_error.erase(pod);
         }
         break;
       case Action::Kind::kBarrier: {

@@ -98,6 +98,7 @@ class TrainingJobController {
   struct WorkerConnections {
     std::map<std::string, CachedClient> clients;
     std::map<std::string, Clock::time_point> unreachable_since;
+    std::map<std::string, std::string> unreachable_error;  // the last one logged
     // spec.worker.tlsSecretName's ca.crt ("": plaintext), the name the workers' certificate
     // holds, and when the Secret was read (it is read again every few minutes: rotation).
     std::string tls_secret, tls_ca, tls_server_name;

@@ -154,7 +154,14 @@ void ProcessKubelet::Stop() {
 void ProcessKubelet::Run() {
   while (!stop_) {
     int64_t version = api_.store().CurrentVersion();
+    const auto started = Clock::now();
     Pass();
+    // With thousands of pods a pass takes a while, and the statuses it writes wake the next
+    // one at once: rest as long as a slow pass took, so the kubelet leaves the machine at
+    // least half of a core for the pods themselves.
+    const auto took = Clock::now() - started;
+    if (took > std::chrono::milliseconds(5))
+      std::this_thread::sleep_for(std::min<Clock::duration>(took, std::chrono::seconds(1)));
     // Wake on the next pod change, or after the resync period for timers and exits.
     auto changes = api_.store().EventsAfter(version, "/pods", options_.resync);
     if (!changes.ok()) std::this_thread::sleep_for(options_.resync);
@@ -184,19 +191,27 @@ void ProcessKubelet::Run() {
 }
 
 void ProcessKubelet::Pass() {
-  std::vector<json> pods;
-  for (const auto& p : api_.store().List("/pods", "")) pods.push_back(*p);
+  // The store's objects are immutable snapshots: hold them, do not copy them.
+  const std::vector<ObjectPtr> pods = api_.store().List("/pods", "");
   std::set<std::string> nodes;
   for (const NodeInfo& n : options_.nodes) nodes.insert(n.name);
+  // What the scheduler and the IP allocator need from all pods, gathered once per pass.
+  GpuUsage usage;
+  ips_in_use_ = {"127.0.0.1"};
+  for (const ObjectPtr& p : pods) {
+    usage.Add(*p);
+    ips_in_use_.insert(StringField(Field(*p, "status"), "podIP"));
+  }
+  for (const auto& [uid, runtime] : pods_) ips_in_use_.insert(runtime->ip);
   std::set<std::string> seen;
-  for (size_t i = 0; i < pods.size(); ++i) {
-    const json& pod = pods[i];
+  for (const ObjectPtr& p : pods) {
+    const json& pod = *p;
     std::string uid = StringField(Field(pod, "metadata"), "uid");
     seen.insert(uid);
     std::string node = StringField(Field(pod, "spec"), "nodeName");
     bool deleting = Field(pod, "metadata").contains("deletionTimestamp");
     if (node.empty()) {
-      if (!deleting) Bind(pod, pods);
+      if (!deleting) Bind(pod, usage);
       continue;
     }
     if (nodes.count(node)) Sync(pod);
@@ -208,11 +223,11 @@ void ProcessKubelet::Pass() {
   for (const std::string& uid : gone) Forget(uid);
 }
 
-void ProcessKubelet::Bind(const json& pod, const std::vector<json>& pods) {
+void ProcessKubelet::Bind(const json& pod, GpuUsage& usage) {
   auto pods_info = api_.registry().Find("", "v1", "pods");
   const json& meta = Field(pod, "metadata");
   std::string ns = StringField(meta, "namespace"), name = StringField(meta, "name");
-  ScheduleResult decision = Schedule(pod, options_.nodes, pods);
+  ScheduleResult decision = Schedule(pod, options_.nodes, usage);
   if (decision.node.empty()) {
     // As the scheduler: Pending with PodScheduled=False, reason Unschedulable (written once per
     // distinct message, with a FailedScheduling Event).
@@ -242,6 +257,7 @@ void ProcessKubelet::Bind(const json& pod, const std::vector<json>& pods) {
   }
   ApiResult bound = api_.writer().Update(*pods_info, ns, name, body, "", WriteOptions{"Ignore"});
   if (!bound.ok()) return;  // changed meanwhile: the next pass looks again
+  usage.Hold(decision.node, decision.gpu_ids);
   RecordEvent(pod, "Normal", "Scheduled",
               "Successfully assigned " + ns + "/" + name + " to " + decision.node,
               "default-scheduler");
@@ -295,11 +311,7 @@ void ProcessKubelet::Sync(const json& pod) {
     runtime->ip = StringField(status, "podIP");
     runtime->start_time = StringField(status, "startTime");
     if (runtime->start_time.empty()) runtime->start_time = NowRfc3339();
-    if (runtime->ip.empty()) {
-      std::vector<json> pods;
-      for (const auto& p : api_.store().List("/pods", "")) pods.push_back(*p);
-      runtime->ip = AllocateIp(pods);
-    }
+    if (runtime->ip.empty()) runtime->ip = AllocateIp();
     // What an earlier `tidal local` recorded: its processes died with it (PDEATHSIG).
     std::map<std::string, json> previous;
     for (const json& s : Field(status, "containerStatuses")) previous[StringField(s, "name")] = s;
@@ -826,14 +838,11 @@ void ProcessKubelet::Forget(const std::string& uid) {
   pods_.erase(it);
 }
 
-std::string ProcessKubelet::AllocateIp(const std::vector<json>& pods) {
-  std::set<std::string> used = {"127.0.0.1"};
-  for (const json& p : pods) used.insert(StringField(Field(p, "status"), "podIP"));
-  for (const auto& [uid, runtime] : pods_) used.insert(runtime->ip);
+std::string ProcessKubelet::AllocateIp() {
   for (int a = 0; a < 256; ++a)
     for (int b = 1; b < 255; ++b) {
       std::string ip = "127.0." + std::to_string(a) + "." + std::to_string(b);
-      if (!used.count(ip)) return ip;
+      if (ips_in_use_.insert(ip).second) return ip;
     }
   return "127.0.0.1";  // 65,000 pods on one machine: share the host's address
 }

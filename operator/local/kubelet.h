@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,7 +60,7 @@ class ProcessKubelet {
 
   void Run();
   void Pass();
-  void Bind(const nlohmann::json& pod, const std::vector<nlohmann::json>& pods);
+  void Bind(const nlohmann::json& pod, GpuUsage& usage);
   void Sync(const nlohmann::json& pod);
   void Terminate(PodRuntime& runtime, const nlohmann::json& pod);
   Status Materialise(PodRuntime& runtime, const nlohmann::json& pod);
@@ -71,11 +72,13 @@ class ProcessKubelet {
   void Probe(PodRuntime& runtime, const nlohmann::json& pod);
   void WriteStatus(const nlohmann::json& pod, PodRuntime& runtime);
   void Forget(const std::string& uid);
-  std::string AllocateIp(const std::vector<nlohmann::json>& pods);
+  // The lowest loopback address no pod holds (ips_in_use_, gathered by the pass), taken.
+  std::string AllocateIp();
 
   ApiServer& api_;
   KubeletOptions options_;
   std::map<std::string, std::unique_ptr<PodRuntime>> pods_;  // by uid, loop thread only
+  std::set<std::string> ips_in_use_;                         // loop thread only
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

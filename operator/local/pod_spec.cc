@@ -166,15 +166,50 @@ StatusOr<int64_t> PodGpuRequest(const json& pod) {
   return std::max(sum, init_max);
 }
 
+void GpuUsage::Add(const json& pod) {
+  const std::string node = StringField(Field(pod, "spec"), "nodeName");
+  if (node.empty() || Finished(pod)) return;
+  Held& held = nodes_[node];
+  std::string ids = StringField(Field(Field(pod, "metadata"), "annotations"), kGpuIdsAnnotation);
+  if (!ids.empty()) {
+    for (int id : ParseGpuIds(ids)) held.ids.insert(id);
+  } else if (auto n = PodGpuRequest(pod); n.ok()) {
+    held.unnumbered += *n;
+  }
+}
+
+void GpuUsage::Hold(const std::string& node, const std::vector<int>& ids) {
+  nodes_[node].ids.insert(ids.begin(), ids.end());
+}
+
+const std::set<int>& GpuUsage::ids(const std::string& node) const {
+  static const std::set<int> kNone;
+  auto it = nodes_.find(node);
+  return it == nodes_.end() ? kNone : it->second.ids;
+}
+
+int64_t GpuUsage::unnumbered(const std::string& node) const {
+  auto it = nodes_.find(node);
+  return it == nodes_.end() ? 0 : it->second.unnumbered;
+}
+
 ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
                         const std::vector<json>& pods) {
+  const std::string uid = StringField(Field(pod, "metadata"), "uid");
+  GpuUsage usage;
+  for (const json& other : pods)
+    if (StringField(Field(other, "metadata"), "uid") != uid) usage.Add(other);
+  return Schedule(pod, nodes, usage);
+}
+
+ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
+                        const GpuUsage& usage) {
   ScheduleResult result;
   auto request = PodGpuRequest(pod);
   if (!request.ok()) {
     result.message = request.status().message();
     return result;
   }
-  std::string uid = StringField(Field(pod, "metadata"), "uid");
   const json& selector = Field(Field(pod, "spec"), "nodeSelector");
   std::string fixed_node = StringField(Field(pod, "spec"), "nodeName");
   int insufficient = 0, mismatched = 0;
@@ -191,21 +226,8 @@ ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
       ++mismatched;
       continue;
     }
-    // GPUs held by the node's other unfinished pods: their recorded ids, else their count.
-    std::set<int> used;
-    int64_t unnumbered = 0;
-    for (const json& other : pods) {
-      if (StringField(Field(other, "spec"), "nodeName") != node.name || Finished(other) ||
-          StringField(Field(other, "metadata"), "uid") == uid)
-        continue;
-      std::string ids =
-          StringField(Field(Field(other, "metadata"), "annotations"), kGpuIdsAnnotation);
-      if (!ids.empty()) {
-        for (int id : ParseGpuIds(ids)) used.insert(id);
-      } else if (auto n = PodGpuRequest(other); n.ok()) {
-        unnumbered += *n;
-      }
-    }
+    const std::set<int>& used = usage.ids(node.name);
+    const int64_t unnumbered = usage.unnumbered(node.name);
     int64_t free_gpus = node.gpus - static_cast<int64_t>(used.size()) - unnumbered;
     if (free_gpus < *request) {
       ++insufficient;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -61,9 +62,34 @@ struct ScheduleResult {
   std::string message;       // why not, in the scheduler's words
 };
 
-// Picks a node for `pod` among `nodes` given the other `pods` (bound, not finished ones hold
-// their GPUs): nodeSelector must match; GPUs must fit; among fitting nodes the one with the
-// fewest free GPUs wins (bin packing keeps whole nodes free for large jobs), then by name.
+// The GPUs that bound, unfinished pods hold on each node: their recorded ids, or for pods
+// bound without ids (by hand, `spec.nodeName`) their count. Built once per scheduling pass,
+// linear in the pods, and updated as the pass binds, so a pass over N pods costs O(N) and not
+// O(N) per pending pod.
+class GpuUsage {
+ public:
+  GpuUsage() = default;
+  // Counts `pod` when it is bound and not finished.
+  void Add(const nlohmann::json& pod);
+  // Records GPUs given to a pod just bound.
+  void Hold(const std::string& node, const std::vector<int>& ids);
+  const std::set<int>& ids(const std::string& node) const;
+  int64_t unnumbered(const std::string& node) const;
+
+ private:
+  struct Held {
+    std::set<int> ids;
+    int64_t unnumbered = 0;
+  };
+  std::map<std::string, Held> nodes_;
+};
+
+// Picks a node for `pod` among `nodes` given what the other pods hold: nodeSelector must
+// match; GPUs must fit; among fitting nodes the one with the fewest free GPUs wins (bin
+// packing keeps whole nodes free for large jobs), then by name.
+ScheduleResult Schedule(const nlohmann::json& pod, const std::vector<NodeInfo>& nodes,
+                        const GpuUsage& usage);
+// The same against a list of pods (`pod` itself, by uid, does not count).
 ScheduleResult Schedule(const nlohmann::json& pod, const std::vector<NodeInfo>& nodes,
                         const std::vector<nlohmann::json>& pods);
 

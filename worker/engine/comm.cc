@@ -5,6 +5,15 @@
 
 #include "worker/engine/torch_compat.h"
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <thread>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -120,6 +129,41 @@ class ProcessGroupComm final : public Comm {
   bool nccl_;
 };
 
+// True once something accepts TCP connections on host:port, polling every 10 ms until
+// `deadline`. LibTorch's TCPStore client waits a whole second before retrying a refused
+// connection; when a generation forms, every rank asks at once and rank 0's store is a few
+// milliseconds from listening, so that second was most of a rescale's pause.
+bool WaitUntilListening(const std::string& host, int port,
+                        std::chrono::steady_clock::time_point deadline) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool listening = false;
+  while (!listening && std::chrono::steady_clock::now() < deadline) {
+    for (addrinfo* ai = res; ai && !listening; ai = ai->ai_next) {
+      int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+      if (fd < 0) continue;
+      int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+      if (rc != 0 && errno == EINPROGRESS) {
+        pollfd p{fd, POLLOUT, 0};
+        int err = 0;
+        socklen_t len = sizeof(err);
+        rc = poll(&p, 1, 200) == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 &&
+                     err == 0
+                 ? 0
+                 : -1;
+      }
+      close(fd);
+      listening = rc == 0;
+    }
+    if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  freeaddrinfo(res);
+  return listening;
+}
+
 class TcpStoreServer final : public StoreServer {
  public:
   explicit TcpStoreServer(c10::intrusive_ptr<c10d::TCPStore> store) : store_(std::move(store)) {}
@@ -138,6 +182,12 @@ StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o
     return InvalidArgument("rank " + std::to_string(o.rank) + " is outside world size " +
                            std::to_string(o.world_size));
   if (o.world_size == 1) return MakeSingleRankComm();
+  if (o.rank != 0 &&
+      !WaitUntilListening(o.store_host, o.store_port, std::chrono::steady_clock::now() + o.timeout))
+    return Unavailable("rank " + std::to_string(o.rank) + ": the rendezvous store at " +
+                       o.store_host + ":" + std::to_string(o.store_port) +
+                       " did not accept connections within " + std::to_string(o.timeout.count()) +
+                       " ms");
   try {
     c10d::TCPStoreOptions store_opts;
     store_opts.port = static_cast<uint16_t>(o.store_port);

@@ -38,6 +38,14 @@ class Sim {
   // One reconcile: observe, decide, round-trip the status through JSON, apply the actions,
   // then let the workers train one step.
   Plan Reconcile() {
+    for (auto it = lingering_.begin(); it != lingering_.end();) {  // terminations that end now
+      if (--it->second > 0) {
+        ++it;
+        continue;
+      }
+      pods_.erase(it->first);
+      it = lingering_.erase(it);
+    }
     Observed o;
     o.name = "job";
     o.namespace_ = "ns";
@@ -84,6 +92,7 @@ class Sim {
   std::map<std::string, WorkerReport> reports_;
   bool pods_stay_pending_ = false;
   int lose_actions_every_ = 0;  // drop every Nth reconcile's actions (a crashed leader)
+  int linger_ = 0;  // deleted pods stay, terminating, for this many reconciles (grace period)
   int reconciles_ = 0;
   bool deleting_ = false, finalizer_ = false;
   int64_t idle_gpus_ = 8;
@@ -126,8 +135,13 @@ class Sim {
         break;
       case Action::Kind::kDeletePods:
         for (const std::string& p : a.pods) {
-          pods_.erase(p);
-          reports_.erase(p);
+          reports_.erase(p);  // SIGTERM: the worker stops answering
+          if (linger_ > 0 && pods_.count(p)) {
+            pods_[p].deleting = true;
+            lingering_.try_emplace(p, linger_);
+          } else {
+            pods_.erase(p);
+          }
         }
         break;
       case Action::Kind::kBarrier: {
@@ -195,6 +209,7 @@ class Sim {
   json status_json_ = json::object();
   bool service_ = false, token_ = false, config_ = false;
   int64_t checkpoint_ = 0;
+  std::map<std::string, int> lingering_;  // terminating pods: reconciles left
 };
 
 std::vector<std::string> Names(std::initializer_list<int> slots) {
@@ -410,6 +425,58 @@ TEST(Reconcile, SuspendCheckpointsAndRemovesTheWorkersAndUnsuspendStartsANewGene
   sim.Until([&] { return sim.status().phase == "Running"; });
   EXPECT_EQ(sim.status().generation, generation + 1);
   EXPECT_TRUE(sim.HasEvent("Unsuspended"));
+}
+
+// Pods take their grace period to go. The job is Suspended only once they are gone (their GPUs
+// are free then), shows no current GPUs meanwhile, and resumes into a new generation.
+TEST(Reconcile, ASuspendWaitsForTerminatingPodsAndShowsNoGpusMeanwhile) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.linger_ = 4;
+  sim.SetSpec(Spec(R"({"suspend": true})"));
+  sim.Until([&] {
+    return std::any_of(sim.pods_.begin(), sim.pods_.end(),
+                       [](const auto& p) { return p.second.deleting; });
+  });
+  int waited = 0;
+  while (!sim.pods_.empty() && waited++ < 10) {
+    EXPECT_NE(sim.status().phase, "Suspended") << "Suspended while pods still terminate";
+    EXPECT_EQ(sim.status().current_gpus, 0);
+    sim.Reconcile();
+  }
+  EXPECT_GE(waited, 2) << "the pods did not linger";
+  sim.Until([&] { return sim.status().phase == "Suspended"; });
+  EXPECT_EQ(sim.status().current_gpus, 0);
+  const int64_t generation = sim.status().generation;
+  sim.SetSpec(Spec(R"({"suspend": false})"));
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().generation, generation + 1);
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+}
+
+// Unsuspended while the suspended pods still terminate: the job comes back (in other slots,
+// the old names are still taken) and never runs two generations at once.
+TEST(Reconcile, AResumeWhileThePodsStillTerminateStartsOneNewGeneration) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  const int64_t generation = sim.status().generation;
+  sim.linger_ = 6;
+  sim.SetSpec(Spec(R"({"suspend": true})"));
+  sim.Until([&] {
+    return std::any_of(sim.pods_.begin(), sim.pods_.end(),
+                       [](const auto& p) { return p.second.deleting; });
+  });
+  sim.SetSpec(Spec(R"({"suspend": false})"));
+  sim.Until([&] {
+    return sim.status().generation > generation && sim.status().phase == "Running" &&
+           !sim.status().rescale;
+  });
+  EXPECT_EQ(sim.status().generation, generation + 1);
+  EXPECT_EQ(sim.status().members.size(), 2u);
+  for (const std::string& m : sim.status().members) {
+    ASSERT_TRUE(sim.pods_.count(m)) << m;
+    EXPECT_FALSE(sim.pods_[m].deleting) << m << " is a terminating pod";
+  }
 }
 
 TEST(Reconcile, DeletionTakesAFinalCheckpointBeforeReleasingTheFinalizer) {

@@ -2,6 +2,8 @@
 // flat all-gather) give exactly what the collectives define, at odd world sizes too.
 #include "worker/engine/comm.h"
 
+#include <thread>
+
 #include <gtest/gtest.h>
 
 #include "tests/unit/engine/multi_rank.h"
@@ -68,6 +70,49 @@ TEST(CommTest, JoiningAStoreThatIsNotThereIsUnavailable) {
   auto comm = ConnectProcessGroup(options);
   ASSERT_FALSE(comm.ok());
   EXPECT_EQ(comm.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(comm.status().message().find("127.0.0.1:1"), std::string::npos)
+      << comm.status().message();
+}
+
+// When a generation forms, the other ranks usually ask before rank 0's store listens; they
+// wait for it (and then join at once) instead of failing.
+TEST(CommTest, RanksThatAskBeforeTheStoreListensJoinOnceItDoes) {
+  // A port that is free now: bind to 0, read it, release it.
+  int port = 0;
+  {
+    auto probe = StoreServer::Start("127.0.0.1");
+    ASSERT_TRUE(probe.ok()) << probe.status().message();
+    port = (*probe)->port();
+  }
+  std::string early_failure;
+  std::thread early([&] {
+    ProcessGroupOptions options;
+    options.store_port = port;
+    options.rank = 1;
+    options.world_size = 2;
+    options.timeout = std::chrono::seconds(30);
+    auto comm = ConnectProcessGroup(options);
+    if (!comm.ok()) {
+      early_failure = comm.status().message();
+      return;
+    }
+    auto t = torch::ones({1});
+    if (!(*comm)->AllReduceSum(t).ok() || t.item<float>() != 2.0f) early_failure = "all_reduce";
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto server = StoreServer::Start("127.0.0.1", port);
+  ASSERT_TRUE(server.ok()) << server.status().message();
+  ProcessGroupOptions options;
+  options.store_port = port;
+  options.rank = 0;
+  options.world_size = 2;
+  options.timeout = std::chrono::seconds(30);
+  auto comm = ConnectProcessGroup(options);
+  ASSERT_TRUE(comm.ok()) << comm.status().message();
+  auto t = torch::ones({1});
+  EXPECT_TRUE((*comm)->AllReduceSum(t).ok());
+  early.join();
+  EXPECT_EQ(early_failure, "");
 }
 
 }  // namespace

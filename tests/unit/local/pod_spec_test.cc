@@ -81,16 +81,45 @@ TEST(ScheduleTest, FinishedPodsReleaseTheirGpus) {
 
 TEST(ScheduleTest, UnschedulableSaysWhyInTheSchedulersWords) {
   std::vector<NodeInfo> nodes = {{"n0", {{"zone", "a"}}, 8}, {"n1", {{"zone", "b"}}, 8}};
-  ScheduleResult r = Schedule(GpuPod("huge", 16), nodes, {});
+  ScheduleResult r = Schedule(GpuPod("huge", 16), nodes, std::vector<json>{});
   EXPECT_TRUE(r.node.empty());
   EXPECT_EQ(r.message, "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.");
   json pinned = GpuPod("pinned", 1);
   pinned["spec"]["nodeSelector"] = {{"zone", "c"}};
-  r = Schedule(pinned, nodes, {});
+  r = Schedule(pinned, nodes, std::vector<json>{});
   EXPECT_EQ(r.message,
             "0/2 nodes are available: 2 node(s) didn't match Pod's node affinity/selector.");
   pinned["spec"]["nodeSelector"] = {{"zone", "b"}};
-  EXPECT_EQ(Schedule(pinned, nodes, {}).node, "n1");
+  EXPECT_EQ(Schedule(pinned, nodes, std::vector<json>{}).node, "n1");
+}
+
+// The kubelet builds the usage once per pass and records each bind in it: pods bound in the
+// same pass get distinct GPUs, and the node fills up, without another look at every pod.
+TEST(ScheduleTest, APassBindsAgainstOneUsageTableUpdatedAsItBinds) {
+  std::vector<NodeInfo> nodes = {{"n0", {}, 4}, {"n1", {}, 2}};
+  GpuUsage usage;
+  json done = GpuPod("done", 2, "n0", "0,1");
+  done["status"]["phase"] = "Failed";
+  usage.Add(done);                       // finished: holds nothing
+  usage.Add(GpuPod("pending", 2));       // unbound: holds nothing
+  usage.Add(GpuPod("x", 1, "n1", "1"));  // bound with ids
+  usage.Add(GpuPod("manual", 1, "n0"));  // bound without ids
+  EXPECT_EQ(usage.ids("n1"), (std::set<int>{1}));
+  EXPECT_EQ(usage.unnumbered("n0"), 1);
+  std::vector<std::vector<int>> given;
+  std::vector<std::string> where;
+  for (int i = 0; i < 3; ++i) {
+    ScheduleResult r = Schedule(GpuPod("p" + std::to_string(i), 1), nodes, usage);
+    where.push_back(r.node);
+    given.push_back(r.gpu_ids);
+    if (!r.node.empty()) usage.Hold(r.node, r.gpu_ids);
+  }
+  // n1 (1 free) is fullest first; then n0, whose unnumbered pod is assumed to hold id 0.
+  EXPECT_EQ(where, (std::vector<std::string>{"n1", "n0", "n0"}));
+  EXPECT_EQ(given, (std::vector<std::vector<int>>{{0}, {1}, {2}}));
+  ScheduleResult full = Schedule(GpuPod("big", 2), nodes, usage);
+  EXPECT_TRUE(full.node.empty());
+  EXPECT_EQ(full.message, "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.");
 }
 
 TEST(ScheduleTest, PodsBoundWithoutIdsStillCountAgainstTheNode) {
