@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # bench/operator_scale.sh [BUILD_DIR] [JOBS] [PODS_PER_JOB] [WINDOW_S] — the operator at scale
 # on `tidal local`: JOBS TrainingJobs of PODS_PER_JOB pods each (default 200 x 10 = 2,000 pods
-# on 20 nodes of 100 GPUs), their workers replaced by sleeping stand-ins that answer the control
-# API (bench/idle_worker.cc), the operator a process of its own. First a tenth of the jobs (the
+# on 20 nodes of 100 GPUs), their workers replaced by sleeping stand-ins (bench/idle_worker.cc: a
+# process per pod, blocked in a read) whose control API one hub process serves
+# (bench/idle_worker_hub.cc), the operator a process of its own. First a tenth of the jobs (the
 # baseline, same run), then all: once every job runs, the operator is watched for WINDOW_S
 # seconds (default 60) — reconcile duration p50/p99 (from its /metrics histogram, interpolated
 # within buckets as Prometheus' histogram_quantile does), reconciles per job per second, work
@@ -16,8 +17,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
 tidal="$build/operator/tidal"
 idle="$build/bench/idle_worker"
+hub="$build/bench/idle_worker_hub"
 kubectl_bin=$(command -v kubectl || echo "$root/tools/bin/kubectl")
-for exe in "$tidal" "$idle"; do [[ -x "$exe" ]] || { echo "operator_scale: no $exe (build first)" >&2; exit 2; }; done
+for exe in "$tidal" "$idle" "$hub"; do [[ -x "$exe" ]] || { echo "operator_scale: no $exe (build first)" >&2; exit 2; }; done
 for n in "$jobs" "$per_job" "$window"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || { echo "operator_scale: expected positive integers, got $n" >&2; exit 2; }
 done
@@ -26,7 +28,7 @@ nodes=$(( (jobs * per_job + 99) / 100 ))
 work=$(mktemp -d /tmp/tidal-scale-bench-XXXXXX)
 data="$work/cluster"
 k() { "$kubectl_bin" --kubeconfig="$data/kubeconfig" --request-timeout=60s "$@"; }
-cluster_pid="" operator_pid=""
+cluster_pid="" operator_pid="" hub_pid=""
 stop() {  # SIGTERM, then SIGKILL after 30 s (a kubelet pass over thousands of pods is long)
   kill "$1" 2>/dev/null || return 0
   for _ in $(seq 1 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
@@ -37,11 +39,16 @@ cleanup() {
   set +e
   [[ -n "$operator_pid" ]] && stop "$operator_pid"
   [[ -n "$cluster_pid" ]] && stop "$cluster_pid"
+  [[ -n "$hub_pid" ]] && stop "$hub_pid"
   rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+"$hub" --socket "$work/hub.sock" >"$work/hub.out" 2>"$work/hub.log" &
+hub_pid=$!
+for _ in $(seq 1 50); do [[ -S "$work/hub.sock" ]] && break; sleep 0.1; done
+[[ -S "$work/hub.sock" ]] || { echo "idle_worker_hub did not start" >&2; exit 1; }
 "$tidal" local --no-operator --data "$data" --nodes "$nodes" --gpus 100 --port 0 \
   --image "tidal-idle-worker=$idle" >"$work/cluster.out" 2>"$work/tidal-local.log" &
 cluster_pid=$!
@@ -68,7 +75,7 @@ spec:
   dataset: {uri: "$root/examples/data/sample.jsonl", format: text, maxSeqLen: 32}
   optimization: {globalBatchSize: $((per_job * 2)), microBatchSize: 2, maxSteps: 1000000}
   elastic: {minGPUs: $per_job, maxGPUs: $per_job, gpusPerPod: 1}
-  worker: {image: tidal-idle-worker}
+  worker: {image: tidal-idle-worker, env: [{name: TIDAL_IDLE_HUB, value: "$work/hub.sock"}]}
 YAML
   done
 }
@@ -135,8 +142,8 @@ with open(f"{sys.argv[1]}.result", "w") as f:
 PY
 }
 
-# Jobs go in in batches of the baseline's size, each running before the next: `tidal local`'s
-# scheduler binds a pod against every other (quadratic), which is its limit, not the operator's.
+# Jobs go in in batches of the baseline's size, each running before the next, so the pods of
+# one batch start while the machine is not also starting hundreds of others.
 add_jobs() {
   local from=$1 to=$2 i
   for ((i = from; i <= to; i += base_jobs)); do

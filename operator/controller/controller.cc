@@ -134,6 +134,10 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
   for (kube::Informer* inf : {pods_.get(), services_.get(), secrets_.get(), configs_.get()})
     TIDAL_RETURN_IF_ERROR(inf->AddEventHandler(
         {owner, [owner](const kube::ObjectPtr&, const kube::ObjectPtr& o) { owner(o); }, owner}));
+  TIDAL_RETURN_IF_ERROR(pods_->AddEventHandler(
+      {[this](const kube::ObjectPtr& o) { CountPod(o, false); },
+       [this](const kube::ObjectPtr&, const kube::ObjectPtr& o) { CountPod(o, false); },
+       [this](const kube::ObjectPtr& o) { CountPod(o, true); }}));
   TIDAL_RETURN_IF_ERROR(pods_->AddIndex("controller-uid", [](const json& pod) {
     std::vector<std::string> out;
     const json& md = pod["metadata"];
@@ -314,12 +318,7 @@ int64_t TrainingJobController::IdleGpus() {
   }
   // Requested by any bound pod, the job's own included: what is left is truly idle (the
   // planner adds what the job holds itself).
-  int64_t requested = 0;
-  for (const kube::ObjectPtr& p : pods_->store().List()) {
-    auto pod = kube::PodFromJson(*p);
-    if (!pod.ok() || pod->Finished() || pod->node_name.empty()) continue;
-    requested += pod->GpuRequest();
-  }
+  int64_t requested = held_total_;
   const auto now = Clock::now();
   for (auto it = booked_gpus_.begin(); it != booked_gpus_.end();) {
     const auto slash = it->first.find('/');
@@ -335,6 +334,23 @@ int64_t TrainingJobController::IdleGpus() {
     }
   }
   return std::max<int64_t>(0, allocatable - requested);
+}
+
+void TrainingJobController::CountPod(const kube::ObjectPtr& object, bool gone) {
+  const json& md = (*object)["metadata"];
+  const std::string key = Key(md.value("namespace", ""), md.value("name", ""));
+  int64_t gpus = 0;
+  if (!gone)
+    if (auto pod = kube::PodFromJson(*object);
+        pod.ok() && !pod->Finished() && !pod->node_name.empty())
+      gpus = pod->GpuRequest();
+  std::lock_guard<std::mutex> lock(capacity_mu_);
+  auto it = held_gpus_.find(key);
+  held_total_ += gpus - (it == held_gpus_.end() ? 0 : it->second);
+  if (gpus > 0)
+    held_gpus_[key] = gpus;
+  else if (it != held_gpus_.end())
+    held_gpus_.erase(it);
 }
 
 Observed TrainingJobController::Observe(const json& job, WorkerConnections& connections) {
