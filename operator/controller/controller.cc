@@ -387,7 +387,7 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       connections.unreachable_since.try_emplace(p.name, Clock::now());
       continue;
     }
-    asks.emplace_back(p.name, std::async(std::launch::async, [c] { return c->GetStatus(); }));
+    asks.emplace_back(p.name, status_calls_.Submit([c] { return c->GetStatus(); }));
   }
   o.now = Clock::now();
   for (auto& [pod, answer] : asks) {

@@ -1,0 +1,54 @@
+#include "common/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <set>
+#include <stdexcept>
+
+namespace tidal {
+namespace {
+
+TEST(ThreadPool, EveryCallRunsAndItsResultOrExceptionComesBack) {
+  ThreadPool pool(3);
+  std::vector<std::future<int>> results;
+  for (int i = 0; i < 50; ++i) results.push_back(pool.Submit([i] { return i * i; }));
+  auto failing = pool.Submit([]() -> int { throw std::runtime_error("worker gone"); });
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(results[i].get(), i * i);
+  EXPECT_THROW(failing.get(), std::runtime_error);
+}
+
+TEST(ThreadPool, BlockingCallsRunSideBySideOnItsThreads) {
+  ThreadPool pool(4);
+  std::atomic<int> running{0}, most{0};
+  std::mutex ids_mu;
+  std::set<std::thread::id> ids;
+  std::vector<std::future<void>> calls;
+  for (int i = 0; i < 8; ++i)
+    calls.push_back(pool.Submit([&] {
+      const int now = ++running;
+      for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);) {
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      --running;
+      std::lock_guard<std::mutex> lock(ids_mu);
+      ids.insert(std::this_thread::get_id());
+    }));
+  for (auto& c : calls) c.get();
+  EXPECT_GT(most.load(), 1) << "calls ran one at a time";
+  EXPECT_LE(most.load(), 4);
+  EXPECT_LE(ids.size(), 4u) << "more threads than the pool has";
+}
+
+TEST(ThreadPool, DestroyingItRunsWhatWasAlreadySubmitted) {
+  std::atomic<int> done{0};
+  {
+    ThreadPool pool(1);
+    for (int i = 0; i < 20; ++i) pool.Submit([&] { ++done; });
+  }
+  EXPECT_EQ(done.load(), 20);
+}
+
+}  // namespace
+}  // namespace tidal
