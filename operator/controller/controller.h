@@ -122,11 +122,12 @@ class TrainingJobController {
   void CountPod(const kube::ObjectPtr& pod, bool gone);
   std::map<std::string, int64_t> held_gpus_;
   int64_t held_total_ = 0;
-  // GetStatus calls to workers, all of a job's at once (a thread per call was most of the
-  // operator's CPU at 2,000 pods). Checkpoint barriers, long and rare, get their own threads.
-  ThreadPool status_calls_{32};
   std::mutex connections_mu_;
   std::map<std::string, std::unique_ptr<WorkerConnections>> connections_;  // by job key
+  // GetStatus calls to workers, all of a job's at once (a thread per call was most of the
+  // operator's CPU at 2,000 pods). Checkpoint barriers, long and rare, get their own threads.
+  // Declared last: destroyed (its threads joined) before the clients its calls use.
+  ThreadPool status_calls_{32};
 };
 
 }  // namespace tidal::controller
