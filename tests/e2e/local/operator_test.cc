@@ -26,10 +26,12 @@ class OperatorTest : public KubectlTest {
 
   // A tiny job: 8 sequences per step (whole micro-batches at 2 and 4 ranks), a full
   // checkpoint every 5 steps, no cooldown, one intra-op thread per worker (4 share 2 cores).
+  // `worker_fields` go first in spec.worker (e.g. "tlsSecretName: s, ").
+  static constexpr const char* kElastic =
+      "{minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 120}";
   std::string JobYaml(const std::string& name, int max_steps, const std::string& extra = "",
-                      const std::string& elastic =
-                          "{minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0,"
-                          " scaleUpTimeoutSeconds: 120}") {
+                      const std::string& elastic = kElastic,
+                      const std::string& worker_fields = "") {
     std::ostringstream y;
     y << "apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: " << name
       << "}\nspec:\n"
@@ -43,7 +45,7 @@ class OperatorTest : public KubectlTest {
       << "  elastic: " << elastic << "\n"
       << "  checkpoint: {fullEverySteps: 5, snapshotEverySteps: 0, keep: 2}\n"
       << "  restartPolicy: {maxRestarts: 3, backoffSeconds: 1}\n"
-      << "  worker: {env: [{name: TIDAL_INTRA_OP_THREADS, value: \"1\"}]}\n"
+      << "  worker: {" << worker_fields << "env: [{name: TIDAL_INTRA_OP_THREADS, value: \"1\"}]}\n"
       << extra;
     return WriteFile(name + ".yaml", y.str());
   }
@@ -329,11 +331,7 @@ TEST_F(OperatorTest, WithATlsSecretTheOperatorDrivesItsWorkersOverVerifiedTls) {
   Ok({"create", "secret", "generic", "no-ca", "--from-file=tls.crt=" + crt,
       "--from-file=tls.key=" + key});
   auto with_tls = [&](const std::string& job, const std::string& secret) {
-    std::ifstream in(JobYaml(job, 2000));
-    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const std::string worker = "  worker: {";
-    yaml.replace(yaml.find(worker), worker.size(), worker + "tlsSecretName: " + secret + ", ");
-    return WriteFile(job + "-tls.yaml", yaml);
+    return JobYaml(job, 2000, "", kElastic, "tlsSecretName: " + secret + ", ");
   };
 
   Ok({"apply", "-f", with_tls("secure", "worker-tls")});
@@ -438,12 +436,7 @@ TEST_F(OperatorTest, GpusBookedForOneJobsNewPodsAreNotPlannedForByAnother) {
       "{minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 300,"
       " schedule: [{name: all-day, start: \"0 0 * * *\", end: \"59 23 * * *\", gpus: 4}]}";
   auto nowhere = [&](const std::string& job) {
-    std::ifstream in(JobYaml(job, 2000, "", elastic));
-    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const std::string worker = "  worker: {";
-    yaml.replace(yaml.find(worker), worker.size(),
-                 worker + "nodeSelector: {tidal.dev/pool: none}, ");
-    return WriteFile(job + "-nowhere.yaml", yaml);
+    return JobYaml(job, 2000, "", elastic, "nodeSelector: {tidal.dev/pool: none}, ");
   };
   Ok({"apply", "-f", nowhere("first")});
   WaitInt(
