@@ -174,6 +174,12 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
   o.session.intra_op_threads = a.intra_op_threads;
   o.interface_host = a.pod_ip;
   o.collective_timeout = std::chrono::seconds(a.collective_timeout_s);
+  if (auto hook = env.find("TIDAL_TEST_LOSS_HOOK"); hook != env.end()) {
+    TIDAL_ASSIGN_OR_RETURN(o.loss_hook, tidal::worker::ParseLossHook(hook->second));
+    if (o.loss_hook.kind != tidal::worker::LossHook::Kind::kNone)
+      tidal::LogWarn("test hook: the reported loss is altered (TIDAL_TEST_LOSS_HOOK)",
+                     {{"hook", hook->second}});
+  }
   return o;
 }
 
@@ -243,6 +249,13 @@ int main(int argc, char** argv) {
     metrics_endpoint = std::move(*endpoint);
   }
   options->observer = &metrics;
+  std::string no_gpu;
+  std::unique_ptr<tidal::worker::GpuMonitor> gpu = tidal::worker::GpuMonitor::Open(&no_gpu);
+  if (gpu)
+    tidal::LogInfo("GPU counters from NVML", {{"gpus", gpu->devices()}});
+  else
+    tidal::LogInfo("no GPU counters: utilisation and memory are not reported", {{"why", no_gpu}});
+  options->gpu = gpu.get();
   tidal::worker::WorkerRuntime runtime(std::move(*options));
   server_options.on_shutdown = [&exit_signal] { exit_signal.Raise("Shutdown call"); };
   auto server = tidal::worker::ControlServer::Start(runtime, server_options);

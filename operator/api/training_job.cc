@@ -122,6 +122,8 @@ void ReadAnomaly(const json& spec, std::optional<AnomalySpec>& out,
   s.Int("consecutiveSteps", a.consecutive_steps);
   s.Number("minGPUUtilPercent", a.min_gpu_util_percent);
   s.String("action", a.action);
+  s.Int("acknowledgedStep", a.acknowledged_step);
+  s.AtLeast<int64_t>("acknowledgedStep", a.acknowledged_step, 0);
   if (!(a.loss_rise_percent > 0)) s.Error("lossRisePercent", "must be > 0");
   s.AtLeast<int64_t>("consecutiveSteps", a.consecutive_steps, 1);
   if (!(a.min_gpu_util_percent >= 0 && a.min_gpu_util_percent <= 100))

@@ -46,6 +46,9 @@ struct AnomalySpec {
   int64_t consecutive_steps = 3;
   double min_gpu_util_percent = 40;
   std::string action = "Alert";  // Pause | Alert
+  // The rule ignores rises that end at or before this step. A job that Pause paused resumes
+  // once this reaches the step in its LossAnomaly condition (kubectl patch).
+  int64_t acknowledged_step = 0;
 };
 
 struct RestartPolicy {

@@ -56,6 +56,13 @@ WorkerReport ReportOf(const pb::WorkerStatus& s) {
     r.checkpoint_uri = s.last_checkpoint().uri();
   }
   r.last_error = s.last_error();
+  if (s.has_gpu_utilization_percent()) r.gpu_utilization_percent = s.gpu_utilization_percent();
+  for (const pb::StepEvent& e : s.recent_steps()) {
+    planner::StepSample sample{e.step(), e.loss(), std::nullopt};
+    if (e.has_gpu_utilization_percent())
+      sample.gpu_utilization_percent = e.gpu_utilization_percent();
+    r.recent_steps.push_back(sample);
+  }
   return r;
 }
 
@@ -210,7 +217,14 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   Plan plan = DecideWithCapacity(observed);
   TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan));
   if (OperatorMetrics* m = options_.metrics) {
-    m->SetJob(ns, name, plan.status.phase, plan.status.desired_gpus, plan.status.current_gpus);
+    OperatorMetrics::JobFigures figures;
+    figures.phase = plan.status.phase;
+    figures.desired_gpus = plan.status.desired_gpus;
+    figures.current_gpus = plan.status.current_gpus;
+    figures.step = plan.status.step;
+    figures.generation = plan.status.generation;
+    figures.loss_anomaly = ConditionTrue(plan.status, "LossAnomaly");
+    m->SetJob(ns, name, figures);
     if (plan.status.restarts > observed.status.restarts) m->CountRestart(ns, name);
     if (plan.finished_rescale)
       m->ObserveRescale(
@@ -544,6 +558,20 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         }
         break;
       }
+      case Action::Kind::kResume:
+        for (const std::string& pod : a.pods) {
+          const std::string ip = pod_ip(pod);
+          if (ip.empty()) continue;
+          worker::WorkerClient* c = client_for(pod, ip);
+          if (!c) {
+            done = FailedPrecondition(connections.tls_unusable);
+            continue;
+          }
+          // Not paused (any more) is what this asks for: Decide looks again next pass.
+          if (Status s = c->Resume(); !s.ok() && s.code() != StatusCode::kFailedPrecondition)
+            done = s;
+        }
+        break;
       case Action::Kind::kShutdown:
         for (const std::string& pod : a.pods) {
           const std::string ip = pod_ip(pod);

@@ -38,6 +38,29 @@ OperatorMetrics::OperatorMetrics()
                         .Name("tidal_trainingjob_gpus_current")
                         .Help("GPUs a TrainingJob's current generation trains on.")
                         .Register(*registry_)),
+      job_phase_(prometheus::BuildGauge()
+                     .Name("tidal_trainingjob_phase")
+                     .Help("1 for a TrainingJob's current phase, 0 for the others (one series "
+                           "per phase).")
+                     .Register(*registry_)),
+      job_step_(prometheus::BuildGauge()
+                    .Name("tidal_trainingjob_step")
+                    .Help("A TrainingJob's optimizer step, as its status reports it.")
+                    .Register(*registry_)),
+      job_generation_(prometheus::BuildGauge()
+                          .Name("tidal_trainingjob_generation")
+                          .Help("A TrainingJob's membership generation: +1 on every rescale "
+                                "or recovery (DESIGN.md §4).")
+                          .Register(*registry_)),
+      loss_anomaly_(prometheus::BuildGauge()
+                        .Name("tidal_trainingjob_loss_anomaly")
+                        .Help("1 while a TrainingJob's LossAnomaly condition is True (its "
+                              "spec.anomaly rule found a sustained loss rise), else 0.")
+                        .Register(*registry_)),
+      loss_anomalies_(prometheus::BuildCounter()
+                          .Name("tidal_trainingjob_loss_anomalies_total")
+                          .Help("Loss rises the spec.anomaly rule found in a TrainingJob.")
+                          .Register(*registry_)),
       rescale_duration_(  // "rescale" in the wide sense: any change of generation
           prometheus::BuildHistogram()
               .Name("tidal_trainingjob_rescale_duration_seconds")
@@ -81,18 +104,35 @@ void OperatorMetrics::ObserveReconcile(double seconds, bool ok) {
 void OperatorMetrics::SetQueueDepth(size_t depth) { queue_depth_.Set(static_cast<double>(depth)); }
 
 void OperatorMetrics::SetJob(const std::string& ns, const std::string& name,
-                             const std::string& phase, int64_t desired_gpus, int64_t current_gpus) {
+                             const JobFigures& job) {
   std::lock_guard<std::mutex> lock(mu_);
   JobSeries& series = jobs_by_key_[{ns, name}];
+  const prometheus::Labels labels{{"namespace", ns}, {"trainingjob", name}};
   if (!series.desired) {
-    const prometheus::Labels labels{{"namespace", ns}, {"trainingjob", name}};
     series.desired = &gpus_desired_.Add(labels);
     series.current = &gpus_current_.Add(labels);
+    series.step = &job_step_.Add(labels);
+    series.generation = &job_generation_.Add(labels);
+    series.anomaly = &loss_anomaly_.Add(labels);
+    for (const char* phase : kPhases) {
+      prometheus::Labels with_phase = labels;
+      with_phase["phase"] = phase;
+      series.phase_series[phase] = &job_phase_.Add(with_phase);
+    }
+    // Counters at 0 from the start, so that increase() sees the first one.
+    loss_anomalies_.Add(labels);
+    restarts_.Add(labels);
   }
-  series.desired->Set(static_cast<double>(desired_gpus));
-  series.current->Set(static_cast<double>(current_gpus));
-  if (series.phase != phase) {
-    series.phase = phase;
+  series.desired->Set(static_cast<double>(job.desired_gpus));
+  series.current->Set(static_cast<double>(job.current_gpus));
+  series.step->Set(static_cast<double>(job.step));
+  series.generation->Set(static_cast<double>(job.generation));
+  series.anomaly->Set(job.loss_anomaly ? 1 : 0);
+  if (job.loss_anomaly && !series.loss_anomaly) loss_anomalies_.Add(labels).Increment();
+  series.loss_anomaly = job.loss_anomaly;
+  for (const auto& [phase, gauge] : series.phase_series) gauge->Set(phase == job.phase ? 1 : 0);
+  if (series.phase != job.phase) {
+    series.phase = job.phase;
     RecountPhases();
   }
 }
@@ -101,11 +141,17 @@ void OperatorMetrics::ForgetJob(const std::string& ns, const std::string& name) 
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_by_key_.find({ns, name});
   if (it == jobs_by_key_.end()) return;
-  gpus_desired_.Remove(it->second.desired);
-  gpus_current_.Remove(it->second.current);
+  JobSeries& series = it->second;
+  gpus_desired_.Remove(series.desired);
+  gpus_current_.Remove(series.current);
+  job_step_.Remove(series.step);
+  job_generation_.Remove(series.generation);
+  loss_anomaly_.Remove(series.anomaly);
+  for (const auto& [phase, gauge] : series.phase_series) job_phase_.Remove(gauge);
   jobs_by_key_.erase(it);
   const prometheus::Labels labels{{"namespace", ns}, {"trainingjob", name}};
   if (restarts_.Has(labels)) restarts_.Remove(&restarts_.Add(labels));
+  if (loss_anomalies_.Has(labels)) loss_anomalies_.Remove(&loss_anomalies_.Add(labels));
   RecountPhases();
 }
 

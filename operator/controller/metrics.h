@@ -27,9 +27,14 @@ class OperatorMetrics {
   // One reconcile pass of one job; `ok` false when it returned an error (and was requeued).
   void ObserveReconcile(double seconds, bool ok);
   void SetQueueDepth(size_t depth);
-  // The job's phase and GPUs as of its latest reconcile; Forget drops its series.
-  void SetJob(const std::string& ns, const std::string& name, const std::string& phase,
-              int64_t desired_gpus, int64_t current_gpus);
+  // A job as of its latest reconcile (its status); Forget drops its series.
+  struct JobFigures {
+    std::string phase;
+    int64_t desired_gpus = 0, current_gpus = 0;
+    int64_t step = 0, generation = 0;
+    bool loss_anomaly = false;  // the LossAnomaly condition is True
+  };
+  void SetJob(const std::string& ns, const std::string& name, const JobFigures& job);
   void ForgetJob(const std::string& ns, const std::string& name);
   // Every job's series: this replica stopped leading (another one reports them now).
   void ForgetAllJobs();
@@ -43,8 +48,13 @@ class OperatorMetrics {
  private:
   struct JobSeries {
     std::string phase;
+    bool loss_anomaly = false;
     prometheus::Gauge* desired = nullptr;
     prometheus::Gauge* current = nullptr;
+    prometheus::Gauge* step = nullptr;
+    prometheus::Gauge* generation = nullptr;
+    prometheus::Gauge* anomaly = nullptr;
+    std::map<std::string, prometheus::Gauge*> phase_series;  // every phase: 1 for the current
   };
   void RecountPhases();  // under mu_
 
@@ -56,6 +66,11 @@ class OperatorMetrics {
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& gpus_desired_;
   prometheus::Family<prometheus::Gauge>& gpus_current_;
+  prometheus::Family<prometheus::Gauge>& job_phase_;
+  prometheus::Family<prometheus::Gauge>& job_step_;
+  prometheus::Family<prometheus::Gauge>& job_generation_;
+  prometheus::Family<prometheus::Gauge>& loss_anomaly_;
+  prometheus::Family<prometheus::Counter>& loss_anomalies_;
   prometheus::Family<prometheus::Histogram>& rescale_duration_;
   std::map<std::string, prometheus::Histogram*> rescale_by_kind_;
   prometheus::Family<prometheus::Counter>& restarts_;

@@ -72,6 +72,16 @@ void SetCondition(JobStatus& st, const std::string& type, bool value, const std:
                            {"observedGeneration", observed}});
 }
 
+}  // namespace
+
+bool ConditionTrue(const JobStatus& st, const std::string& type) {
+  for (const json& c : st.conditions)
+    if (c.value("type", "") == type) return c.value("status", "") == "True";
+  return false;
+}
+
+namespace {
+
 bool ConditionIs(const JobStatus& st, const std::string& type, const std::string& reason) {
   for (const json& c : st.conditions)
     if (c.value("type", "") == type) return c.value("reason", "") == reason;
@@ -112,6 +122,7 @@ class Decider {
     }
     if (Succeeded()) return Finish();
     if (FailuresHandled()) return Finish();
+    if (HeldForAnomaly()) return Finish();
     if (st_.rescale) {
       Advance();
     } else if (st_.members.empty()) {
@@ -441,6 +452,105 @@ class Decider {
          r.reason + "; creating " + std::to_string(slots.size()) + " pod(s), training goes on");
   }
 
+  // The anomaly rule (spec.anomaly, planner/anomaly.h) over the members' newest steps: an
+  // Event and the LossAnomaly condition for a rise; with action Pause, the members are
+  // checkpointed and held (phase Paused) until acknowledgedStep reaches the rise's last step.
+  // True while the job is held: nothing else (no rescale) happens meanwhile.
+  bool HeldForAnomaly() {
+    if (!spec_->anomaly) {
+      st_.anomaly.reset();
+      if (st_.phase == "Paused") ResumeFromAnomaly("spec.anomaly was removed");
+      return false;
+    }
+    if (st_.rescale || st_.members.empty()) return false;
+    const api::AnomalySpec& rule = *spec_->anomaly;
+    AnomalyStatus& a = st_.anomaly ? *st_.anomaly : st_.anomaly.emplace();
+    // Every member's steps: the loss is the job's (the same on every rank); a step's GPU
+    // utilisation is the busiest member's, so the clause holds only when all GPUs idle.
+    std::map<int64_t, planner::StepSample> steps;
+    bool utilization_reported = false;
+    for (const std::string& m : st_.members) {
+      const WorkerReport* r = Report(m);
+      if (!r) continue;
+      for (const planner::StepSample& s : r->recent_steps) {
+        auto [it, fresh] = steps.try_emplace(s.step, s);
+        if (!s.gpu_utilization_percent) continue;
+        utilization_reported = true;
+        auto& util = it->second.gpu_utilization_percent;
+        if (!fresh) util = std::max(util.value_or(0), *s.gpu_utilization_percent);
+      }
+    }
+    std::vector<planner::StepSample> samples;
+    for (const auto& [step, sample] : steps) samples.push_back(sample);
+    if (!samples.empty()) {
+      a.rule = planner::DescribeRule(rule, utilization_reported);
+      a.checked_step = std::max(a.checked_step, samples.back().step);
+    } else if (a.rule.empty()) {
+      a.rule = planner::DescribeRule(rule, false);
+    }
+    // A held job's rise is the one it was paused for (the steps trained before the pause
+    // took hold go on rising): nothing new to find until it resumes.
+    const int64_t after = std::max(rule.acknowledged_step, a.step.value_or(0));
+    std::optional<planner::LossAnomaly> found;
+    if (!a.paused) found = planner::FindLossAnomaly(samples, rule, after);
+    if (found) {
+      // With action Alert, a rise that goes on past the step already reported is the same one.
+      const bool continuing = rule.action != "Pause" && a.step && found->first_step <= *a.step &&
+                              ConditionTrue(st_, "LossAnomaly");
+      a.step = found->last_step;
+      a.message = found->message;
+      a.time = o_.now;
+      a.paused = rule.action == "Pause";
+      if (continuing) return false;
+      std::string message = found->message;
+      if (a.paused)
+        message += "; checkpointed and paused: resume with kubectl patch trainingjob " + o_.name +
+                   " --type merge -p '{\"spec\":{\"anomaly\":{\"acknowledgedStep\":" +
+                   std::to_string(found->last_step) + "}}}'";
+      SetCondition(st_, "LossAnomaly", true, "LossRising", message, o_.now, o_.metadata_generation);
+      Emit("Warning", "LossAnomaly", message);
+    } else if (ConditionIs(st_, "LossAnomaly", "LossRising") && !a.paused && a.step &&
+               a.checked_step >= *a.step + rule.consecutive_steps) {
+      SetCondition(st_, "LossAnomaly", false, "NoLongerRising",
+                   "no rise since step " + std::to_string(*a.step), o_.now, o_.metadata_generation);
+    }
+    if (!a.paused) {
+      if (st_.phase == "Paused") ResumeFromAnomaly("the anomaly no longer pauses the job");
+      return false;
+    }
+    if (rule.action != "Pause" || (a.step && rule.acknowledged_step >= *a.step)) {
+      ResumeFromAnomaly(rule.action != "Pause"
+                            ? "spec.anomaly.action is no longer Pause"
+                            : "acknowledgedStep " + std::to_string(rule.acknowledged_step));
+      return true;
+    }
+    if (st_.phase != "Paused")
+      Emit("Normal", "Pausing", "checkpointing every rank, then holding: " + a.message);
+    st_.phase = "Paused";
+    plan_.requeue_after = options_.poll;
+    if (!AllPaused(st_.members)) Do(Action::Kind::kBarrier, st_.members, "loss anomaly");
+    return true;
+  }
+
+  void ResumeFromAnomaly(const std::string& why) {
+    if (st_.anomaly) {
+      // The steps trained between the rise and the pause were there to see: only rises that
+      // end after them can pause the job again.
+      AnomalyStatus& a = *st_.anomaly;
+      a.paused = false;
+      if (a.step) a.step = std::max(*a.step, a.checked_step);
+    }
+    if (ConditionIs(st_, "LossAnomaly", "LossRising"))
+      SetCondition(st_, "LossAnomaly", false, "Acknowledged", why, o_.now, o_.metadata_generation);
+    std::vector<std::string> paused;
+    for (const std::string& m : st_.members)
+      if (const WorkerReport* r = Report(m); r && r->phase == "Paused") paused.push_back(m);
+    if (!paused.empty()) Do(Action::Kind::kResume, paused, why);
+    st_.phase = "Running";
+    Emit("Normal", "Resumed", "training goes on: " + why);
+    plan_.requeue_after = options_.poll;
+  }
+
   bool AllPaused(const std::vector<std::string>& names) const {
     std::optional<int64_t> step;
     for (const std::string& n : names) {
@@ -740,6 +850,8 @@ const char* ActionKindName(Action::Kind kind) {
       return "Rendezvous";
     case Action::Kind::kShutdown:
       return "Shutdown";
+    case Action::Kind::kResume:
+      return "Resume";
   }
   return "Unknown";
 }
@@ -777,6 +889,17 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     st.gpus_reason = Value<std::string>(*g, "reason", "");
   }
   st.failure = Value<std::string>(j, "failure", "");
+  if (auto a = j.find("anomaly"); a != j.end() && a->is_object()) {
+    AnomalyStatus an;
+    an.rule = Value<std::string>(*a, "rule", "");
+    an.checked_step = Value<int64_t>(*a, "checkedStep", 0);
+    if (auto step = a->find("step"); step != a->end() && step->is_number_integer())
+      an.step = step->get<int64_t>();
+    an.message = Value<std::string>(*a, "message", "");
+    an.time = TimeField(*a, "time");
+    an.paused = Value<bool>(*a, "paused", false);
+    st.anomaly = an;
+  }
   if (auto c = j.find("conditions"); c != j.end() && c->is_array()) st.conditions = *c;
   st.observed_generation = Value<int64_t>(j, "observedGeneration", 0);
   if (auto r = j.find("rescale"); r != j.end() && r->is_object()) {
@@ -819,6 +942,16 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
             {"observedGeneration", st.observed_generation}};
   if (!st.last_checkpoint.is_null()) j["lastCheckpoint"] = st.last_checkpoint;
   if (!st.failure.empty()) j["failure"] = st.failure;
+  if (st.anomaly) {
+    const AnomalyStatus& a = *st.anomaly;
+    json& out = j["anomaly"] = {{"rule", a.rule}, {"checkedStep", a.checked_step}};
+    if (a.step) {
+      out["step"] = *a.step;
+      out["message"] = a.message;
+      out["paused"] = a.paused;
+    }
+    if (a.time) out["time"] = kube::FormatTime(*a.time);
+  }
   if (st.restart_not_before) j["restartNotBefore"] = kube::FormatTime(*st.restart_not_before);
   if (st.last_membership_change)
     j["lastMembershipChange"] = kube::FormatTime(*st.last_membership_change);

@@ -32,6 +32,7 @@
 
 #include "common/status.h"
 #include "operator/api/training_job.h"
+#include "operator/planner/anomaly.h"
 
 namespace tidal::controller {
 
@@ -51,6 +52,16 @@ struct RescaleState {
   bool recovery = false;  // a recovery's rendezvous (no barrier: the old generation is gone)
 };
 
+// status.anomaly: the anomaly rule's state (only while spec.anomaly is set).
+struct AnomalyStatus {
+  std::string rule;             // planner::DescribeRule for what the workers report
+  int64_t checked_step = 0;     // the newest step the rule has seen
+  std::optional<int64_t> step;  // the last step of the newest rise found
+  std::string message;
+  std::optional<Clock::time_point> time;
+  bool paused = false;  // action Pause took effect; waits for acknowledgedStep >= step
+};
+
 struct JobStatus {
   std::string phase = "Pending";
   int64_t generation = 0;
@@ -67,9 +78,12 @@ struct JobStatus {
   int64_t desired_gpus = 0, current_gpus = 0;
   std::string gpus_reason;
   std::string failure;  // why the job failed, for the condition
+  std::optional<AnomalyStatus> anomaly;
   nlohmann::json conditions = nlohmann::json::array();
   int64_t observed_generation = 0;
 };
+// Whether the status has the condition `type` with status "True".
+bool ConditionTrue(const JobStatus& status, const std::string& type);
 StatusOr<JobStatus> JobStatusFromJson(const nlohmann::json& status);  // tolerant of absent fields
 // The status subresource body; `label_selector` is written for the scale subresource.
 nlohmann::json ToJson(const JobStatus& status, const std::string& label_selector);
@@ -84,6 +98,8 @@ struct WorkerReport {
   std::optional<int64_t> checkpoint_step;
   std::string checkpoint_kind, checkpoint_uri;
   std::string last_error;
+  std::optional<double> gpu_utilization_percent;  // none on CPU workers
+  std::vector<planner::StepSample> recent_steps;  // the newest steps, for the anomaly rule
 };
 
 struct PodView {
@@ -123,9 +139,10 @@ struct Action {
     kEnsureSpecConfig,
     kCreatePods,  // slots, generation, group size
     kDeletePods,  // pods
-    kBarrier,     // Checkpoint{pause} on pods
+    kBarrier,     // Checkpoint{pause} on pods (a rescale's barrier, the anomaly rule's pause)
     kRendezvous,  // generation, pods in rank order, store on the first one's IP
     kShutdown,    // pods
+    kResume,      // pods held by a pause (the anomaly rule's)
   };
   Kind kind = Kind::kEnsureService;
   std::vector<std::string> pods;     // for kRendezvous: every member, in rank order

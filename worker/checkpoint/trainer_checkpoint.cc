@@ -359,6 +359,7 @@ class CheckpointHooks : public engine::TrainingHooks {
     auto capture = CaptureForSave(trainer, *kind);
     if (!capture.ok()) {  // still take part in the commit round, so every rank agrees
       job->capture.step = step;
+      job->capture.kind = *kind;
       job->shard = capture.status();
       job->done = true;
     } else {
@@ -400,8 +401,11 @@ class CheckpointHooks : public engine::TrainingHooks {
   StatusOr<std::string> Save(Trainer& trainer, CheckpointKind kind) {
     const auto start = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
-    TIDAL_ASSIGN_OR_RETURN(std::string uri,
-                           SaveCheckpoint(trainer, *repo_, kind, policy_.keep, &bytes));
+    auto uri = SaveCheckpoint(trainer, *repo_, kind, policy_.keep, &bytes);
+    if (!uri.ok()) {
+      Failed(kind, uri.status());
+      return uri.status();
+    }
     Committed(trainer.step(), kind, start, bytes);
     return uri;
   }
@@ -416,6 +420,9 @@ class CheckpointHooks : public engine::TrainingHooks {
     info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     info.shard_bytes = shard_bytes;
     policy_.on_commit(info);
+  }
+  void Failed(CheckpointKind kind, const Status& why) {
+    if (policy_.on_failure) policy_.on_failure(kind, why);
   }
 
   struct InFlight {
@@ -438,6 +445,8 @@ class CheckpointHooks : public engine::TrainingHooks {
     if (committed.ok())
       Committed(job->capture.step, job->capture.kind, job->capture.start,
                 job->shard.ok() ? job->shard->entry.size : 0);
+    else
+      Failed(job->capture.kind, committed);
     if (committed.ok()) {
       Logger::Get().Log(
           "info", "checkpoint stall",

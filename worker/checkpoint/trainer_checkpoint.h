@@ -48,6 +48,8 @@ struct CheckpointPolicy {
   bool async = true;         // write in the background, commit at a later step boundary
   // Called on every rank after each commit.
   std::function<void(const CommitInfo& commit)> on_commit;
+  // Called on every rank for a save that was not committed (the error is then returned too).
+  std::function<void(CheckpointKind kind, const Status& why)> on_failure;
 };
 
 // What must match between the run that saved and the run that resumes (model, LoRA, data,

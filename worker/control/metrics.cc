@@ -13,8 +13,8 @@ auto& Family(Builder builder, const char* name, const char* help, prometheus::Re
 }  // namespace
 
 WorkerMetrics::WorkerMetrics(const std::string& trainingjob)
-    : registry_(std::make_shared<prometheus::Registry>()) {
-  const prometheus::Labels job{{"trainingjob", trainingjob}};
+    : registry_(std::make_shared<prometheus::Registry>()), job_{{"trainingjob", trainingjob}} {
+  const prometheus::Labels& job = job_;
   auto& r = *registry_;
   auto gauge = [&](const char* name, const char* help) {
     return &Family(prometheus::BuildGauge(), name, help, r).Add(job);
@@ -26,6 +26,12 @@ WorkerMetrics::WorkerMetrics(const std::string& trainingjob)
   step_duration_ = &Family(prometheus::BuildHistogram(), "tidal_worker_step_duration_seconds",
                            "Wall time of one optimizer step (all micro-batches), in seconds.", r)
                         .Add(job, metrics::ExponentialBuckets(0.01, 2, 16));
+  // 100 µs to ~3.3 s per step: an in-memory corpus to a loader that cannot keep up.
+  data_wait_ = &Family(prometheus::BuildHistogram(), "tidal_worker_data_wait_seconds",
+                       "Time one optimizer step spent waiting for its micro-batches (reading "
+                       "them and moving them to the device), in seconds.",
+                       r)
+                    .Add(job, metrics::ExponentialBuckets(0.0001, 2, 16));
   steps_ = counter("tidal_worker_steps_total", "Optimizer steps this worker process trained.");
   skipped_steps_ = counter("tidal_worker_skipped_steps_total",
                            "Optimizer steps skipped for an fp16 overflow (loss scale lowered).");
@@ -51,12 +57,16 @@ WorkerMetrics::WorkerMetrics(const std::string& trainingjob)
                        "Bytes of checkpoint shards this worker wrote, by kind.", r);
   auto& count = Family(prometheus::BuildCounter(), "tidal_worker_checkpoints_total",
                        "Checkpoints committed that this worker wrote a shard of, by kind.", r);
+  auto& failures = Family(prometheus::BuildCounter(), "tidal_worker_checkpoint_failures_total",
+                          "Checkpoints this worker took part in that were not committed (a "
+                          "write or the commit failed on some rank), by kind.",
+                          r);
   for (auto kind : {checkpoint::CheckpointKind::kFull, checkpoint::CheckpointKind::kSnapshot}) {
     prometheus::Labels labels = job;
     labels["kind"] = checkpoint::KindName(kind);
     // 50 ms to ~14 min: a LoRA snapshot to a full ZeRO-3 checkpoint over S3.
     checkpoints_[kind] = {&duration.Add(labels, metrics::ExponentialBuckets(0.05, 2, 15)),
-                          &bytes.Add(labels), &count.Add(labels)};
+                          &bytes.Add(labels), &count.Add(labels), &failures.Add(labels)};
   }
 }
 
@@ -66,7 +76,7 @@ void WorkerMetrics::OnGeneration(int64_t generation, int rank, int world_size) {
   world_size_->Set(world_size);
 }
 
-void WorkerMetrics::OnStep(const engine::StepRecord& record) {
+void WorkerMetrics::OnStep(const engine::StepRecord& record, const std::optional<GpuSample>& gpu) {
   step_duration_->Observe(record.seconds);
   steps_->Increment();
   if (record.skipped) skipped_steps_->Increment();
@@ -75,6 +85,26 @@ void WorkerMetrics::OnStep(const engine::StepRecord& record) {
   loss_->Set(record.loss);
   learning_rate_->Set(record.lr);
   grad_norm_->Set(record.grad_norm);
+  data_wait_->Observe(record.data_wait_seconds);
+  if (!gpu) return;
+  if (!gpu_) {
+    auto& r = *registry_;
+    gpu_ = GpuSeries{
+        &Family(prometheus::BuildGauge(), "tidal_worker_gpu_utilization_ratio",
+                "Fraction of the last NVML sample period in which the pod's GPUs ran a kernel "
+                "(0 to 1, mean over its GPUs).",
+                r)
+             .Add(job_),
+        &Family(prometheus::BuildGauge(), "tidal_worker_gpu_memory_used_bytes",
+                "GPU memory in use on the pod's GPUs (NVML), in bytes.", r)
+             .Add(job_),
+        &Family(prometheus::BuildGauge(), "tidal_worker_gpu_memory_total_bytes",
+                "GPU memory of the pod's GPUs (NVML), in bytes.", r)
+             .Add(job_)};
+  }
+  gpu_->utilization->Set(gpu->utilization_percent / 100);
+  gpu_->memory_used->Set(static_cast<double>(gpu->memory_used_bytes));
+  gpu_->memory_total->Set(static_cast<double>(gpu->memory_total_bytes));
 }
 
 void WorkerMetrics::OnCheckpoint(const checkpoint::CommitInfo& commit) {
@@ -83,6 +113,11 @@ void WorkerMetrics::OnCheckpoint(const checkpoint::CommitInfo& commit) {
   it->second.duration->Observe(commit.seconds);
   it->second.bytes->Increment(static_cast<double>(commit.shard_bytes));
   it->second.count->Increment();
+}
+
+void WorkerMetrics::OnCheckpointFailed(checkpoint::CheckpointKind kind, const Status&) {
+  auto it = checkpoints_.find(kind);
+  if (it != checkpoints_.end()) it->second.failures->Increment();
 }
 
 }  // namespace tidal::worker

@@ -1,12 +1,14 @@
 // worker/control/metrics.h — every metric a worker exports (DESIGN.md §7), defined here and
 // nowhere else, fed by the runtime as it trains (RuntimeObserver). Every series carries the
 // label trainingjob ("job" is Prometheus' own target label); the scrape adds pod and
-// namespace. GPU utilisation and memory are not exported here: on a CPU worker there is none,
-// and a made-up number would be worse than an absent series.
+// namespace. GPU utilisation and memory come from NVML (gpu_monitor.h) and their series appear
+// with the first sample: on a CPU worker there is none, and a made-up number would be worse
+// than an absent series.
 #pragma once
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <prometheus/counter.h>
@@ -24,12 +26,21 @@ class WorkerMetrics : public RuntimeObserver {
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
   void OnGeneration(int64_t generation, int rank, int world_size) override;
-  void OnStep(const engine::StepRecord& record) override;
+  void OnStep(const engine::StepRecord& record, const std::optional<GpuSample>& gpu) override;
   void OnCheckpoint(const checkpoint::CommitInfo& commit) override;
+  void OnCheckpointFailed(checkpoint::CheckpointKind kind, const Status& why) override;
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Labels job_;
   prometheus::Histogram* step_duration_ = nullptr;
+  prometheus::Histogram* data_wait_ = nullptr;
+  struct GpuSeries {
+    prometheus::Gauge* utilization = nullptr;
+    prometheus::Gauge* memory_used = nullptr;
+    prometheus::Gauge* memory_total = nullptr;
+  };
+  std::optional<GpuSeries> gpu_;  // registered with the first GPU sample
   prometheus::Counter* steps_ = nullptr;
   prometheus::Counter* skipped_steps_ = nullptr;
   prometheus::Gauge* step_ = nullptr;
@@ -44,6 +55,7 @@ class WorkerMetrics : public RuntimeObserver {
     prometheus::Histogram* duration = nullptr;
     prometheus::Counter* bytes = nullptr;
     prometheus::Counter* count = nullptr;
+    prometheus::Counter* failures = nullptr;
   };
   std::map<checkpoint::CheckpointKind, CheckpointSeries> checkpoints_;
 };

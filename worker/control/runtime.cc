@@ -2,6 +2,8 @@
 // requests at step boundaries, checkpoint before leaving, and report.
 #include "worker/control/runtime.h"
 
+#include <algorithm>
+
 #include "common/log.h"
 #include "worker/checkpoint/manifest.h"
 
@@ -165,6 +167,12 @@ std::vector<StepEvent> WorkerRuntime::EventsAfter(
   return out;
 }
 
+std::vector<StepEvent> WorkerRuntime::RecentEvents(size_t max) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t n = std::min(max, events_.size());
+  return std::vector<StepEvent>(events_.end() - static_cast<std::ptrdiff_t>(n), events_.end());
+}
+
 uint64_t WorkerRuntime::FirstSeqAfterStep(int64_t after_step) const {
   std::lock_guard<std::mutex> lock(mu_);
   // The newest run of events (a recovery may repeat step numbers): back up while steps are
@@ -181,21 +189,29 @@ void WorkerRuntime::SetPhase(Phase phase) {
   changed_.notify_all();
 }
 
-void WorkerRuntime::PublishStep(const engine::StepRecord& record) {
+void WorkerRuntime::PublishStep(engine::StepRecord record) {
+  record.loss = options_.loss_hook.Apply(record.step, record.loss);
+  std::optional<GpuSample> gpu;
+  if (options_.gpu) gpu = options_.gpu->Sample();
   const WorkerState state = State();
-  if (state.rank == 0)  // one line per step from rank 0, for `kubectl logs`
-    LogInfo("step", {{"step", record.step},
-                     {"loss", record.loss},
-                     {"lr", record.lr},
-                     {"grad_norm", record.grad_norm},
-                     {"tokens_per_s", record.tokens_per_s},
-                     {"world_size", record.world_size},
-                     {"max_steps", state.max_steps}});
-  if (options_.observer) options_.observer->OnStep(record);
+  if (state.rank == 0) {  // one line per step from rank 0, for `kubectl logs`
+    nlohmann::json fields = {{"step", record.step},
+                             {"loss", record.loss},
+                             {"lr", record.lr},
+                             {"grad_norm", record.grad_norm},
+                             {"tokens_per_s", record.tokens_per_s},
+                             {"data_wait_s", record.data_wait_seconds},
+                             {"world_size", record.world_size},
+                             {"max_steps", state.max_steps}};
+    if (gpu) fields["gpu_util_percent"] = gpu->utilization_percent;
+    LogInfo("step", fields);
+  }
+  if (options_.observer) options_.observer->OnStep(record, gpu);
   std::lock_guard<std::mutex> lock(mu_);
   state_.step = record.step;
   state_.last_step = record;
-  events_.push_back({next_seq_++, state_.generation, record, NowMillis()});
+  state_.gpu = gpu;
+  events_.push_back({next_seq_++, state_.generation, record, NowMillis(), gpu});
   if (events_.size() > kMaxEvents) events_.pop_front();
   changed_.notify_all();
 }
@@ -264,6 +280,9 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership) {
           CheckpointRef{commit.step, checkpoint::KindName(commit.kind), commit.uri, NowMillis()};
     }
     if (options_.observer) options_.observer->OnCheckpoint(commit);
+  };
+  policy.on_failure = [this](checkpoint::CheckpointKind kind, const Status& why) {
+    if (options_.observer) options_.observer->OnCheckpointFailed(kind, why);
   };
   // Declared after the session: destroyed first (its writer thread ends before the group).
   TIDAL_ASSIGN_OR_RETURN(auto hooks, checkpoint::MakeCheckpointHooks(policy, options_.s3));

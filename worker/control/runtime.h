@@ -19,6 +19,8 @@
 #include "common/status.h"
 #include "worker/checkpoint/object_store.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
+#include "worker/control/gpu_monitor.h"
+#include "worker/control/loss_hook.h"
 #include "worker/engine/session.h"
 #include "worker/engine/step_record.h"
 #include "worker/engine/train_config.h"
@@ -40,6 +42,7 @@ struct StepEvent {
   int64_t generation = 0;
   engine::StepRecord record;
   int64_t unix_millis = 0;
+  std::optional<GpuSample> gpu;  // sampled as the step ended; none on a CPU worker
 };
 
 struct WorkerState {
@@ -48,6 +51,7 @@ struct WorkerState {
   int rank = 0, world_size = 0;
   int64_t step = 0, max_steps = 0;
   std::optional<engine::StepRecord> last_step;
+  std::optional<GpuSample> gpu;  // with last_step
   std::optional<CheckpointRef> last_checkpoint;
   std::string last_error;
 };
@@ -58,8 +62,10 @@ class RuntimeObserver {
  public:
   virtual ~RuntimeObserver() = default;
   virtual void OnGeneration(int64_t generation, int rank, int world_size) = 0;
-  virtual void OnStep(const engine::StepRecord& record) = 0;
+  virtual void OnStep(const engine::StepRecord& record, const std::optional<GpuSample>& gpu) = 0;
   virtual void OnCheckpoint(const checkpoint::CommitInfo& commit) = 0;
+  // A checkpoint that was not committed (a write or the commit failed on some rank).
+  virtual void OnCheckpointFailed(checkpoint::CheckpointKind kind, const Status& why) = 0;
 };
 
 struct RuntimeOptions {
@@ -70,6 +76,8 @@ struct RuntimeOptions {
   std::string interface_host = "127.0.0.1";  // this worker's address, for gloo
   std::chrono::milliseconds collective_timeout{std::chrono::seconds(120)};
   RuntimeObserver* observer = nullptr;  // not owned; outlives the runtime
+  GpuMonitor* gpu = nullptr;            // not owned; none on a CPU worker
+  LossHook loss_hook;                   // a test hook on the reported loss (loss_hook.h)
 };
 
 class WorkerRuntime {
@@ -99,6 +107,8 @@ class WorkerRuntime {
   std::vector<StepEvent> EventsAfter(uint64_t after_seq, size_t max,
                                      std::chrono::steady_clock::time_point deadline) const;
   uint64_t FirstSeqAfterStep(int64_t after_step) const;
+  // The newest `max` events, oldest first, without waiting.
+  std::vector<StepEvent> RecentEvents(size_t max) const;
   // True once the training thread is done: shut down, or the job trained to its last step.
   bool exited() const;
   bool WaitExited(std::chrono::steady_clock::time_point deadline) const;
@@ -113,7 +123,7 @@ class WorkerRuntime {
   // In PAUSED: waits for Resume (true) or a reason to leave (false).
   bool HoldPaused();
   void SetPhase(Phase phase);
-  void PublishStep(const engine::StepRecord& record);
+  void PublishStep(engine::StepRecord record);  // after the loss hook
   void EndBarrier(const StatusOr<CheckpointRef>& result);
 
   RuntimeOptions options_;

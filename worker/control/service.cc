@@ -73,6 +73,23 @@ pb::Phase ToProto(Phase p) {
   return pb::PHASE_UNSPECIFIED;
 }
 
+constexpr size_t kRecentSteps = 64;
+
+void Fill(const StepEvent& e, pb::StepEvent* out) {
+  out->set_generation(e.generation);
+  out->set_step(e.record.step);
+  out->set_loss(e.record.loss);
+  out->set_learning_rate(e.record.lr);
+  out->set_grad_norm(e.record.grad_norm);
+  out->set_tokens_per_second(e.record.tokens_per_s);
+  out->set_seconds(e.record.seconds);
+  out->set_world_size(e.record.world_size);
+  out->set_unix_millis(e.unix_millis);
+  out->set_skipped(e.record.skipped);
+  out->set_data_wait_seconds(e.record.data_wait_seconds);
+  if (e.gpu) out->set_gpu_utilization_percent(e.gpu->utilization_percent);
+}
+
 void Fill(const CheckpointRef& c, pb::CheckpointInfo* out) {
   out->set_step(c.step);
   out->set_kind(c.kind);
@@ -114,6 +131,11 @@ class Service final : public pb::WorkerControl::Service {
       out->set_learning_rate(s.last_step->lr);
       out->set_grad_norm(s.last_step->grad_norm);
     }
+    if (s.gpu) {
+      out->set_gpu_utilization_percent(s.gpu->utilization_percent);
+      out->set_gpu_memory_used_bytes(s.gpu->memory_used_bytes);
+    }
+    for (const StepEvent& e : runtime_.RecentEvents(kRecentSteps)) Fill(e, out->add_recent_steps());
     if (s.last_checkpoint) Fill(*s.last_checkpoint, out->mutable_last_checkpoint());
     out->set_last_error(s.last_error);
     out->set_uptime_millis(
@@ -194,16 +216,7 @@ class Service final : public pb::WorkerControl::Service {
           runtime_.EventsAfter(cursor, 256, Clock::now() + std::chrono::milliseconds(500));
       for (const StepEvent& e : events) {
         pb::StepEvent out;
-        out.set_generation(e.generation);
-        out.set_step(e.record.step);
-        out.set_loss(e.record.loss);
-        out.set_learning_rate(e.record.lr);
-        out.set_grad_norm(e.record.grad_norm);
-        out.set_tokens_per_second(e.record.tokens_per_s);
-        out.set_seconds(e.record.seconds);
-        out.set_world_size(e.record.world_size);
-        out.set_unix_millis(e.unix_millis);
-        out.set_skipped(e.record.skipped);
+        Fill(e, &out);
         if (!writer->Write(out)) return grpc::Status::OK;  // the caller went away
         cursor = e.seq;
       }

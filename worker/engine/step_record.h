@@ -13,6 +13,8 @@ struct StepRecord {
   double grad_norm = 0;  // before clipping
   double tokens_per_s = 0;
   double seconds = 0;
+  double data_wait_seconds =
+      0;  // of `seconds`: reading micro-batches and moving them to the device
   int world_size = 1;
   bool skipped = false;  // fp16 overflow: the update was skipped and the loss scale lowered
 };

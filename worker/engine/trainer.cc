@@ -102,15 +102,18 @@ StatusOr<StepRecord> Trainer::Step() {
   const auto& opt = config_.optimization;
   const int64_t global = opt.global_batch_size, micro = opt.micro_batch_size;
   const int64_t micro_batches = global / micro;  // over all ranks
-  double local_loss = 0;
+  double local_loss = 0, data_wait = 0;
   for (int64_t a = 0; a < accumulation_; ++a) {
     // Global micro-batch index: contiguous per rank. Its sequences and dropout masks depend
     // on (step, index) only, so the run is the same at any world size.
     const int64_t index = comm_->rank() * accumulation_ + a;
+    const auto data_start = std::chrono::steady_clock::now();
     MicroBatch batch = data_->Sequences(step_ * global + index * micro, micro);
     ForwardContext ctx;
     ctx.tokens = batch.inputs.to(options_.device);
     ctx.targets = batch.targets.to(options_.device);
+    data_wait +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - data_start).count();
     ctx.rope_cos = rope_cos_;
     ctx.rope_sin = rope_sin_;
     ctx.causal_mask = causal_mask_;
@@ -163,6 +166,7 @@ StatusOr<StepRecord> Trainer::Step() {
   ++step_;
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   record.tokens_per_s = static_cast<double>(global * config_.dataset.max_seq_len) / record.seconds;
+  record.data_wait_seconds = data_wait;
   return record;
 }
 

@@ -18,11 +18,23 @@ bool Has(const std::string& text, const std::string& line) {
   return text.find(line + "\n") != std::string::npos;
 }
 
+OperatorMetrics::JobFigures Job(const std::string& phase, int64_t desired, int64_t current,
+                                bool anomaly = false) {
+  OperatorMetrics::JobFigures f;
+  f.phase = phase;
+  f.desired_gpus = desired;
+  f.current_gpus = current;
+  f.step = 120;
+  f.generation = 3;
+  f.loss_anomaly = anomaly;
+  return f;
+}
+
 TEST(OperatorMetrics, JobsAreCountedByPhaseAndTheirSeriesGoWithThem) {
   OperatorMetrics m;
-  m.SetJob("ml", "a", "Running", 4, 2);
-  m.SetJob("ml", "b", "Running", 2, 2);
-  m.SetJob("ml", "c", "Suspended", 0, 0);
+  m.SetJob("ml", "a", Job("Running", 4, 2));
+  m.SetJob("ml", "b", Job("Running", 2, 2));
+  m.SetJob("ml", "c", Job("Suspended", 0, 0));
   std::string text = Render(m);
   EXPECT_TRUE(Has(text, R"(tidal_trainingjobs{phase="Running"} 2)")) << text;
   EXPECT_TRUE(Has(text, R"(tidal_trainingjobs{phase="Suspended"} 1)")) << text;
@@ -31,7 +43,14 @@ TEST(OperatorMetrics, JobsAreCountedByPhaseAndTheirSeriesGoWithThem) {
       << text;
   EXPECT_TRUE(Has(text, R"(tidal_trainingjob_gpus_current{namespace="ml",trainingjob="a"} 2)"));
 
-  m.SetJob("ml", "a", "Scaling", 4, 4);  // a phase change moves the job between counts
+  EXPECT_TRUE(Has(text, R"(tidal_trainingjob_step{namespace="ml",trainingjob="a"} 120)"));
+  EXPECT_TRUE(Has(text, R"(tidal_trainingjob_generation{namespace="ml",trainingjob="a"} 3)"));
+  EXPECT_TRUE(
+      Has(text, R"(tidal_trainingjob_phase{namespace="ml",phase="Running",trainingjob="a"} 1)"));
+  EXPECT_TRUE(
+      Has(text, R"(tidal_trainingjob_phase{namespace="ml",phase="Paused",trainingjob="a"} 0)"));
+
+  m.SetJob("ml", "a", Job("Scaling", 4, 4));  // a phase change moves the job between counts
   m.CountRestart("ml", "a");
   m.ForgetJob("ml", "b");
   text = Render(m);
@@ -41,6 +60,26 @@ TEST(OperatorMetrics, JobsAreCountedByPhaseAndTheirSeriesGoWithThem) {
   EXPECT_TRUE(Has(text, R"(tidal_trainingjob_restarts_total{namespace="ml",trainingjob="a"} 1)"));
   m.ForgetJob("ml", "a");
   EXPECT_EQ(Render(m).find(R"(trainingjob="a")"), std::string::npos);
+}
+
+TEST(OperatorMetrics, ALossAnomalyShowsWhileItsConditionHoldsAndIsCountedOnce) {
+  OperatorMetrics m;
+  m.SetJob("ml", "a", Job("Running", 2, 2));
+  std::string text = Render(m);
+  EXPECT_TRUE(Has(text, R"(tidal_trainingjob_loss_anomaly{namespace="ml",trainingjob="a"} 0)"));
+  EXPECT_TRUE(
+      Has(text, R"(tidal_trainingjob_loss_anomalies_total{namespace="ml",trainingjob="a"} 0)"))
+      << text;
+  m.SetJob("ml", "a", Job("Paused", 2, 2, true));
+  m.SetJob("ml", "a", Job("Paused", 2, 2, true));  // the same anomaly, seen again
+  text = Render(m);
+  EXPECT_TRUE(Has(text, R"(tidal_trainingjob_loss_anomaly{namespace="ml",trainingjob="a"} 1)"));
+  EXPECT_TRUE(
+      Has(text, R"(tidal_trainingjob_loss_anomalies_total{namespace="ml",trainingjob="a"} 1)"));
+  m.SetJob("ml", "a", Job("Running", 2, 2));
+  m.SetJob("ml", "a", Job("Running", 2, 2, true));  // a new one
+  EXPECT_TRUE(Has(Render(m),
+                  R"(tidal_trainingjob_loss_anomalies_total{namespace="ml",trainingjob="a"} 2)"));
 }
 
 TEST(OperatorMetrics, ReconcilesRescalesAndApiErrorsLandInTheirSeries) {

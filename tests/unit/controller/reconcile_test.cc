@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <optional>
 #include <set>
 
 namespace tidal::controller {
@@ -99,6 +102,9 @@ class Sim {
   Clock::time_point now_ = Clock::time_point{} + std::chrono::hours(24 * 365 * 50);
   std::vector<std::string> events_;
   std::vector<std::string> shutdown_;
+  // The loss each step reports (the job's: every rank the same), and GPU utilisation (none: CPU).
+  std::function<double(int64_t step)> loss_ = [](int64_t step) { return 3.0 - 0.001 * step; };
+  std::optional<double> gpu_util_;
 
  private:
   void Apply(const Action& a) {
@@ -175,6 +181,10 @@ class Sim {
           reports_.erase(p);
         }
         break;
+      case Action::Kind::kResume:
+        for (const std::string& p : a.pods)
+          if (reports_.count(p) && reports_[p].phase == "Paused") reports_[p].phase = "Running";
+        break;
     }
   }
   void Train() {
@@ -194,6 +204,10 @@ class Sim {
       if (r.phase == "Running") {
         ++r.step;
         if (r.step % 5 == 0) checkpoint_ = std::max(checkpoint_, r.step);
+        r.loss = loss_(r.step);
+        r.gpu_utilization_percent = gpu_util_;
+        r.recent_steps.push_back({r.step, r.loss, gpu_util_});
+        if (r.recent_steps.size() > 64) r.recent_steps.erase(r.recent_steps.begin());
       }
   }
   // DESIGN.md §4: never two generations at once.
@@ -541,6 +555,107 @@ TEST(Reconcile, StatusRejectsAnUnknownRescaleStageNamingTheField) {
   auto st = JobStatusFromJson({{"rescale", {{"stage", "Sideways"}}}});
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.status().message().find("status.rescale.stage"), std::string::npos);
+}
+
+// spec.anomaly: the rule runs over the members' newest steps (planner/anomaly.h).
+std::string AnomalySpec(const std::string& action) {
+  return R"({"anomaly": {"lossRisePercent": 15, "consecutiveSteps": 3, "minGPUUtilPercent": 40,
+                         "action": ")" +
+         action + R"("}})";
+}
+
+std::string ConditionOf(const JobStatus& st, const std::string& type, const char* field) {
+  for (const json& c : st.conditions)
+    if (c.value("type", "") == type) return c.value(field, "");
+  return "";
+}
+
+// Falls to step 20, then rises 10% a step.
+double RisingFromStep20(int64_t step) {
+  return step < 20 ? 3.0 - 0.01 * step : 2.8 * std::pow(1.1, step - 19);
+}
+
+TEST(Reconcile, ARisingLossPausesACheckpointedJobUntilItsStepIsAcknowledged) {
+  Sim sim(Spec(AnomalySpec("Pause")));
+  sim.loss_ = RisingFromStep20;
+  sim.Until([&] { return sim.status().phase == "Paused"; }, 80);
+  const JobStatus paused = sim.status();
+  ASSERT_TRUE(paused.anomaly && paused.anomaly->step);
+  const int64_t at = *paused.anomaly->step;
+  EXPECT_EQ(at, 22) << "steps 19-22 rise 33%: the first window over 15%";
+  EXPECT_TRUE(paused.anomaly->paused);
+  EXPECT_EQ(ConditionOf(paused, "LossAnomaly", "status"), "True");
+  EXPECT_NE(ConditionOf(paused, "LossAnomaly", "message").find("\"acknowledgedStep\":22"),
+            std::string::npos)
+      << ConditionOf(paused, "LossAnomaly", "message");
+  EXPECT_NE(paused.anomaly->rule.find("clause is skipped"), std::string::npos)
+      << "CPU workers: the status says the utilisation clause is skipped";
+  EXPECT_TRUE(sim.HasEvent("LossAnomaly"));
+  EXPECT_TRUE(sim.HasEvent("Pausing"));
+  // Held at one checkpointed step, no rescale, for as long as nobody acknowledges.
+  sim.Until([&] { return sim.reports_["job-worker-0"].phase == "Paused"; });
+  const int64_t held = sim.reports_["job-worker-0"].step;
+  EXPECT_EQ(sim.reports_["job-worker-0"].checkpoint_step, held);
+  for (int i = 0; i < 10; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Paused");
+  EXPECT_EQ(sim.reports_["job-worker-0"].step, held);
+  EXPECT_EQ(sim.reports_["job-worker-1"].phase, "Paused");
+  EXPECT_EQ(sim.status().generation, 1);
+
+  // An acknowledgement below the step does nothing; the step itself resumes.
+  sim.SetSpec(Spec(R"({"anomaly": {"action": "Pause", "acknowledgedStep": 21}})"));
+  sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Paused");
+  sim.SetSpec(Spec(R"({"anomaly": {"action": "Pause", "acknowledgedStep": 22}})"));
+  sim.Reconcile();
+  EXPECT_TRUE(sim.HasEvent("Resumed"));
+  EXPECT_EQ(ConditionOf(sim.status(), "LossAnomaly", "reason"), "Acknowledged");
+  sim.Until([&] { return sim.reports_["job-worker-0"].step > held; });
+  EXPECT_EQ(sim.status().generation, 1) << "a resume is no new generation";
+  // The loss goes on rising: the rise past the acknowledged step pauses it again.
+  sim.Until([&] { return sim.status().phase == "Paused"; }, 20);
+  EXPECT_GT(*sim.status().anomaly->step, 22);
+}
+
+TEST(Reconcile, ANoisyLossNeverPausesHoweverLargeItsSwings) {
+  Sim sim(Spec(AnomalySpec("Pause")));
+  sim.loss_ = [](int64_t step) { return 2.0 * (step % 2 ? 1.3 : 0.7); };
+  for (int i = 0; i < 80; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_FALSE(sim.HasEvent("LossAnomaly"));
+  ASSERT_TRUE(sim.status().anomaly.has_value());
+  EXPECT_GT(sim.status().anomaly->checked_step, 70);
+  EXPECT_FALSE(sim.status().anomaly->step.has_value());
+}
+
+TEST(Reconcile, BusyGpusKeepARisingLossFromPausingAndTheRuleSaysItChecksThem) {
+  Sim sim(Spec(AnomalySpec("Pause")));
+  sim.loss_ = RisingFromStep20;
+  sim.gpu_util_ = 85.0;
+  for (int i = 0; i < 50; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_EQ(sim.status().anomaly->rule,
+            "loss up > 15% over 3 consecutive rising steps while GPU utilisation < 40%");
+  sim.gpu_util_ = 10.0;  // the GPUs go idle while the loss still rises
+  sim.Until([&] { return sim.status().phase == "Paused"; }, 20);
+  EXPECT_NE(sim.status().anomaly->message.find("GPU utilisation at most 10%"), std::string::npos)
+      << sim.status().anomaly->message;
+}
+
+TEST(Reconcile, ActionAlertWarnsWithoutPausingAndClearsOnceTheLossStopsRising) {
+  Sim sim(Spec(AnomalySpec("Alert")));
+  sim.loss_ = [](int64_t step) {
+    return step < 20 ? 3.0 - 0.01 * step : step < 26 ? 2.8 * std::pow(1.1, step - 19) : 1.0;
+  };
+  sim.Until([&] { return sim.HasEvent("LossAnomaly"); }, 80);
+  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_EQ(ConditionOf(sim.status(), "LossAnomaly", "status"), "True");
+  EXPECT_FALSE(sim.HasEvent("Pausing"));
+  EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "LossAnomaly"), 1)
+      << "one rise, one Event, however many steps it goes on for";
+  sim.Until([&] { return ConditionOf(sim.status(), "LossAnomaly", "status") == "False"; }, 20);
+  EXPECT_EQ(ConditionOf(sim.status(), "LossAnomaly", "reason"), "NoLongerRising");
+  EXPECT_EQ(sim.status().phase, "Running");
 }
 
 }  // namespace

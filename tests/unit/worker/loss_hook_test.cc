@@ -1,0 +1,53 @@
+// The worker's reported-loss test hook (worker/control/loss_hook.h) and its GPU monitor
+// (gpu_monitor.h) where there is no NVML: what each yields, and each bad hook refused by name.
+#include "worker/control/loss_hook.h"
+
+#include <gtest/gtest.h>
+
+#include "worker/control/gpu_monitor.h"
+
+namespace tidal::worker {
+namespace {
+
+TEST(LossHook, RiseMultipliesTheLossFromItsStepOnAndNoiseAlternates) {
+  auto rise = ParseLossHook("rise:8:1.2");
+  ASSERT_TRUE(rise.ok()) << rise.status().ToString();
+  EXPECT_DOUBLE_EQ(rise->Apply(7, 2.0), 2.0);
+  EXPECT_DOUBLE_EQ(rise->Apply(8, 2.0), 2.4);
+  EXPECT_DOUBLE_EQ(rise->Apply(10, 2.0), 2.0 * 1.2 * 1.2 * 1.2);
+  auto noise = ParseLossHook("noise:0.3");
+  ASSERT_TRUE(noise.ok());
+  EXPECT_DOUBLE_EQ(noise->Apply(1, 2.0), 2.6);
+  EXPECT_DOUBLE_EQ(noise->Apply(2, 2.0), 1.4);
+  auto none = ParseLossHook("");
+  ASSERT_TRUE(none.ok());
+  EXPECT_DOUBLE_EQ(none->Apply(5, 2.0), 2.0);
+}
+
+TEST(LossHook, BadHooksAreRefusedNamingTheVariableAndTheForms) {
+  for (const char* bad : {"rise", "rise:0:1.2", "rise:8", "rise:8:0", "rise:8:x", "rise:1.5:2",
+                          "noise:1", "noise:0", "noise:-0.1", "noise", "jump:3", "rise:8:1.2:9"}) {
+    auto hook = ParseLossHook(bad);
+    ASSERT_FALSE(hook.ok()) << bad;
+    EXPECT_EQ(hook.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(hook.status().message().find("TIDAL_TEST_LOSS_HOOK"), std::string::npos);
+    EXPECT_NE(hook.status().message().find(bad), std::string::npos) << hook.status().message();
+  }
+}
+
+TEST(GpuMonitor, WithoutNvmlThereIsNoMonitorAndItSaysWhy) {
+  std::string why;
+  auto monitor = GpuMonitor::Open(&why, "libnvidia-ml-absent-for-this-test.so.1");
+  EXPECT_EQ(monitor, nullptr);
+  EXPECT_NE(why.find("NVML not available"), std::string::npos) << why;
+}
+
+TEST(GpuMonitor, ALibraryWithoutTheNvmlFunctionsIsRefused) {
+  std::string why;
+  auto monitor = GpuMonitor::Open(&why, "libm.so.6");  // loads, but is not NVML
+  EXPECT_EQ(monitor, nullptr);
+  EXPECT_NE(why.find("lacks the NVML functions"), std::string::npos) << why;
+}
+
+}  // namespace
+}  // namespace tidal::worker

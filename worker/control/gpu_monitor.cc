@@ -1,0 +1,104 @@
+#include "worker/control/gpu_monitor.h"
+
+#include <dlfcn.h>
+
+#include <mutex>
+#include <vector>
+
+namespace tidal::worker {
+namespace {
+
+// The few NVML declarations used here (nvml.h is not a build dependency). Their layout is
+// NVML's stable C ABI: nvmlReturn_t is an int, 0 is NVML_SUCCESS, handles are opaque.
+using NvmlReturn = int;
+using NvmlDevice = void*;
+struct NvmlUtilization {
+  unsigned int gpu, memory;  // percent of the last sample period
+};
+struct NvmlMemory {
+  unsigned long long total, free, used;  // bytes
+};
+
+}  // namespace
+
+struct GpuMonitor::Nvml {
+  void* library = nullptr;
+  NvmlReturn (*init)() = nullptr;
+  NvmlReturn (*shutdown)() = nullptr;
+  NvmlReturn (*count)(unsigned int*) = nullptr;
+  NvmlReturn (*handle)(unsigned int, NvmlDevice*) = nullptr;
+  NvmlReturn (*utilization)(NvmlDevice, NvmlUtilization*) = nullptr;
+  NvmlReturn (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
+  std::vector<NvmlDevice> devices;
+  std::mutex mu;  // NVML is thread-safe; this keeps Sample's reads of `devices` simple
+
+  ~Nvml() {
+    if (shutdown) shutdown();
+    if (library) dlclose(library);
+  }
+};
+
+std::unique_ptr<GpuMonitor> GpuMonitor::Open(std::string* why_not, const std::string& library) {
+  auto nvml = std::make_unique<Nvml>();
+  nvml->library = dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!nvml->library) {
+    const char* error = dlerror();
+    if (why_not) *why_not = "NVML not available (" + std::string(error ? error : library) + ")";
+    return nullptr;
+  }
+  auto symbol = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(nvml->library, name));
+    return fn != nullptr;
+  };
+  bool ok = symbol(nvml->init, "nvmlInit_v2") && symbol(nvml->count, "nvmlDeviceGetCount_v2") &&
+            symbol(nvml->handle, "nvmlDeviceGetHandleByIndex_v2") &&
+            symbol(nvml->utilization, "nvmlDeviceGetUtilizationRates") &&
+            symbol(nvml->memory, "nvmlDeviceGetMemoryInfo");
+  if (!ok) {
+    if (why_not) *why_not = library + " lacks the NVML functions used";
+    return nullptr;
+  }
+  if (nvml->init() != 0) {
+    if (why_not) *why_not = "nvmlInit failed (no NVIDIA driver?)";
+    return nullptr;
+  }
+  symbol(nvml->shutdown, "nvmlShutdown");  // only once init succeeded
+  unsigned int count = 0;
+  if (nvml->count(&count) != 0 || count == 0) {
+    if (why_not) *why_not = "NVML sees no GPU";
+    return nullptr;
+  }
+  for (unsigned int i = 0; i < count; ++i) {
+    NvmlDevice device = nullptr;
+    if (nvml->handle(i, &device) == 0) nvml->devices.push_back(device);
+  }
+  if (nvml->devices.empty()) {
+    if (why_not) *why_not = "NVML returned no device handle";
+    return nullptr;
+  }
+  return std::unique_ptr<GpuMonitor>(new GpuMonitor(std::move(nvml)));
+}
+
+GpuMonitor::GpuMonitor(std::unique_ptr<Nvml> nvml) : nvml_(std::move(nvml)) {}
+GpuMonitor::~GpuMonitor() = default;
+
+int GpuMonitor::devices() const { return static_cast<int>(nvml_->devices.size()); }
+
+std::optional<GpuSample> GpuMonitor::Sample() {
+  std::lock_guard<std::mutex> lock(nvml_->mu);
+  GpuSample sample;
+  double utilization = 0;
+  for (NvmlDevice device : nvml_->devices) {
+    NvmlUtilization u{};
+    NvmlMemory m{};
+    if (nvml_->utilization(device, &u) != 0 || nvml_->memory(device, &m) != 0) return std::nullopt;
+    utilization += u.gpu;
+    sample.memory_used_bytes += static_cast<int64_t>(m.used);
+    sample.memory_total_bytes += static_cast<int64_t>(m.total);
+    ++sample.devices;
+  }
+  sample.utilization_percent = utilization / sample.devices;
+  return sample;
+}
+
+}  // namespace tidal::worker
