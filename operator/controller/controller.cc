@@ -467,6 +467,15 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
   };
   for (const Action& a : plan.actions) {
     Status done = OkStatus();
+    // The pod's worker client; nullptr when the pod has no IP yet, or (recorded in `done`)
+    // when its TLS Secret is unusable.
+    auto worker_of = [&](const std::string& pod) -> worker::WorkerClient* {
+      const std::string ip = pod_ip(pod);
+      if (ip.empty()) return nullptr;
+      worker::WorkerClient* c = client_for(pod, ip);
+      if (!c) done = FailedPrecondition(connections.tls_unusable);
+      return c;
+    };
     switch (a.kind) {
       case Action::Kind::kAddFinalizer:
       case Action::Kind::kRemoveFinalizer: {
@@ -523,13 +532,8 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
       case Action::Kind::kBarrier: {
         std::vector<std::future<Status>> calls;
         for (const std::string& pod : a.pods) {
-          const std::string ip = pod_ip(pod);
-          if (ip.empty()) continue;
-          worker::WorkerClient* c = client_for(pod, ip);
-          if (!c) {
-            done = FailedPrecondition(connections.tls_unusable);
-            continue;
-          }
+          worker::WorkerClient* c = worker_of(pod);
+          if (!c) continue;
           const auto timeout = options_.barrier_timeout;
           calls.push_back(std::async(std::launch::async, [c, timeout] {
             return c->Checkpoint(/*pause=*/true, timeout).status();
@@ -544,13 +548,8 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         const std::string store = pod_ip(a.pods[0]) + ":" + std::to_string(StorePort(a.generation));
         for (const std::string& pod : a.targets) {
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
-          const std::string ip = pod_ip(pod);
-          if (ip.empty()) continue;
-          worker::WorkerClient* c = client_for(pod, ip);
-          if (!c) {
-            done = FailedPrecondition(connections.tls_unusable);
-            continue;
-          }
+          worker::WorkerClient* c = worker_of(pod);
+          if (!c) continue;
           Status s = c->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
                                    static_cast<int>(rank), store);
           // Already there (a repeated call after a crash) is success.
@@ -560,13 +559,8 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
       }
       case Action::Kind::kResume:
         for (const std::string& pod : a.pods) {
-          const std::string ip = pod_ip(pod);
-          if (ip.empty()) continue;
-          worker::WorkerClient* c = client_for(pod, ip);
-          if (!c) {
-            done = FailedPrecondition(connections.tls_unusable);
-            continue;
-          }
+          worker::WorkerClient* c = worker_of(pod);
+          if (!c) continue;
           // Not paused (any more) is what this asks for: Decide looks again next pass.
           if (Status s = c->Resume(); !s.ok() && s.code() != StatusCode::kFailedPrecondition)
             done = s;
