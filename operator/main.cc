@@ -1,9 +1,10 @@
 // operator/main.cc — the `tidal` command. Subcommands:
 //   tidal local [--data DIR] [--port P] [--nodes K] [--gpus N] [--image I=EXE] [--no-operator]
-//               [--operator-metrics-address ADDR]
+//               [--operator-metrics-address ADDR] [--audit-log PATH]
 //       the local cluster, running the operator (and installing the CRD) unless --no-operator
 //   tidal operator [--kubeconfig PATH] [--namespace NS] [--default-checkpoint-root URI]
-//                  [--no-leader-elect] [--install-crd] [--metrics-address ADDR]
+//                  [--no-leader-elect] [--lease-namespace NS] [--install-crd]
+//                  [--metrics-address ADDR]
 //       the operator against any cluster (in a pod: the in-cluster config)
 #include <csignal>
 #include <cstdio>
@@ -37,11 +38,13 @@ int Usage(const char* why) {
                "  --no-operator  serve the cluster only (tests that run their own operator)\n"
                "  --operator-metrics-address HOST:PORT  the operator's /metrics (default\n"
                "               127.0.0.1:0, a free port: written to DIR/operator-metrics-port)\n"
+               "  --audit-log PATH  append each API request to PATH as an audit.k8s.io/v1 Event\n"
                "       tidal operator [--kubeconfig PATH] [--namespace NS] [--no-leader-elect]\n"
                "                      [--default-checkpoint-root URI] [--install-crd]\n"
-               "                      [--metrics-address HOST:PORT]\n"
+               "                      [--lease-namespace NS] [--metrics-address HOST:PORT]\n"
                "  --kubeconfig PATH  default: $KUBECONFIG, ~/.kube/config, else in-cluster\n"
                "  --namespace NS     watch one namespace (default: all)\n"
+               "  --lease-namespace NS  where the leader-election Lease lives (default: default)\n"
                "  --default-checkpoint-root URI  checkpoints of jobs whose spec names no store\n"
                "                     go to URI/<namespace>/<job>\n"
                "  --metrics-address HOST:PORT  where /metrics is served (default :8080; \"\"\n"
@@ -86,6 +89,8 @@ int RunLocal(int argc, char** argv) {
       options.bookmark_interval = std::chrono::milliseconds(ms);
     } else if (flag == "--image") {
       options.images.push_back(value);
+    } else if (flag == "--audit-log") {
+      options.audit_log_path = value;
     } else if (flag == "--operator-metrics-address") {
       metrics_address = value;
     } else if (flag == "--crash-backoff-ms") {  // for tests: CrashLoopBackOff's first delay

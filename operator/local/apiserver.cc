@@ -531,6 +531,9 @@ StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(ApiServerOptions options) 
   server->writer_ = std::make_unique<ObjectWriter>(*server->store_, server->registry_);
   server->writer_->RegisterStoredCrds();
   TIDAL_RETURN_IF_ERROR(server->Bootstrap());
+  if (!server->options_.audit_log_path.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(server->audit_, AuditLog::Open(server->options_.audit_log_path));
+  }
   http::ServerOptions http_options;
   http_options.port = server->options_.port;
   http_options.max_body_bytes = server->options_.max_body_bytes;
@@ -544,6 +547,7 @@ StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(ApiServerOptions options) 
   TIDAL_ASSIGN_OR_RETURN(
       server->http_,
       http::Server::Start(http_options, [self](const http::Request& req, http::ResponseWriter& w) {
+        if (self->audit_) self->audit_->Record(req);
         self->Handle(req, w);
       }));
   return server;

@@ -19,6 +19,7 @@
 
 #include "common/http/server.h"
 #include "common/status.h"
+#include "operator/local/audit.h"
 #include "operator/local/object_writer.h"
 #include "operator/local/registry.h"
 #include "operator/local/store.h"
@@ -33,6 +34,7 @@ struct ApiServerOptions {
   size_t history_size = 10000;  // watch window, in changes (older versions get 410 Gone)
   std::chrono::milliseconds bookmark_interval{std::chrono::seconds(60)};
   size_t max_body_bytes = 3 * 1024 * 1024;  // kube-apiserver's request size limit
+  std::string audit_log_path;  // "" → no audit log (audit.h)
   // Where `kubectl logs` reads a pod container's output (set by the process kubelet).
   std::function<std::string(const std::string& ns, const std::string& pod,
                             const std::string& container)>
@@ -62,6 +64,7 @@ class ApiServer {
   std::unique_ptr<Store> store_;
   Registry registry_;
   std::unique_ptr<ObjectWriter> writer_;
+  std::unique_ptr<AuditLog> audit_;  // of requests over HTTP, when asked for
   std::unique_ptr<http::Server> http_;
   friend class RequestContext;
   std::atomic<bool> stopped_{false};

@@ -113,6 +113,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(ClusterOptions optio
   api.port = port;
   api.history_size = options.history_size;
   api.bookmark_interval = options.bookmark_interval;
+  api.audit_log_path = options.audit_log_path;
   std::string data_dir = options.data_dir;
   api.log_path = [data_dir](const std::string& ns, const std::string& pod, const std::string& c) {
     return ProcessKubelet::LogPath(data_dir, ns, pod, c);

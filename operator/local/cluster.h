@@ -24,6 +24,7 @@ struct ClusterOptions {
   std::chrono::milliseconds bookmark_interval{std::chrono::seconds(60)};
   std::vector<std::string> images;  // --image NAME=PATH entries, on top of the defaults
   std::chrono::milliseconds crash_backoff{std::chrono::seconds(10)};
+  std::string audit_log_path;  // "" → none; else every API request, as audit.k8s.io/v1 Events
 };
 
 // The image table `tidal local` starts with: base images run host commands, and Tidal's own
