@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <filesystem>
 
@@ -218,7 +219,25 @@ int RunOperator(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** raw_argv) {
+  // "--flag=value" is read as "--flag value", as Go's flag package (and so kubectl) reads it:
+  // manifests and the Helm chart write it that way.
+  std::vector<std::string> args;
+  for (int i = 0; i < argc; ++i) {
+    std::string a = raw_argv[i];
+    size_t eq = a.find('=');
+    if (i > 0 && a.rfind("--", 0) == 0 && eq != std::string::npos) {
+      args.push_back(a.substr(0, eq));
+      args.push_back(a.substr(eq + 1));
+    } else {
+      args.push_back(a);
+    }
+  }
+  std::vector<char*> pointers;
+  for (auto& a : args) pointers.push_back(a.data());
+  pointers.push_back(nullptr);
+  argc = static_cast<int>(args.size());
+  char** argv = pointers.data();
   if (argc < 2) return Usage(nullptr);
   std::string command = argv[1];
   if (command == "local") return RunLocal(argc - 2, argv + 2);

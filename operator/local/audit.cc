@@ -1,8 +1,8 @@
 #include "operator/local/audit.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -51,8 +51,7 @@ RequestInfo ParseRequestInfo(const http::Request& request) {
     if (i >= seg.size()) return info;
   }
   std::vector<std::string> rest(seg.begin() + static_cast<long>(i), seg.end());
-  if (rest[0] == "namespaces" && rest.size() >= 3 && rest[2] != "status" &&
-      rest[2] != "finalize") {
+  if (rest[0] == "namespaces" && rest.size() >= 3 && rest[2] != "status" && rest[2] != "finalize") {
     info.ns = rest[1];
     rest.erase(rest.begin(), rest.begin() + 2);
   } else if (rest[0] == "namespaces" && rest.size() >= 2) {
@@ -80,15 +79,16 @@ RequestInfo ParseRequestInfo(const http::Request& request) {
 }
 
 nlohmann::json AuditEvent(const http::Request& request, const RequestInfo& info, uint64_t id) {
-  nlohmann::json e = {{"kind", "Event"},
-                      {"apiVersion", "audit.k8s.io/v1"},
-                      {"level", "Metadata"},
-                      {"auditID", std::to_string(id)},
-                      {"stage", "RequestReceived"},
-                      {"requestURI", request.target},
-                      {"verb", info.verb},
-                      {"userAgent", request.headers.Get("user-agent").value_or("")},
-                      {"requestReceivedTimestamp", kube::FormatMicroTime(std::chrono::system_clock::now())}};
+  nlohmann::json e = {
+      {"kind", "Event"},
+      {"apiVersion", "audit.k8s.io/v1"},
+      {"level", "Metadata"},
+      {"auditID", std::to_string(id)},
+      {"stage", "RequestReceived"},
+      {"requestURI", request.target},
+      {"verb", info.verb},
+      {"userAgent", request.headers.Get("user-agent").value_or("")},
+      {"requestReceivedTimestamp", kube::FormatMicroTime(std::chrono::system_clock::now())}};
   if (info.resource_request) {
     nlohmann::json ref = {{"resource", info.resource}, {"apiVersion", info.api_version}};
     if (!info.api_group.empty()) ref["apiGroup"] = info.api_group;

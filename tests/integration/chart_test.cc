@@ -106,7 +106,7 @@ TEST(HelmChart, DefaultValuesRenderOneLeaderElectedNonRootOperatorWithReadOnlyRo
   const json& c = pod["containers"][0];
   EXPECT_EQ(c["image"], "ghcr.io/tidal-dev/tidal-operator:0.1.0");  // the appVersion
   EXPECT_EQ(Strings(c["args"]), (std::vector<std::string>{"operator", "--metrics-address=:8080",
-                                                           "--lease-namespace=tidal-system"}));
+                                                          "--lease-namespace=tidal-system"}));
   EXPECT_EQ(c["securityContext"]["readOnlyRootFilesystem"], true);
   EXPECT_EQ(c["securityContext"]["allowPrivilegeEscalation"], false);
   EXPECT_EQ(c["securityContext"]["capabilities"]["drop"], json::array({"ALL"}));
@@ -123,19 +123,17 @@ TEST(HelmChart, DefaultValuesRenderOneLeaderElectedNonRootOperatorWithReadOnlyRo
 }
 
 TEST(HelmChart, NonDefaultValuesRenderTwoReplicasMonitorsRulesAndAOneNamespaceOperator) {
-  auto objects = Template({"replicaCount=2", "watchNamespace=ml",
-                           "defaultCheckpointRoot=s3://ckpt", "image.tag=1.2.3",
-                           "metrics.port=9100", "metrics.serviceMonitor.enabled=true",
-                           "metrics.serviceMonitor.labels.release=kps",
-                           "metrics.podMonitor.enabled=true", "prometheusRule.enabled=true",
-                           "serviceAccount.name=tidal-op", "dashboard.enabled=false"});
+  auto objects = Template(
+      {"replicaCount=2", "watchNamespace=ml", "defaultCheckpointRoot=s3://ckpt", "image.tag=1.2.3",
+       "metrics.port=9100", "metrics.serviceMonitor.enabled=true",
+       "metrics.serviceMonitor.labels.release=kps", "metrics.podMonitor.enabled=true",
+       "prometheusRule.enabled=true", "serviceAccount.name=tidal-op", "dashboard.enabled=false"});
   const json& d = objects["Deployment/tidal"];
   EXPECT_EQ(d["spec"]["replicas"], 2);
   const json& pod = d["spec"]["template"]["spec"];
   EXPECT_EQ(pod["serviceAccountName"], "tidal-op");
-  EXPECT_EQ(pod["affinity"]["podAntiAffinity"]
-               ["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
-               ["topologyKey"],
+  EXPECT_EQ(pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+               ["podAffinityTerm"]["topologyKey"],
             "kubernetes.io/hostname");
   const json& c = pod["containers"][0];
   EXPECT_EQ(c["image"], "ghcr.io/tidal-dev/tidal-operator:1.2.3");
@@ -156,8 +154,9 @@ TEST(HelmChart, NonDefaultValuesRenderTwoReplicasMonitorsRulesAndAOneNamespaceOp
   // Leader election off (one replica): no Lease Role, and the operator is told so.
   auto single = Template({"leaderElection.enabled=false"});
   EXPECT_FALSE(single.count("Role/tidal-leader-election"));
-  EXPECT_EQ(Strings(single["Deployment/tidal"]["spec"]["template"]["spec"]["containers"][0]["args"]),
-            (std::vector<std::string>{"operator", "--metrics-address=:8080", "--no-leader-elect"}));
+  EXPECT_EQ(
+      Strings(single["Deployment/tidal"]["spec"]["template"]["spec"]["containers"][0]["args"]),
+      (std::vector<std::string>{"operator", "--metrics-address=:8080", "--no-leader-elect"}));
 }
 
 TEST(HelmChart, TheSchemaRejectsBadValuesNamingTheFieldAndWhatItExpected) {
@@ -200,9 +199,10 @@ TEST(HelmChart, ShipsTheCrdTheRulesAndTheDashboardFromTheirOneSource) {
   ASSERT_TRUE(rules.ok()) << rules.status().ToString();
   EXPECT_EQ(objects["PrometheusRule/tidal"]["spec"], *rules);
   const std::string dashboard = ReadAll(kChart + "/files/tidal-dashboard.json");
-  EXPECT_EQ(json::parse(objects["ConfigMap/tidal-dashboard"]["data"]["tidal-dashboard.json"]
-                            .get<std::string>()),
-            json::parse(dashboard));
+  EXPECT_EQ(
+      json::parse(
+          objects["ConfigMap/tidal-dashboard"]["data"]["tidal-dashboard.json"].get<std::string>()),
+      json::parse(dashboard));
   // deploy/ links to the same files for users without the chart.
   EXPECT_EQ(ReadAll(TIDAL_SOURCE_DIR "/deploy/prometheus/tidal-rules.yaml"),
             ReadAll(kChart + "/files/tidal-rules.yaml"));

@@ -13,21 +13,6 @@ namespace {
 
 class HelmTest : public KubectlTest {
  protected:
-  ProcessResult Helm(std::vector<std::string> args) {
-    std::vector<std::string> argv = {"/usr/bin/env",
-                                     "HELM_CACHE_HOME=" + (dir_ / "helm/cache").string(),
-                                     "HELM_CONFIG_HOME=" + (dir_ / "helm/config").string(),
-                                     "HELM_DATA_HOME=" + (dir_ / "helm/data").string(),
-                                     HELM_BIN,
-                                     "--kubeconfig=" + (dir_ / "data/kubeconfig").string()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return RunProcess(argv, 120s);
-  }
-  std::string HelmOk(std::vector<std::string> args) {
-    ProcessResult r = Helm(args);
-    EXPECT_EQ(r.exit_code, 0) << "helm " << ::testing::PrintToString(args) << "\n" << r.err;
-    return r.out;
-  }
   const std::string chart_ = kFixtures + "/sample-chart";
 };
 

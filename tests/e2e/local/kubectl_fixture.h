@@ -89,6 +89,24 @@ class KubectlTest : public ::testing::Test {
       std::this_thread::sleep_for(poll);
     }
   }
+#ifdef HELM_BIN
+  // The real helm against this cluster, its caches and config in the test's directory.
+  ProcessResult Helm(std::vector<std::string> args) {
+    std::vector<std::string> argv = {"/usr/bin/env",
+                                     "HELM_CACHE_HOME=" + (dir_ / "helm/cache").string(),
+                                     "HELM_CONFIG_HOME=" + (dir_ / "helm/config").string(),
+                                     "HELM_DATA_HOME=" + (dir_ / "helm/data").string(),
+                                     HELM_BIN,
+                                     "--kubeconfig=" + (dir_ / "data/kubeconfig").string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProcess(argv, 120s);
+  }
+  std::string HelmOk(std::vector<std::string> args) {
+    ProcessResult r = Helm(args);
+    EXPECT_EQ(r.exit_code, 0) << "helm " << ::testing::PrintToString(args) << "\n" << r.err;
+    return r.out;
+  }
+#endif
   void ApplyWidgetKind() {
     EXPECT_NE(Ok({"apply", "-f", kFixtures + "/widget-crd.yaml"}).find("created"),
               std::string::npos);

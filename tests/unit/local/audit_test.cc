@@ -81,10 +81,12 @@ TEST(AuditLog, WritesOneAuditEventPerRequestWithTheUserAgentAndObjectRef) {
   EXPECT_EQ(e["kind"], "Event");
   EXPECT_EQ(e["verb"], "patch");
   EXPECT_EQ(e["userAgent"], "tidal-operator");
-  EXPECT_EQ(e["objectRef"],
-            (nlohmann::json{{"apiGroup", "tidal.dev"}, {"apiVersion", "v1alpha1"},
-                            {"resource", "trainingjobs"}, {"subresource", "status"},
-                            {"namespace", "a"}, {"name", "j"}}));
+  EXPECT_EQ(e["objectRef"], (nlohmann::json{{"apiGroup", "tidal.dev"},
+                                            {"apiVersion", "v1alpha1"},
+                                            {"resource", "trainingjobs"},
+                                            {"subresource", "status"},
+                                            {"namespace", "a"},
+                                            {"name", "j"}}));
   auto v = nlohmann::json::parse(second);
   EXPECT_EQ(v["requestURI"], "/version");
   EXPECT_FALSE(v.contains("objectRef"));

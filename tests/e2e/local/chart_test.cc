@@ -1,0 +1,176 @@
+// Tidal's own chart (charts/tidal) on `tidal local` with the real helm and kubectl: it installs
+// and kubectl shows what it made; and its RBAC is exactly what the operator calls. For the
+// latter the operator runs with the arguments of the chart's Deployment against a cluster that
+// writes an audit log, through a job's life (create, grow, shrink, a TLS secret read, Events,
+// delete, leader election); each call it made must be granted by the chart's ClusterRole or
+// Role, and each verb those grant must have been called.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <set>
+
+#include "tests/e2e/local/operator_fixture.h"
+
+namespace tidal::testing {
+namespace {
+
+using nlohmann::json;
+
+const std::string kChart = TIDAL_SOURCE_DIR "/charts/tidal";
+const std::string kNs = "tidal-system";
+
+class ChartTest : public OperatorTest {
+ protected:
+  ChartTest() { with_operator_ = false; }  // the chart's operator, started by the test
+  std::vector<std::string> ExtraClusterArgs() override {
+    return {"--gpus", "4", "--audit-log", (dir_ / "audit.log").string()};
+  }
+  std::string Install(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"install",     "tidal", kChart,
+                                     "--namespace", kNs,     "--create-namespace"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return HelmOk(args);
+  }
+};
+
+TEST_F(ChartTest, HelmInstallsTheChartAndKubectlShowsWhatItCreated) {
+  const std::string out = Install({"--set", "replicaCount=2"});
+  EXPECT_NE(out.find("STATUS: deployed"), std::string::npos) << out;
+  // NOTES.txt tells the next commands.
+  EXPECT_NE(out.find("kubectl -n tidal-system rollout status deployment/tidal"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("kubectl get trainingjobs -w"), std::string::npos) << out;
+
+  const std::string made = Ok({"get", "-n", kNs, "sa,deploy,svc,cm,role,rolebinding,pdb", "-l",
+                               "app.kubernetes.io/instance=tidal", "-o", "name"});
+  for (const char* want :
+       {"serviceaccount/tidal", "deployment.apps/tidal", "service/tidal-metrics",
+        "configmap/tidal-dashboard", "role.rbac.authorization.k8s.io/tidal-leader-election",
+        "rolebinding.rbac.authorization.k8s.io/tidal-leader-election",
+        "poddisruptionbudget.policy/tidal"})
+    EXPECT_NE(made.find(want), std::string::npos) << want << " missing from\n" << made;
+  EXPECT_EQ(Ok({"get", "clusterrole,clusterrolebinding", "tidal", "-o", "name"}),
+            "clusterrole.rbac.authorization.k8s.io/tidal\n"
+            "clusterrolebinding.rbac.authorization.k8s.io/tidal\n");
+  EXPECT_EQ(Ok({"get", "deploy", "tidal", "-n", kNs, "-o", "jsonpath={.spec.replicas}"}), "2");
+  // The CRD from crds/ is served: TrainingJobs can be listed, and its short name works.
+  EXPECT_EQ(Ok({"get", "crd", "trainingjobs.tidal.dev", "-o", "name"}),
+            "customresourcedefinition.apiextensions.k8s.io/trainingjobs.tidal.dev\n");
+  EXPECT_EQ(Kubectl({"get", "tj"}).exit_code, 0);
+
+  EXPECT_NE(HelmOk({"uninstall", "tidal", "--namespace", kNs}).find("uninstalled"),
+            std::string::npos);
+  EXPECT_EQ(Ok({"get", "-n", kNs, "sa,deploy,svc,cm,role,rolebinding,pdb", "-l",
+                "app.kubernetes.io/instance=tidal", "-o", "name"}),
+            "");
+  EXPECT_EQ(Kubectl({"get", "clusterrole", "tidal"}).exit_code, 1);
+}
+
+// "group/resource[/subresource] verb", as RBAC names what it authorizes.
+using Grants = std::set<std::string>;
+
+Grants FromRules(const json& rules) {
+  Grants out;
+  for (const auto& rule : rules)
+    for (const auto& group : rule["apiGroups"])
+      for (const auto& resource : rule["resources"])
+        for (const auto& verb : rule["verbs"])
+          out.insert(group.get<std::string>() + "/" + resource.get<std::string>() + " " +
+                     verb.get<std::string>());
+  return out;
+}
+
+TEST_F(ChartTest, TheChartsRbacGrantsExactlyTheCallsTheOperatorMakes) {
+  Install({"--set", "defaultCheckpointRoot=file://" + (dir_ / "checkpoints").string()});
+  const json cluster_role = json::parse(Ok({"get", "clusterrole", "tidal", "-o", "json"}));
+  const json role =
+      json::parse(Ok({"get", "role", "tidal-leader-election", "-n", kNs, "-o", "json"}));
+  const Grants cluster_wide = FromRules(cluster_role["rules"]);
+  const Grants in_release_ns = FromRules(role["rules"]);
+
+  // The operator as the chart's Deployment runs it; only /metrics moves off :8080.
+  json args = json::parse(Ok({"get", "deploy", "tidal", "-n", kNs, "-o",
+                              "jsonpath={.spec.template.spec.containers[0].args}"}));
+  std::vector<std::string> argv = {
+      "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + (dir_ / "operator.log").string(), TIDAL_BIN};
+  for (const auto& a : args) {
+    std::string s = a.get<std::string>();
+    argv.push_back(s.rfind("--metrics-address=", 0) == 0 ? "--metrics-address=127.0.0.1:0" : s);
+  }
+  argv.push_back("--kubeconfig=" + (dir_ / "data/kubeconfig").string());
+  auto op = std::make_unique<Process>(argv);
+
+  // A job at 2 GPUs, scaled to 4 (pods created) and back to 2 (pods deleted).
+  Ok({"apply", "-f", JobYaml("a", 100000)});
+  WaitInt(
+      "a", "{.status.step}", [](int64_t s) { return s >= 3; }, 180s);
+  for (int gpus : {4, 2}) {
+    Ok({"scale", "tj", "a", "--replicas=" + std::to_string(gpus)});
+    WaitInt(
+        "a", "{.status.gpus.current}", [gpus](int64_t g) { return g == gpus; }, 180s);
+  }
+  // Suspended and resumed twice: the second "Unsuspended" Event is the first one's count
+  // patched to 2, as client-go's correlator does.
+  for (int round = 0; round < 2; ++round) {
+    Ok({"patch", "tj", "a", "--type=merge", "-p", R"({"spec":{"suspend":true}})"});
+    WaitFor(
+        {"tj", "a"}, "{.status.phase}", [](const std::string& p) { return p == "Suspended"; },
+        120s);
+    Ok({"patch", "tj", "a", "--type=merge", "-p", R"({"spec":{"suspend":false}})"});
+  }
+  EXPECT_EQ(WaitFor(
+                {"events"}, "{.items[?(@.reason==\"Unsuspended\")].count}",
+                [](const std::string& c) { return c == "2"; }, 60s),
+            "2");
+  // A job naming a TLS secret: the operator reads its CA (get; missing here).
+  Ok({"apply", "-f",
+      JobYaml("b", 100000, "", "{minGPUs: 2, maxGPUs: 2}", "tlsSecretName: nowhere, ")});
+  WaitFor(
+      {"tj", "b"}, "{.status.phase}", [](const std::string& p) { return !p.empty(); }, 60s);
+  // Deleting a job: the operator takes its finalizer off.
+  Ok({"delete", "tj", "a", "b", "--wait=false"});
+  EXPECT_TRUE(WaitUntilTrue(
+      [&] {
+        return Ok({"get", "tj", "-o", "name"}).empty();
+      },
+      120s))
+      << Ok({"get", "tj", "-o", "yaml"});
+  ::kill(op->pid(), SIGTERM);  // and it lets its Lease go
+  EXPECT_EQ(op->Wait(30s).exit_code, 0);
+
+  // What the operator called (its User-Agent), from the audit log.
+  Grants called, called_in_release_ns;
+  std::ifstream in(dir_ / "audit.log");
+  std::string line;
+  while (std::getline(in, line)) {
+    json e = json::parse(line);
+    if (e.value("userAgent", "") != "tidal-operator") continue;
+    ASSERT_TRUE(e.contains("objectRef")) << "a non-resource call: " << line;
+    const json& ref = e["objectRef"];
+    std::string sub = ref.value("subresource", "");
+    std::string what = ref.value("apiGroup", "") + "/" + ref["resource"].get<std::string>() +
+                       (sub.empty() ? "" : "/" + sub) + " " + e["verb"].get<std::string>();
+    if (ref.value("resource", "") == "leases") {
+      EXPECT_EQ(ref.value("namespace", ""), kNs) << "a Lease outside the release namespace";
+      called_in_release_ns.insert(what);
+    } else {
+      called.insert(what);
+    }
+  }
+  ASSERT_FALSE(called.empty()) << "no audit record from the operator";
+  for (const auto& c : called)
+    EXPECT_TRUE(cluster_wide.count(c))
+        << "the operator called " << c << " but the chart's ClusterRole does not grant it";
+  for (const auto& c : called_in_release_ns)
+    EXPECT_TRUE(in_release_ns.count(c))
+        << "the operator called " << c << " but the chart's Role does not grant it";
+  for (const auto& g : cluster_wide)
+    EXPECT_TRUE(called.count(g)) << "the chart's ClusterRole grants " << g
+                                 << " which the operator never called";
+  for (const auto& g : in_release_ns)
+    EXPECT_TRUE(called_in_release_ns.count(g))
+        << "the chart's Role grants " << g << " which the operator never called";
+}
+
+}  // namespace
+}  // namespace tidal::testing
