@@ -5,7 +5,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test unit integration e2e demo demo-train bench bench-kube bench-checkpoint bench-operator format clean
+.PHONY: all deps configure build test unit integration e2e manifests demo demo-train bench bench-kube bench-checkpoint bench-operator format clean
 
 all: build
 
@@ -32,6 +32,10 @@ integration: build
 
 e2e: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -L e2e $(CTEST_ARGS)
+
+# deploy/kustomize/base/tidal.yaml: the Helm chart rendered with its defaults (for kubectl -k).
+manifests: deps
+	tools/render-manifests.sh
 
 # The product: `tidal local` with the operator, a TrainingJob that grows 2 -> 4 GPUs when its
 # schedule window opens and shrinks back when it closes, watched with kubectl (tools/demo.sh).

@@ -66,6 +66,22 @@ TEST_F(ChartTest, HelmInstallsTheChartAndKubectlShowsWhatItCreated) {
   EXPECT_EQ(Kubectl({"get", "clusterrole", "tidal"}).exit_code, 1);
 }
 
+TEST_F(ChartTest, KubectlApplyKustomizeInstallsTheSameObjectsWithoutHelm) {
+  const std::string out = Ok({"apply", "-k", TIDAL_SOURCE_DIR "/deploy/kustomize/base"});
+  for (const char* want : {"namespace/tidal-system created",
+                           "customresourcedefinition.apiextensions.k8s.io/trainingjobs.tidal.dev",
+                           "serviceaccount/tidal created", "deployment.apps/tidal created",
+                           "clusterrole.rbac.authorization.k8s.io/tidal created"})
+    EXPECT_NE(out.find(want), std::string::npos) << want << " missing from\n" << out;
+  EXPECT_EQ(Ok({"get", "deploy", "tidal", "-n", kNs, "-o",
+                "jsonpath={.spec.template.spec.containers[0].args}"}),
+            R"(["operator","--metrics-address=:8080","--lease-namespace=tidal-system"])");
+  EXPECT_EQ(Kubectl({"get", "tj"}).exit_code, 0);  // the CRD serves
+  // A second apply changes nothing.
+  EXPECT_EQ(Ok({"apply", "-k", TIDAL_SOURCE_DIR "/deploy/kustomize/base"}).find("configured"),
+            std::string::npos);
+}
+
 // "group/resource[/subresource] verb", as RBAC names what it authorizes.
 using Grants = std::set<std::string>;
 
