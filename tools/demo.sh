@@ -56,10 +56,28 @@ say "kubectl get tj -w"
 k get tj demo -w &
 watch_pid=$!
 
+# Every 2 s: the operator's /metrics (the job's step, GPUs desired and current, generation) and
+# rank 0's (its loss), one line each into timeline.tsv, drawn at the end (tools/plot-demo.sh).
+metrics_port=$(cat "$data/operator-metrics-port" 2>/dev/null || echo 0)
+metric() {  # metric TEXT NAME → the value of NAME{...trainingjob="demo"...}, else "-"
+  awk -v n="$2" '$1 ~ "^"n"[{]" && $1 ~ /trainingjob="demo"/ {v = $2} END {print (v == "" ? "-" : v)}' <<<"$1"
+}
+scrape() {
+  local op rank0 ip
+  op=$(curl -s --max-time 1 "http://127.0.0.1:$metrics_port/metrics" || true)
+  ip=$(k get pod demo-worker-0 -o jsonpath='{.status.podIP}' 2>/dev/null || true)
+  rank0=$([[ -n "$ip" ]] && curl -s --max-time 1 "http://$ip:9090/metrics" || true)
+  printf '%s %s %s %s %s %s\n' "$(( $(date +%s) - t0 ))" "$(metric "$op" tidal_trainingjob_step)" \
+    "$(awk '$1 ~ /^tidal_worker_loss[{ ]/ {v = $2} END {print (v == "" ? "-" : v)}' <<<"$rank0")" \
+    "$(metric "$op" tidal_trainingjob_gpus_desired)" "$(metric "$op" tidal_trainingjob_gpus_current)" \
+    "$(metric "$op" tidal_trainingjob_generation)" >>"$out/timeline.tsv"
+}
+
 t0=$(date +%s)
 grew=0 shrank=0 shrink_step=0
 while (( $(date +%s) - t0 < limit_s )); do
-  sleep 3
+  sleep 2
+  scrape
   cur=$(k get tj demo -o jsonpath='{.status.gpus.current}' 2>/dev/null || true)
   step=$(k get tj demo -o jsonpath='{.status.step}' 2>/dev/null || true)
   [[ "$cur" == 4 ]] && grew=1
@@ -74,6 +92,9 @@ say "kubectl delete tj demo   (the finalizer takes a final checkpoint first)"
 k delete tj demo --timeout=90s || true
 
 say "summary"
+if "$root/tools/plot-demo.sh" "$out/timeline.tsv" "$out/rescale.png"; then
+  echo "  loss and GPUs over time, as scraped: $out/rescale.png"
+fi
 k get events -o json >"$out/events.json" 2>/dev/null || echo '{"items":[]}' >"$out/events.json"
 python3 - "$out" "$data" "$grew" "$shrank" <<'PY'
 import json, os, sys
@@ -110,6 +131,6 @@ if os.path.isdir(ckpt):
     kept = sorted(d for d in os.listdir(ckpt) if d.startswith("step-"))
     print("  checkpoints kept in %s: %s" % (ckpt, ", ".join(kept)))
 print("  grew to 4 GPUs: %s; shrank back to 2: %s" % ("yes" if grew else "NO", "yes" if shrank else "NO"))
-print("  everything is in %s (events.json, rank0.log, tidal-local.log)" % out)
+print("  everything is in %s (events.json, rank0.log, timeline.tsv, tidal-local.log)" % out)
 sys.exit(0 if grew and shrank else 1)
 PY

@@ -22,15 +22,6 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-std::vector<std::string> Split(const std::string& path) {
-  std::vector<std::string> out;
-  std::stringstream ss(path);
-  std::string seg;
-  while (std::getline(ss, seg, '/'))
-    if (!seg.empty()) out.push_back(seg);
-  return out;
-}
-
 http::Response JsonResponse(int code, const json& body) {
   http::Response r;
   r.status = code;
@@ -72,7 +63,7 @@ class RequestContext {
       Reply(ErrorResponse({401, "Unauthorized", "Unauthorized", {}}));
       return;
     }
-    std::vector<std::string> seg = Split(path);
+    std::vector<std::string> seg = PathSegments(path);
     if (path == "/version") return Reply(JsonResponse(200, VersionInfo()));
     if (seg.empty())
       return Reply(JsonResponse(200, {{"paths", {"/api", "/apis", "/version", "/openapi/v3"}}}));

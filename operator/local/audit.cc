@@ -12,7 +12,14 @@
 namespace tidal::local {
 namespace {
 
-std::vector<std::string> Segments(const std::string& path) {
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+}  // namespace
+
+std::vector<std::string> PathSegments(const std::string& path) {
   std::vector<std::string> out;
   std::stringstream ss(path);
   std::string seg;
@@ -21,17 +28,10 @@ std::vector<std::string> Segments(const std::string& path) {
   return out;
 }
 
-std::string Lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
-}
-
-}  // namespace
-
 RequestInfo ParseRequestInfo(const http::Request& request) {
   RequestInfo info;
   info.verb = Lower(request.method);
-  std::vector<std::string> seg = Segments(request.path);
+  std::vector<std::string> seg = PathSegments(request.path);
   size_t i = 0;
   if (seg.size() >= 2 && seg[0] == "api") {
     info.api_version = seg[1];

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,9 @@
 #include "common/status.h"
 
 namespace tidal::local {
+
+// The non-empty segments of a URL path: "/api/v1//pods" → {"api", "v1", "pods"}.
+std::vector<std::string> PathSegments(const std::string& path);
 
 struct RequestInfo {
   bool resource_request = false;  // under /api or /apis with a resource

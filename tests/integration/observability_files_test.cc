@@ -116,5 +116,34 @@ TEST(GrafanaDashboard, EveryPanelHasAQueryTheJobVariablesAndAUniqueId) {
   EXPECT_EQ(variables, (std::set<std::string>{"datasource", "namespace", "trainingjob"}));
 }
 
+// tools/plot-demo.sh draws the README's picture from what `make demo` scraped.
+TEST(DemoPlot, DrawsAPngOfLossAndGpusFromAScrapedTimeline) {
+  const std::string dir = ::testing::TempDir();
+  {
+    std::ofstream t(dir + "/timeline.tsv");
+    // seconds step loss desired current generation; "-" where a scrape found nothing
+    t << "0 - - - - -\n2 0 - 2 0 0\n4 5 6.6 2 2 1\n6 18 4.4 4 2 1\n8 30 4.2 4 4 2\n"
+         "10 44 4.0 2 4 2\n12 57 3.9 2 2 3\n";
+  }
+  std::remove((dir + "/plot.png").c_str());
+  ProcessResult r = RunProcess(
+      {TIDAL_SOURCE_DIR "/tools/plot-demo.sh", dir + "/timeline.tsv", dir + "/plot.png"}, 60s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream png(dir + "/plot.png", std::ios::binary);
+  char magic[8] = {};
+  png.read(magic, 8);
+  EXPECT_EQ(std::string(magic, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(DemoPlot, AnEmptyTimelineIsAClearError) {
+  const std::string empty = ::testing::TempDir() + "/empty-timeline.tsv";
+  std::ofstream(empty).close();
+  ProcessResult r =
+      RunProcess({TIDAL_SOURCE_DIR "/tools/plot-demo.sh", empty, empty + ".png"}, 60s);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("is empty"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace tidal::testing
