@@ -8,7 +8,9 @@
 //       the operator against any cluster (in a pod: the in-cluster config)
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -45,7 +47,8 @@ int Usage(const char* why) {
                "                      [--lease-namespace NS] [--metrics-address HOST:PORT]\n"
                "  --kubeconfig PATH  default: $KUBECONFIG, ~/.kube/config, else in-cluster\n"
                "  --namespace NS     watch one namespace (default: all)\n"
-               "  --lease-namespace NS  where the leader-election Lease lives (default: default)\n"
+               "  --lease-namespace NS  where the leader-election Lease lives (default:\n"
+               "                     $POD_NAMESPACE, else default)\n"
                "  --default-checkpoint-root URI  checkpoints of jobs whose spec names no store\n"
                "                     go to URI/<namespace>/<job>\n"
                "  --metrics-address HOST:PORT  where /metrics is served (default :8080; \"\"\n"
@@ -170,6 +173,9 @@ int RunOperator(int argc, char** argv) {
 #else
   tidal::controller::ManagerOptions m;
   m.metrics_address = ":8080";
+  // In a pod, the Lease lives in the pod's own namespace (the downward API's metadata.namespace
+  // as POD_NAMESPACE): a kustomize overlay that moves the Deployment moves the Lease with it.
+  if (const char* ns = std::getenv("POD_NAMESPACE"); ns && *ns) m.lease_namespace = ns;
   std::string kubeconfig;
   for (int i = 0; i < argc; ++i) {
     std::string flag = argv[i];
@@ -221,15 +227,25 @@ int RunOperator(int argc, char** argv) {
 
 int main(int argc, char** raw_argv) {
   // "--flag=value" is read as "--flag value", as Go's flag package (and so kubectl) reads it:
-  // manifests and the Helm chart write it that way.
+  // manifests and the Helm chart write it that way. A switch takes =true (on) or =false (off);
+  // any other value stays attached, and the parser calls it an unknown flag.
+  static const std::set<std::string> kSwitches = {"--no-operator", "--no-leader-elect",
+                                                  "--install-crd"};
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
     std::string a = raw_argv[i];
     size_t eq = a.find('=');
-    if (i > 0 && a.rfind("--", 0) == 0 && eq != std::string::npos) {
-      args.push_back(a.substr(0, eq));
-      args.push_back(a.substr(eq + 1));
-    } else {
+    if (i == 0 || a.rfind("--", 0) != 0 || eq == std::string::npos) {
+      args.push_back(a);
+      continue;
+    }
+    std::string name = a.substr(0, eq), value = a.substr(eq + 1);
+    if (!kSwitches.count(name)) {
+      args.push_back(name);
+      args.push_back(value);
+    } else if (value == "true") {
+      args.push_back(name);
+    } else if (value != "false") {
       args.push_back(a);
     }
   }

@@ -8,7 +8,8 @@ timeline=$1 png=$2
 command -v gnuplot >/dev/null || { echo "plot-demo: gnuplot is not installed (make deps)" >&2; exit 1; }
 [[ -s "$timeline" ]] || { echo "plot-demo: $timeline is empty" >&2; exit 1; }
 # The generation changes, as vertical lines.
-arrows=$(awk 'NR > 1 && $6 != g && $6 != "-" {printf "set arrow from %s, graph 0 to %s, graph 1 nohead dt 3 lc rgb \"#888888\"\n", $1, $1} {g = $6}' "$timeline")
+# A scrape that found nothing ("-") changes nothing; the first generation seen is no change.
+arrows=$(awk '$6 == "-" {next} g != "" && $6 != g {printf "set arrow from %s, graph 0 to %s, graph 1 nohead dt 3 lc rgb \"#888888\"\n", $1, $1} {g = $6}' "$timeline")
 gnuplot <<GP
 set terminal pngcairo size 1000,640 font "sans,11" noenhanced
 set output "$png"

@@ -23,7 +23,7 @@ COPY crds crds
 COPY operator operator
 COPY proto proto
 COPY worker worker
-RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTIDAL_REQUIRE_GRPC=ON \
       -DTIDAL_WITH_ENGINE=OFF -DTIDAL_BUILD_TESTS=OFF \
  && cmake --build /build --target tidal \
  && strip /build/operator/tidal

@@ -25,7 +25,7 @@ COPY crds crds
 COPY operator operator
 COPY proto proto
 COPY worker worker
-RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTIDAL_BUILD_TESTS=OFF \
+RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTIDAL_REQUIRE_GRPC=ON -DTIDAL_BUILD_TESTS=OFF \
  && cmake --build /build --target tidal-worker tidal-export \
  && strip /build/worker/tidal-worker /build/worker/tidal-export
 

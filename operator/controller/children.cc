@@ -185,6 +185,7 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
                    {"subdomain", ServiceName(job.name)},
                    {"hostname", JobLabelValue(WorkerPodName(job.name, options.slot))},
                    {"terminationGracePeriodSeconds", 120},
+                   {"securityContext", {{"fsGroup", kWorkerFsGroup}}},
                    {"containers", json::array({container})},
                    {"volumes", volumes}};
   if (spec.worker.node_selector.is_object() && !spec.worker.node_selector.empty())

@@ -34,6 +34,10 @@ inline int StorePort(int64_t generation) {
   return kStorePort + static_cast<int>(generation % kStorePorts);
 }
 inline constexpr int kMetricsPort = 9090;
+// The group the worker image runs as (deploy/docker/worker.Dockerfile: USER 65532:65532). Worker
+// pods set it as fsGroup, so that the kubelet gives their 0400 Secret volumes (token, S3, TLS)
+// that group with read access; an image that runs as root reads them either way.
+inline constexpr int kWorkerFsGroup = 65532;
 
 inline constexpr const char* kSpecMountPath = "/etc/tidal/job";
 inline constexpr const char* kSpecKey = "trainingjob.json";

@@ -111,16 +111,17 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
                                              kube::EventRecorder& recorder,
                                              ControllerOptions options)
     : client_(client), recorder_(recorder), options_(std::move(options)) {
-  auto informer = [&](kube::Resource r, const std::string& selector) {
+  auto informer = [&](kube::Resource r, const std::string& selector, bool every_namespace = false) {
     kube::InformerOptions o;
     o.resource = r;
-    o.namespace_ = r.namespaced ? options_.namespace_ : "";
+    o.namespace_ = r.namespaced && !every_namespace ? options_.namespace_ : "";
     o.label_selector = selector;
     return std::make_unique<kube::Informer>(client_, o);
   };
   const std::string ours = "app.kubernetes.io/managed-by=tidal-operator";
   jobs_ = informer(kube::Resource::TrainingJobs(), "");
-  pods_ = informer(kube::Resource::Pods(), "");  // all pods: the capacity gate counts others'
+  // Every pod of every namespace, even with --namespace: the capacity gate counts others' GPUs.
+  pods_ = informer(kube::Resource::Pods(), "", /*every_namespace=*/true);
   services_ = informer(kube::Resource::Services(), ours);
   secrets_ = informer(kube::Resource::Secrets(), ours);
   configs_ = informer(kube::Resource::ConfigMaps(), ours);

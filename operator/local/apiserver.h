@@ -34,7 +34,7 @@ struct ApiServerOptions {
   size_t history_size = 10000;  // watch window, in changes (older versions get 410 Gone)
   std::chrono::milliseconds bookmark_interval{std::chrono::seconds(60)};
   size_t max_body_bytes = 3 * 1024 * 1024;  // kube-apiserver's request size limit
-  std::string audit_log_path;  // "" → no audit log (audit.h)
+  std::string audit_log_path;               // "" → no audit log (audit.h)
   // Where `kubectl logs` reads a pod container's output (set by the process kubelet).
   std::function<std::string(const std::string& ns, const std::string& pod,
                             const std::string& container)>

@@ -1,6 +1,7 @@
 #include "operator/local/audit.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>

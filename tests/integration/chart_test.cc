@@ -105,8 +105,10 @@ TEST(HelmChart, DefaultValuesRenderOneLeaderElectedNonRootOperatorWithReadOnlyRo
   EXPECT_GT(pod["securityContext"]["runAsUser"].get<int>(), 0);
   const json& c = pod["containers"][0];
   EXPECT_EQ(c["image"], "ghcr.io/tidal-dev/tidal-operator:0.1.0");  // the appVersion
-  EXPECT_EQ(Strings(c["args"]), (std::vector<std::string>{"operator", "--metrics-address=:8080",
-                                                          "--lease-namespace=tidal-system"}));
+  EXPECT_EQ(Strings(c["args"]), (std::vector<std::string>{"operator", "--metrics-address=:8080"}));
+  // The Lease goes where the pod is (also under a kustomize overlay that moves it).
+  EXPECT_EQ(c["env"][0]["name"], "POD_NAMESPACE");
+  EXPECT_EQ(c["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace");
   EXPECT_EQ(c["securityContext"]["readOnlyRootFilesystem"], true);
   EXPECT_EQ(c["securityContext"]["allowPrivilegeEscalation"], false);
   EXPECT_EQ(c["securityContext"]["capabilities"]["drop"], json::array({"ALL"}));
@@ -138,8 +140,7 @@ TEST(HelmChart, NonDefaultValuesRenderTwoReplicasMonitorsRulesAndAOneNamespaceOp
   const json& c = pod["containers"][0];
   EXPECT_EQ(c["image"], "ghcr.io/tidal-dev/tidal-operator:1.2.3");
   EXPECT_EQ(Strings(c["args"]),
-            (std::vector<std::string>{"operator", "--metrics-address=:9100",
-                                      "--lease-namespace=tidal-system", "--namespace=ml",
+            (std::vector<std::string>{"operator", "--metrics-address=:9100", "--namespace=ml",
                                       "--default-checkpoint-root=s3://ckpt"}));
   EXPECT_TRUE(objects.count("ServiceAccount/tidal-op"));
   EXPECT_EQ(objects["ClusterRoleBinding/tidal"]["subjects"][0]["name"], "tidal-op");
@@ -150,6 +151,13 @@ TEST(HelmChart, NonDefaultValuesRenderTwoReplicasMonitorsRulesAndAOneNamespaceOp
   EXPECT_EQ(workers["namespaceSelector"]["matchNames"], json::array({"ml"}));
   EXPECT_EQ(workers["selector"]["matchLabels"]["app.kubernetes.io/name"], "tidal-worker");
   EXPECT_FALSE(objects.count("ConfigMap/tidal-dashboard"));
+
+  // A long release name still gives valid names (a Service's is at most 63 characters).
+  const std::string long_name(53, 'r');
+  ProcessResult r = Helm({"template", long_name, kChart});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const auto& [key, object] : Objects(r.out))
+    EXPECT_LE(object["metadata"]["name"].get<std::string>().size(), 63u) << key;
 
   // Leader election off (one replica): no Lease Role, and the operator is told so.
   auto single = Template({"leaderElection.enabled=false"});
@@ -172,6 +180,8 @@ TEST(HelmChart, TheSchemaRejectsBadValuesNamingTheFieldAndWhatItExpected) {
       {"metrics.serviceMonitor.interval=soon", "metrics.serviceMonitor.interval: Does not match"},
       {"metrics.service.type=ExternalName", "metrics.service.type must be one of the following"},
       {"replicas=2", "Additional property replicas is not allowed"},
+      {"metrics.service.enabled=false,metrics.serviceMonitor.enabled=true",
+       "metrics.service.enabled"},
       {"leaderElection.enable=true", "Additional property enable is not allowed"},
       {"dashboard.labels.grafana_dashboard=1",
        "dashboard.labels.grafana_dashboard: Invalid type. Expected: string, given: integer"},

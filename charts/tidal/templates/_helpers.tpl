@@ -7,6 +7,12 @@
 {{- end -}}
 {{- end -}}
 
+{{/* fullname-SUFFIX within 63 characters: include "tidal.suffixed" (list . "metrics"). */}}
+{{- define "tidal.suffixed" -}}
+{{- $suffix := index . 1 -}}
+{{- printf "%s-%s" (include "tidal.fullname" (index . 0) | trunc (int (sub 62 (len $suffix))) | trimSuffix "-") $suffix -}}
+{{- end -}}
+
 {{- define "tidal.selectorLabels" -}}
 app.kubernetes.io/name: {{ .Chart.Name }}
 app.kubernetes.io/instance: {{ .Release.Name }}

@@ -75,7 +75,7 @@ TEST_F(ChartTest, KubectlApplyKustomizeInstallsTheSameObjectsWithoutHelm) {
     EXPECT_NE(out.find(want), std::string::npos) << want << " missing from\n" << out;
   EXPECT_EQ(Ok({"get", "deploy", "tidal", "-n", kNs, "-o",
                 "jsonpath={.spec.template.spec.containers[0].args}"}),
-            R"(["operator","--metrics-address=:8080","--lease-namespace=tidal-system"])");
+            R"(["operator","--metrics-address=:8080"])");
   EXPECT_EQ(Kubectl({"get", "tj"}).exit_code, 0);  // the CRD serves
   // A second apply changes nothing.
   EXPECT_EQ(Ok({"apply", "-k", TIDAL_SOURCE_DIR "/deploy/kustomize/base"}).find("configured"),
@@ -104,11 +104,16 @@ TEST_F(ChartTest, TheChartsRbacGrantsExactlyTheCallsTheOperatorMakes) {
   const Grants cluster_wide = FromRules(cluster_role["rules"]);
   const Grants in_release_ns = FromRules(role["rules"]);
 
-  // The operator as the chart's Deployment runs it; only /metrics moves off :8080.
-  json args = json::parse(Ok({"get", "deploy", "tidal", "-n", kNs, "-o",
-                              "jsonpath={.spec.template.spec.containers[0].args}"}));
+  // The operator as the chart's Deployment runs it; only /metrics moves off :8080. Its one
+  // environment variable is the downward API's namespace, the release's.
+  const json container = json::parse(Ok(
+      {"get", "deploy", "tidal", "-n", kNs, "-o", "jsonpath={.spec.template.spec.containers[0]}"}));
+  ASSERT_EQ(container["env"].size(), 1u) << container["env"];
+  ASSERT_EQ(container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace");
+  const json& args = container["args"];
   std::vector<std::string> argv = {
-      "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + (dir_ / "operator.log").string(), TIDAL_BIN};
+      "/usr/bin/env", container["env"][0]["name"].get<std::string>() + "=" + kNs,  "/bin/sh",
+      "-c",           "exec \"$0\" \"$@\" 2>>" + (dir_ / "operator.log").string(), TIDAL_BIN};
   for (const auto& a : args) {
     std::string s = a.get<std::string>();
     argv.push_back(s.rfind("--metrics-address=", 0) == 0 ? "--metrics-address=127.0.0.1:0" : s);
@@ -133,6 +138,9 @@ TEST_F(ChartTest, TheChartsRbacGrantsExactlyTheCallsTheOperatorMakes) {
         {"tj", "a"}, "{.status.phase}", [](const std::string& p) { return p == "Suspended"; },
         120s);
     Ok({"patch", "tj", "a", "--type=merge", "-p", R"({"spec":{"suspend":false}})"});
+    WaitFor(
+        {"tj", "a"}, "{.status.phase}",
+        [](const std::string& p) { return !p.empty() && p != "Suspended"; }, 60s);
   }
   EXPECT_EQ(WaitFor(
                 {"events"}, "{.items[?(@.reason==\"Unsuspended\")].count}",

@@ -462,6 +462,11 @@ TEST(OperatorCli, BadInvocationsExitTwoNamingTheFlagOrTheKubeconfig) {
       {{"--bogus", "1"}, "unknown flag --bogus"},
       {{"--namespace"}, "missing value for --namespace"},
       {{"--kubeconfig", "/nonexistent/kubeconfig"}, "/nonexistent/kubeconfig"},
+      // --flag=value is --flag value; a switch takes only =true or =false (else it is named).
+      {{"--kubeconfig=/nonexistent/other"}, "/nonexistent/other"},
+      {{"--bogus=1"}, "unknown flag --bogus"},
+      {{"--no-leader-elect=maybe"}, "--no-leader-elect=maybe"},
+      {{"--install-crd=false", "--kubeconfig=/nonexistent/third"}, "/nonexistent/third"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {TIDAL_BIN, "operator"};
