@@ -31,6 +31,32 @@ class ChartTest : public OperatorTest {
     args.insert(args.end(), extra.begin(), extra.end());
     return HelmOk(args);
   }
+  // The operator as the installed Deployment runs it (args and env); only /metrics moves off
+  // :8080. Its one environment variable is the downward API's namespace, the release's.
+  std::unique_ptr<Process> StartOperatorAsTheChartRunsIt() {
+    const json container = json::parse(Ok({"get", "deploy", "tidal", "-n", kNs, "-o",
+                                           "jsonpath={.spec.template.spec.containers[0]}"}));
+    const json& env = container["env"];
+    if (env.size() != 1 || env[0]["valueFrom"]["fieldRef"]["fieldPath"] != "metadata.namespace") {
+      ADD_FAILURE() << "unexpected env " << env;
+      return nullptr;
+    }
+    std::vector<std::string> argv = {"/usr/bin/env",
+                                     env[0]["name"].get<std::string>() + "=" + kNs,
+                                     "/bin/sh",
+                                     "-c",
+                                     "exec \"$0\" \"$@\" 2>>" + (dir_ / "operator.log").string(),
+                                     TIDAL_BIN};
+    for (const auto& a : container["args"]) {
+      std::string s = a.get<std::string>();
+      argv.push_back(s.rfind("--metrics-address=", 0) == 0 ? "--metrics-address=127.0.0.1:0" : s);
+    }
+    argv.push_back("--kubeconfig=" + (dir_ / "data/kubeconfig").string());
+    return std::make_unique<Process>(argv);
+  }
+  std::string CheckpointRoot() {
+    return "defaultCheckpointRoot=file://" + (dir_ / "checkpoints").string();
+  }
 };
 
 TEST_F(ChartTest, HelmInstallsTheChartAndKubectlShowsWhatItCreated) {
@@ -97,29 +123,15 @@ Grants FromRules(const json& rules) {
 }
 
 TEST_F(ChartTest, TheChartsRbacGrantsExactlyTheCallsTheOperatorMakes) {
-  Install({"--set", "defaultCheckpointRoot=file://" + (dir_ / "checkpoints").string()});
+  Install({"--set", CheckpointRoot()});
   const json cluster_role = json::parse(Ok({"get", "clusterrole", "tidal", "-o", "json"}));
   const json role =
       json::parse(Ok({"get", "role", "tidal-leader-election", "-n", kNs, "-o", "json"}));
   const Grants cluster_wide = FromRules(cluster_role["rules"]);
   const Grants in_release_ns = FromRules(role["rules"]);
 
-  // The operator as the chart's Deployment runs it; only /metrics moves off :8080. Its one
-  // environment variable is the downward API's namespace, the release's.
-  const json container = json::parse(Ok(
-      {"get", "deploy", "tidal", "-n", kNs, "-o", "jsonpath={.spec.template.spec.containers[0]}"}));
-  ASSERT_EQ(container["env"].size(), 1u) << container["env"];
-  ASSERT_EQ(container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace");
-  const json& args = container["args"];
-  std::vector<std::string> argv = {
-      "/usr/bin/env", container["env"][0]["name"].get<std::string>() + "=" + kNs,  "/bin/sh",
-      "-c",           "exec \"$0\" \"$@\" 2>>" + (dir_ / "operator.log").string(), TIDAL_BIN};
-  for (const auto& a : args) {
-    std::string s = a.get<std::string>();
-    argv.push_back(s.rfind("--metrics-address=", 0) == 0 ? "--metrics-address=127.0.0.1:0" : s);
-  }
-  argv.push_back("--kubeconfig=" + (dir_ / "data/kubeconfig").string());
-  auto op = std::make_unique<Process>(argv);
+  auto op = StartOperatorAsTheChartRunsIt();
+  ASSERT_TRUE(op);
 
   // A job at 2 GPUs, scaled to 4 (pods created) and back to 2 (pods deleted).
   Ok({"apply", "-f", JobYaml("a", 100000)});
@@ -194,6 +206,34 @@ TEST_F(ChartTest, TheChartsRbacGrantsExactlyTheCallsTheOperatorMakes) {
   for (const auto& g : in_release_ns)
     EXPECT_TRUE(called_in_release_ns.count(g))
         << "the chart's Role grants " << g << " which the operator never called";
+}
+
+TEST_F(ChartTest, AOneNamespaceOperatorStillCountsTheGpusPodsOfOtherNamespacesHold) {
+  Install({"--set", CheckpointRoot(), "--set", "watchNamespace=default"});
+  auto op = StartOperatorAsTheChartRunsIt();
+  ASSERT_TRUE(op);
+  // 2 of the node's 4 GPUs held by a pod in a namespace the operator does not watch.
+  Ok({"create", "namespace", "other"});
+  WriteFile("hog.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: hog, namespace: other}\nspec:\n"
+            "  containers:\n  - name: hog\n    image: busybox\n    command: [sleep, \"3600\"]\n"
+            "    resources: {limits: {nvidia.com/gpu: \"2\"}}\n");
+  Ok({"apply", "-f", (dir_ / "hog.yaml").string()});
+  WaitFor(
+      {"pod", "hog", "-n", "other"}, "{.status.phase}",
+      [](const std::string& p) { return p == "Running"; }, 30s);
+  // A window open all day wants 4; the capacity gate holds it at 2.
+  Ok({"apply", "-f",
+      JobYaml("gated", 100000, "",
+              "{minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, schedule: [{name: all-day,"
+              " start: \"0 0 * * *\", end: \"59 23 * * *\", gpus: 4}]}")});
+  WaitInt(
+      "gated", "{.status.step}", [](int64_t s) { return s >= 3; }, 180s);
+  EXPECT_EQ(Int("gated", "{.status.gpus.desired}"), 2) << Status("gated", "{.status.gpus}");
+  EXPECT_NE(Status("gated", "{.status.gpus.reason}").find("capacity"), std::string::npos)
+      << Status("gated", "{.status.gpus}");
+  Ok({"delete", "tj", "gated", "--wait=false"});
+  EXPECT_TRUE(WaitUntilTrue([&] { return Ok({"get", "tj", "-o", "name"}).empty(); }, 120s));
 }
 
 }  // namespace
