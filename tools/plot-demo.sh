@@ -7,9 +7,13 @@ set -euo pipefail
 timeline=$1 png=$2
 command -v gnuplot >/dev/null || { echo "plot-demo: gnuplot is not installed (make deps)" >&2; exit 1; }
 [[ -s "$timeline" ]] || { echo "plot-demo: $timeline is empty" >&2; exit 1; }
-# The generation changes, as vertical lines.
-# A scrape that found nothing ("-") changes nothing; the first generation seen is no change.
-arrows=$(awk '$6 == "-" {next} g != "" && $6 != g {printf "set arrow from %s, graph 0 to %s, graph 1 nohead dt 3 lc rgb \"#888888\"\n", $1, $1} {g = $6}' "$timeline")
+# Where the generation changes (seconds): not where one is first seen, not at a scrape that
+# found nothing ("-"). Said for the reader (and the test), drawn as dotted vertical lines.
+changes=$(awk '$6 == "-" {next} g != "" && $6 != g {printf "%s ", $1} {g = $6}' "$timeline")
+echo "plot-demo: generation changes at: $changes"
+arrows=$(for t in $changes; do
+  echo "set arrow from $t, graph 0 to $t, graph 1 nohead dt 3 lc rgb \"#888888\""
+done)
 gnuplot <<GP
 set terminal pngcairo size 1000,640 font "sans,11" noenhanced
 set output "$png"

@@ -133,6 +133,9 @@ TEST(DemoPlot, DrawsAPngOfLossAndGpusFromAScrapedTimeline) {
   char magic[8] = {};
   png.read(magic, 8);
   EXPECT_EQ(std::string(magic, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  // A new generation is marked where it changes: not where one is first seen, not at a
+  // scrape that found nothing.
+  EXPECT_NE(r.out.find("generation changes at: 4 8 12 \n"), std::string::npos) << r.out;
   EXPECT_EQ(r.err, "");
 }
 

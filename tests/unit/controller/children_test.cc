@@ -147,6 +147,22 @@ TEST(Children, ATlsSecretIsMountedAndTheWorkerServesItsCertificate) {
   EXPECT_EQ(WorkerTlsServerName("train", "ml"), "train-workers.ml.svc");
 }
 
+TEST(Children, TheNonRootWorkerImageReadsItsSecretVolumesThroughThePodsFsGroup) {
+  json spec = MinimalSpec();
+  spec["worker"] = {{"tlsSecretName", "worker-tls"}};
+  spec["checkpoint"] = {{"uri", "s3://ckpt/job"}, {"credentialsSecret", "s3-creds"}};
+  const json pod = WorkerPod(kJob, Parse(spec), {.slot = 0});
+  // deploy/docker/worker.Dockerfile runs as 65532:65532 (tests/integration/deploy_test.cc).
+  EXPECT_EQ(pod["spec"]["securityContext"]["fsGroup"], 65532) << pod["spec"].dump(2);
+  int secrets = 0;
+  for (const json& v : pod["spec"]["volumes"]) {
+    if (!v.contains("secret")) continue;
+    ++secrets;
+    EXPECT_EQ(v["secret"]["defaultMode"], 0400) << v;  // the owner (and fsGroup) only
+  }
+  EXPECT_EQ(secrets, 3);  // token, S3 credentials, TLS
+}
+
 TEST(Children, LongJobNamesGiveStableDistinctLabelValuesOfAtMost63Characters) {
   const std::string a(80, 'a'), b = std::string(79, 'a') + "b";
   EXPECT_LE(JobLabelValue(a).size(), 63u);
