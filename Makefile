@@ -12,8 +12,9 @@ all: build
 deps:
 	@tools/deps.sh
 
+# gRPC is required: a suite must never drop out of CI because a package is missing.
 $(BUILD_DIR)/build.ninja: CMakeLists.txt | deps
-	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DTIDAL_REQUIRE_GRPC=ON
 
 configure: deps $(BUILD_DIR)/build.ninja
 
@@ -39,12 +40,16 @@ manifests: deps
 
 # The product: `tidal local` with the operator, a TrainingJob that grows 2 -> 4 GPUs when its
 # schedule window opens and shrinks back when it closes, watched with kubectl (tools/demo.sh).
-demo: build
+# Builds only what the demo runs: the operator with `tidal local`, and the worker it starts.
+DEMO_TARGETS = tidal tidal-worker
+demo: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(DEMO_TARGETS)
 	tools/demo.sh $(BUILD_DIR)
 
 # The engine alone: a multi-process LoRA fine-tune of the tiny preset with tidal-train.
 DEMO_NPROC ?= 2
-demo-train: build
+demo-train: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target tidal-train
 	@mkdir -p out/demo-train
 	$(BUILD_DIR)/worker/tidal-train --config examples/tiny-lora.yaml --nproc $(DEMO_NPROC) \
 	  --out out/demo-train > out/demo-train/steps.jsonl

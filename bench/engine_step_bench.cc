@@ -1,23 +1,67 @@
-// bench/engine_step_bench.cc — times Trainer::Step for a preset on one rank (ZeRO-0, fp32,
-// LoRA on all seven projections, r=16) with the batch shape bench/reference_step.py uses.
-// Prints one JSON line; bench/step_time_vs_python.sh turns the pair into a ratio.
+// bench/engine_step_bench.cc — times Trainer::Step for a preset on one rank (ZeRO-0 by
+// default), with the batch shape, precision and LoRA targets bench/hf_reference_step.py uses
+// for transformers + PEFT. Prints one JSON line: step time, tokens/s, the model's shape (for
+// MFU), and peak memory (CUDA: the caching allocator's peak; CPU: the process's max RSS).
+// bench/step_time_vs_python.sh and bench/gpu.sh turn pairs of lines into ratios.
+#include <sys/resource.h>
+
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "worker/engine/comm.h"
+#include "worker/engine/torch_compat.h"
 #include "worker/engine/trainer.h"
+#ifdef TIDAL_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 using namespace tidal::engine;
 
+namespace {
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream in(s);
+  for (std::string item; std::getline(in, item, ',');)
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+int64_t PeakBytes(const torch::Device& device) {
+#ifdef TIDAL_WITH_CUDA
+  if (device.is_cuda()) {
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[0].peak;  // StatType::AGGREGATE
+  }
+#endif
+  (void)device;
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  std::string preset = "tiny";
+  std::string preset = "tiny", device_name = "cpu", precision = "fp32",
+              data = std::string(TIDAL_SOURCE_DIR) + "/examples/data/sample.jsonl";
+  std::vector<std::string> targets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                      "gate_proj", "up_proj", "down_proj"};
   int64_t batch = 4, seq = 128, steps = 10, warmup = 2, rank = 16;
   int threads = 0;
   int stage = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i], value = argv[i + 1];
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s: missing value\n", flag.c_str());
+      return 2;
+    }
+    const std::string value = argv[i + 1];
     auto number = [&] { return std::stoll(value); };
     if (flag == "--preset")
       preset = value;
@@ -35,34 +79,51 @@ int main(int argc, char** argv) {
       threads = static_cast<int>(number());
     else if (flag == "--zero-stage")
       stage = static_cast<int>(number());
+    else if (flag == "--device")
+      device_name = value;
+    else if (flag == "--precision")
+      precision = value;
+    else if (flag == "--targets")
+      targets = SplitComma(value);
+    else if (flag == "--data")
+      data = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
+  if (device_name != "cpu" && device_name != "cuda") {
+    std::fprintf(stderr, "--device: expected cpu or cuda, got %s\n", device_name.c_str());
+    return 2;
+  }
+  if (device_name == "cuda" && !compat::CudaAvailable()) {
+    std::fprintf(stderr, "--device cuda: no CUDA device (or this build has no CUDA)\n");
+    return 1;
+  }
+  const torch::Device device =
+      device_name == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   if (threads > 0) torch::set_num_threads(threads);
   TrainConfig config;
   config.model.preset = preset;
-  config.dataset.uri = std::string(TIDAL_SOURCE_DIR) + "/examples/data/sample.jsonl";
+  config.dataset.uri = data;
   config.dataset.max_seq_len = seq;
-  config.lora = {rank,
-                 2.0 * rank,
-                 0.05,
-                 {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}};
+  config.lora = {rank, 2.0 * rank, 0.0, targets};
   config.optimization.zero_stage = stage;
-  config.optimization.precision = "fp32";
+  config.optimization.precision = precision;
   config.optimization.global_batch_size = batch;
   config.optimization.micro_batch_size = batch;
-  config.optimization.learning_rate = 1e-3;
+  config.optimization.learning_rate = 1e-4;
   config.optimization.max_steps = warmup + steps;
-  auto trainer = Trainer::Create(config, MakeSingleRankComm(), {});
+  TrainerOptions options;
+  options.device = device;
+  auto trainer = Trainer::Create(config, MakeSingleRankComm(device), options);
   if (!trainer.ok()) {
     std::fprintf(stderr, "%s\n", trainer.status().message().c_str());
     return 1;
   }
   std::vector<double> times;
   for (int64_t s = 0; s < warmup + steps; ++s) {
-    auto r = (*trainer)->Step();
+    auto r = (*trainer)->Step();  // ends with the loss on the host: the step has finished
     if (!r.ok()) {
       std::fprintf(stderr, "%s\n", r.status().message().c_str());
       return 1;
@@ -71,9 +132,24 @@ int main(int argc, char** argv) {
   }
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
-  std::printf(
-      "{\"impl\": \"tidal\", \"preset\": \"%s\", \"seconds_per_step\": %.6f, "
-      "\"tokens_per_s\": %.1f, \"threads\": %d, \"zero_stage\": %d}\n",
-      preset.c_str(), median, batch * seq / median, torch::get_num_threads(), stage);
+  const auto model = *PresetModelConfig(preset);
+  nlohmann::json line = {{"impl", "tidal"},
+                         {"preset", preset},
+                         {"device", device_name},
+                         {"precision", precision},
+                         {"batch", batch},
+                         {"seq", seq},
+                         {"lora_rank", rank},
+                         {"targets", targets},
+                         {"seconds_per_step", median},
+                         {"tokens_per_s", static_cast<double>(batch * seq) / median},
+                         {"base_params", model.BaseParameterCount()},
+                         {"layers", model.num_hidden_layers},
+                         {"hidden", model.hidden_size},
+                         {"trainable_params", (*trainer)->parameters().TrainableParameterCount()},
+                         {"peak_bytes", PeakBytes(device)},
+                         {"threads", torch::get_num_threads()},
+                         {"zero_stage", stage}};
+  std::printf("%s\n", line.dump().c_str());
   return 0;
 }

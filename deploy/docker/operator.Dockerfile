@@ -34,7 +34,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates tzdata \
       libsqlite3-0 libdate-tz3 libgrpc++1.51 libgrpc29 libssl3 libabsl20220623 libprotobuf32 \
-      libyaml-cpp0.7 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0 \
+      libyaml-cpp0.7 libprometheus-cpp-core1.0 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /build/operator/tidal /usr/local/bin/tidal
 USER 65532:65532

@@ -2,11 +2,13 @@
 # The worker image: `tidal-worker` (each TrainingJob's pods run it; spec.worker.image names
 # it), built from the repository root:
 #   docker build -f deploy/docker/worker.Dockerfile -t ghcr.io/tidal-dev/tidal-worker:0.1.0 .
-# Debian's LibTorch is 1.13 for the CPU: this image runs CPU workers (tests, small jobs). GPU
-# workers need the CUDA LibTorch of a PyTorch 2.x install and a CUDA base image, which Debian
-# does not ship; build those with -DCMAKE_PREFIX_PATH pointing at torch's cmake directory.
-# Two stages; the runtime holds only the shared libraries `tidal-worker` names (apt brings what
-# they need) and runs as 65532. tests/integration/deploy_test.cc checks this file against the
+# LibTorch is the one inside PyPI's torch wheel (CUDA 13.0), pinned in tools/requirements.txt
+# as on developer machines; the CUDA toolkit the build needs comes from PyPI's CUDA wheels
+# (tools/requirements-cuda-build.txt), assembled into a toolkit by CMakeLists.txt. The same
+# binary runs on GPUs and, without one, on the CPU.
+# Two stages; the runtime holds the shared libraries `tidal-worker` names: Debian's packages
+# (apt brings what they need) and the torch and CUDA wheels' libraries (copied from the build
+# stage), and runs as 65532. tests/integration/deploy_test.cc checks this file against the
 # binary the project builds.
 ARG DEBIAN_RELEASE=bookworm
 
@@ -16,9 +18,17 @@ RUN apt-get update \
       build-essential cmake ninja-build pkg-config \
       nlohmann-json3-dev libyaml-cpp-dev libssl-dev libsqlite3-dev libxxhash-dev libexpat1-dev \
       libhowardhinnant-date-dev libgrpc++-dev libprotobuf-dev protobuf-compiler \
-      protobuf-compiler-grpc prometheus-cpp-dev libtorch-dev libgloo-dev \
+      protobuf-compiler-grpc prometheus-cpp-dev libgloo-dev python3-venv \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# torch and the CUDA runtime wheels it needs at its pinned versions, and the CUDA compiler.
+COPY tools/requirements.txt tools/requirements.txt
+COPY tools/requirements-cuda-build.txt tools/requirements-cuda-build.txt
+RUN python3 -m venv /opt/tidal \
+ && grep -E '^(torch|nvidia-[a-z0-9-]+|cuda-[a-z-]+)==' tools/requirements.txt > /tmp/torch.txt \
+ && /opt/tidal/bin/pip install --no-cache-dir --no-deps -r /tmp/torch.txt \
+      -r tools/requirements-cuda-build.txt
+ENV TIDAL_PYTHON=/opt/tidal/bin/python3
 COPY CMakeLists.txt ./
 COPY common common
 COPY crds crds
@@ -33,10 +43,15 @@ FROM debian:${DEBIAN_RELEASE}-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates tzdata \
-      libxxhash0 libexpat1 libtorch1.13 libgrpc++1.51 libgrpc29 libabsl20220623 libssl3 \
-      libprotobuf32 libprometheus-cpp-pull1.0 libprometheus-cpp-core1.0 libyaml-cpp0.7 \
-      libdate-tz3 \
+      libxxhash0 libexpat1 libgrpc++1.51 libgrpc29 libabsl20220623 libssl3 \
+      libprotobuf32 libprometheus-cpp-core1.0 libyaml-cpp0.7 \
+      libdate-tz3 libgomp1 \
  && rm -rf /var/lib/apt/lists/*
+# The wheels' libraries at the paths the binaries were linked against (their RUNPATH), and the
+# CUDA libraries torch's own RUNPATH finds beside it.
+COPY --from=build /opt/tidal/lib/python3.11/site-packages/torch/lib /opt/tidal/lib/python3.11/site-packages/torch/lib
+COPY --from=build /opt/tidal/lib/python3.11/site-packages/nvidia /opt/tidal/lib/python3.11/site-packages/nvidia
+ENV LD_LIBRARY_PATH=/opt/tidal/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/tidal/lib/python3.11/site-packages/nvidia/nccl/lib
 COPY --from=build /build/worker/tidal-worker /build/worker/tidal-export /usr/local/bin/
 USER 65532:65532
 # control (gRPC), the c10d stores of successive generations, metrics: as the worker pods name.

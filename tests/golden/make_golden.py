@@ -7,7 +7,7 @@ must reproduce the logits.
 
 The safetensors file is written here from the format's definition (8-byte little-endian
 header length, JSON header, raw data), not by the engine's writer.
-  /usr/bin/python3 tests/golden/make_golden.py OUT_DIR"""
+  tools/venv/bin/python3 tests/golden/make_golden.py OUT_DIR"""
 import json
 import os
 import struct

@@ -1,6 +1,7 @@
 // deploy/: the Dockerfiles against the binaries this build makes (multi-stage on Debian, a
 // non-root user, a runtime stage that installs the package of every shared library the binary
-// names, a build stage given enough source to configure), and the kustomize manifests (the
+// names or copies it from the wheels the build stage installed, a build stage given enough
+// source to configure), and the kustomize manifests (the
 // chart rendered with its defaults, current, and buildable by `kubectl kustomize`).
 #include <gtest/gtest.h>
 
@@ -78,19 +79,31 @@ std::set<std::string> AptPackages(const Stage& stage) {
   return out;
 }
 
-// The Debian packages of the shared libraries `binary` names (DT_NEEDED), from dpkg.
-std::set<std::string> NeededPackages(const std::string& binary) {
+// Where the shared libraries `binary` names (DT_NEEDED) come from: a Debian package (from dpkg),
+// or a PyPI wheel (the torch wheel's LibTorch, the CUDA wheels), as "site-packages/<dir>".
+struct NeededLibraries {
+  std::set<std::string> packages;
+  std::set<std::string> wheel_dirs;
+};
+NeededLibraries Needed(const std::string& binary) {
   const std::string script =
       "for lib in $(readelf -d \"$0\" | sed -n 's/.*Shared library: \\[\\(.*\\)\\]/\\1/p'); do "
       "  path=$(ldd \"$0\" | awk -v l=\"$lib\" '$1==l{print $3}'); real=$(readlink -f \"$path\");"
+      "  case \"$real\" in */site-packages/*) d=${real#*/site-packages/};"
+      "    echo \"site-packages/${d%/*}\"; continue ;; esac;"
       "  pkg=$(dpkg -S \"$real\" 2>/dev/null || dpkg -S \"${real#/usr}\" 2>/dev/null) ||"
       "    { echo \"no package owns $lib ($real)\" >&2; exit 1; };"
       "  echo \"${pkg%%:*}\"; "
       "done";
   ProcessResult r = RunProcess({"/bin/sh", "-c", script, binary}, 60s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  std::set<std::string> out;
-  for (const auto& w : Words(r.out)) out.insert(w);
+  NeededLibraries out;
+  for (const auto& w : Words(r.out)) {
+    if (w.rfind("site-packages/", 0) == 0)
+      out.wheel_dirs.insert(w);
+    else
+      out.packages.insert(w);
+  }
   return out;
 }
 
@@ -114,8 +127,33 @@ void ExpectARealImage(const std::string& dockerfile, const std::string& binary) 
   // What debian:bookworm-slim has already (apt itself needs them).
   const std::set<std::string> base = {"libc6", "libgcc-s1", "libstdc++6"};
   const auto installed = AptPackages(runtime);
-  const auto needed = NeededPackages(binary);
+  const NeededLibraries libraries = Needed(binary);
+  const auto& needed = libraries.packages;
   ASSERT_FALSE(needed.empty());
+  // A wheel's libraries: the runtime stage copies their directory from the build stage, at the
+  // path the binary was linked against, and the build stage installs the wheels at the
+  // versions tools/requirements.txt pins (it reads that file).
+  std::vector<std::string> copied;
+  for (const auto& [op, rest] : runtime.instructions) {
+    auto w = Words(rest);
+    if (op == "COPY" && w.size() == 3 && w[0] == "--from=build") copied.push_back(w[1]);
+  }
+  for (const auto& dir : libraries.wheel_dirs) {
+    bool found = false;
+    for (const auto& from : copied) {
+      const auto at = from.find("site-packages/");
+      if (at != std::string::npos && dir.rfind(from.substr(at), 0) == 0) found = true;
+    }
+    EXPECT_TRUE(found) << binary << " needs libraries from " << dir
+                       << ", which the runtime stage does not copy from the build stage";
+  }
+  if (!libraries.wheel_dirs.empty()) {
+    std::string build_runs;
+    for (const auto& [op, rest] : stages.front().instructions)
+      if (op == "RUN") build_runs += rest;
+    EXPECT_NE(build_runs.find("tools/requirements.txt"), std::string::npos)
+        << "the build stage does not install the wheels from tools/requirements.txt";
+  }
   for (const auto& pkg : needed)
     EXPECT_TRUE(base.count(pkg) || installed.count(pkg))
         << binary << " needs a library of " << pkg << ", which the runtime stage does not install";
@@ -140,12 +178,17 @@ void ExpectARealImage(const std::string& dockerfile, const std::string& binary) 
     if (op != "COPY") continue;
     auto w = Words(rest);
     ASSERT_EQ(w.size(), 2u) << "COPY " << rest;
-    fs::copy(kRoot + "/" + w[0], copy / (w[1] == "./" ? w[0] : w[1]), fs::copy_options::recursive);
+    const fs::path to = copy / (w[1] == "./" ? w[0] : w[1]);
+    fs::create_directories(to.parent_path());
+    fs::copy(kRoot + "/" + w[0], to, fs::copy_options::recursive);
   }
-  ProcessResult r =
-      RunProcess({"/bin/sh", "-c", "cmake -S \"$0\" -B \"$0/build\" -G Ninja " + configure_flags,
-                  copy.string()},
-                 300s);
+  // The build stage's environment, as its ENV lines set it (the worker's TIDAL_PYTHON names
+  // the image's torch; here, this build's).
+  std::string env = "TIDAL_PYTHON=" + std::string(TIDAL_PYTHON) + " ";
+  ProcessResult r = RunProcess(
+      {"/bin/sh", "-c", env + "cmake -S \"$0\" -B \"$0/build\" -G Ninja " + configure_flags,
+       copy.string()},
+      300s);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   fs::remove_all(copy);
 }

@@ -2,8 +2,8 @@
 // base directory and leaves <uri>/final/ in PEFT's layout; tidal-export writes the adapter of
 // any step, or the merged model. Each export must give the logits of the engine's model with
 // the adapter as the checkpoint holds it: the adapter file applied to the base weights by hand
-// from its PEFT names and config, the merged directory loaded as a plain model, and — where
-// Debian's python3-torch is present — PyTorch loading the adapter by PEFT's key rule.
+// from its PEFT names and config, the merged directory loaded as a plain model, and the real
+// transformers + PEFT (tools/venv) loading the adapter and the merged directory.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -259,18 +259,36 @@ TEST_F(ExportTest, MergedDirectoryInBf16IsStoredAndRecordedAsBf16) {
   EXPECT_TRUE(Close(testing::Logits(params, model, *tokens_), *expected_, 5e-2, 5e-2));
 }
 
-TEST_F(ExportTest, PyTorchLoadsTheAdapterByPeftsKeyRuleAndGivesTheEnginesLogits) {
-  if (RunProcess({"/usr/bin/python3", "-c", "import torch"}, 60s).exit_code != 0)
-    GTEST_SKIP() << "python3-torch is not installed";
-  const std::string tokens = dir_ + "/tokens.safetensors", out = dir_ + "/py-logits.safetensors";
+// What a user does with the adapter: transformers loads the base directory and PEFT's
+// PeftModel.from_pretrained applies the adapter (tools/venv's real packages).
+TEST_F(ExportTest, PeftLoadsTheAdapterOntoTheTransformersBaseAndGivesTheEnginesLogits) {
+  const std::string tokens = dir_ + "/tokens.safetensors", out = dir_ + "/peft-logits.safetensors";
   ASSERT_TRUE(WriteSafetensors(tokens, {{"tokens", *tokens_}}, {}).ok());
   ProcessResult r =
-      RunProcess({"/usr/bin/python3",
-                  std::string(TIDAL_SOURCE_DIR) + "/tests/integration/checkpoint/peft_logits.py",
-                  dir_ + "/base", dir_ + "/ckpt/final", tokens, out},
+      RunProcess({TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/hf/export_logits.py",
+                  "adapter", dir_ + "/base", dir_ + "/ckpt/final", tokens, out},
                  300s);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(nlohmann::json::parse(r.out)["wrapped_modules"], 5 * config_.num_hidden_layers);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["lora_weights"], 2 * 5 * config_.num_hidden_layers);
+  EXPECT_TRUE(Close(ReadAll(out).at("logits"), *expected_));
+}
+
+// The merged model is a plain transformers checkpoint: AutoModelForCausalLM loads it with no
+// missing or unexpected keys and gives the engine's logits.
+TEST_F(ExportTest, TransformersLoadsTheMergedDirectoryAndGivesTheEnginesLogits) {
+  const std::string merged = dir_ + "/merged-for-transformers";
+  ProcessResult exported = Export(
+      {"--merge", "--checkpoint", dir_ + "/ckpt", "--out", merged, "--max-shard-bytes", "1000000"});
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  ASSERT_TRUE(fs::exists(merged + "/model.safetensors.index.json"));
+  const std::string tokens = dir_ + "/tokens-merged.safetensors",
+                    out = dir_ + "/merged-logits.safetensors";
+  ASSERT_TRUE(WriteSafetensors(tokens, {{"tokens", *tokens_}}, {}).ok());
+  ProcessResult r =
+      RunProcess({TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/hf/export_logits.py",
+                  "merged", merged, tokens, out},
+                 300s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(Close(ReadAll(out).at("logits"), *expected_));
 }
 

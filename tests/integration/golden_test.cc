@@ -22,8 +22,7 @@ class GoldenTest : public ::testing::TestWithParam<int> {};
 TEST_P(GoldenTest, EngineReproducesPyTorchReferenceLogitsFromItsHfDirectory) {
   testing::TempDir dir;
   auto made = tidal::testing::RunProcess(
-      {"/usr/bin/python3", std::string(TIDAL_SOURCE_DIR) + "/tests/golden/make_golden.py",
-       dir.path()},
+      {TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/golden/make_golden.py", dir.path()},
       300s);
   ASSERT_EQ(made.exit_code, 0) << made.err;
 

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/integration/checkpoint/s3_server.h"
 #include "tests/integration/process.h"
 
 namespace tidal::testing {
@@ -240,6 +241,74 @@ TEST_F(TrainResumeTest, KillNineOfARankDuringAsyncSavesLeavesTheLastCommittedOne
   EXPECT_GE(first, 2);  // something was committed before the kill
   EXPECT_LE(first, 30);
   ExpectSameLosses(resumed, first, 30);
+}
+
+// The checkpoint path end to end on a real S3-protocol server that verifies SigV4: tidal-train
+// at three ranks saves to s3:// on the reference curve; with its newest checkpoint deleted
+// from the bucket, a run at two ranks resumes from the one before, on the reference curve.
+TEST_F(TrainResumeTest, SavesToS3AndResumesFromItAtAnotherWorldSizeOnTheReferenceCurve) {
+  auto server = S3Server::Start("ckpt");
+  ASSERT_TRUE(server);
+  const std::map<std::string, std::string> env = {{"AWS_ACCESS_KEY_ID", server->access_key()},
+                                                  {"AWS_SECRET_ACCESS_KEY", server->secret_key()},
+                                                  {"AWS_ENDPOINT_URL", server->endpoint()},
+                                                  {"AWS_REGION", "us-east-1"},
+                                                  {"AWS_DEFAULT_REGION", "us-east-1"}};
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  TrainRun saved = Train(3, "s3://ckpt/run", {"--full-every", "15"});
+  // boto3 deletes step 30, as an operator's lifecycle rule or a person might.
+  ProcessResult deleted =
+      RunProcess({TIDAL_PYTHON, "-c",
+                  "import boto3, os\n"
+                  "s3 = boto3.client('s3', endpoint_url=os.environ['AWS_ENDPOINT_URL'])\n"
+                  "keys = [o['Key'] for o in s3.list_objects_v2(Bucket='ckpt',"
+                  " Prefix='run/step-00000030/').get('Contents', [])]\n"
+                  "for k in keys: s3.delete_object(Bucket='ckpt', Key=k)\n"
+                  "print(len(keys))\n"},
+                 120s);
+  TrainRun resumed = Train(2, "s3://ckpt/run");
+  for (const auto& [k, v] : env) unsetenv(k.c_str());
+  ExpectSameLosses(saved, 1, 30);
+  ASSERT_EQ(deleted.exit_code, 0) << deleted.err;
+  EXPECT_GT(std::stoi(deleted.out), 0) << "step 30 was not in the bucket";
+  ExpectSameLosses(resumed, 16, 30);
+}
+
+// The config file is the spec: tidal-train saves where and when spec.checkpoint says, with no
+// flag repeating it; flags override it; what the operator refuses there is refused here.
+TEST_F(TrainResumeTest, TheFilesSpecCheckpointIsHonouredWithoutFlagsAndFlagsOverrideIt) {
+  std::stringstream base;
+  base << std::ifstream(dir_ + "/job.yaml").rdbuf();
+  const std::string config = work_ + "/with-checkpoint.yaml";
+  std::ofstream(config) << base.str() << "checkpoint: {uri: 'file://" << work_
+                        << "/from-spec', fullEverySteps: 5, snapshotEverySteps: 0,"
+                        << " keep: 4}\n";
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {TIDAL_TRAIN_BIN, "--config", config, "--nproc", "2"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return RunProcess(argv, 300s);
+  };
+  ProcessResult spec_only = run({"--max-steps", "10"});
+  ASSERT_EQ(spec_only.exit_code, 0) << spec_only.err;
+  const std::string from_spec = work_ + "/from-spec";
+  EXPECT_TRUE(fs::exists(from_spec + "/step-00000005/manifest.json"));
+  EXPECT_TRUE(fs::exists(from_spec + "/step-00000010/manifest.json"));
+  EXPECT_FALSE(fs::exists(from_spec + "/step-00000004"));
+
+  const std::string flagged = work_ + "/flagged";
+  ProcessResult overridden =
+      run({"--max-steps", "8", "--checkpoint-uri", flagged, "--full-every", "4"});
+  ASSERT_EQ(overridden.exit_code, 0) << overridden.err;
+  EXPECT_TRUE(fs::exists(flagged + "/step-00000004/manifest.json"));
+  EXPECT_TRUE(fs::exists(flagged + "/step-00000008/manifest.json"));
+  EXPECT_FALSE(fs::exists(flagged + "/step-00000005"));
+  EXPECT_FALSE(fs::exists(from_spec + "/step-00000008")) << "the spec's uri was overridden";
+
+  // A spec.checkpoint the operator would refuse is refused here too, naming the field.
+  std::ofstream(config) << base.str() << "checkpoint: {uri: 'file:///tmp/x', keep: 0}\n";
+  ProcessResult refused = run({"--max-steps", "1"});
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_NE(refused.err.find("spec.checkpoint.keep"), std::string::npos) << refused.err;
 }
 
 }  // namespace

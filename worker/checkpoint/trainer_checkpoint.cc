@@ -45,32 +45,11 @@ std::string_view Bytes(const torch::Tensor& t) {
 
 // Every rank learns whether every rank succeeded (a failed rank still takes part).
 Status AgreeOk(engine::Comm& comm, const Status& mine, const std::string& what) {
-  auto failed = torch::tensor({mine.ok() ? 0.0f : 1.0f});
-  TIDAL_RETURN_IF_ERROR(comm.AllReduceSum(failed));
+  std::vector<int64_t> failed{mine.ok() ? 0 : 1};
+  TIDAL_RETURN_IF_ERROR(comm.AllReduceSumHost(failed));
   if (!mine.ok()) return mine;
-  if (failed.item<float>() > 0)
-    return Aborted(what + ": " + std::to_string(static_cast<int>(failed.item<float>())) +
-                   " rank(s) failed");
+  if (failed[0] > 0) return Aborted(what + ": " + std::to_string(failed[0]) + " rank(s) failed");
   return OkStatus();
-}
-
-// Each rank's string, on every rank (lengths all-reduced, then one padded all-gather).
-StatusOr<std::vector<std::string>> AllGatherStrings(engine::Comm& comm, const std::string& mine) {
-  const int world = comm.world_size(), rank = comm.rank();
-  if (world == 1) return std::vector<std::string>{mine};
-  auto lengths = torch::zeros({world}, torch::kFloat64);
-  lengths[rank] = static_cast<double>(mine.size());
-  TIDAL_RETURN_IF_ERROR(comm.AllReduceSum(lengths));
-  int64_t longest = static_cast<int64_t>(lengths.max().item<double>());
-  auto buf = torch::zeros({longest}, torch::kUInt8);
-  std::memcpy(buf.data_ptr(), mine.data(), mine.size());
-  auto all = torch::empty({longest * world}, torch::kUInt8);
-  TIDAL_RETURN_IF_ERROR(comm.AllGather(buf, all));
-  std::vector<std::string> out;
-  for (int r = 0; r < world; ++r)
-    out.emplace_back(static_cast<const char*>(all.data_ptr()) + r * longest,
-                     static_cast<size_t>(lengths[r].item<double>()));
-  return out;
 }
 
 json ShardJson(const BuiltShard& shard) {
@@ -266,7 +245,7 @@ Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
   TIDAL_RETURN_IF_ERROR(
       AgreeOk(comm, shard.status(), repo.store().uri() + "/" + StepDirectory(c.step)));
   TIDAL_ASSIGN_OR_RETURN(std::vector<std::string> entries,
-                         AllGatherStrings(comm, ShardJson(*shard).dump()));
+                         comm.AllGatherStrings(ShardJson(*shard).dump()));
   Status committed = OkStatus();
   if (comm.rank() == 0) {
     std::vector<BuiltShard> shards;
@@ -436,9 +415,9 @@ class CheckpointHooks : public engine::TrainingHooks {
   // it at the same steps). With `wait`, waits for this rank's write first.
   Status Finish(Trainer& trainer, bool wait) {
     if (wait && in_flight_->thread.joinable()) in_flight_->thread.join();
-    auto pending = torch::tensor({in_flight_->done ? 0.0f : 1.0f});
-    TIDAL_RETURN_IF_ERROR(trainer.comm().AllReduceSum(pending));
-    if (pending.item<float>() > 0) return OkStatus();  // some rank still writing: next step
+    std::vector<int64_t> pending{in_flight_->done ? 0 : 1};
+    TIDAL_RETURN_IF_ERROR(trainer.comm().AllReduceSumHost(pending));
+    if (pending[0] > 0) return OkStatus();  // some rank still writing: next step
     if (in_flight_->thread.joinable()) in_flight_->thread.join();
     std::unique_ptr<InFlight> job = std::move(in_flight_);
     Status committed = CommitSave(trainer, *repo_, job->capture, job->shard, policy_.keep);
@@ -492,13 +471,13 @@ StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo) {
   engine::Comm& comm = trainer.comm();
   std::set<int64_t> bad;
   for (int attempt = 0; attempt < 8; ++attempt) {
-    auto chosen = torch::tensor({static_cast<int64_t>(-1)}, torch::kInt64);
+    std::vector<int64_t> chosen{-1};
     if (comm.rank() == 0) {
       auto newest = repo.NewestUsable(bad);
       if (newest.ok()) chosen[0] = newest->step;
     }
-    TIDAL_RETURN_IF_ERROR(comm.Broadcast(chosen, 0));
-    const int64_t step = chosen[0].item<int64_t>();
+    TIDAL_RETURN_IF_ERROR(comm.BroadcastHost(chosen, 0));
+    const int64_t step = chosen[0];
     if (step < 0) return NotFound("no usable checkpoint in " + repo.store().uri());
     Status loaded = LoadStep(trainer, repo, step);
     Status agreed = AgreeOk(comm, loaded, "resuming from step " + std::to_string(step));

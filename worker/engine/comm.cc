@@ -11,7 +11,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -24,22 +26,50 @@
 namespace tidal::engine {
 namespace {
 
+// The device rule of Comm::device(), checked before a collective reaches its backend.
+Status CheckTensor(const char* what, const torch::Tensor& t, const torch::Device& device,
+                   const std::string& backend) {
+  if (!t.defined()) return Internal(std::string(what) + ": undefined tensor");
+  if (t.layout() != torch::kStrided)
+    return Internal(std::string(what) + ": a sparse tensor; " + backend +
+                    " collectives take dense tensors");
+  if (!t.is_contiguous())
+    return Internal(std::string(what) + ": a non-contiguous tensor; " + backend +
+                    " collectives take contiguous ones");
+  if (t.device() != device)
+    return Internal(std::string(what) + ": tensor on " + t.device().str() + ", but the " + backend +
+                    " process group's collectives take tensors on " + device.str());
+  return OkStatus();
+}
+
 class SingleRankComm final : public Comm {
  public:
+  explicit SingleRankComm(torch::Device device) : device_(device) {}
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   std::string backend() const override { return "single"; }
-  Status AllReduceSum(torch::Tensor&) override { return OkStatus(); }
+  torch::Device device() const override { return device_; }
+  Status AllReduceSum(torch::Tensor& t) override { return Check("all_reduce", t); }
   Status AllGather(const torch::Tensor& shard, torch::Tensor& full) override {
+    TIDAL_RETURN_IF_ERROR(Check("all_gather", shard));
+    TIDAL_RETURN_IF_ERROR(Check("all_gather", full));
     if (!full.is_same(shard)) full.copy_(shard);
     return OkStatus();
   }
   Status ReduceScatterSum(const torch::Tensor& full, torch::Tensor& shard) override {
+    TIDAL_RETURN_IF_ERROR(Check("reduce_scatter", full));
+    TIDAL_RETURN_IF_ERROR(Check("reduce_scatter", shard));
     if (!full.is_same(shard)) shard.copy_(full);
     return OkStatus();
   }
-  Status Broadcast(torch::Tensor&, int) override { return OkStatus(); }
+  Status Broadcast(torch::Tensor& t, int) override { return Check("broadcast", t); }
   Status Barrier() override { return OkStatus(); }
+
+ private:
+  Status Check(const char* what, const torch::Tensor& t) const {
+    return CheckTensor(what, t, device_, "single-rank");
+  }
+  torch::Device device_;
 };
 
 template <typename Fn>
@@ -58,15 +88,22 @@ Status Guard(const char* what, int rank, Fn&& fn) {
 
 class ProcessGroupComm final : public Comm {
  public:
-  ProcessGroupComm(c10::intrusive_ptr<c10d::Store> store,
-                   c10::intrusive_ptr<compat::CollectiveBackend> pg, int rank, int world, bool nccl)
-      : store_(std::move(store)), pg_(std::move(pg)), rank_(rank), world_(world), nccl_(nccl) {}
+  ProcessGroupComm(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> pg,
+                   int rank, int world, bool nccl, torch::Device device)
+      : store_(std::move(store)),
+        pg_(std::move(pg)),
+        rank_(rank),
+        world_(world),
+        nccl_(nccl),
+        device_(device) {}
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string backend() const override { return nccl_ ? "nccl" : "gloo"; }
+  torch::Device device() const override { return device_; }
 
   Status AllReduceSum(torch::Tensor& t) override {
+    TIDAL_RETURN_IF_ERROR(Check("all_reduce", t));
     return Guard("all_reduce", rank_, [&] {
       std::vector<torch::Tensor> ts{t};
       pg_->allreduce(ts)->wait();
@@ -77,39 +114,25 @@ class ProcessGroupComm final : public Comm {
     if (full.numel() != shard.numel() * world_)
       return Internal("all_gather: output has " + std::to_string(full.numel()) +
                       " elements, expected " + std::to_string(shard.numel() * world_));
-    return Guard("all_gather", rank_, [&] {
-      if (nccl_) {
-        pg_->_allgather_base(full, const_cast<torch::Tensor&>(shard))->wait();
-        return;
-      }
-      // gloo has no _allgather_base: gather into views of the flat output (gloo copies each
-      // rank's contribution into its view, so no extra buffer is kept).
-      std::vector<std::vector<torch::Tensor>> outputs(1);
-      for (int r = 0; r < world_; ++r)
-        outputs[0].push_back(full.narrow(0, r * shard.numel(), shard.numel()));
-      std::vector<torch::Tensor> inputs{shard.contiguous()};
-      pg_->allgather(outputs, inputs)->wait();
-    });
+    TIDAL_RETURN_IF_ERROR(Check("all_gather", shard));
+    TIDAL_RETURN_IF_ERROR(Check("all_gather", full));
+    return Guard("all_gather", rank_,
+                 [&] { pg_->_allgather_base(full, const_cast<torch::Tensor&>(shard))->wait(); });
   }
 
   Status ReduceScatterSum(const torch::Tensor& full, torch::Tensor& shard) override {
     if (full.numel() != shard.numel() * world_)
       return Internal("reduce_scatter: input has " + std::to_string(full.numel()) +
                       " elements, expected " + std::to_string(shard.numel() * world_));
+    TIDAL_RETURN_IF_ERROR(Check("reduce_scatter", full));
+    TIDAL_RETURN_IF_ERROR(Check("reduce_scatter", shard));
     return Guard("reduce_scatter", rank_, [&] {
-      if (nccl_) {
-        pg_->_reduce_scatter_base(shard, const_cast<torch::Tensor&>(full))->wait();
-        return;
-      }
-      // gloo has no reduce_scatter: all-reduce a copy and keep our slice. Twice the traffic of
-      // a ring reduce-scatter, but exact (the same sum every rank computes).
-      std::vector<torch::Tensor> ts{full.clone()};
-      pg_->allreduce(ts)->wait();
-      shard.copy_(ts[0].narrow(0, rank_ * shard.numel(), shard.numel()));
+      pg_->_reduce_scatter_base(shard, const_cast<torch::Tensor&>(full))->wait();
     });
   }
 
   Status Broadcast(torch::Tensor& t, int root) override {
+    TIDAL_RETURN_IF_ERROR(Check("broadcast", t));
     return Guard("broadcast", rank_, [&] {
       std::vector<torch::Tensor> ts{t};
       c10d::BroadcastOptions opts;
@@ -123,11 +146,29 @@ class ProcessGroupComm final : public Comm {
   }
 
  private:
+  Status Check(const char* what, const torch::Tensor& t) const {
+    return CheckTensor(what, t, device_, backend());
+  }
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<compat::CollectiveBackend> pg_;
+  c10::intrusive_ptr<c10d::Backend> pg_;
   int rank_, world_;
   bool nccl_;
+  torch::Device device_;
 };
+
+// Host values → a tensor on the group's device, and back.
+template <typename T>
+torch::Tensor ToDevice(const std::vector<T>& values, torch::ScalarType dtype,
+                       const torch::Device& device) {
+  return torch::from_blob(const_cast<T*>(values.data()), {static_cast<int64_t>(values.size())},
+                          dtype)
+      .to(device, /*non_blocking=*/false, /*copy=*/true);
+}
+template <typename T>
+void FromDevice(const torch::Tensor& t, std::vector<T>& values) {
+  auto host = t.to(torch::kCPU).contiguous();
+  std::memcpy(values.data(), host.data_ptr(), values.size() * sizeof(T));
+}
 
 // True once something accepts TCP connections on host:port, polling every 10 ms until
 // `deadline`. LibTorch's TCPStore client waits a whole second before retrying a refused
@@ -175,13 +216,61 @@ class TcpStoreServer final : public StoreServer {
 
 }  // namespace
 
-std::unique_ptr<Comm> MakeSingleRankComm() { return std::make_unique<SingleRankComm>(); }
+Status Comm::AllReduceSumHost(std::vector<int64_t>& values) {
+  if (values.empty()) return OkStatus();
+  auto t = ToDevice(values, torch::kInt64, device());
+  TIDAL_RETURN_IF_ERROR(AllReduceSum(t));
+  FromDevice(t, values);
+  return OkStatus();
+}
+
+Status Comm::AllReduceSumHost(std::vector<double>& values) {
+  if (values.empty()) return OkStatus();
+  auto t = ToDevice(values, torch::kFloat64, device());
+  TIDAL_RETURN_IF_ERROR(AllReduceSum(t));
+  FromDevice(t, values);
+  return OkStatus();
+}
+
+Status Comm::BroadcastHost(std::vector<int64_t>& values, int root) {
+  if (values.empty()) return OkStatus();
+  auto t = ToDevice(values, torch::kInt64, device());
+  TIDAL_RETURN_IF_ERROR(Broadcast(t, root));
+  FromDevice(t, values);
+  return OkStatus();
+}
+
+StatusOr<std::vector<std::string>> Comm::AllGatherStrings(const std::string& mine) {
+  const int world = world_size();
+  std::vector<int64_t> lengths(static_cast<size_t>(world), 0);
+  lengths[static_cast<size_t>(rank())] = static_cast<int64_t>(mine.size());
+  TIDAL_RETURN_IF_ERROR(AllReduceSumHost(lengths));
+  const int64_t longest = std::max<int64_t>(1, *std::max_element(lengths.begin(), lengths.end()));
+  std::vector<uint8_t> padded(static_cast<size_t>(longest), 0);
+  std::memcpy(padded.data(), mine.data(), mine.size());
+  auto shard = ToDevice(padded, torch::kUInt8, device());
+  auto all = torch::empty({longest * world}, torch::TensorOptions(torch::kUInt8).device(device()));
+  TIDAL_RETURN_IF_ERROR(AllGather(shard, all));
+  all = all.to(torch::kCPU).contiguous();
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r)
+    out.emplace_back(static_cast<const char*>(all.data_ptr()) + r * longest,
+                     static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+  return out;
+}
+
+std::unique_ptr<Comm> MakeSingleRankComm(torch::Device device) {
+  return std::make_unique<SingleRankComm>(device);
+}
 
 StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o) {
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
     return InvalidArgument("rank " + std::to_string(o.rank) + " is outside world size " +
                            std::to_string(o.world_size));
-  if (o.world_size == 1) return MakeSingleRankComm();
+  if (o.world_size == 1)
+    return MakeSingleRankComm(
+        o.use_cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_device))
+                   : torch::Device(torch::kCPU));
   if (o.rank != 0 &&
       !WaitUntilListening(o.store_host, o.store_port, std::chrono::steady_clock::now() + o.timeout))
     return Unavailable("rank " + std::to_string(o.rank) + ": the rendezvous store at " +
@@ -199,7 +288,7 @@ StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o
     // A generation's keys under its own prefix: a rank that reached another generation's
     // store by mistake waits (and times out) instead of reading foreign addresses.
     if (!o.key_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(o.key_prefix, store);
-    c10::intrusive_ptr<compat::CollectiveBackend> pg;
+    c10::intrusive_ptr<c10d::Backend> pg;
     if (o.use_cuda) {
 #ifdef TIDAL_WITH_NCCL
       auto opts = c10d::ProcessGroupNCCL::Options::create();
@@ -213,8 +302,11 @@ StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(o.interface_host));
       pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, o.rank, o.world_size, opts);
     }
+    const torch::Device device =
+        o.use_cuda ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(o.cuda_device))
+                   : torch::Device(torch::kCPU);
     return std::unique_ptr<Comm>(
-        std::make_unique<ProcessGroupComm>(store, pg, o.rank, o.world_size, o.use_cuda));
+        std::make_unique<ProcessGroupComm>(store, pg, o.rank, o.world_size, o.use_cuda, device));
   } catch (const std::exception& e) {
     const std::string msg = FirstLine(e.what());
     return Unavailable("rank " + std::to_string(o.rank) + " could not join the process group at " +

@@ -1,14 +1,14 @@
 // worker/engine/comm.h — the small collective-communication interface the ZeRO code is
 // written against. Implementations: a single-rank one (no communication) and one over c10d
-// process groups (gloo on CPU with a TCPStore rendezvous, NCCL when LibTorch has CUDA). Where
-// a backend lacks a collective (gloo 1.13: reduce_scatter, _allgather_base) the
-// implementation provides a correct fallback, so callers never care.
+// process groups (gloo on CPU with a TCPStore rendezvous, NCCL when LibTorch has CUDA); both
+// backends of PyTorch 2.x have the flat all-gather and reduce-scatter the ZeRO code uses.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -32,10 +32,24 @@ class Comm {
   virtual Status ReduceScatterSum(const torch::Tensor& full, torch::Tensor& shard) = 0;
   virtual Status Broadcast(torch::Tensor& t, int root) = 0;
   virtual Status Barrier() = 0;
+
+  // The device every tensor handed to a collective must be on: the CPU for gloo, the rank's
+  // GPU for NCCL (which accepts nothing else), the training device for a single rank. Every
+  // collective refuses a tensor on another device, a sparse or a non-contiguous one, with an
+  // error naming the collective (and both devices), before the backend sees it.
+  virtual torch::Device device() const = 0;
+
+  // Control traffic in host values (flags, agreements, string lengths): moved to device() for
+  // the collective and back. Callers build no tensor for it, so none can be on the wrong
+  // device. Element-wise sum / broadcast from `root` / every rank's string in rank order.
+  Status AllReduceSumHost(std::vector<int64_t>& values);
+  Status AllReduceSumHost(std::vector<double>& values);
+  Status BroadcastHost(std::vector<int64_t>& values, int root);
+  StatusOr<std::vector<std::string>> AllGatherStrings(const std::string& mine);
 };
 
-// World size 1: every collective is the identity.
-std::unique_ptr<Comm> MakeSingleRankComm();
+// World size 1: every collective is the identity (the device rule still holds).
+std::unique_ptr<Comm> MakeSingleRankComm(torch::Device device = torch::kCPU);
 
 struct ProcessGroupOptions {
   std::string store_host = "127.0.0.1";
@@ -47,7 +61,8 @@ struct ProcessGroupOptions {
   // Bound on any one collective or rendezvous wait; a dead peer is usually seen at once as a
   // closed connection, this catches the silent (hung) case.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
-  bool use_cuda = false;   // NCCL instead of gloo
+  bool use_cuda = false;  // NCCL instead of gloo, on GPU `cuda_device`
+  int cuda_device = 0;
   std::string key_prefix;  // namespaces the group's store keys (e.g. per generation)
 };
 

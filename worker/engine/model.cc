@@ -114,10 +114,6 @@ std::pair<torch::Tensor, torch::Tensor> DecoderModel::RopeTables(int64_t seq,
   return {emb.cos(), emb.sin()};
 }
 
-torch::Tensor DecoderModel::CausalMask(int64_t seq, torch::Device device) {
-  return torch::ones({seq, seq}, torch::TensorOptions().dtype(torch::kBool).device(device)).triu(1);
-}
-
 torch::Tensor DecoderModel::InitialValue(const ParamSpec& spec, uint64_t seed) const {
   auto gen = compat::MakeGenerator(MixSeed(seed, HashName(spec.name)), torch::kCPU);
   auto opts = torch::TensorOptions().dtype(torch::kFloat32);
@@ -206,9 +202,7 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
   }
-  auto attn = compat::CausalAttention(q, k, v, ctx.causal_mask)
-                  .transpose(1, 2)
-                  .reshape({batch, seq, heads * dim});
+  auto attn = compat::CausalAttention(q, k, v).transpose(1, 2).reshape({batch, seq, heads * dim});
   auto hidden = x + linear(kO, attn);
   auto m = RmsNorm(hidden, post_norm, config_.rms_norm_eps);
   auto mlp = linear(kDown, F::silu(linear(kGate, m)) * linear(kUp, m));

@@ -37,7 +37,6 @@ struct ForwardContext {
   torch::Tensor tokens;   // [batch, seq] int64, for the embedding block
   torch::Tensor targets;  // [batch, seq] int64, -100 = not in the loss; undefined → logits
   torch::Tensor rope_cos, rope_sin;  // [seq, head_dim] fp32
-  torch::Tensor causal_mask;         // [seq, seq] bool, optional (built per layer without it)
   bool training = false;
   // LoRA dropout masks are drawn from generators seeded by (dropout_key, layer, module), so a
   // micro-batch gets the same masks whichever rank runs it and when ZeRO-3 recomputes it.
@@ -65,7 +64,6 @@ class DecoderModel {
 
   // RoPE tables for positions [0, seq) as in HF LlamaRotaryEmbedding (non-interleaved halves).
   std::pair<torch::Tensor, torch::Tensor> RopeTables(int64_t seq, torch::Device device) const;
-  static torch::Tensor CausalMask(int64_t seq, torch::Device device);
 
   // A deterministic initial value for a parameter: a pure function of (seed, name), so every
   // rank and every world size starts from the same model. Norms 1, LoRA B 0, LoRA A as PEFT

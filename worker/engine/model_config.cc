@@ -94,6 +94,33 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
   if (json.contains("rope_scaling") && !json["rope_scaling"].is_null())
     return InvalidArgument("config.json: rope_scaling is not supported yet (got " +
                            json["rope_scaling"].dump() + ")");
+  // transformers 5 writes RoPE as rope_parameters {rope_type, rope_theta} instead of a
+  // top-level rope_theta; both forms must give the same model.
+  if (json.contains("rope_parameters") && !json["rope_parameters"].is_null()) {
+    const auto& rope = json["rope_parameters"];
+    if (!rope.is_object()) return InvalidArgument("config.json: rope_parameters must be an object");
+    if (rope.contains("rope_type") && rope["rope_type"] != "default")
+      return InvalidArgument("config.json: rope_parameters.rope_type " + rope["rope_type"].dump() +
+                             " is not supported yet (expected \"default\")");
+    for (const auto& [key, value] : rope.items()) {
+      if (key == "rope_type") continue;
+      if (key != "rope_theta")
+        return InvalidArgument("config.json: rope_parameters." + key + " is not supported");
+      if (!value.is_number() || !(value.get<double>() > 0))
+        return InvalidArgument("config.json: rope_parameters.rope_theta must be a number > 0");
+      if (json.contains("rope_theta") && json["rope_theta"].is_number() &&
+          json["rope_theta"].get<double>() != value.get<double>())
+        return InvalidArgument("config.json: rope_theta and rope_parameters.rope_theta differ");
+      c.rope_theta = value.get<double>();
+    }
+  }
+  // head_dim other than hidden_size / num_attention_heads changes every projection's shape.
+  if (json.contains("head_dim") && !json["head_dim"].is_null()) {
+    if (!json["head_dim"].is_number_integer() || c.num_attention_heads <= 0 ||
+        json["head_dim"].get<int64_t>() * c.num_attention_heads != c.hidden_size)
+      return InvalidArgument("config.json: head_dim " + json["head_dim"].dump() +
+                             " is not supported (expected hidden_size / num_attention_heads)");
+  }
   for (const char* key : {"attention_bias", "mlp_bias"}) {
     if (json.contains(key) && json[key].is_boolean() && json[key].get<bool>())
       return InvalidArgument(std::string("config.json: ") + key + "=true is not supported");

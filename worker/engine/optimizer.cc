@@ -50,10 +50,13 @@ int64_t ShardedAdamW::StateBytes() const {
   return bytes;
 }
 
-double SquaredGradNorm(const std::vector<TrainableSlice>& slices) {
-  double sum = 0;
-  for (const auto& s : slices) sum += s.grad.to(torch::kFloat64).pow(2).sum().item<double>();
-  return sum;
+torch::Tensor SquaredGradNorm(const std::vector<TrainableSlice>& slices) {
+  torch::Tensor sum;
+  for (const auto& s : slices) {
+    auto part = s.grad.to(torch::kFloat64).pow(2).sum();
+    sum = sum.defined() ? sum + part : part;
+  }
+  return sum.defined() ? sum : torch::zeros({}, torch::kFloat64);
 }
 
 }  // namespace tidal::engine

@@ -46,7 +46,8 @@ class ShardedAdamW {
   std::map<std::string, State> state_;
 };
 
-// Σ over slices of ‖grad‖²; the caller all-reduces it when the slices are partitioned.
-double SquaredGradNorm(const std::vector<TrainableSlice>& slices);
+// Σ over slices of ‖grad‖², as a 0-dim fp64 tensor on their device (no host sync); the caller
+// all-reduces it when the slices are partitioned.
+torch::Tensor SquaredGradNorm(const std::vector<TrainableSlice>& slices);
 
 }  // namespace tidal::engine

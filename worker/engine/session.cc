@@ -4,11 +4,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "common/log.h"
 #include "common/strings.h"
 #include "worker/engine/comm.h"
+#include "worker/engine/safetensors.h"
 #include "worker/engine/torch_compat.h"
 #include "worker/engine/trainer.h"
 
@@ -16,6 +21,19 @@ namespace tidal::engine {
 namespace {
 
 constexpr int kFlagBits = 16;
+
+// Written to path.tmp and renamed: a reader never sees half a file.
+Status WriteJsonFile(const std::string& path, const nlohmann::json& json) {
+  {
+    std::ofstream out(path + ".tmp");
+    out << json.dump(2) << "\n";
+    if (!out.flush()) return Unavailable("cannot write " + path + ".tmp");
+  }
+  std::error_code ec;
+  std::filesystem::rename(path + ".tmp", path, ec);
+  if (ec) return Unavailable("cannot write " + path + ": " + ec.message());
+  return OkStatus();
+}
 
 class TrainerSession final : public Session {
  public:
@@ -36,6 +54,7 @@ class TrainerSession final : public Session {
     group.interface_host = membership_.interface_host;
     group.timeout = membership_.timeout;
     group.use_cuda = cuda;
+    group.cuda_device = options.cuda_device;
     group.key_prefix = "generation-" + std::to_string(membership_.generation);
     const auto start = std::chrono::steady_clock::now();
     TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectProcessGroup(group));
@@ -46,8 +65,10 @@ class TrainerSession final : public Session {
     TrainerOptions trainer_options;
     trainer_options.max_steps = options.max_steps;
     if (cuda) {
-      // One GPU per pod: the device the container runtime gave us (CUDA_VISIBLE_DEVICES).
-      trainer_options.device = torch::Device(torch::kCUDA, 0);
+      // A pod's worker: 0, the GPU the container runtime gave it (CUDA_VISIBLE_DEVICES);
+      // tidal-train's local ranks: one GPU each.
+      trainer_options.device =
+          torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device));
     }
     TIDAL_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config, std::move(comm), trainer_options));
     return OkStatus();
@@ -63,13 +84,12 @@ class TrainerSession final : public Session {
 
   StatusOr<uint32_t> AgreeFlags(uint32_t mine) override {
     return Guard<uint32_t>([&]() -> StatusOr<uint32_t> {
-      auto bits = torch::zeros({kFlagBits}, torch::kInt64);
-      for (int b = 0; b < kFlagBits; ++b)
-        if (mine & (1u << b)) bits[b] = 1;
-      TIDAL_RETURN_IF_ERROR(trainer_->comm().AllReduceSum(bits));
+      std::vector<int64_t> bits(kFlagBits, 0);
+      for (int b = 0; b < kFlagBits; ++b) bits[b] = (mine >> b) & 1u;
+      TIDAL_RETURN_IF_ERROR(trainer_->comm().AllReduceSumHost(bits));
       uint32_t all = 0;
       for (int b = 0; b < kFlagBits; ++b)
-        if (bits[b].item<int64_t>() > 0) all |= 1u << b;
+        if (bits[b] > 0) all |= 1u << b;
       return all;
     });
   }
@@ -97,6 +117,40 @@ class TrainerSession final : public Session {
   }
   StatusOr<std::string> CheckpointNow(TrainingHooks& hooks) override {
     return Guard<std::string>([&] { return hooks.CheckpointNow(*trainer_); });
+  }
+
+  uint64_t FrozenChecksum() const override { return trainer_->parameters().FrozenChecksum(); }
+
+  Status WriteSummary(const RunSummary& run, const std::string& out_dir) override {
+    return Guard<bool>([&]() -> StatusOr<bool> {
+             std::error_code ec;
+             std::filesystem::create_directories(out_dir, ec);
+             if (ec) return Unavailable("--out: cannot create " + out_dir + ": " + ec.message());
+             auto& params = trainer_->parameters();
+             // Collective: every rank takes part, rank 0 writes.
+             TIDAL_ASSIGN_OR_RETURN(auto adapters, params.GatherTrainable());
+             nlohmann::json summary = {
+                 {"rank", membership_.rank},
+                 {"world_size", membership_.world_size},
+                 {"zero_stage", params.options().stage},
+                 {"steps", trainer_->step()},
+                 {"losses", run.losses},
+                 {"resident_param_bytes", params.ResidentParameterBytes()},
+                 {"total_param_bytes", params.TotalParameterBytes()},
+                 {"largest_block_bytes", params.LargestBlockBytes()},
+                 {"optimizer_state_bytes", trainer_->optimizer().StateBytes()},
+                 {"trainable_params", params.TrainableParameterCount()},
+                 {"base_checksum_before", std::to_string(run.base_checksum_before)},
+                 {"base_checksum_after", std::to_string(params.FrozenChecksum())},
+                 {"train_seconds", run.train_seconds}};
+             TIDAL_RETURN_IF_ERROR(WriteJsonFile(
+                 out_dir + "/rank-" + std::to_string(membership_.rank) + ".json", summary));
+             if (membership_.rank == 0)
+               TIDAL_RETURN_IF_ERROR(WriteSafetensors(out_dir + "/lora_weights.safetensors",
+                                                      adapters, {{"format", "pt"}}));
+             return true;
+           })
+        .status();
   }
 
  private:
@@ -128,7 +182,7 @@ StatusOr<std::unique_ptr<Session>> Session::Join(const TrainConfig& config,
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(options.intra_op_threads > 0 ? options.intra_op_threads : cores);
   std::unique_ptr<StoreServer> store;
-  if (membership.rank == 0 && membership.world_size > 1) {
+  if (membership.rank == 0 && membership.world_size > 1 && membership.rank0_hosts_store) {
     TIDAL_ASSIGN_OR_RETURN(store, StoreServer::Start(membership.store_host, membership.store_port));
   }
   auto session = std::make_unique<TrainerSession>(membership, std::move(store));

@@ -1,7 +1,9 @@
 // worker/engine/session.h — one generation of an elastic run: this rank's membership of a
-// process group and the trainer built on it. No LibTorch types, so the worker's control code
-// (gRPC, state machine) stays out of LibTorch's headers. A rescale or a recovery ends the
-// session and starts another with the new membership; state crosses over through a checkpoint.
+// process group and the trainer built on it. The one way a rank starts: tidal-worker's control
+// runtime and tidal-train's local loop (RunRank) both drive a Session. No LibTorch types, so the
+// worker's control code (gRPC, state machine) stays out of LibTorch's headers. A rescale or a
+// recovery ends the session and starts another with the new membership; state crosses over through
+// a checkpoint.
 #pragma once
 
 #include <chrono>
@@ -9,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "worker/engine/run.h"
@@ -27,11 +30,22 @@ struct Membership {
   // Bound on joining and on any one collective: a silent (hung) peer fails the session
   // within it; a dead one is usually seen at once as a closed connection.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+  // Rank 0 hosts the rendezvous store (a pod's worker); false where the launcher already
+  // hosts it (tidal-train's local ranks).
+  bool rank0_hosts_store = true;
 };
 
 struct SessionOptions {
   std::optional<int64_t> max_steps;  // overrides spec.optimization.maxSteps
   int intra_op_threads = 0;          // 0: every core of the machine
+  int cuda_device = 0;               // the GPU this rank trains on, when CUDA is available
+};
+
+// What a local run reports at its end (tidal-train --out).
+struct RunSummary {
+  std::vector<double> losses;
+  double train_seconds = 0;
+  uint64_t base_checksum_before = 0;
 };
 
 class Session {
@@ -59,6 +73,13 @@ class Session {
   virtual Status After(TrainingHooks& hooks) = 0;   // AfterStep: scheduled saves
   virtual Status Finish(TrainingHooks& hooks) = 0;  // OnFinish: final save and export
   virtual StatusOr<std::string> CheckpointNow(TrainingHooks& hooks) = 0;
+
+  // A hash of this rank's frozen base weights: equal before and after training when the base
+  // is untouched bit for bit.
+  virtual uint64_t FrozenChecksum() const = 0;
+  // Collective: writes <out_dir>/rank-<r>.json (the run, memory, the checksums) and, on rank
+  // 0, <out_dir>/lora_weights.safetensors with the trained adapter.
+  virtual Status WriteSummary(const RunSummary& run, const std::string& out_dir) = 0;
 };
 
 }  // namespace tidal::engine

@@ -46,6 +46,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                    std::unique_ptr<Comm> comm,
                                                    TrainerOptions options) {
   TIDAL_RETURN_IF_ERROR(config.ValidateForWorldSize(comm->world_size()));
+  if (comm->device() != options.device)
+    return Internal("the process group's collectives run on " + comm->device().str() +
+                    " but the trainer's tensors are on " + options.device.str());
   std::unique_ptr<Trainer> trainer(new Trainer(config, std::move(comm), options));
   TIDAL_RETURN_IF_ERROR(trainer->Initialize());
   return trainer;
@@ -85,7 +88,6 @@ Status Trainer::Initialize() {
                                                             config_.dataset.max_seq_len, opt.seed));
   data_ = std::move(data);
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
-  causal_mask_ = DecoderModel::CausalMask(config_.dataset.max_seq_len, options_.device);
   LogInfo("engine ready", {{"params_total", model_config.BaseParameterCount()},
                            {"params_trainable", params_->TrainableParameterCount()},
                            {"zero_stage", opt.zero_stage},
@@ -102,7 +104,10 @@ StatusOr<StepRecord> Trainer::Step() {
   const auto& opt = config_.optimization;
   const int64_t global = opt.global_batch_size, micro = opt.micro_batch_size;
   const int64_t micro_batches = global / micro;  // over all ranks
-  double local_loss = 0, data_wait = 0;
+  // The loss stays on the device until the step's one all-reduce: no host sync per micro-batch.
+  torch::Tensor local_loss =
+      torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
+  double data_wait = 0;
   for (int64_t a = 0; a < accumulation_; ++a) {
     // Global micro-batch index: contiguous per rank. Its sequences and dropout masks depend
     // on (step, index) only, so the run is the same at any world size.
@@ -116,7 +121,6 @@ StatusOr<StepRecord> Trainer::Step() {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - data_start).count();
     ctx.rope_cos = rope_cos_;
     ctx.rope_sin = rope_sin_;
-    ctx.causal_mask = causal_mask_;
     ctx.training = true;
     ctx.dropout_key = MixSeed(MixSeed(opt.seed, static_cast<uint64_t>(step_)), index);
     TIDAL_ASSIGN_OR_RETURN(torch::Tensor loss_sum, params_->Forward(ctx));
@@ -127,20 +131,23 @@ StatusOr<StepRecord> Trainer::Step() {
     } catch (const std::exception& e) {
       return Unavailable(std::string("backward: ") + e.what());
     }
-    local_loss += micro_loss.item<double>() / static_cast<double>(micro_batches);
+    local_loss += micro_loss.detach().to(torch::kFloat64) / static_cast<double>(micro_batches);
     TIDAL_RETURN_IF_ERROR(params_->AfterMicroBatchBackward());
   }
   TIDAL_ASSIGN_OR_RETURN(auto slices, params_->ReduceGradients());
-  double norm_sq = SquaredGradNorm(slices);
-  // One all-reduce for the loss and, when slices are partitioned, the squared norm.
-  auto stats = torch::tensor({local_loss, params_->slices_are_partitioned() ? norm_sq : 0.0},
-                             torch::TensorOptions().dtype(torch::kFloat64).device(options_.device));
+  torch::Tensor norm_sq_local = SquaredGradNorm(slices).to(comm_->device());
+  // One all-reduce for the loss and, when slices are partitioned, the squared norm; one host
+  // sync for both.
+  const bool partitioned = params_->slices_are_partitioned();
+  auto stats =
+      torch::stack({local_loss, partitioned ? norm_sq_local : torch::zeros_like(local_loss)});
   TIDAL_RETURN_IF_ERROR(comm_->AllReduceSum(stats));
+  if (!partitioned) stats[1].copy_(norm_sq_local);
   stats = stats.cpu();
   StepRecord record;
   record.step = step_ + 1;
   record.loss = stats[0].item<double>();
-  if (params_->slices_are_partitioned()) norm_sq = stats[1].item<double>();
+  double norm_sq = stats[1].item<double>();
   record.grad_norm = std::sqrt(norm_sq) / loss_scale_;
   record.world_size = comm_->world_size();
 

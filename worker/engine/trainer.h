@@ -67,7 +67,7 @@ class Trainer {
   std::optional<PackedTextDataset> data_;
   ShardedAdamW optimizer_;
   LrSchedule schedule_;
-  torch::Tensor rope_cos_, rope_sin_, causal_mask_;
+  torch::Tensor rope_cos_, rope_sin_;
   int64_t step_ = 0;
   int64_t max_steps_ = 0;
   int64_t accumulation_ = 1;

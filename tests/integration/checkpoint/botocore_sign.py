@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Signs S3 requests with botocore's S3SigV4Auth, as a reference for Tidal's SigV4 signer.
 
 Usage: botocore_sign.py REQUESTS.json
@@ -12,7 +12,7 @@ The URL is built the way botocore's own S3 client builds it (the key percent-enc
 '/' and '~' kept, the bucket in the path or in the host name, the query encoded by
 percent_encode_sequence); the Host header is left for botocore to derive from the URL.
 Prints a JSON list of {name, url, authorization, content_sha256, canonical_request}.
-Needs Debian's python3-botocore (run with /usr/bin/python3).
+Needs botocore (PyPI, in tools/venv: run with tools/venv/bin/python3).
 """
 import base64
 import datetime

@@ -1,8 +1,8 @@
-// tests/integration/checkpoint/fault_proxy.h — an HTTP proxy between the S3 store and s3rver
-// that records every request, checks each body against its Content-MD5 and
-// x-amz-content-sha256 headers (s3rver checks neither), and lets a test answer chosen requests
+// tests/integration/checkpoint/fault_proxy.h — an HTTP proxy between the S3 store and the S3
+// test server that records every request, checks each body against its Content-MD5 and
+// x-amz-content-sha256 headers (the server checks neither), and lets a test answer chosen requests
 // itself to inject the failures a real S3 produces: 503 SlowDown, 500 InternalError on one
-// part, 403, an error inside a 200. Everything else goes to s3rver unchanged.
+// part, 403, an error inside a 200. Everything else goes to the server unchanged.
 #pragma once
 
 #include <functional>

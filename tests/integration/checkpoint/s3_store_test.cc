@@ -1,5 +1,5 @@
-// What only the s3:// store has to get right, against a real S3-protocol server (s3rver), with
-// a fault-injecting proxy in between where S3's failures have to be produced: parallel
+// What only the s3:// store has to get right, against a real S3-protocol server (moto, verifying
+// SigV4), with a fault-injecting proxy in between where S3's failures have to be produced: parallel
 // multipart upload, checksums on every body, retries with backoff and when they stop, S3 error
 // codes in the Status, and https verified against a CA.
 #include "worker/checkpoint/s3_store.h"
@@ -18,7 +18,7 @@
 
 #include "common/http/pki.h"
 #include "tests/integration/checkpoint/fault_proxy.h"
-#include "tests/integration/checkpoint/s3rver.h"
+#include "tests/integration/checkpoint/s3_server.h"
 #include "tests/integration/checkpoint/store_harness.h"
 
 namespace tidal::testing {
@@ -33,14 +33,14 @@ constexpr const char* kBucket = "ckpt";
 class S3StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    server_ = S3rver::Start(kBucket);
+    server_ = S3Server::Start(kBucket);
     ASSERT_TRUE(server_);
   }
-  // A store reaching s3rver through a proxy applying `rule`.
+  // A store reaching the server through a proxy applying `rule`.
   std::unique_ptr<ObjectStore> ThroughProxy(FaultProxy::Rule rule, int max_attempts = 5) {
     proxy_ = FaultProxy::Start(server_->port(), std::move(rule));
     if (!proxy_) return nullptr;
-    S3Options options = S3rverOptions(proxy_->endpoint());
+    S3Options options = S3TestOptions(*server_, proxy_->endpoint());
     options.max_attempts = max_attempts;
     auto store = OpenObjectStore("s3://ckpt/run", options);
     EXPECT_TRUE(store.ok()) << store.status().ToString();
@@ -57,7 +57,7 @@ class S3StoreTest : public ::testing::Test {
                          [&](const std::string& r) { return r.rfind(prefix, 0) == 0; });
   }
 
-  std::unique_ptr<S3rver> server_;
+  std::unique_ptr<S3Server> server_;
   std::unique_ptr<FaultProxy> proxy_;
 };
 
@@ -109,7 +109,7 @@ TEST_F(S3StoreTest, ThrottlingIsRetriedUntilItPasses) {
   ASSERT_TRUE(store);
   TIDAL_ASSERT_OK(store->Put("k", "v"));
   EXPECT_EQ(Count("PUT /ckpt/run/k"), 3u);
-  EXPECT_EQ(Direct(S3rverOptions(server_->endpoint()))->Get("k").value(), "v");
+  EXPECT_EQ(Direct(S3TestOptions(*server_, server_->endpoint()))->Get("k").value(), "v");
 }
 
 TEST_F(S3StoreTest, RequestTimeoutWithA400IsRetried) {
@@ -176,7 +176,7 @@ TEST_F(S3StoreTest, ErrorInsideA200CompleteIsRetried) {
 }
 
 TEST_F(S3StoreTest, ConnectionFailuresAreRetriedThenReported) {
-  S3Options options = S3rverOptions("http://127.0.0.1:1");  // nothing listens on port 1
+  S3Options options = S3TestOptions(*server_, "http://127.0.0.1:1");  // nothing listens on port 1
   options.max_attempts = 2;
   auto store = Direct(options);
   ASSERT_TRUE(store);
@@ -238,7 +238,7 @@ class HangUpServer {
 
 TEST_F(S3StoreTest, AServerThatHangsUpIsUnavailableNotNotFound) {
   HangUpServer server;
-  S3Options options = S3rverOptions("http://127.0.0.1:" + std::to_string(server.port()));
+  S3Options options = S3TestOptions(*server_, "http://127.0.0.1:" + std::to_string(server.port()));
   options.max_attempts = 2;
   auto store = Direct(options);
   ASSERT_TRUE(store);
@@ -250,7 +250,7 @@ TEST_F(S3StoreTest, AServerThatHangsUpIsUnavailableNotNotFound) {
 }
 
 TEST_F(S3StoreTest, UnknownAccessKeyIsRefusedWithTheServersCode) {
-  S3Options options = S3rverOptions(server_->endpoint());
+  S3Options options = S3TestOptions(*server_, server_->endpoint());
   options.access_key_id = "NOT-A-KEY";
   auto store = Direct(options);
   ASSERT_TRUE(store);
@@ -262,8 +262,22 @@ TEST_F(S3StoreTest, UnknownAccessKeyIsRefusedWithTheServersCode) {
       << s.message();
 }
 
+// The server verifies SigV4: a request from a known key signed with another secret is refused,
+// so the signer is checked by a server, not only by test vectors and botocore.
+TEST_F(S3StoreTest, ARequestSignedWithTheWrongSecretIsRefused) {
+  S3Options options = S3TestOptions(*server_, server_->endpoint());
+  options.secret_access_key = server_->secret_key() + "x";
+  auto store = Direct(options);
+  ASSERT_TRUE(store);
+  Status s = store->Put("k", "v");
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+  EXPECT_NE(s.message().find("HTTP 403 SignatureDoesNotMatch"), std::string::npos) << s.message();
+  // The right secret, same key and store code: accepted.
+  TIDAL_ASSERT_OK(Direct(S3TestOptions(*server_, server_->endpoint()))->Put("k", "v"));
+}
+
 TEST_F(S3StoreTest, MissingBucketIsNotFoundNamingTheBucket) {
-  auto store = Direct(S3rverOptions(server_->endpoint()), "s3://no-such-bucket/run");
+  auto store = Direct(S3TestOptions(*server_, server_->endpoint()), "s3://no-such-bucket/run");
   ASSERT_TRUE(store);
   for (const Status& s :
        {store->Get("k").status(), store->Put("k", "v"), store->List("").status()}) {
@@ -278,7 +292,7 @@ TEST_F(S3StoreTest, HttpsEndpointIsVerifiedAgainstTheGivenCa) {
   auto ca = http::GenerateCa("tidal-test-ca", 1);
   ASSERT_TRUE(ca.ok()) << ca.status().ToString();
   http::CertificateRequest request;
-  request.common_name = "s3rver";
+  request.common_name = "s3-test-server";
   request.ip_addresses = {"127.0.0.1"};
   auto cert = http::IssueCertificate(*ca, request);
   ASSERT_TRUE(cert.ok()) << cert.status().ToString();
@@ -286,12 +300,12 @@ TEST_F(S3StoreTest, HttpsEndpointIsVerifiedAgainstTheGivenCa) {
     std::ofstream(pki_dir.path() + "/" + name) << text;
     return pki_dir.path() + "/" + name;
   };
-  S3rver::Tls tls{write("key.pem", cert->key_pem), write("cert.pem", cert->cert_pem)};
-  auto https = S3rver::Start(kBucket, tls);
+  S3Server::Tls tls{write("key.pem", cert->key_pem), write("cert.pem", cert->cert_pem)};
+  auto https = S3Server::Start(kBucket, tls);
   ASSERT_TRUE(https);
   ASSERT_EQ(https->endpoint().rfind("https://", 0), 0u);
 
-  S3Options options = S3rverOptions(https->endpoint());
+  S3Options options = S3TestOptions(*https, https->endpoint());
   options.ca_file = write("ca.pem", ca->cert_pem);
   auto store = Direct(options);
   ASSERT_TRUE(store);

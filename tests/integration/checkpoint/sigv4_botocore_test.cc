@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/base64.h"
-#include "tests/integration/checkpoint/s3rver.h"
+#include "tests/integration/checkpoint/s3_server.h"
 #include "tests/integration/process.h"
 #include "worker/checkpoint/s3_request.h"
 
@@ -122,7 +122,7 @@ TEST(Sigv4Botocore, SignaturesOfEveryS3RequestMatchBotocore) {
   std::ofstream(json_path) << input.dump();
 
   ProcessResult result = RunProcess(
-      {SYSTEM_PYTHON3,
+      {TIDAL_PYTHON,
        std::string(TIDAL_SOURCE_DIR) + "/tests/integration/checkpoint/botocore_sign.py", json_path},
       seconds(60));
   ASSERT_EQ(result.exit_code, 0) << "botocore_sign.py failed (is python3-botocore installed? "

@@ -1,5 +1,6 @@
 // tests/integration/checkpoint/store_harness.h — what the object store tests share: test data,
-// the s3:// options that reach s3rver, parallel puts, and a look for leftover temp files.
+// the s3:// options that reach the S3 test server, parallel puts, and a look for leftover temp
+// files.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/integration/checkpoint/s3rver.h"
+#include "tests/integration/checkpoint/s3_server.h"
 #include "worker/checkpoint/object_key.h"
 #include "worker/checkpoint/object_store.h"
 
@@ -33,13 +34,14 @@ inline std::string TestBytes(size_t n, uint32_t seed) {
   return out;
 }
 
-// Options for s3rver at `endpoint`: its credentials, S3's smallest parts (5 MiB) so that a
-// 16 MiB object goes up in 4 parts, and short retry delays.
-inline checkpoint::S3Options S3rverOptions(const std::string& endpoint) {
+// Options that reach `server` at `endpoint` (its own, or a proxy's in front of it): its
+// credentials, S3's smallest parts (5 MiB) so that a 16 MiB object goes up in 4 parts, and
+// short retry delays.
+inline checkpoint::S3Options S3TestOptions(const S3Server& server, const std::string& endpoint) {
   checkpoint::S3Options o;
   o.endpoint = endpoint;
-  o.access_key_id = kS3rverAccessKey;
-  o.secret_access_key = kS3rverSecretKey;
+  o.access_key_id = server.access_key();
+  o.secret_access_key = server.secret_key();
   o.path_style = true;
   o.part_size = 5 * kMiB;
   o.parallel_parts = 3;

@@ -1,5 +1,6 @@
-// comm over real gloo process groups: the fallbacks for what gloo 1.13 lacks (reduce_scatter,
-// flat all-gather) give exactly what the collectives define, at odd world sizes too.
+// comm over real gloo process groups: the fallbacks for what gloo lacks (flat reduce_scatter and
+// all-gather) give exactly what the collectives define, at odd world sizes too; the device rule
+// NCCL imposes is enforced on every backend; control values travel as host values.
 #include "worker/engine/comm.h"
 
 #include <thread>
@@ -59,6 +60,61 @@ TEST(CommTest, SingleRankCollectivesAreIdentities) {
   auto out = torch::empty({5});
   ASSERT_TRUE(comm->ReduceScatterSum(shard, out).ok());
   EXPECT_TRUE(torch::equal(out, shard));
+}
+
+// NCCL takes only dense tensors on the group's GPU and fails obscurely otherwise. Comm checks
+// the rule itself, for every backend, so a caller that hands a tensor on the wrong device fails
+// on a CPU test machine as it would on a GPU, with the collective and both devices named. The
+// meta device stands in for "not the group's device" where no GPU exists.
+TEST(CommTest, EveryCollectiveRefusesATensorOffTheGroupsDeviceBeforeTheBackendSeesIt) {
+  auto expect_refused = [](const Status& s, const std::string& what, const std::string& backend) {
+    EXPECT_EQ(s.code(), StatusCode::kInternal) << s.ToString();
+    EXPECT_NE(s.message().find(what + ": tensor on meta, but the " + backend +
+                               " process group's collectives take tensors on cpu"),
+              std::string::npos)
+        << s.message();
+  };
+  auto check = [&](Comm& comm, const std::string& backend) {
+    const int world = comm.world_size();
+    auto meta = torch::empty({2 * world}, torch::TensorOptions().device(torch::kMeta));
+    auto meta_shard = torch::empty({2}, torch::TensorOptions().device(torch::kMeta));
+    auto cpu_full = torch::zeros({2 * world});
+    auto cpu_shard = torch::zeros({2});
+    expect_refused(comm.AllReduceSum(meta), "all_reduce", backend);
+    expect_refused(comm.AllGather(meta_shard, cpu_full), "all_gather", backend);
+    expect_refused(comm.AllGather(cpu_shard, meta), "all_gather", backend);
+    expect_refused(comm.ReduceScatterSum(meta, cpu_shard), "reduce_scatter", backend);
+    expect_refused(comm.Broadcast(meta, 0), "broadcast", backend);
+    auto sparse = torch::zeros({2 * world}).to_sparse();
+    Status s = comm.AllReduceSum(sparse);
+    EXPECT_NE(s.message().find("all_reduce: a sparse tensor"), std::string::npos) << s.message();
+    // Nothing reached the backend: the group still works.
+    auto ok = torch::ones({3});
+    ASSERT_TRUE(comm.AllReduceSum(ok).ok());
+    EXPECT_TRUE(torch::equal(ok, torch::full({3}, static_cast<float>(world))));
+  };
+  RunRanks(2, [&](Comm& comm) { check(comm, "gloo"); });
+  check(*MakeSingleRankComm(), "single-rank");
+}
+
+TEST(CommTest, ControlValuesTravelAsHostValuesAndAgreeOnEveryRank) {
+  RunRanks(3, [](Comm& comm) {
+    const int r = comm.rank();
+    std::vector<int64_t> flags{r == 1 ? 1 : 0, 1, int64_t{1} << 40};
+    ASSERT_TRUE(comm.AllReduceSumHost(flags).ok());
+    EXPECT_EQ(flags, (std::vector<int64_t>{1, 3, int64_t{3} << 40}));
+    std::vector<double> values{0.5 * r, -1.0};
+    ASSERT_TRUE(comm.AllReduceSumHost(values).ok());
+    EXPECT_EQ(values, (std::vector<double>{1.5, -3.0}));
+    std::vector<int64_t> chosen{r == 2 ? 42 : -1};
+    ASSERT_TRUE(comm.BroadcastHost(chosen, 2).ok());
+    EXPECT_EQ(chosen[0], 42);
+    // Different lengths, an empty one, and bytes that are not text.
+    const std::vector<std::string> mine = {"rank zero", "", std::string("\0\xff\x01", 3)};
+    auto all = comm.AllGatherStrings(mine[static_cast<size_t>(r)]);
+    ASSERT_TRUE(all.ok()) << all.status().ToString();
+    EXPECT_EQ(*all, mine);
+  });
 }
 
 TEST(CommTest, JoiningAStoreThatIsNotThereIsUnavailable) {

@@ -66,6 +66,35 @@ TEST(ModelConfigTest, HfConfigParsesAndRefusesWhatIsNotImplemented) {
   EXPECT_FALSE(ModelConfigFromHfJson(gqa).ok());
 }
 
+// transformers 5 saves RoPE as rope_parameters, with no top-level rope_theta: read it, and
+// refuse what would change the computation instead of falling back to θ = 10000.
+TEST(ModelConfigTest, Transformers5RopeParametersAreReadOrRefusedByName) {
+  nlohmann::json j = {{"vocab_size", 1000},
+                      {"hidden_size", 64},
+                      {"intermediate_size", 128},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"head_dim", 16},
+                      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 5e5}}}};
+  auto c = ModelConfigFromHfJson(j);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->rope_theta, 5e5);
+  auto refused = [&](const char* key, const nlohmann::json& value, const std::string& expect) {
+    auto bad = j;
+    bad[key] = value;
+    auto r = ModelConfigFromHfJson(bad);
+    ASSERT_FALSE(r.ok()) << key << " " << value.dump();
+    EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status().message();
+  };
+  refused("rope_parameters", {{"rope_type", "llama3"}, {"rope_theta", 5e5}},
+          "rope_parameters.rope_type \"llama3\"");
+  refused("rope_parameters", {{"rope_type", "default"}, {"rope_theta", 5e5}, {"factor", 8}},
+          "rope_parameters.factor");
+  refused("rope_parameters", {{"rope_theta", "big"}}, "rope_parameters.rope_theta");
+  refused("rope_theta", 1e4, "rope_theta and rope_parameters.rope_theta differ");
+  refused("head_dim", 32, "head_dim 32");
+}
+
 class HfDirectoryTest : public ::testing::TestWithParam<std::tuple<bool, int>> {};
 
 TEST_P(HfDirectoryTest, MultiFileDirectoryGivesTheSameLogitsAsTheInMemoryModel) {

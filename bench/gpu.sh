@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The engine against transformers + PEFT on one GPU, same torch, same config, same run:
+# tokens/s, MFU and peak memory for each, and the ratio of their step times.
+#
+#   bench/gpu.sh pack [BUILD_DIR]   here: builds bench/engine_step_bench and bundles it, with the
+#                                   shared libraries a GPU host's torch image lacks, into
+#                                   out/gpu-bench (git-ignored)
+#   bench/gpu.sh run                on the GPU host, from the repository root, with out/gpu-bench
+#                                   carried there: runs both for each config and prints a table
+#
+# With the device tool: run `bench/gpu.sh pack` here, then run `bench/gpu.sh run` there with
+# carry ["out/gpu-bench"]. The host's own torch (2.11, CUDA 13), transformers and peft are used:
+# the engine binary loads the host's libtorch, so both sides run the same LibTorch.
+#
+# Configs (CONFIGS="1b 7b" by default), each bf16, sequence 2048, LoRA r=64 on q/k/v/o, ZeRO-0:
+#   1b   the 1b preset (TinyLlama-1.1B shape), batch 4
+#   7b   the 7b preset (deepseek-llm-7b shape), batch 2
+#   tiny fp32, sequence 128, batch 4 (the CPU check: DEVICE=cpu CONFIGS=tiny bench/gpu.sh run)
+# MFU counts model FLOPs per token as 4·N (forward, and backward to the activations: the base
+# weights are frozen, so no weight gradients) + 12·L·seq·d (attention scores and values, forward
+# and backward), against PEAK_TFLOPS (989: H100/H200 SXM, dense bf16).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+bundle="$root/out/gpu-bench"
+
+pack() {
+  local build=${1:-$root/build}
+  cmake --build "$build" --target engine_step_bench
+  rm -rf "$bundle" && mkdir -p "$bundle/lib"
+  cp "$build/bench/engine_step_bench" "$bundle/"
+  # Every library the binary needs except torch's own (the host's torch provides those, and
+  # its CUDA libraries) and the C runtime: those a torch image does not have (yaml-cpp, ...).
+  ldd "$bundle/engine_step_bench" | awk '/=> \//{print $3}' | while read -r lib; do
+    case "$lib" in
+      */torch/lib/*|*/nvidia/*|*/cuda/*) continue ;;
+      */libc.so*|*/libm.so*|*/libpthread.so*|*/libdl.so*|*/librt.so*|*/ld-linux*) continue ;;
+      */libgcc_s.so*|*/libstdc++.so*) continue ;;
+    esac
+    cp -L "$lib" "$bundle/lib/"
+  done
+  echo "gpu.sh: $(du -sh "$bundle" | cut -f1) in out/gpu-bench:" \
+       "$(ls "$bundle/lib" | tr '\n' ' ')"
+}
+
+run() {
+  local device=${DEVICE:-cuda} python=${PYTHON:-}
+  if [[ -z "$python" ]]; then
+    python=python3
+    [[ -x "$root/tools/venv/bin/python3" ]] && python="$root/tools/venv/bin/python3"
+  fi
+  [[ -x "$bundle/engine_step_bench" ]] || { echo "gpu.sh: run \`bench/gpu.sh pack\` first" >&2; exit 1; }
+  # The host's libtorch and the CUDA libraries of its wheels, then what the bundle brought.
+  local libs
+  libs=$("$python" - <<'PY'
+import glob, os, site, torch
+dirs = [os.path.join(os.path.dirname(torch.__file__), "lib")]
+for sp in site.getsitepackages():
+    dirs += sorted(glob.glob(os.path.join(sp, "nvidia", "*", "lib")))
+    dirs += sorted(glob.glob(os.path.join(sp, "nvidia", "cu*", "lib")))
+print(":".join(d for d in dirs if os.path.isdir(d)))
+PY
+)
+  export LD_LIBRARY_PATH="$libs:$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  local steps=${STEPS:-5} warmup=${WARMUP:-2} results=()
+  for config in ${CONFIGS:-1b 7b}; do
+    local args=()
+    case $config in
+      1b) args=(--preset 1b --precision bf16 --seq 2048 --batch 4 --rank 64) ;;
+      7b) args=(--preset 7b --precision bf16 --seq 2048 --batch 2 --rank 64) ;;
+      tiny) args=(--preset tiny --precision fp32 --seq 128 --batch 4 --rank 64) ;;
+      *) echo "gpu.sh: unknown config $config (1b, 7b, tiny)" >&2; exit 2 ;;
+    esac
+    args+=(--device "$device" --targets q_proj,k_proj,v_proj,o_proj --steps "$steps"
+           --warmup "$warmup")
+    [[ -n "${THREADS:-}" ]] && args+=(--threads "$THREADS")
+    echo "gpu.sh: $config: engine" >&2
+    results+=("$("$bundle/engine_step_bench" "${args[@]}" \
+                 --data "$root/examples/data/sample.jsonl")")
+    echo "gpu.sh: $config: transformers + peft" >&2
+    results+=("$("$python" "$here/hf_reference_step.py" "${args[@]}")")
+  done
+  "$python" - "${PEAK_TFLOPS:-989}" "${results[@]}" <<'PY'
+import json, sys
+peak = float(sys.argv[1]) * 1e12
+rows = [json.loads(l) for l in sys.argv[2:]]
+def mfu(r):
+    flops_per_token = 4 * r["base_params"] + 12 * r["layers"] * r["seq"] * r["hidden"]
+    return r["tokens_per_s"] * flops_per_token / peak
+print(f"{'config':<6} {'impl':<18} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} {'step s':>8}")
+for r in rows:
+    print(f"{r['preset']:<6} {r['impl']:<18} {r['tokens_per_s']:>10.0f} {mfu(r):>7.1%} "
+          f"{r['peak_bytes'] / 2**30:>9.2f} {r['seconds_per_step']:>8.3f}")
+for e, p in zip(rows[0::2], rows[1::2]):
+    print(json.dumps({"config": e["preset"], "device": e["device"],
+                      "step_time_ratio_engine_over_hf": e["seconds_per_step"] / p["seconds_per_step"],
+                      "peak_memory_ratio_engine_over_hf": e["peak_bytes"] / p["peak_bytes"],
+                      "engine_tokens_per_s": e["tokens_per_s"], "hf_tokens_per_s": p["tokens_per_s"],
+                      "engine_mfu": mfu(e), "hf_mfu": mfu(p)}))
+PY
+}
+
+case "${1:-}" in
+  pack) shift; pack "$@" ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""One case for the engine's Hugging Face oracle test (tests/integration/hf_oracle_test.cc):
+a random tiny LlamaForCausalLM from transformers, with a LoRA adapter from PEFT whose A and B
+are both random (B != 0, so the adapter changes the outputs), run forward and backward on a
+batch whose labels have ignored positions. Writes, under OUT:
+
+  base/             the model, as transformers' save_pretrained writes it (config.json and
+                    model.safetensors, by the safetensors package; with max_shard_size, shards
+                    and model.safetensors.index.json; save_dtype fp32, bf16 or fp16)
+  adapter/          the adapter, as PEFT's save_pretrained writes it
+  expected.safetensors
+      tokens  I64 [batch, seq]   input ids
+      targets I64 [batch, seq]   the next token at each position, -100 where not in the loss
+                                 (labels shifted left, as transformers' loss shifts them)
+      logits  F32 [batch, seq, vocab]
+      loss    F32 []             transformers' mean cross-entropy over the counted tokens
+      grad.<engine name of a LoRA weight>  F32   d loss / d weight, from PEFT's modules
+
+  tools/venv/bin/python3 tests/hf/llama_peft_case.py OUT '{"tie": true, "kv_heads": 2, ...}'
+
+Everything here is transformers' and PEFT's own code; nothing is reimplemented."""
+import copy
+import json
+import os
+import sys
+
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+DEFAULTS = {
+    "vocab": 96, "hidden": 64, "intermediate": 112, "layers": 2, "heads": 4, "kv_heads": 2,
+    "tie": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "seed": 0,
+    "rank": 4, "alpha": 8, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                       "up_proj", "down_proj"],
+    "batch": 2, "seq": 12,
+    "save_dtype": "float32", "max_shard_size": "50GB",  # e.g. "bfloat16", "40KB" (sharded)
+}
+
+
+def main(out, case_json):
+    case = dict(DEFAULTS, **json.loads(case_json))
+    torch.manual_seed(case["seed"])
+    config = LlamaConfig(
+        vocab_size=case["vocab"], hidden_size=case["hidden"],
+        intermediate_size=case["intermediate"], num_hidden_layers=case["layers"],
+        num_attention_heads=case["heads"], num_key_value_heads=case["kv_heads"],
+        tie_word_embeddings=case["tie"], rope_theta=case["rope_theta"],
+        rms_norm_eps=case["rms_norm_eps"], max_position_embeddings=64,
+        initializer_range=0.1, attn_implementation="eager")
+    base = LlamaForCausalLM(config).float().eval()
+    save_dtype = getattr(torch, case["save_dtype"])
+    if save_dtype != torch.float32:
+        # Stored in 16 bits: round the weights first, so that the fp32 model computing the
+        # expected values has exactly the weights the engine reads back.
+        with torch.no_grad():
+            for p in base.parameters():
+                p.copy_(p.to(save_dtype).float())
+    copy.deepcopy(base).to(save_dtype).save_pretrained(
+        os.path.join(out, "base"), safe_serialization=True, max_shard_size=case["max_shard_size"])
+
+    lora = LoraConfig(r=case["rank"], lora_alpha=case["alpha"], lora_dropout=0.0,
+                      target_modules=case["targets"], bias="none", task_type="CAUSAL_LM")
+    model = get_peft_model(base, lora)
+    # PEFT starts B at zero; a random B makes the adapter part of every output and gradient.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_A" in name or "lora_B" in name:
+                p.copy_(torch.randn_like(p) * 0.2)
+    model.save_pretrained(os.path.join(out, "adapter"))
+
+    batch, seq = case["batch"], case["seq"]
+    tokens = torch.randint(0, case["vocab"], (batch, seq))
+    labels = tokens.clone()
+    labels[0, 3:5] = -100  # positions outside the loss (a prompt, padding)
+    labels[1, 7] = -100
+    result = model(input_ids=tokens, labels=labels)
+    result.loss.backward()
+
+    targets = torch.full_like(labels, -100)
+    targets[:, :-1] = labels[:, 1:]
+    expected = {"tokens": tokens, "targets": targets,
+                "logits": result.logits.detach().float().contiguous(),
+                "loss": result.loss.detach().float().reshape(())}
+    wrapped = 0
+    for name, p in model.named_parameters():
+        if p.grad is None:
+            continue
+        # base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight
+        #   → model.layers.0.self_attn.q_proj.lora_A.weight (the engine's HF-style name)
+        engine = name.removeprefix("base_model.model.").replace(".default.", ".")
+        expected["grad." + engine] = p.grad.detach().float().contiguous()
+        wrapped += 1
+    save_file(expected, os.path.join(out, "expected.safetensors"))
+    print(json.dumps({"lora_weights": wrapped, "loss": result.loss.item(),
+                      "transformers": __import__("transformers").__version__,
+                      "peft": __import__("peft").__version__}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "{}")

@@ -1,0 +1,188 @@
+// The engine against the libraries our users trust: transformers' LlamaForCausalLM with a PEFT
+// LoRA adapter whose B is not zero (tests/hf/llama_peft_case.py, the real packages from
+// tools/venv). The engine loads the base model transformers saved and the adapter PEFT saved,
+// and must give the same logits and loss (1e-5 relative) and, after one backward on the same
+// batch, the same gradient for every LoRA weight (1e-4 relative), at ZeRO stages 0 and 3
+// (where backward recomputes each block from gathered shards). The base is stored as transformers
+// stores it: fp32, bf16, fp16, one file or shards with an index.
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/process.h"
+#include "tests/unit/engine/test_util.h"
+#include "worker/checkpoint/peft_export.h"
+#include "worker/engine/comm.h"
+#include "worker/engine/hf_checkpoint.h"
+#include "worker/engine/safetensors.h"
+
+namespace tidal::engine {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct OracleCase {
+  const char* name;
+  const char* json;  // overrides of llama_peft_case.py's defaults
+};
+
+// Largest absolute difference, relative to the largest magnitude of the expected values.
+double RelativeError(const torch::Tensor& actual, const torch::Tensor& expected) {
+  const double scale = expected.abs().max().item<double>();
+  return (actual - expected).abs().max().item<double>() / std::max(scale, 1e-30);
+}
+
+class HfOracleTest : public ::testing::TestWithParam<std::tuple<OracleCase, int>> {
+ protected:
+  void SetUp() override {
+    const auto& [c, stage] = GetParam();
+    auto made = tidal::testing::RunProcess(
+        {TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/hf/llama_peft_case.py", dir_.path(),
+         c.json},
+        300s);
+    ASSERT_EQ(made.exit_code, 0) << made.out << made.err;
+    auto expected = SafetensorsFile::Open(dir_.path() + "/expected.safetensors");
+    ASSERT_TRUE(expected.ok()) << expected.status().message();
+    expected_ = std::move(*expected);
+    auto adapter = SafetensorsFile::Open(dir_.path() + "/adapter/adapter_model.safetensors");
+    ASSERT_TRUE(adapter.ok()) << adapter.status().message();
+    adapter_ = std::move(*adapter);
+    std::ifstream config_file(dir_.path() + "/adapter/adapter_config.json");
+    adapter_config_ = nlohmann::json::parse(config_file);
+  }
+
+  torch::Tensor Expected(const std::string& name) {
+    auto t = expected_->Read(
+        name, name == "tokens" || name == "targets" ? torch::kInt64 : torch::kFloat32);
+    EXPECT_TRUE(t.ok()) << t.status().message();
+    return t.ok() ? *t : torch::Tensor();
+  }
+
+  testing::TempDir dir_;
+  std::unique_ptr<SafetensorsFile> expected_, adapter_;
+  nlohmann::json adapter_config_;
+};
+
+TEST_P(HfOracleTest, LogitsLossAndLoraGradientsEqualTransformersWithPeft) {
+  const int stage = std::get<1>(GetParam());
+  auto hf = HfCheckpoint::Open(dir_.path() + "/base");
+  ASSERT_TRUE(hf.ok()) << hf.status().message();
+  // The adapter's shape as PEFT wrote it in adapter_config.json.
+  LoraSpec lora;
+  lora.rank = adapter_config_.at("r").get<int64_t>();
+  lora.alpha = adapter_config_.at("lora_alpha").get<double>();
+  lora.dropout = 0;
+  lora.target_modules = adapter_config_.at("target_modules").get<std::vector<std::string>>();
+  DecoderModel model((*hf)->config(), lora);
+  auto comm = MakeSingleRankComm();
+  ShardedParameters params(model, *comm, {stage, torch::kCPU, torch::kFloat32});
+
+  // Base weights from transformers' directory; LoRA weights from PEFT's file, by the key rule
+  // the engine's own export uses. Every adapter tensor must be used.
+  ParameterReader base = (*hf)->Reader(model, /*adapter_seed=*/0);
+  std::set<std::string> used;
+  ASSERT_TRUE(params
+                  .Load([&](const ParamSpec& spec, int64_t first,
+                            int64_t count) -> StatusOr<torch::Tensor> {
+                    if (!spec.trainable) return base(spec, first, count);
+                    const std::string peft = checkpoint::PeftTensorName(spec.name);
+                    used.insert(peft);
+                    return adapter_->ReadFlatRange(peft, first, count, torch::kFloat32);
+                  })
+                  .ok());
+  EXPECT_EQ(used.size(), adapter_->entries().size());
+
+  const torch::Tensor tokens = Expected("tokens"), targets = Expected("targets");
+  auto logits = testing::Logits(params, model, tokens);
+  EXPECT_LE(RelativeError(logits, Expected("logits")), 1e-5);
+
+  ForwardContext ctx;
+  ctx.tokens = tokens;
+  ctx.targets = targets;
+  std::tie(ctx.rope_cos, ctx.rope_sin) = model.RopeTables(tokens.size(1), torch::kCPU);
+  ctx.training = true;
+  auto loss_sum = params.Forward(ctx);
+  ASSERT_TRUE(loss_sum.ok()) << loss_sum.status().message();
+  auto loss = *loss_sum / (targets != -100).sum().item<double>();
+  EXPECT_LE(RelativeError(loss.detach(), Expected("loss")), 1e-5);
+  loss.backward();
+  ASSERT_TRUE(params.AfterMicroBatchBackward().ok());
+  auto slices = params.ReduceGradients();
+  ASSERT_TRUE(slices.ok()) << slices.status().message();
+
+  // One rank: each block's slice is its whole trainable flat, laid out as TrainableLayout says.
+  std::map<std::string, torch::Tensor> grad_by_key;
+  for (const auto& s : *slices) grad_by_key[s.key] = s.grad;
+  size_t compared = 0;
+  for (const auto& block : params.TrainableLayout()) {
+    ASSERT_TRUE(grad_by_key.count(block.key)) << block.key;
+    const torch::Tensor& flat = grad_by_key[block.key];
+    for (const auto& p : block.params) {
+      auto actual = flat.narrow(0, p.offset - block.optimizer_lo, p.numel).view(p.shape);
+      auto expected = Expected("grad." + p.name);
+      ASSERT_TRUE(expected.defined()) << p.name;
+      EXPECT_LE(RelativeError(actual, expected), 1e-4) << p.name;
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, adapter_->entries().size());
+}
+
+// The other direction: what the engine writes (fp32, bf16, fp16, with metadata) is read by the
+// safetensors package with the same dtypes, shapes, values and metadata.
+TEST(SafetensorsInteropTest, FilesTheEngineWritesLoadWithTheSafetensorsPackage) {
+  testing::TempDir dir;
+  torch::manual_seed(7);
+  const std::vector<std::pair<std::string, torch::Tensor>> written = {
+      {"fp32", torch::randn({3, 5})},
+      {"bf16", torch::randn({4, 2, 3}).to(torch::kBFloat16)},
+      {"fp16", torch::randn({7}).to(torch::kFloat16)},
+      {"scalar", torch::tensor(2.5f).reshape({})},
+  };
+  const std::string in = dir.path() + "/engine.safetensors", out = dir.path() + "/back.safetensors";
+  ASSERT_TRUE(WriteSafetensors(in, written, {{"format", "pt"}, {"step", "12"}}).ok());
+  auto r = tidal::testing::RunProcess(
+      {TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/hf/safetensors_roundtrip.py", in, out},
+      120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  auto report = nlohmann::json::parse(r.out);
+  EXPECT_EQ(
+      report["dtypes"],
+      nlohmann::json(
+          {{"fp32", "float32"}, {"bf16", "bfloat16"}, {"fp16", "float16"}, {"scalar", "float32"}}));
+  EXPECT_EQ(report["metadata"], nlohmann::json({{"format", "pt"}, {"step", "12"}}));
+  auto back = SafetensorsFile::Open(out);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  for (const auto& [name, tensor] : written) {
+    EXPECT_EQ(report["shapes"][name], nlohmann::json(tensor.sizes().vec())) << name;
+    auto value = (*back)->Read(name, torch::kFloat32);
+    ASSERT_TRUE(value.ok()) << value.status().message();
+    EXPECT_TRUE(torch::equal(*value, tensor.to(torch::kFloat32))) << name;
+  }
+}
+
+const OracleCase kCases[] = {
+    {"UntiedGqa", R"({"tie": false, "kv_heads": 2})"},
+    {"TiedGqa", R"({"tie": true, "kv_heads": 2})"},
+    {"UntiedMhaRopeTheta5e5", R"({"tie": false, "kv_heads": 4, "rope_theta": 500000.0})"},
+    // Weights stored by transformers in 16 bits, and in shards listed by an index.
+    {"ShardedBf16", R"({"save_dtype": "bfloat16", "max_shard_size": "40KB", "seed": 1})"},
+    {"Fp16", R"({"save_dtype": "float16", "tie": true, "seed": 2})"},
+    {"TiedMhaRopeTheta1e6AttentionOnly",
+     R"({"tie": true, "kv_heads": 4, "rope_theta": 1000000.0, "rms_norm_eps": 1e-5,
+         "targets": ["q_proj", "v_proj"], "rank": 8, "alpha": 32, "seed": 3})"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Llama, HfOracleTest,
+                         ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Values(0, 3)),
+                         [](const ::testing::TestParamInfo<std::tuple<OracleCase, int>>& info) {
+                           return std::string(std::get<0>(info.param).name) + "Zero" +
+                                  std::to_string(std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace tidal::engine
