@@ -5,7 +5,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test unit integration e2e manifests demo demo-train bench bench-kube bench-checkpoint bench-operator format clean
+.PHONY: all deps configure build test unit integration e2e manifests demo demo-train bench bench-gpu-pack bench-kube bench-checkpoint bench-operator format clean
 
 all: build
 
@@ -57,6 +57,12 @@ demo-train: configure
 
 bench: build bench-kube bench-checkpoint bench-operator
 	bench/step_time_vs_python.sh $(BUILD_DIR)
+	tools/venv/bin/python3 bench/gloo_collectives.py
+
+# The engine against transformers + PEFT on a GPU host: `make bench-gpu-pack` here, then
+# `bench/gpu.sh run` there with out/gpu-bench carried (bench/gpu.sh says how).
+bench-gpu-pack: build
+	bench/gpu.sh pack $(BUILD_DIR)
 
 # The Kubernetes side: informer memory per Pod, list+watch throughput through tidal local.
 bench-kube: build

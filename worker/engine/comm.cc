@@ -216,20 +216,25 @@ class TcpStoreServer final : public StoreServer {
 
 }  // namespace
 
-Status Comm::AllReduceSumHost(std::vector<int64_t>& values) {
+namespace {
+
+template <typename T>
+Status AllReduceSumHostValues(Comm& comm, std::vector<T>& values, torch::ScalarType dtype) {
   if (values.empty()) return OkStatus();
-  auto t = ToDevice(values, torch::kInt64, device());
-  TIDAL_RETURN_IF_ERROR(AllReduceSum(t));
+  auto t = ToDevice(values, dtype, comm.device());
+  TIDAL_RETURN_IF_ERROR(comm.AllReduceSum(t));
   FromDevice(t, values);
   return OkStatus();
 }
 
+}  // namespace
+
+Status Comm::AllReduceSumHost(std::vector<int64_t>& values) {
+  return AllReduceSumHostValues(*this, values, torch::kInt64);
+}
+
 Status Comm::AllReduceSumHost(std::vector<double>& values) {
-  if (values.empty()) return OkStatus();
-  auto t = ToDevice(values, torch::kFloat64, device());
-  TIDAL_RETURN_IF_ERROR(AllReduceSum(t));
-  FromDevice(t, values);
-  return OkStatus();
+  return AllReduceSumHostValues(*this, values, torch::kFloat64);
 }
 
 Status Comm::BroadcastHost(std::vector<int64_t>& values, int root) {
