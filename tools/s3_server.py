@@ -14,6 +14,7 @@ prints one JSON line when it serves: {"port", "endpoint", "access_key", "secret_
 "bucket"}, then serves until killed. Objects live in memory and go with the process."""
 import argparse
 import json
+import logging
 import os
 import sys
 import threading
@@ -47,6 +48,9 @@ def main():
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
 
+    # Quiet: a line per request on stderr fills the pipe of a parent that reads it only at the
+    # end (the tests' Process), and then every request blocks on the write.
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     # Open while we set ourselves up; verification goes on below.
     settings.INITIAL_NO_AUTH_ACTION_COUNT = float("inf")
     ssl_context = (args.tls_cert, args.tls_key) if args.tls_cert else None

@@ -78,7 +78,9 @@ void Client::Prepare(Request& request) const {
   bool default_port =
       (o.scheme == "https" && o.port == 443) || (o.scheme == "http" && o.port == 80);
   std::string host = o.host.find(':') != std::string::npos ? "[" + o.host + "]" : o.host;
-  request.headers.Set("Host", default_port ? host : host + ":" + std::to_string(o.port));
+  // A Host the caller set is kept (a proxy forwards the one a request was signed with).
+  if (!request.headers.Has("Host"))
+    request.headers.Set("Host", default_port ? host : host + ":" + std::to_string(o.port));
   if (!request.body.empty() || request.method == "POST" || request.method == "PUT" ||
       request.method == "PATCH")
     request.headers.Set("Content-Length", std::to_string(request.body.size()));

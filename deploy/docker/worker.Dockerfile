@@ -45,7 +45,7 @@ RUN apt-get update \
       ca-certificates tzdata \
       libxxhash0 libexpat1 libgrpc++1.51 libgrpc29 libabsl20220623 libssl3 \
       libprotobuf32 libprometheus-cpp-core1.0 libyaml-cpp0.7 \
-      libdate-tz3 libgomp1 \
+      libdate-tz3 \
  && rm -rf /var/lib/apt/lists/*
 # The wheels' libraries at the paths the binaries were linked against (their RUNPATH), and the
 # CUDA libraries torch's own RUNPATH finds beside it.

@@ -37,6 +37,8 @@ class FixedDatetime(datetime.datetime):
 
 
 botocore.auth.datetime = types.SimpleNamespace(datetime=FixedDatetime)
+# botocore >= 1.36 reads the clock through get_current_datetime (naive UTC).
+botocore.auth.get_current_datetime = lambda *args, **kwargs: FixedDatetime.fixed
 
 
 def url_of(r):
