@@ -62,7 +62,9 @@ class Section {
   }
   void Int(const std::string& key, int64_t& out) {
     if (const nlohmann::json* v = Field(key)) {
-      if (v->is_number_integer())
+      if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX})
+        Error(key, "expected an integer below 2^63, got " + v->dump());
+      else if (v->is_number_integer())
         out = v->get<int64_t>();
       else
         Error(key, "expected an integer, got " + v->dump());
@@ -95,6 +97,12 @@ class Section {
   template <typename T>
   void AtLeast(const std::string& key, T value, T min) {
     if (value < min) Error(key, "must be >= " + Show(min) + ", got " + Show(value));
+  }
+  // An integer field that must lie in [min, max] (common/spec_limits.h gives the maxima).
+  void InRange(const std::string& key, int64_t value, int64_t min, int64_t max) {
+    if (value < min || value > max)
+      Error(key, "must be in [" + std::to_string(min) + ", " + std::to_string(max) + "], got " +
+                     std::to_string(value));
   }
   void OneOf(const std::string& key, const std::string& value,
              std::initializer_list<const char*> allowed) {

@@ -3,9 +3,11 @@
 
 #include <date/tz.h>
 
+#include <algorithm>
 #include <regex>
 #include <set>
 
+#include "common/spec_limits.h"
 #include "common/spec_section.h"
 
 namespace tidal::api {
@@ -50,11 +52,11 @@ void ReadElastic(const json& spec, ElasticSpec& e, std::vector<std::string>& err
   s.Bool("requireIdleCapacity", e.require_idle_capacity);
   s.Int("cooldownSeconds", e.cooldown_seconds);
   s.Int("scaleUpTimeoutSeconds", e.scale_up_timeout_seconds);
-  s.AtLeast<int64_t>("minGPUs", e.min_gpus, 1);
-  s.AtLeast<int64_t>("maxGPUs", e.max_gpus, 1);
-  s.AtLeast<int64_t>("gpusPerPod", e.gpus_per_pod, 1);
-  s.AtLeast<int64_t>("cooldownSeconds", e.cooldown_seconds, 0);
-  s.AtLeast<int64_t>("scaleUpTimeoutSeconds", e.scale_up_timeout_seconds, 1);
+  s.InRange("minGPUs", e.min_gpus, 1, spec::kMaxGpus);
+  s.InRange("maxGPUs", e.max_gpus, 1, spec::kMaxGpus);
+  s.InRange("gpusPerPod", e.gpus_per_pod, 1, spec::kMaxGpusPerPod);
+  s.InRange("cooldownSeconds", e.cooldown_seconds, 0, spec::kMaxSeconds);
+  s.InRange("scaleUpTimeoutSeconds", e.scale_up_timeout_seconds, 1, spec::kMaxSeconds);
   try {
     (void)date::locate_zone(e.time_zone);
   } catch (const std::exception&) {
@@ -90,7 +92,7 @@ void ReadElastic(const json& spec, ElasticSpec& e, std::vector<std::string>& err
         else
           *cron = *parsed;
       }
-      w.AtLeast<int64_t>("gpus", window.gpus, 1);
+      w.InRange("gpus", window.gpus, 1, spec::kMaxGpus);
       e.schedule.push_back(std::move(window));
     }
   }
@@ -108,9 +110,9 @@ void ReadCheckpoint(const json& spec, CheckpointSpec& c, std::vector<std::string
   if (!c.credentials_secret.empty() && !ValidSecretName(c.credentials_secret))
     s.Error("credentialsSecret",
             "\"" + c.credentials_secret + "\" is not a valid Secret name (RFC 1123 subdomain)");
-  s.AtLeast<int64_t>("fullEverySteps", c.full_every_steps, 0);
-  s.AtLeast<int64_t>("snapshotEverySteps", c.snapshot_every_steps, 0);
-  s.AtLeast<int64_t>("keep", c.keep, 1);
+  s.InRange("fullEverySteps", c.full_every_steps, 0, spec::kMaxSteps);
+  s.InRange("snapshotEverySteps", c.snapshot_every_steps, 0, spec::kMaxSteps);
+  s.InRange("keep", c.keep, 1, spec::kMaxKeep);
 }
 
 void ReadAnomaly(const json& spec, std::optional<AnomalySpec>& out,
@@ -123,9 +125,9 @@ void ReadAnomaly(const json& spec, std::optional<AnomalySpec>& out,
   s.Number("minGPUUtilPercent", a.min_gpu_util_percent);
   s.String("action", a.action);
   s.Int("acknowledgedStep", a.acknowledged_step);
-  s.AtLeast<int64_t>("acknowledgedStep", a.acknowledged_step, 0);
+  s.InRange("acknowledgedStep", a.acknowledged_step, 0, spec::kMaxSteps);
   if (!(a.loss_rise_percent > 0)) s.Error("lossRisePercent", "must be > 0");
-  s.AtLeast<int64_t>("consecutiveSteps", a.consecutive_steps, 1);
+  s.InRange("consecutiveSteps", a.consecutive_steps, 1, spec::kMaxAnomalySteps);
   if (!(a.min_gpu_util_percent >= 0 && a.min_gpu_util_percent <= 100))
     s.Error("minGPUUtilPercent", "must be in [0, 100]");
   s.OneOf("action", a.action, {"Pause", "Alert"});
@@ -157,11 +159,24 @@ void ReadWorker(const json& spec, WorkerSpec& w, std::vector<std::string>& error
   take("env", w.env, false);
 }
 
-// The CRD's CEL rules, and the same for the manual count.
+// Whether `gpus` ranks split the global batch into whole micro-batches (gradient
+// accumulation a whole number). Overflow-free: microBatchSize × gpus is never formed.
+bool SplitsBatch(const engine::OptimizationSpec& o, int64_t gpus) {
+  return gpus >= 1 && o.micro_batch_size >= 1 && o.global_batch_size % o.micro_batch_size == 0 &&
+         (o.global_batch_size / o.micro_batch_size) % gpus == 0;
+}
+
+// The CRD's CEL rules, and the same for the manual count. Runs only on values inside their
+// bounds (common/spec_limits.h), so the products in the messages fit in int64.
 void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
   const ElasticSpec& e = j.elastic;
   const auto& o = j.train.optimization;
-  if (e.min_gpus < 1 || e.max_gpus < 1 || e.gpus_per_pod < 1 || o.micro_batch_size < 1) return;
+  auto within = [](int64_t v, int64_t max) { return v >= 1 && v <= max; };
+  if (!within(e.min_gpus, spec::kMaxGpus) || !within(e.max_gpus, spec::kMaxGpus) ||
+      !within(e.gpus_per_pod, spec::kMaxGpusPerPod) ||
+      !within(o.micro_batch_size, spec::kMaxMicroBatchSize) ||
+      !within(o.global_batch_size, spec::kMaxGlobalBatchSize))
+    return;
   if (e.min_gpus > e.max_gpus)
     errors.push_back("spec.elastic: minGPUs (" + std::to_string(e.min_gpus) +
                      ") must not exceed maxGPUs (" + std::to_string(e.max_gpus) + ")");
@@ -169,7 +184,7 @@ void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
     if (n % e.gpus_per_pod != 0)
       errors.push_back("spec.elastic." + std::string(key) + ": " + std::to_string(n) +
                        " is not a multiple of gpusPerPod (" + std::to_string(e.gpus_per_pod) + ")");
-    if (o.global_batch_size % (o.micro_batch_size * n) != 0)
+    if (!SplitsBatch(o, n))
       errors.push_back("spec.optimization.globalBatchSize: " + std::to_string(o.global_batch_size) +
                        " is not divisible by microBatchSize × " + key + " = " +
                        std::to_string(o.micro_batch_size * n));
@@ -182,7 +197,7 @@ void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
     else if (n % e.gpus_per_pod != 0)
       errors.push_back(field + ": " + std::to_string(n) + " is not a multiple of gpusPerPod (" +
                        std::to_string(e.gpus_per_pod) + ")");
-    else if (o.global_batch_size % (o.micro_batch_size * n) != 0)
+    else if (!SplitsBatch(o, n))
       errors.push_back(field + ": at " + std::to_string(n) + " GPUs globalBatchSize " +
                        std::to_string(o.global_batch_size) +
                        " does not split into whole micro-batches of " +
@@ -197,12 +212,25 @@ void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
 }  // namespace
 
 std::vector<int64_t> TrainingJobSpec::AllowedGpuCounts() const {
-  std::vector<int64_t> out;
+  // A count n is allowed when gpusPerPod divides it and n divides globalBatchSize /
+  // microBatchSize: the divisors of that quotient, found by trial division up to its square
+  // root — never a walk over [minGPUs, maxGPUs], which the user sets.
   const auto& o = train.optimization;
-  for (int64_t n = elastic.min_gpus; n <= elastic.max_gpus; ++n)
-    if (n % elastic.gpus_per_pod == 0 && o.micro_batch_size > 0 &&
-        o.global_batch_size % (o.micro_batch_size * n) == 0)
+  std::vector<int64_t> out;
+  if (o.micro_batch_size < 1 || o.global_batch_size < 1 ||
+      o.global_batch_size % o.micro_batch_size != 0 || elastic.gpus_per_pod < 1)
+    return out;
+  const int64_t q = o.global_batch_size / o.micro_batch_size;
+  auto consider = [&](int64_t n) {
+    if (n >= elastic.min_gpus && n <= elastic.max_gpus && n % elastic.gpus_per_pod == 0)
       out.push_back(n);
+  };
+  for (int64_t d = 1; d <= q / d; ++d) {
+    if (q % d != 0) continue;
+    consider(d);
+    if (d != q / d) consider(q / d);
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -223,16 +251,18 @@ StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const json& spec) {
       Section r(spec, "restartPolicy", "spec", errors);
       r.Int("maxRestarts", j.restart_policy.max_restarts);
       r.Int("backoffSeconds", j.restart_policy.backoff_seconds);
-      r.AtLeast<int64_t>("maxRestarts", j.restart_policy.max_restarts, 0);
-      r.AtLeast<int64_t>("backoffSeconds", j.restart_policy.backoff_seconds, 0);
+      r.InRange("maxRestarts", j.restart_policy.max_restarts, 0, spec::kMaxRestarts);
+      r.InRange("backoffSeconds", j.restart_policy.backoff_seconds, 0, spec::kMaxSeconds);
     }
     ReadWorker(spec, j.worker, errors);
     root.Bool("suspend", j.suspend);
     if (const json* replicas = root.Field("replicas")) {
-      if (replicas->is_number_integer() && replicas->get<int64_t>() >= 1)
+      if (replicas->is_number_integer() && replicas->get<int64_t>() >= 1 &&
+          replicas->get<int64_t>() <= spec::kMaxGpus)
         j.replicas = replicas->get<int64_t>();
       else
-        root.Error("replicas", "expected an integer >= 1, got " + replicas->dump());
+        root.Error("replicas", "expected an integer in [1, " + std::to_string(spec::kMaxGpus) +
+                                   "], got " + replicas->dump());
     }
   }
   CheckSizes(j, errors);

@@ -56,6 +56,7 @@ WorkerReport ReportOf(const pb::WorkerStatus& s) {
     r.checkpoint_uri = s.last_checkpoint().uri();
   }
   r.last_error = s.last_error();
+  r.last_error_permanent = s.last_error_permanent();
   if (s.has_gpu_utilization_percent()) r.gpu_utilization_percent = s.gpu_utilization_percent();
   for (const pb::StepEvent& e : s.recent_steps()) {
     planner::StepSample sample{e.step(), e.loss(), std::nullopt};
@@ -185,7 +186,7 @@ void TrainingJobController::EnqueueOwner(const kube::ObjectPtr& object) {
 void TrainingJobController::Work() {
   while (auto key = queue_.Get()) {
     const auto start = std::chrono::steady_clock::now();
-    Status s = Reconcile(*key);
+    Status s = ReconcileIsolated(*key);
     if (OperatorMetrics* m = options_.metrics) {
       m->ObserveReconcile(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), s.ok());
@@ -198,6 +199,43 @@ void TrainingJobController::Work() {
       queue_.Forget(*key);
     }
     queue_.Done(*key);
+  }
+}
+
+Status TrainingJobController::ReconcileIsolated(const std::string& key) {
+  Status s;
+  try {
+    s = Reconcile(key);
+  } catch (const std::exception& e) {
+    s = Internal(std::string("reconcile threw: ") + e.what());
+  } catch (...) {
+    s = Internal("reconcile threw an unknown exception");
+  }
+  // Retryable errors (a conflict, the API server or a worker unreachable) pass with the
+  // requeue; anything else would repeat on every retry, so the job says so.
+  if (!s.ok() && !s.retryable()) MarkReconcileFailed(key, s);
+  return s;
+}
+
+void TrainingJobController::MarkReconcileFailed(const std::string& key, const Status& error) {
+  const std::string message = "the operator cannot reconcile this job: " + error.ToString();
+  try {  // best effort: the requeue with backoff retries the job either way
+    const auto slash = key.find('/');
+    kube::ObjectPtr job = jobs_->store().Get(key.substr(0, slash), key.substr(slash + 1));
+    if (!job) return;
+    recorder_.Record(*job, "Warning", "ReconcileError", message);
+    // The condition only on a status that reads back: an empty one in its place would forget
+    // the job's generation and members.
+    auto status = JobStatusFromJson(job->value("status", json(nullptr)));
+    if (!status.ok()) return;
+    Plan plan;
+    plan.status = *status;
+    MarkReconcileError(plan.status, message, Clock::now(),
+                       (*job)["metadata"].value("generation", int64_t{0}));
+    if (auto written = WriteStatus(*job, plan); !written.ok())
+      LogWarn("could not mark the job", {{"job", key}, {"error", written.status().message()}});
+  } catch (const std::exception& e) {
+    LogError("could not mark the job", {{"job", key}, {"error", e.what()}});
   }
 }
 
@@ -503,6 +541,17 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
       case Action::Kind::kEnsureSpecConfig:
         done = create(kube::Resource::ConfigMaps(), SpecConfigMap(ref, o.raw_spec));
         break;
+      case Action::Kind::kUpdateSpecConfig: {
+        const json config = SpecConfigMap(ref, o.raw_spec);
+        TIDAL_ASSIGN_OR_RETURN(
+            auto request,
+            kube::MergePatchRequest(kube::Resource::ConfigMaps(), o.namespace_,
+                                    SpecConfigMapName(o.name), {{"data", config["data"]}}));
+        done = client_.Call(request).status();
+        if (done.code() == StatusCode::kNotFound)
+          done = create(kube::Resource::ConfigMaps(), config);
+        break;
+      }
       case Action::Kind::kCreatePods: {
         if (!o.spec.ok()) break;
         WorkerPodOptions w;

@@ -59,8 +59,13 @@ class TrainingJobController {
   void Stop();
   // One pass over "namespace/name" (what the worker runs; public for tests).
   Status Reconcile(const std::string& key);
+  // Reconcile, with anything it throws confined to the job; an error that a retry cannot fix
+  // gives the job an Event and Ready=False (ReconcileError), and the operator goes on with the
+  // others.
+  Status ReconcileIsolated(const std::string& key);
 
  private:
+  void MarkReconcileFailed(const std::string& key, const Status& error);
   Observed Observe(const nlohmann::json& job, WorkerConnections& connections);
   // The job as written (or unchanged when its status already matched).
   StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan);

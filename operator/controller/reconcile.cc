@@ -80,6 +80,11 @@ bool ConditionTrue(const JobStatus& st, const std::string& type) {
   return false;
 }
 
+void MarkReconcileError(JobStatus& status, const std::string& message, Clock::time_point now,
+                        int64_t observed_generation) {
+  SetCondition(status, "Ready", false, "ReconcileError", message, now, observed_generation);
+}
+
 namespace {
 
 bool ConditionIs(const JobStatus& st, const std::string& type, const std::string& reason) {
@@ -110,6 +115,7 @@ class Decider {
     if (ConditionIs(st_, "Ready", "InvalidSpec"))
       SetCondition(st_, "Ready", false, "SpecAccepted", "the spec is valid", o_.now,
                    o_.metadata_generation);
+    if (st_.phase == "Failed") RetryAfterSpecEdit();
     if (st_.phase == "Succeeded" || st_.phase == "Failed") return Finish();  // terminal
     EnsureChildren();
     if (spec_->suspend) {
@@ -147,8 +153,9 @@ class Decider {
   int64_t GpusPerPod() const { return spec_ ? spec_->elastic.gpus_per_pod : 1; }
 
   struct Failure {
-    std::string cause;      // "" when healthy
-    bool pod_lost = false;  // the pod must be replaced; else its worker can rejoin
+    std::string cause;       // "" when healthy
+    bool pod_lost = false;   // the pod must be replaced; else its worker can rejoin
+    bool permanent = false;  // the worker cannot use the spec: no restart helps
   };
   // Why `name` can no longer go on in generation `generation`. A worker that reports its
   // generation FAILED (a peer died, a collective timed out) is alive and rejoins the next one;
@@ -160,10 +167,15 @@ class Decider {
       return {"pod " + name + " failed" + (pod->reason.empty() ? "" : ": " + pod->reason), true};
     if (pod->deleting) return {"pod " + name + " is being deleted", true};
     if (const WorkerReport* r = Report(name)) {
-      if (r->phase == "Failed" && r->generation >= generation && generation > 0)
+      if (r->phase == "Failed" && r->generation >= generation && generation > 0) {
+        if (r->last_error_permanent)
+          return {"worker " + name + " cannot start generation " +
+                      std::to_string(r->generation) + ": " + r->last_error,
+                  false, true};
         return {"worker " + name + " failed generation " + std::to_string(r->generation) + ": " +
                     r->last_error,
                 false};
+      }
       return {};
     }
     auto since = o_.unreachable_since.find(name);
@@ -283,13 +295,18 @@ class Decider {
             st_.rescale->new_pods.end())
           members.push_back(m);
     }
-    std::vector<std::string> failed;
+    std::vector<std::string> failed, permanent;
     for (const std::string& m : members) {
       const Failure f = FailureOf(m, generation);
       if (!f.cause.empty()) causes.push_back(f.cause);
+      if (f.permanent) permanent.push_back(f.cause);
       (f.pod_lost ? failed : survivors).push_back(m);
     }
     if (causes.empty()) return false;
+    if (!permanent.empty()) {
+      FailForConfiguration(Join(permanent));
+      return true;
+    }
     // A scale-up still waiting for its pods gives up first; recovery comes before growth.
     if (st_.rescale && st_.rescale->stage == Stage::kWaitingForPods &&
         !st_.rescale->new_pods.empty())
@@ -307,15 +324,13 @@ class Decider {
       return true;
     }
     ++st_.restarts;
+    st_.last_failure = cause;
+    st_.last_failure_time = o_.now;
     if (st_.restarts > spec_->restart_policy.max_restarts) {
-      st_.phase = "Failed";
-      st_.failure = "restart " + std::to_string(st_.restarts) + " would exceed maxRestarts " +
-                    std::to_string(spec_->restart_policy.max_restarts) + "; last failure: " + cause;
-      st_.rescale.reset();
-      std::vector<std::string> all;
-      for (const PodView& p : o_.pods) all.push_back(p.name);
-      if (!all.empty()) Do(Action::Kind::kDeletePods, all, "the job failed");
-      st_.members.clear();
+      Fail("RestartsExhausted", "restart " + std::to_string(st_.restarts) +
+                                    " would exceed maxRestarts " +
+                                    std::to_string(spec_->restart_policy.max_restarts) +
+                                    "; last failure: " + cause);
       Emit("Warning", "RestartsExhausted", st_.failure);
       return true;
     }
@@ -335,6 +350,51 @@ class Decider {
              std::to_string(backoff.count()) + " s from the newest checkpoint");
     StartGeneration(/*recovery=*/true);
     return true;
+  }
+
+  // The job stops for good (phase Failed): every pod goes, the reason stays in the status.
+  void Fail(const std::string& reason, const std::string& failure) {
+    st_.phase = "Failed";
+    st_.failure = failure;
+    st_.failure_reason = reason;
+    st_.rescale.reset();
+    st_.restart_not_before.reset();
+    std::vector<std::string> all;
+    for (const PodView& p : o_.pods)
+      if (!p.deleting) all.push_back(p.name);
+    if (!all.empty()) {
+      Do(Action::Kind::kShutdown, all, "the job failed");
+      Do(Action::Kind::kDeletePods, all, "the job failed");
+    }
+    st_.members.clear();
+    st_.current_gpus = 0;
+  }
+
+  // A worker cannot use the spec (it names the field): restarting cannot help, so no restart
+  // is spent; the job waits in Failed until the spec is edited.
+  void FailForConfiguration(const std::string& cause) {
+    st_.failed_spec_generation = o_.metadata_generation;
+    Fail("ConfigurationError", cause);
+    Emit("Warning", "ConfigurationError",
+         cause + "; no restart can fix this: edit the spec and the job starts again");
+  }
+
+  // A job failed on its configuration starts again once the spec changes (a new
+  // metadata.generation), from the newest checkpoint with a fresh restart budget.
+  void RetryAfterSpecEdit() {
+    if (st_.failure_reason != "ConfigurationError" ||
+        o_.metadata_generation <= st_.failed_spec_generation)
+      return;
+    Emit("Normal", "SpecChanged",
+         "the spec changed (generation " + std::to_string(o_.metadata_generation) +
+             ") after a configuration error: starting again from the newest checkpoint");
+    st_.phase = "Pending";
+    st_.failure.clear();
+    st_.failure_reason.clear();
+    st_.restarts = 0;
+    // The workers read the spec from a ConfigMap written once, so that every rank of every
+    // generation trains on the same one; no worker runs now, so the edit reaches them all.
+    Do(Action::Kind::kUpdateSpecConfig);
   }
 
   // Creates the pods of the next generation (survivors kept): the initial start, a restart
@@ -798,12 +858,16 @@ class Decider {
     if (scaling || !ConditionIs(st_, "Scaling", "ScaleUpAbandoned"))
       SetCondition(st_, "Scaling", scaling, scaling ? StageName(st_.rescale->stage) : "Stable",
                    scaling ? st_.rescale->reason : "no membership change under way", o_.now, gen);
-    SetCondition(
-        st_, "Recovering", recovering, recovering ? "Restarting" : "Healthy",
-        recovering ? "restart " + std::to_string(st_.restarts) : "no failure being recovered",
-        o_.now, gen);
+    SetCondition(st_, "Recovering", recovering, recovering ? "Restarting" : "Healthy",
+                 recovering ? "restart " + std::to_string(st_.restarts) + " of " +
+                                  std::to_string(o_.spec->restart_policy.max_restarts) + " after: " +
+                                  st_.last_failure
+                            : "no failure being recovered",
+                 o_.now, gen);
     const bool running = st_.phase == "Running" || st_.phase == "Scaling";
-    SetCondition(st_, "Ready", running, running ? "Training" : st_.phase,
+    const std::string not_ready =
+        st_.phase == "Failed" && !st_.failure_reason.empty() ? st_.failure_reason : st_.phase;
+    SetCondition(st_, "Ready", running, running ? "Training" : not_ready,
                  running ? "generation " + std::to_string(st_.generation) + " at " +
                                std::to_string(st_.current_gpus) + " GPUs"
                          : (st_.phase == "Failed" ? st_.failure : "phase " + st_.phase),
@@ -840,6 +904,8 @@ const char* ActionKindName(Action::Kind kind) {
       return "EnsureTokenSecret";
     case Action::Kind::kEnsureSpecConfig:
       return "EnsureSpecConfig";
+    case Action::Kind::kUpdateSpecConfig:
+      return "UpdateSpecConfig";
     case Action::Kind::kCreatePods:
       return "CreatePods";
     case Action::Kind::kDeletePods:
@@ -889,6 +955,12 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     st.gpus_reason = Value<std::string>(*g, "reason", "");
   }
   st.failure = Value<std::string>(j, "failure", "");
+  st.failure_reason = Value<std::string>(j, "failureReason", "");
+  st.failed_spec_generation = Value<int64_t>(j, "failedSpecGeneration", 0);
+  if (auto f = j.find("lastFailure"); f != j.end() && f->is_object()) {
+    st.last_failure = Value<std::string>(*f, "message", "");
+    st.last_failure_time = TimeField(*f, "time");
+  }
   if (auto a = j.find("anomaly"); a != j.end() && a->is_object()) {
     AnomalyStatus an;
     an.rule = Value<std::string>(*a, "rule", "");
@@ -942,6 +1014,12 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
             {"observedGeneration", st.observed_generation}};
   if (!st.last_checkpoint.is_null()) j["lastCheckpoint"] = st.last_checkpoint;
   if (!st.failure.empty()) j["failure"] = st.failure;
+  if (!st.failure_reason.empty()) j["failureReason"] = st.failure_reason;
+  if (st.failed_spec_generation > 0) j["failedSpecGeneration"] = st.failed_spec_generation;
+  if (!st.last_failure.empty()) {
+    j["lastFailure"] = {{"message", st.last_failure}};
+    if (st.last_failure_time) j["lastFailure"]["time"] = kube::FormatTime(*st.last_failure_time);
+  }
   if (st.anomaly) {
     const AnomalyStatus& a = *st.anomaly;
     json& out = j["anomaly"] = {{"rule", a.rule}, {"checkedStep", a.checked_step}};

@@ -78,12 +78,22 @@ struct JobStatus {
   int64_t desired_gpus = 0, current_gpus = 0;
   std::string gpus_reason;
   std::string failure;  // why the job failed, for the condition
+  // RestartsExhausted (final) or ConfigurationError (a worker could not use the spec of
+  // metadata.generation failed_spec_generation; an edit retries).
+  std::string failure_reason;
+  int64_t failed_spec_generation = 0;
+  std::string last_failure;  // the newest cause a restart was tried for
+  std::optional<Clock::time_point> last_failure_time;
   std::optional<AnomalyStatus> anomaly;
   nlohmann::json conditions = nlohmann::json::array();
   int64_t observed_generation = 0;
 };
 // Whether the status has the condition `type` with status "True".
 bool ConditionTrue(const JobStatus& status, const std::string& type);
+// Ready=False, reason ReconcileError: a reconcile of this job failed inside the operator (the
+// operator goes on with every other job and retries this one with backoff).
+void MarkReconcileError(JobStatus& status, const std::string& message, Clock::time_point now,
+                        int64_t observed_generation);
 StatusOr<JobStatus> JobStatusFromJson(const nlohmann::json& status);  // tolerant of absent fields
 // The status subresource body; `label_selector` is written for the scale subresource.
 nlohmann::json ToJson(const JobStatus& status, const std::string& label_selector);
@@ -98,6 +108,7 @@ struct WorkerReport {
   std::optional<int64_t> checkpoint_step;
   std::string checkpoint_kind, checkpoint_uri;
   std::string last_error;
+  bool last_error_permanent = false;  // the spec must change before a restart can help
   std::optional<double> gpu_utilization_percent;  // none on CPU workers
   std::vector<planner::StepSample> recent_steps;  // the newest steps, for the anomaly rule
 };
@@ -137,6 +148,7 @@ struct Action {
     kEnsureService,
     kEnsureTokenSecret,
     kEnsureSpecConfig,
+    kUpdateSpecConfig,  // the workers' copy of the spec, rewritten while no worker runs
     kCreatePods,  // slots, generation, group size
     kDeletePods,  // pods
     kBarrier,     // Checkpoint{pause} on pods (a rescale's barrier, the anomaly rule's pause)

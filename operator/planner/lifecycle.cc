@@ -28,9 +28,11 @@ const std::map<std::pair<Phase, Event>, Phase>& Table() {
     for (Phase active : {P::kPending, P::kRunning, P::kScaling, P::kRecovering}) {
       t[{active, E::kWorkerFailed}] = P::kRecovering;
       t[{active, E::kRestartsExhausted}] = P::kFailed;
+      t[{active, E::kConfigurationError}] = P::kFailed;
       t[{active, E::kSuspend}] = P::kSuspended;
     }
     t[{P::kPaused, E::kSuspend}] = P::kSuspended;
+    t[{P::kFailed, E::kSpecEdited}] = P::kPending;  // the controller checks the failure's reason
     return t;
   }();
   return kTable;
@@ -76,6 +78,10 @@ const char* EventName(Event event) {
       return "Recovered";
     case E::kRestartsExhausted:
       return "RestartsExhausted";
+    case E::kConfigurationError:
+      return "ConfigurationError";
+    case E::kSpecEdited:
+      return "SpecEdited";
     case E::kAnomalyPause:
       return "AnomalyPause";
     case E::kUnpause:
@@ -97,8 +103,9 @@ std::vector<Phase> AllPhases() {
 
 std::vector<Event> AllEvents() {
   return {E::kWorkersReady, E::kRescaleStarted, E::kRescaleDone,       E::kRescaleAbandoned,
-          E::kWorkerFailed, E::kRecovered,      E::kRestartsExhausted, E::kAnomalyPause,
-          E::kUnpause,      E::kSuspend,        E::kUnsuspend,         E::kFinished};
+          E::kWorkerFailed, E::kRecovered,      E::kRestartsExhausted, E::kConfigurationError,
+          E::kSpecEdited,   E::kAnomalyPause,   E::kUnpause,           E::kSuspend,
+          E::kUnsuspend,    E::kFinished};
 }
 
 StatusOr<Phase> Transition(Phase from, Event event) {

@@ -9,7 +9,9 @@
 //   Scaling    --RescaleAbandoned-->  Running     (pods stayed Pending; training never stopped)
 //   Pending|Running|Scaling|Recovering --WorkerFailed--> Recovering (restart counted)
 //   Recovering --Recovered-->         Running
-//   *active*   --RestartsExhausted--> Failed
+//   *active*   --RestartsExhausted--> Failed      (final)
+//   *active*   --ConfigurationError--> Failed     (a worker cannot use the spec; no restart)
+//   Failed     --SpecEdited-->        Pending     (only after ConfigurationError)
 //   Running    --AnomalyPause-->      Paused      (checkpointed first)
 //   Paused     --Unpause-->           Running
 //   *active*|Paused --Suspend-->      Suspended   (checkpointed, pods removed)
@@ -43,6 +45,8 @@ enum class Event {
   kWorkerFailed,
   kRecovered,
   kRestartsExhausted,
+  kConfigurationError,
+  kSpecEdited,
   kAnomalyPause,
   kUnpause,
   kSuspend,

@@ -17,6 +17,17 @@ int64_t NowMillis() {
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 
+// Whether a generation that failed before its first step failed for good: bad input
+// (InvalidArgument), something the spec names that is not there (NotFound), or a state the
+// spec contradicts (FailedPrecondition). Peers, the network and the store (Unavailable,
+// DeadlineExceeded, Aborted) and anything after training started are worth a restart.
+bool Permanent(const Status& failure, bool started) {
+  if (started) return false;
+  return failure.code() == StatusCode::kInvalidArgument ||
+         failure.code() == StatusCode::kNotFound ||
+         failure.code() == StatusCode::kFailedPrecondition;
+}
+
 bool InGeneration(Phase p) {
   return p == Phase::kJoining || p == Phase::kRunning || p == Phase::kCheckpointing ||
          p == Phase::kPaused;
@@ -251,9 +262,13 @@ void WorkerRuntime::Loop() {
       barrier_result_ = ended.ok() ? Aborted("the generation ended") : ended;
     }
     if (!ended.ok()) {
+      // The phase is still Joining when the generation never reached its first step.
+      state_.last_error_permanent = Permanent(ended, state_.phase != Phase::kJoining);
       state_.phase = Phase::kFailed;
       state_.last_error = ended.message();
-      LogError("generation failed", {{"error", ended.message()}, {"step", state_.step}});
+      LogError("generation failed", {{"error", ended.message()},
+                                     {"step", state_.step},
+                                     {"permanent", state_.last_error_permanent}});
     } else if (state_.phase != Phase::kSucceeded) {
       state_.phase = Phase::kWaiting;
       LogInfo("left generation", {{"step", state_.step}});
@@ -292,6 +307,7 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership) {
     state_.step = session->step();
     state_.max_steps = session->max_steps();
     state_.last_error.clear();
+    state_.last_error_permanent = false;
     state_.phase = Phase::kRunning;
     changed_.notify_all();
   }

@@ -54,6 +54,10 @@ struct WorkerState {
   std::optional<GpuSample> gpu;  // with last_step
   std::optional<CheckpointRef> last_checkpoint;
   std::string last_error;
+  // The last generation could not start for a reason a restart cannot fix (a spec field the
+  // worker cannot honour: a missing file, a rank the model cannot take, a precision the device
+  // lacks, a checkpoint of another configuration). The operator stops restarting the job.
+  bool last_error_permanent = false;
 };
 
 // Told what the training thread does, as it happens (the worker's /metrics). Called from the

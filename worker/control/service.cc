@@ -138,6 +138,7 @@ class Service final : public pb::WorkerControl::Service {
     for (const StepEvent& e : runtime_.RecentEvents(kRecentSteps)) Fill(e, out->add_recent_steps());
     if (s.last_checkpoint) Fill(*s.last_checkpoint, out->mutable_last_checkpoint());
     out->set_last_error(s.last_error);
+    out->set_last_error_permanent(s.last_error_permanent);
     out->set_uptime_millis(
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_).count());
     return grpc::Status::OK;

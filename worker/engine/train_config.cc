@@ -3,8 +3,11 @@
 #include "worker/engine/train_config.h"
 
 #include <algorithm>
+#include <limits>
+#include <map>
 #include <set>
 
+#include "common/spec_limits.h"
 #include "common/spec_section.h"
 #include "worker/engine/model_config.h"
 
@@ -39,14 +42,40 @@ StatusOr<std::string> LocalPathFromUri(const std::string& uri, const std::string
 Status TrainConfig::ValidateForWorldSize(int world_size) const {
   if (world_size < 1)
     return InvalidArgument("world size must be >= 1, got " + std::to_string(world_size));
-  const int64_t per_step = optimization.micro_batch_size * world_size;
-  if (optimization.global_batch_size % per_step != 0) {
+  // Overflow-free: microBatchSize × world size can exceed int64 for values the spec's bounds
+  // refuse, and this runs on whatever a caller built.
+  const int64_t micro = optimization.micro_batch_size, global = optimization.global_batch_size;
+  if (micro < 1 || global % micro != 0 || (global / micro) % world_size != 0) {
+    const __int128 per_step = static_cast<__int128>(micro) * world_size;
+    const std::string product = per_step > std::numeric_limits<int64_t>::max()
+                                    ? std::string("more than 2^63")
+                                    : std::to_string(static_cast<int64_t>(per_step));
     return InvalidArgument(
         "spec.optimization.globalBatchSize: " + std::to_string(optimization.global_batch_size) +
         " is not divisible by microBatchSize × world size = " +
         std::to_string(optimization.micro_batch_size) + " × " + std::to_string(world_size) + " = " +
-        std::to_string(per_step) +
-        " (gradient accumulation must be a whole number; choose a world size that divides it)");
+        product + " (gradient accumulation must be a whole number; choose a world size that divides it)");
+  }
+  return OkStatus();
+}
+
+Status CheckLoraRankFits(const LoraSpec& lora, const ModelConfig& model) {
+  const int64_t h = model.hidden_size, kv = model.num_key_value_heads * model.head_dim();
+  const int64_t inter = model.intermediate_size;
+  const std::map<std::string, std::pair<int64_t, int64_t>> out_in = {
+      {"q_proj", {h, h}},       {"k_proj", {kv, h}},       {"v_proj", {kv, h}},
+      {"o_proj", {h, h}},       {"gate_proj", {inter, h}}, {"up_proj", {inter, h}},
+      {"down_proj", {h, inter}}};
+  for (const std::string& m : lora.target_modules) {
+    auto it = out_in.find(m);
+    if (it == out_in.end()) continue;  // refused by name when the spec was read
+    const auto [out, in] = it->second;
+    if (lora.rank > std::min(out, in))
+      return InvalidArgument("spec.lora.rank: " + std::to_string(lora.rank) +
+                             " exceeds the smaller side of " + m + " (" + std::to_string(out) +
+                             " × " + std::to_string(in) + ") in this model; use a rank <= " +
+                             std::to_string(std::min(out, in)) + " or leave " + m +
+                             " out of targetModules");
   }
   return OkStatus();
 }
@@ -121,7 +150,7 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
     }
     // alpaca and messages need the BPE tokenizer and chat templates (the data issue).
     dataset.OneOf("format", c.dataset.format, {"text"});
-    dataset.AtLeast<int64_t>("maxSeqLen", c.dataset.max_seq_len, 2);
+    dataset.InRange("maxSeqLen", c.dataset.max_seq_len, 2, spec::kMaxSeqLen);
   }
   {
     Section lora(*spec, "lora", "spec", errors);
@@ -151,7 +180,7 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
         }
       }
     }
-    lora.AtLeast<int64_t>("rank", c.lora.rank, 1);
+    lora.InRange("rank", c.lora.rank, 1, spec::kMaxLoraRank);
     if (!(c.lora.alpha > 0)) lora.Error("alpha", "must be > 0");
     if (!(c.lora.dropout >= 0 && c.lora.dropout < 1)) lora.Error("dropout", "must be in [0, 1)");
   }
@@ -178,9 +207,9 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
       opt.Error("zeroStage", "must be 0, 1, 2 or 3, got " + std::to_string(stage));
     opt.OneOf("offloadOptimizer", o.offload_optimizer, {"none", "cpu"});
     opt.OneOf("precision", o.precision, {"bf16", "fp16", "fp32"});
-    opt.AtLeast<int64_t>("globalBatchSize", o.global_batch_size, 1);
-    opt.AtLeast<int64_t>("microBatchSize", o.micro_batch_size, 1);
-    opt.AtLeast<int64_t>("maxSteps", o.max_steps, 1);
+    opt.InRange("globalBatchSize", o.global_batch_size, 1, spec::kMaxGlobalBatchSize);
+    opt.InRange("microBatchSize", o.micro_batch_size, 1, spec::kMaxMicroBatchSize);
+    opt.InRange("maxSteps", o.max_steps, 1, spec::kMaxSteps);
     if (!(o.learning_rate > 0)) opt.Error("learningRate", "must be > 0");
     if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) opt.Error("minLRRatio", "must be in [0, 1]");
     if (!(o.weight_decay >= 0)) opt.Error("weightDecay", "must be >= 0");
@@ -201,13 +230,16 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
       warmup.Int("window", o.warmup.window);
       warmup.Number("cvThreshold", o.warmup.cv_threshold);
       if (const json* extra = warmup.Field("maxExtraSteps")) {
-        if (extra->is_number_integer() && extra->get<int64_t>() >= 0)
+        if (extra->is_number_integer() && extra->get<int64_t>() >= 0 &&
+            extra->get<int64_t>() <= spec::kMaxSteps)
           o.warmup.max_extra_steps = extra->get<int64_t>();
         else
-          warmup.Error("maxExtraSteps", "expected an integer >= 0, got " + extra->dump());
+          warmup.Error("maxExtraSteps", "expected an integer in [0, " +
+                                            std::to_string(spec::kMaxSteps) + "], got " +
+                                            extra->dump());
       }
-      warmup.AtLeast<int64_t>("steps", o.warmup.steps, 0);
-      warmup.AtLeast<int64_t>("window", o.warmup.window, 2);
+      warmup.InRange("steps", o.warmup.steps, 0, spec::kMaxSteps);
+      warmup.InRange("window", o.warmup.window, 2, spec::kMaxWarmupWindow);
       if (!(o.warmup.cv_threshold > 0)) warmup.Error("cvThreshold", "must be > 0");
     }
   }

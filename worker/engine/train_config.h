@@ -70,10 +70,17 @@ struct TrainConfig {
 
   // Checks that need the world size: gradient accumulation must be a whole number.
   Status ValidateForWorldSize(int world_size) const;
-  int64_t GradientAccumulation(int world_size) const {
-    return optimization.global_batch_size / (optimization.micro_batch_size * world_size);
+  int64_t GradientAccumulation(int world_size) const {  // after ValidateForWorldSize
+    return optimization.global_batch_size / optimization.micro_batch_size / world_size;
   }
 };
+
+struct ModelConfig;
+
+// A LoRA rank above the smaller side of a targeted projection (out × in) adds parameters and
+// memory but no capacity: the update B·A cannot have a higher rank. Refused naming
+// spec.lora.rank and the module, before anything is allocated.
+Status CheckLoraRankFits(const LoraSpec& lora, const ModelConfig& model);
 
 // Accepts either a bare spec or a whole TrainingJob manifest (its .spec is used). Every
 // violation names the field path (e.g. "spec.lora.rank: must be > 0, got 0"). Relative

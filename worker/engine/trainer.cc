@@ -69,6 +69,7 @@ Status Trainer::Initialize() {
     TIDAL_ASSIGN_OR_RETURN(hf, HfCheckpoint::Open(config_.model.uri));
     model_config = hf->config();
   }
+  TIDAL_RETURN_IF_ERROR(CheckLoraRankFits(config_.lora, model_config));
   if (model_config.vocab_size < ByteTokenizer::kVocabSize)
     return InvalidArgument("spec.model: vocab_size " + std::to_string(model_config.vocab_size) +
                            " is smaller than the byte tokenizer's " +

@@ -374,6 +374,68 @@ TEST_F(OperatorTest, InvalidSpecsGetAnInvalidSpecConditionNamingTheFieldAndNoPod
   EXPECT_EQ(Ok({"get", "pods", "-o", "name"}), "") << "an invalid spec created a pod";
 }
 
+// Specs the API accepts but no worker can run (issue 20): each job ends Failed within its first
+// generation — no restart spent — with the Ready condition, `kubectl describe` and an Event
+// naming the field; an edit of the spec starts the job again and the workers use the edit.
+TEST_F(OperatorTest, JobsThatCannotStartFailNamingTheFieldAndAnEditOfTheSpecStartsThemAgain) {
+  struct Case {
+    std::string name, from, to, field;
+  };
+  const std::vector<Case> cases = {
+      {"no-data", "/examples/data/sample.jsonl", "/examples/data/missing.jsonl",
+       "spec.dataset.uri"},
+      {"big-rank", "lora: {rank: 4,", "lora: {rank: 4096,", "spec.lora.rank"},
+      {"no-model", "model: {preset: tiny, seed: 3}", "model: {uri: /nonexistent/model}",
+       "spec.model.uri"},
+      {"fp16-cpu", "precision: fp32", "precision: fp16", "spec.optimization.precision"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = JobYaml(c.name, 20, "", "{minGPUs: 1, maxGPUs: 1}");
+    std::ifstream in(path);
+    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = yaml.find(c.from);
+    ASSERT_NE(at, std::string::npos) << yaml;
+    yaml.replace(at, c.from.size(), c.to);
+    Ok({"apply", "-f", WriteFile(c.name + ".yaml", yaml)});
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string reason = WaitFor(
+        {"tj", c.name}, "{.status.conditions[?(@.type==\"Ready\")].reason}",
+        [](const std::string& r) { return r == "ConfigurationError"; }, 180s);
+    ASSERT_EQ(reason, "ConfigurationError") << Status(c.name, "{.status}") << LogTail();
+    EXPECT_EQ(Status(c.name, "{.status.phase}"), "Failed");
+    EXPECT_EQ(Int(c.name, "{.status.restarts}"), 0) << "a configuration error cost a restart";
+    EXPECT_NE(Status(c.name, "{.status.conditions[?(@.type==\"Ready\")].message}").find(c.field),
+              std::string::npos);
+    const std::string describe = Ok({"describe", "tj", c.name});
+    EXPECT_NE(describe.find(c.field), std::string::npos) << describe;
+    const std::string events = Ok({"get", "events", "--field-selector",
+                                   "involvedObject.name=" + c.name, "-o",
+                                   "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"});
+    EXPECT_NE(events.find("ConfigurationError: worker " + c.name + "-worker-0"),
+              std::string::npos)
+        << events;
+    EXPECT_NE(events.find(c.field), std::string::npos) << events;
+    for (int i = 0; i < 100 && PodCount(c.name) > 0; ++i) std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(PodCount(c.name), 0) << "a job that cannot run kept its GPUs";
+  }
+  // The fix: the dataset exists after all. The job starts again on the edited spec.
+  Ok({"patch", "tj", "no-data", "--type=merge", "-p",
+      std::string(R"({"spec":{"dataset":{"uri":")") + TIDAL_SOURCE_DIR +
+          R"(/examples/data/sample.jsonl"}}})"});
+  EXPECT_EQ(WaitFor(
+                {"tj", "no-data"}, "{.status.phase}",
+                [](const std::string& p) { return p == "Succeeded"; }, 240s),
+            "Succeeded")
+      << Status("no-data", "{.status}") << LogTail();
+  EXPECT_EQ(Int("no-data", "{.status.step}"), 20);
+  EXPECT_NE(Ok({"get", "events", "--field-selector", "involvedObject.name=no-data", "-o",
+                "jsonpath={.items[*].reason}"})
+                .find("SpecChanged"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace tidal::testing
 
@@ -455,6 +517,63 @@ TEST_F(OperatorFailoverTest,
   EXPECT_EQ(Int("failover", "{.status.restarts}"), 0) << "the handover is not a failure";
   ExpectEveryStepOnceWithTheReferenceLoss("failover-worker-0", reference);
   std::cout << "killed the leader at stage " << inherited << ", step " << step_at_kill << "\n";
+}
+
+// The poison spec of issue 20 (maxGPUs 2^62: microBatchSize × maxGPUs overflowed to 0 and the
+// operator died of SIGFPE, again after every restart). The CRD refuses it at admission naming
+// the field. Stored under a CRD from before the bound, it is marked InvalidSpec, and the
+// operator — killed and replaced by another — goes on, as does a healthy job beside it.
+TEST_F(OperatorFailoverTest, APoisonSpecIsRefusedAndAStoredOneStopsNeitherTheOperatorNorAJob) {
+  auto first = StartOperator("operator-a");
+  ASSERT_EQ(WaitFor(
+                {"crd", "trainingjobs.tidal.dev"}, "{.metadata.name}",
+                [](const std::string& n) { return n == "trainingjobs.tidal.dev"; }, 30s),
+            "trainingjobs.tidal.dev")
+      << OperatorLog("operator-a");
+  const std::string poison =
+      JobYaml("poison", 50, "", "{minGPUs: 1, maxGPUs: 4611686018427387904}");
+  ProcessResult refused = Kubectl({"apply", "-f", poison});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.err.find("spec.elastic.maxGPUs"), std::string::npos) << refused.err;
+
+  // A CRD without the bound, as a cluster holds whose CRD predates it.
+  std::ifstream in(TIDAL_SOURCE_DIR "/crds/tidal.dev_trainingjobs.yaml");
+  std::string crd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bounded = "maxGPUs: {type: integer, minimum: 1, maximum: 65536,";
+  const size_t at = crd.find(bounded);
+  ASSERT_NE(at, std::string::npos);
+  crd.replace(at, bounded.size(), "maxGPUs: {type: integer, minimum: 1,");
+  Ok({"apply", "-f", WriteFile("crd-unbounded.yaml", crd)});
+  Ok({"apply", "-f", poison});
+  const std::string healthy = JobYaml("healthy", 300);
+  Ok({"apply", "-f", healthy});
+  auto expect_poison_marked = [&] {
+    const std::string reason = WaitFor(
+        {"tj", "poison"}, "{.status.conditions[?(@.type==\"Ready\")].reason}",
+        [](const std::string& r) { return r == "InvalidSpec"; }, 60s);
+    EXPECT_EQ(reason, "InvalidSpec") << Status("poison", "{.status}");
+    EXPECT_NE(Status("poison", "{.status.conditions[?(@.type==\"Ready\")].message}")
+                  .find("spec.elastic.maxGPUs: must be in [1, 65536]"),
+              std::string::npos);
+    EXPECT_EQ(PodCount("poison"), 0);
+  };
+  expect_poison_marked();
+  WaitInt(
+      "healthy", "{.status.step}", [](int64_t s) { return s >= 3; }, 120s);
+  ASSERT_EQ(::kill(first->pid(), 0), 0) << "the operator died: " << OperatorLog("operator-a");
+
+  ::kill(first->pid(), SIGKILL);
+  first->Wait(10s);
+  auto second = StartOperator("operator-b");
+  const int64_t step = Int("healthy", "{.status.step}");
+  // The new leader reconciles the stored poison (status written again) and the healthy job.
+  WaitInt(
+      "healthy", "{.status.step}", [&](int64_t s) { return s >= step + 5; }, 180s);
+  expect_poison_marked();
+  EXPECT_EQ(::kill(second->pid(), 0), 0) << "the operator died: " << OperatorLog("operator-b");
+  EXPECT_NE(OperatorLog("operator-b").find("leading"), std::string::npos)
+      << OperatorLog("operator-b");
+  Ok({"delete", "tj", "healthy", "--wait=false"});
 }
 
 TEST(OperatorCli, BadInvocationsExitTwoNamingTheFlagOrTheKubeconfig) {

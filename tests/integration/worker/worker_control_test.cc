@@ -354,6 +354,39 @@ TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
   EXPECT_EQ(WaitFor(0, [](auto& s) { return s.step() >= 1; }).generation(), 1);
 }
 
+// A generation that cannot start on the spec — each of the four kinds found by issue 20 — is
+// FAILED with last_error naming the field and last_error_permanent set, so the operator stops
+// restarting it; a kill -9 of a peer (below) is not permanent.
+TEST_F(WorkerControlTest, AGenerationThatCannotStartOnTheSpecIsReportedPermanentNamingTheField) {
+  struct Case {
+    std::string from, to, field;
+  };
+  const std::vector<Case> cases = {
+      {"/examples/data/sample.jsonl", "/examples/data/missing.jsonl", "spec.dataset.uri"},
+      {"lora: {rank: 4,", "lora: {rank: 4096,", "spec.lora.rank"},
+      {"model: {preset: tiny, seed: 3}", "model: {uri: /nonexistent/model}", "spec.model.uri"},
+      {"precision: fp32", "precision: fp16", "spec.optimization.precision"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& c = cases[i];
+    SCOPED_TRACE(c.field);
+    WriteSpec("full: 0", 5);
+    std::ifstream in(dir_ + "/job.yaml");
+    std::string yaml((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = yaml.find(c.from);
+    ASSERT_NE(at, std::string::npos) << yaml;
+    yaml.replace(at, c.from.size(), c.to);
+    std::ofstream(dir_ + "/job.yaml") << yaml;
+    StartWorker(static_cast<int>(i));
+    Rendezvous(1, {static_cast<int>(i)});
+    const pb::WorkerStatus failed = WaitFor(
+        static_cast<int>(i), [](auto& s) { return s.phase() == pb::FAILED; }, 60s);
+    EXPECT_TRUE(failed.last_error_permanent()) << failed.ShortDebugString();
+    EXPECT_NE(failed.last_error().find(c.field), std::string::npos) << failed.last_error();
+    EXPECT_EQ(failed.step(), 0);
+  }
+}
+
 TEST_F(WorkerControlTest, BadInvocationsExitTwoNamingTheFlagOrField) {
   std::ofstream(dir_ + "/bad.yaml") << "spec:\n  model: {preset: tiny}\n"
                                     << "  dataset: {uri: /x.jsonl}\n"
@@ -488,6 +521,7 @@ TEST_F(WorkerControlTest, KillNineOfARankFailsTheGenerationAndARendezvousResumes
   pb::WorkerStatus failed = WaitFor(
       0, [](auto& s) { return s.phase() == pb::FAILED; }, 90s);
   EXPECT_FALSE(failed.last_error().empty());
+  EXPECT_FALSE(failed.last_error_permanent()) << "a lost peer is worth a restart";
   const int64_t newest = failed.last_checkpoint().step();
   EXPECT_GE(newest, before.last_checkpoint().step());
 

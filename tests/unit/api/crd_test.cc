@@ -4,9 +4,15 @@
 // schema (as the API server does) and parsing it both ways.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <functional>
+#include <map>
+
 #include <nlohmann/json.hpp>
 
+#include "common/spec_limits.h"
 #include "common/yaml_json.h"
+#include "operator/api/training_job.h"
 #include "operator/local/schema.h"
 #include "worker/engine/train_config.h"
 
@@ -125,6 +131,130 @@ TEST(CrdTest, SchemaRefusesOutOfRangeAndUnknownValuesNamingTheField) {
     ASSERT_FALSE(result.errors.empty()) << c.pointer;
     EXPECT_EQ(result.errors[0].field, c.field) << result.errors[0].message;
   }
+}
+
+// Every integer of the spec the user sets: the schema bounds it (seeds excepted: any uint64),
+// one past its maximum is refused by the schema and — for a CRD installed before the bound
+// existed — by the operator's own parsing, both naming the field; the maximum itself is not
+// refused for its range. The bounds are common/spec_limits.h's.
+TEST(CrdTest, EveryIntegerFieldHasAMaximumRefusedOnePastItByTheSchemaAndTheOperator) {
+  const json crd = Crd();
+  const json& schema = Version(crd)["schema"]["openAPIV3Schema"];
+  struct Field {
+    std::string pointer, path;
+    int64_t maximum;
+  };
+  std::vector<Field> fields;
+  std::vector<std::string> unbounded;
+  std::function<void(const json&, const std::string&, const std::string&)> walk =
+      [&](const json& node, const std::string& pointer, const std::string& path) {
+        if (node.value("type", "") == "integer") {
+          if (node.contains("maximum"))
+            fields.push_back({pointer, path, node["maximum"].get<int64_t>()});
+          else if (!path.ends_with(".seed"))
+            unbounded.push_back(path);
+        }
+        if (node.contains("properties"))
+          for (const auto& [key, child] : node["properties"].items())
+            walk(child, pointer + "/" + key, path + "." + key);
+        if (node.contains("items")) walk(node["items"], pointer + "/0", path + "[0]");
+      };
+  walk(schema["properties"]["spec"], "/spec", "spec");
+  EXPECT_TRUE(unbounded.empty()) << "integer fields without a maximum: " << unbounded.front();
+  ASSERT_GE(fields.size(), 20u);
+
+  // Each bound is the one the C++ code enforces.
+  const std::map<std::string, int64_t> expected = {
+      {"spec.replicas", spec::kMaxGpus},
+      {"spec.elastic.minGPUs", spec::kMaxGpus},
+      {"spec.elastic.maxGPUs", spec::kMaxGpus},
+      {"spec.elastic.schedule[0].gpus", spec::kMaxGpus},
+      {"spec.elastic.gpusPerPod", spec::kMaxGpusPerPod},
+      {"spec.optimization.globalBatchSize", spec::kMaxGlobalBatchSize},
+      {"spec.optimization.microBatchSize", spec::kMaxMicroBatchSize},
+      {"spec.dataset.maxSeqLen", spec::kMaxSeqLen},
+      {"spec.lora.rank", spec::kMaxLoraRank},
+      {"spec.optimization.maxSteps", spec::kMaxSteps},
+      {"spec.optimization.warmup.window", spec::kMaxWarmupWindow},
+      {"spec.elastic.cooldownSeconds", spec::kMaxSeconds},
+      {"spec.restartPolicy.backoffSeconds", spec::kMaxSeconds},
+      {"spec.restartPolicy.maxRestarts", spec::kMaxRestarts},
+      {"spec.checkpoint.keep", spec::kMaxKeep},
+      {"spec.anomaly.consecutiveSteps", spec::kMaxAnomalySteps},
+  };
+  for (const auto& [path, max] : expected) {
+    auto it = std::find_if(fields.begin(), fields.end(),
+                           [&](const Field& f) { return f.path == path; });
+    ASSERT_NE(it, fields.end()) << path;
+    EXPECT_EQ(it->maximum, max) << path;
+  }
+
+  const json base = {{"model", {{"preset", "tiny"}}},
+                     {"dataset", {{"uri", "/d.jsonl"}}},
+                     {"elastic", {{"schedule", json::array({{{"name", "night"},
+                                                             {"start", "0 22 * * *"},
+                                                             {"end", "0 8 * * *"},
+                                                             {"gpus", 1}}})}}},
+                     {"anomaly", json::object()}};
+  for (const Field& f : fields) {
+    SCOPED_TRACE(f.path);
+    const json::json_pointer at(f.pointer.substr(std::string("/spec").size()));
+    for (int64_t value : {f.maximum + 1, f.maximum}) {
+      json job = {{"apiVersion", "tidal.dev/v1alpha1"},
+                  {"kind", "TrainingJob"},
+                  {"metadata", {{"name", "t"}}},
+                  {"spec", base}};
+      job["spec"][at] = value;
+      json stored = job["spec"];
+      local::SchemaResult result = local::ApplySchema(schema, job);
+      auto parsed = api::ParseTrainingJobSpec(stored);
+      const std::string range_error = f.path + ": must be in [";
+      const std::string message = parsed.ok() ? "" : parsed.status().message();
+      if (value > f.maximum) {
+        ASSERT_FALSE(result.errors.empty());
+        EXPECT_EQ(result.errors[0].field, f.path);
+        EXPECT_NE(message.find(f.path + ": "), std::string::npos) << message;
+      } else {
+        for (const auto& e : result.errors) EXPECT_NE(e.field, f.path) << e.message;
+        EXPECT_EQ(message.find(range_error), std::string::npos) << message;
+      }
+    }
+  }
+}
+
+// The poison spec of issue 20: maxGPUs 2^62 once overflowed microBatchSize × maxGPUs to 0 and
+// divided by it (SIGFPE in the operator). The operator refuses it naming the field, and the
+// allowed GPU counts of the largest valid spec come from the divisors, not from a walk.
+TEST(CrdTest, AHugeMaxGpusIsRefusedWithoutArithmeticOverflow) {
+  const json poison = {
+      {"model", {{"preset", "tiny"}}},
+      {"dataset", {{"uri", "/d.jsonl"}, {"maxSeqLen", 32}}},
+      {"optimization",
+       {{"precision", "fp32"}, {"globalBatchSize", 12}, {"microBatchSize", 4}, {"maxSteps", 50}}},
+      {"elastic", {{"minGPUs", 1}, {"maxGPUs", int64_t{1} << 62}}}};
+  auto parsed = api::ParseTrainingJobSpec(poison);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("spec.elastic.maxGPUs: must be in [1, 65536], got "
+                                           "4611686018427387904"),
+            std::string::npos)
+      << parsed.status().message();
+  json huge = poison;
+  huge["elastic"]["maxGPUs"] = uint64_t{1} << 63;  // past int64: still named, not wrapped
+  parsed = api::ParseTrainingJobSpec(huge);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("spec.elastic.maxGPUs: expected an integer below 2^63"),
+            std::string::npos)
+      << parsed.status().message();
+
+  json largest = poison;
+  largest["optimization"]["globalBatchSize"] = spec::kMaxGlobalBatchSize;
+  largest["optimization"]["microBatchSize"] = 1;
+  largest["elastic"]["maxGPUs"] = spec::kMaxGpus;
+  parsed = api::ParseTrainingJobSpec(largest);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  std::vector<int64_t> powers;  // 2^24's divisors up to 2^16
+  for (int64_t n = 1; n <= spec::kMaxGpus; n *= 2) powers.push_back(n);
+  EXPECT_EQ(parsed->AllowedGpuCounts(), powers);
 }
 
 }  // namespace

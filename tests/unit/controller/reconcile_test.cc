@@ -105,6 +105,7 @@ class Sim {
   // The loss each step reports (the job's: every rank the same), and GPU utilisation (none: CPU).
   std::function<double(int64_t step)> loss_ = [](int64_t step) { return 3.0 - 0.001 * step; };
   std::optional<double> gpu_util_;
+  int config_updates_ = 0;
 
  private:
   void Apply(const Action& a) {
@@ -123,6 +124,10 @@ class Sim {
         break;
       case Action::Kind::kEnsureSpecConfig:
         config_ = true;
+        break;
+      case Action::Kind::kUpdateSpecConfig:
+        EXPECT_TRUE(pods_.empty()) << "the spec ConfigMap changed under running workers";
+        ++config_updates_;
         break;
       case Action::Kind::kCreatePods:
         ASSERT_EQ(a.pods.size(), a.slots.size());
@@ -421,6 +426,95 @@ TEST(Reconcile, BeyondMaxRestartsTheJobFailsWithTheCauseAndItsPodsGo) {
   EXPECT_TRUE(sim.pods_.empty());
   Plan after = sim.Reconcile();
   EXPECT_TRUE(after.actions.empty()) << "a failed job is terminal";
+}
+
+// A worker whose generation cannot start on the spec (it names the field) fails the job at
+// once: no restart spent, no restart loop, the cause in the Ready condition and an Event. An
+// edit of the spec starts it again, the workers reading the edited spec.
+TEST(Reconcile, AWorkerThatCannotUseTheSpecFailsTheJobNamingTheFieldUntilTheSpecIsEdited) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.reports_["job-worker-0"].phase = "Failed";
+  sim.reports_["job-worker-0"].last_error = "spec.dataset.uri: cannot open /data/sample.jsonl";
+  sim.reports_["job-worker-0"].last_error_permanent = true;
+  sim.reports_["job-worker-1"].phase = "Failed";  // its peer: a transient failure
+  sim.reports_["job-worker-1"].last_error = "a peer closed the connection";
+  sim.Reconcile();
+  JobStatus st = sim.status();
+  EXPECT_EQ(st.phase, "Failed");
+  EXPECT_EQ(st.failure_reason, "ConfigurationError");
+  EXPECT_EQ(st.restarts, 0) << "a configuration error is not worth a restart";
+  EXPECT_NE(st.failure.find("spec.dataset.uri: cannot open"), std::string::npos) << st.failure;
+  EXPECT_TRUE(sim.HasEvent("ConfigurationError"));
+  EXPECT_TRUE(sim.pods_.empty()) << "the GPUs of a job that cannot run are given back";
+  const json ready = [&] {
+    for (const json& c : sim.status_json()["conditions"])
+      if (c["type"] == "Ready") return c;
+    return json();
+  }();
+  EXPECT_EQ(ready.value("reason", ""), "ConfigurationError");
+  EXPECT_NE(ready.value("message", "").find("spec.dataset.uri"), std::string::npos) << ready;
+  for (int i = 0; i < 5; ++i) {
+    sim.now_ += 1h;
+    EXPECT_TRUE(sim.Reconcile().actions.empty()) << "a job failed on its spec restarted";
+  }
+  EXPECT_EQ(sim.status().phase, "Failed");
+
+  sim.SetSpec(Spec(R"({"dataset": {"uri": "/data/other.jsonl"}})"));
+  sim.Reconcile();
+  EXPECT_TRUE(sim.HasEvent("SpecChanged"));
+  EXPECT_EQ(sim.config_updates_, 1);
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().generation, 2);
+  EXPECT_EQ(sim.status().restarts, 0);
+  EXPECT_TRUE(sim.status().failure.empty());
+}
+
+// A transient failure keeps the restart budget and backoff, and the Recovering condition and
+// status.lastFailure say what the restart is for.
+TEST(Reconcile, ARecoveringJobShowsTheCauseOfItsLastRestart) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].reason = "Error (exit code 1)";
+  sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.status().restarts, 1);
+  EXPECT_NE(sim.status().last_failure.find("exit code 1"), std::string::npos);
+  std::string message;
+  for (const json& c : sim.status_json()["conditions"])
+    if (c["type"] == "Recovering") message = c.value("message", "");
+  EXPECT_NE(message.find("restart 1 of 2"), std::string::npos) << message;
+  EXPECT_NE(message.find("pod job-worker-1 failed: Error (exit code 1)"), std::string::npos)
+      << message;
+}
+
+// The poison spec of issue 20 (maxGPUs 2^62, which once divided by an overflowed zero) beside
+// a healthy job: the poison is marked InvalidSpec naming the field and gets nothing; the
+// healthy job trains on. (Each reconcile reads the status back from JSON, as a new leader
+// does after a restart; tests/e2e/local/operator_test.cc restarts a real operator.)
+TEST(Reconcile, APoisonSpecIsMarkedInvalidAndAHealthyJobBesideItTrainsOn) {
+  Sim poison(Spec(R"({"optimization": {"globalBatchSize": 12, "microBatchSize": 4},
+                      "elastic": {"minGPUs": 1, "maxGPUs": 4611686018427387904}})"));
+  Sim healthy(Spec());
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 10; ++i) {
+      poison.Reconcile();
+      healthy.Reconcile();
+    }
+    EXPECT_EQ(healthy.status().phase, "Running");
+    EXPECT_TRUE(poison.pods_.empty());
+    std::string reason, message;
+    for (const json& c : poison.status_json()["conditions"])
+      if (c["type"] == "Ready") {
+        reason = c.value("reason", "");
+        message = c.value("message", "");
+      }
+    EXPECT_EQ(reason, "InvalidSpec");
+    EXPECT_NE(message.find("spec.elastic.maxGPUs: must be in [1, 65536]"), std::string::npos)
+        << message;
+  }
+  EXPECT_GT(healthy.reports_["job-worker-0"].step, 10);
 }
 
 TEST(Reconcile, SuspendCheckpointsAndRemovesTheWorkersAndUnsuspendStartsANewGeneration) {

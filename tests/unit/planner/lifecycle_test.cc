@@ -24,6 +24,11 @@ TEST(LifecycleTest, EveryPhaseEventPairIsTheTablesTransitionOrRefused) {
       {{"Running", "RestartsExhausted"}, "Failed"},
       {{"Scaling", "RestartsExhausted"}, "Failed"},
       {{"Recovering", "RestartsExhausted"}, "Failed"},
+      {{"Pending", "ConfigurationError"}, "Failed"},
+      {{"Running", "ConfigurationError"}, "Failed"},
+      {{"Scaling", "ConfigurationError"}, "Failed"},
+      {{"Recovering", "ConfigurationError"}, "Failed"},
+      {{"Failed", "SpecEdited"}, "Pending"},
       {{"Running", "AnomalyPause"}, "Paused"},
       {{"Paused", "Unpause"}, "Running"},
       {{"Pending", "Suspend"}, "Suspended"},
@@ -55,9 +60,13 @@ TEST(LifecycleTest, EveryPhaseEventPairIsTheTablesTransitionOrRefused) {
   EXPECT_EQ(seen, allowed.size());
 }
 
-TEST(LifecycleTest, TerminalPhasesAcceptNothing) {
-  for (Phase terminal : {Phase::kSucceeded, Phase::kFailed})
-    for (Event event : AllEvents()) EXPECT_FALSE(Transition(terminal, event).ok());
+// Succeeded is final; Failed leaves only on a spec edit (after a configuration error).
+TEST(LifecycleTest, TerminalPhasesAcceptNothingButAnEditOfAFailedJobsSpec) {
+  for (Event event : AllEvents()) {
+    EXPECT_FALSE(Transition(Phase::kSucceeded, event).ok()) << EventName(event);
+    EXPECT_EQ(Transition(Phase::kFailed, event).ok(), event == Event::kSpecEdited)
+        << EventName(event);
+  }
 }
 
 }  // namespace
