@@ -180,6 +180,14 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
       tidal::LogWarn("test hook: the reported loss is altered (TIDAL_TEST_LOSS_HOOK)",
                      {{"hook", hook->second}});
   }
+  if (auto hold = env.find("TIDAL_TEST_BARRIER_HOLD"); hold != env.end() && !hold->second.empty()) {
+    if (hold->second != "until-request")
+      return tidal::InvalidArgument("TIDAL_TEST_BARRIER_HOLD: expected until-request, got \"" +
+                                    hold->second + "\"");
+    o.hold_barriers_until_request = true;
+    tidal::LogWarn("test hook: every barrier holds until a request arrives (TIDAL_TEST_BARRIER_HOLD)",
+                   {});
+  }
   return o;
 }
 

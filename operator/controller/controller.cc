@@ -211,9 +211,12 @@ Status TrainingJobController::ReconcileIsolated(const std::string& key) {
   } catch (...) {
     s = Internal("reconcile threw an unknown exception");
   }
-  // Retryable errors (a conflict, the API server or a worker unreachable) pass with the
-  // requeue; anything else would repeat on every retry, so the job says so.
-  if (!s.ok() && !s.retryable()) MarkReconcileFailed(key, s);
+  // What a retry would meet again — an exception, an object the API server refuses (400/422),
+  // an answer nobody expected — the job says. Conflicts, an unreachable API server and the
+  // workers' answers mid-transition (a barrier to a rank that just failed) pass with the requeue.
+  const bool repeats = s.code() == StatusCode::kInvalidArgument ||
+                       s.code() == StatusCode::kInternal || s.code() == StatusCode::kDataLoss;
+  if (repeats) MarkReconcileFailed(key, s);
   return s;
 }
 
@@ -436,8 +439,9 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
     worker::WorkerClient* c = ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
-    if (!c) {
+    if (!c) {  // its TLS Secret is unusable: no call is made
       connections.unreachable_since.try_emplace(p.name, Clock::now());
+      connections.unreachable_error[p.name] = connections.tls_unusable;
       continue;
     }
     asks.emplace_back(p.name, status_calls_.Submit([c] { return c->GetStatus(); }));
@@ -467,6 +471,7 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     }
   }
   o.unreachable_since = connections.unreachable_since;
+  o.unreachable_error = connections.unreachable_error;
   return o;  // idle_gpus: DecideWithCapacity
 }
 
@@ -585,8 +590,8 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           worker::WorkerClient* c = worker_of(pod);
           if (!c) continue;
           const auto timeout = options_.barrier_timeout;
-          calls.push_back(std::async(std::launch::async, [c, timeout] {
-            return c->Checkpoint(/*pause=*/true, timeout).status();
+          calls.push_back(std::async(std::launch::async, [c, timeout, id = a.barrier_id] {
+            return c->Checkpoint(/*pause=*/true, timeout, id).status();
           }));
         }
         for (auto& call : calls)

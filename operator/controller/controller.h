@@ -59,9 +59,9 @@ class TrainingJobController {
   void Stop();
   // One pass over "namespace/name" (what the worker runs; public for tests).
   Status Reconcile(const std::string& key);
-  // Reconcile, with anything it throws confined to the job; an error that a retry cannot fix
-  // gives the job an Event and Ready=False (ReconcileError), and the operator goes on with the
-  // others.
+  // Reconcile, with anything it throws confined to the job; an exception or an error a retry
+  // would meet again gives the job an Event and Ready=False (ReconcileError), and the operator
+  // goes on with the others.
   Status ReconcileIsolated(const std::string& key);
 
  private:

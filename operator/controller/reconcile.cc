@@ -221,7 +221,7 @@ class Decider {
         (st_.rescale->stage == Stage::kWaitingForPods && !st_.rescale->recovery);
     const bool training = members_train && !live.empty() && live.size() == st_.members.size();
     if (training && !AllPaused(st_.members)) {
-      Do(Action::Kind::kBarrier, st_.members, why);
+      Barrier(kEndOfGeneration, why);
       plan_.requeue_after = options_.poll;
       return false;
     }
@@ -588,7 +588,7 @@ class Decider {
       Emit("Normal", "Pausing", "checkpointing every rank, then holding: " + a.message);
     st_.phase = "Paused";
     plan_.requeue_after = options_.poll;
-    if (!AllPaused(st_.members)) Do(Action::Kind::kBarrier, st_.members, "loss anomaly");
+    if (!AllPaused(st_.members)) Barrier(static_cast<uint64_t>(*a.step), "loss anomaly");
     return true;
   }
 
@@ -655,11 +655,14 @@ class Decider {
           if (!ReadyFor(m)) {
             ready = false;
             const PodView* p = Pod(m);
-            waiting.push_back(
-                m + (p ? " (" + p->phase + (p->reason.empty() ? "" : ": " + p->reason) + ")"
-                       : " (not created yet)"));
+            std::string why = p ? p->phase + (p->reason.empty() ? "" : ": " + p->reason)
+                                : "not created yet";
+            if (auto e = o_.unreachable_error.find(m); p && e != o_.unreachable_error.end())
+              why += "; worker does not answer: " + e->second;
+            waiting.push_back(m + " (" + why + ")");
           }
         }
+        r.waiting_for = Join(waiting);
         for (const std::string& p : r.new_pods)
           if (const PodView* pod = Pod(p); pod && pod->phase == "Failed") {
             Abandon({p + " (Failed" + (pod->reason.empty() ? "" : ": " + pod->reason) + ")"});
@@ -687,7 +690,7 @@ class Decider {
       case Stage::kBarrier:
         st_.phase = "Scaling";
         if (!AllPaused(st_.members)) {
-          Do(Action::Kind::kBarrier, st_.members, r.reason);
+          Barrier(kEndOfGeneration, r.reason);
           plan_.requeue_after = options_.poll;
           return;
         }
@@ -822,6 +825,14 @@ class Decider {
     a.reason = std::move(reason);
     plan_.actions.push_back(std::move(a));
     return plan_.actions.back();
+  }
+  // Checkpoint{pause} on every member, named (Action::barrier_id) so that a call reaching a
+  // rank already in the barrier, or a re-send once it is over, joins it instead of asking for
+  // another.
+  static constexpr uint64_t kEndOfGeneration = 0xFFFFFFFFu;
+  void Barrier(uint64_t low, const std::string& why) {
+    Action& a = Do(Action::Kind::kBarrier, st_.members, why);
+    a.barrier_id = (static_cast<uint64_t>(st_.generation) << 32) | low;
   }
   void Emit(const std::string& type, const std::string& reason, const std::string& message) {
     plan_.events.push_back({type, reason, message});
@@ -991,6 +1002,7 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     rs.reason = Value<std::string>(*r, "reason", "");
     rs.recovery = Value<bool>(*r, "recovery", false);
     rs.started = TimeField(*r, "started").value_or(Clock::time_point{});
+    rs.waiting_for = Value<std::string>(*r, "waitingFor", "");
     st.rescale = rs;
   }
   return st;
@@ -1043,6 +1055,7 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
                     {"reason", r.reason},
                     {"recovery", r.recovery},
                     {"started", kube::FormatTime(r.started)}};
+    if (!r.waiting_for.empty()) j["rescale"]["waitingFor"] = r.waiting_for;
   }
   return j;
 }

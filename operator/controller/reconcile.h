@@ -50,6 +50,9 @@ struct RescaleState {
   std::string reason;                 // "scale 2 -> 4 GPUs: schedule window night"
   Clock::time_point started;
   bool recovery = false;  // a recovery's rendezvous (no barrier: the old generation is gone)
+  // WaitingForPods: the pods not ready yet and why ("job-worker-2 (Pending: Unschedulable)",
+  // "job-worker-0 (Running; worker does not answer: ...)"), as of the last reconcile.
+  std::string waiting_for;
 };
 
 // status.anomaly: the anomaly rule's state (only while spec.anomaly is set).
@@ -137,6 +140,7 @@ struct Observed {
   std::map<std::string, WorkerReport> reports;  // by pod name: the reachable workers
   // Pods whose worker did not answer, since when (the shell remembers across reconciles).
   std::map<std::string, Clock::time_point> unreachable_since;
+  std::map<std::string, std::string> unreachable_error;  // why, for status.rescale.waitingFor
   int64_t idle_gpus = 0;  // the capacity gate's input
   Clock::time_point now;
 };
@@ -161,6 +165,10 @@ struct Action {
   std::vector<std::string> targets;  // kRendezvous: the members to call (not there yet)
   std::vector<int> slots;
   int64_t generation = 0;
+  // kBarrier: the barrier's name (worker.proto), the same on every call and every re-send of
+  // it: the generation in the high 32 bits; the low ones the anomaly's step for a pause, all
+  // ones for the barrier that ends the generation (rescale, suspend, deletion).
+  uint64_t barrier_id = 0;
   std::string reason;
 };
 

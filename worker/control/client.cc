@@ -149,22 +149,26 @@ Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
 }
 
 StatusOr<pb::CheckpointInfo> WorkerClient::Checkpoint(bool pause,
-                                                      std::chrono::milliseconds timeout) {
+                                                      std::chrono::milliseconds timeout,
+                                                      uint64_t barrier_id) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, timeout);
   pb::CheckpointRequest req;
   req.set_pause(pause);
+  req.set_barrier_id(barrier_id);
   pb::CheckpointResponse out;
   grpc::Status s = impl_->Stub()->Checkpoint(&ctx, req, &out);
   if (!s.ok()) return FromGrpcStatus(s);
   return out.checkpoint();
 }
 
-StatusOr<int64_t> WorkerClient::Pause(std::chrono::milliseconds timeout) {
+StatusOr<int64_t> WorkerClient::Pause(std::chrono::milliseconds timeout, uint64_t barrier_id) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, timeout);
+  pb::PauseRequest req;
+  req.set_barrier_id(barrier_id);
   pb::PauseResponse out;
-  grpc::Status s = impl_->Stub()->Pause(&ctx, pb::PauseRequest(), &out);
+  grpc::Status s = impl_->Stub()->Pause(&ctx, req, &out);
   if (!s.ok()) return FromGrpcStatus(s);
   return out.step();
 }

@@ -32,8 +32,10 @@ class WorkerClient {
 
   StatusOr<v1::WorkerStatus> GetStatus();
   Status Rendezvous(int64_t generation, int world_size, int rank, const std::string& store_address);
-  StatusOr<v1::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout);
-  StatusOr<int64_t> Pause(std::chrono::milliseconds timeout);
+  // `barrier_id`: the barrier the call belongs to (worker.proto); 0: unnamed.
+  StatusOr<v1::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,
+                                          uint64_t barrier_id = 0);
+  StatusOr<int64_t> Pause(std::chrono::milliseconds timeout, uint64_t barrier_id = 0);
   Status Resume();
   Status Shutdown(const std::string& reason);
   // Calls `on_event` for each step after `after_step` until it returns false, the stream

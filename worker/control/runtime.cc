@@ -81,14 +81,33 @@ Status WorkerRuntime::Rendezvous(const engine::Membership& m) {
                               " is not newer than this worker's generation " +
                               std::to_string(newest));
   pending_ = m;
-  if (InGeneration(state_.phase)) requested_ |= kLeaveFlag;
+  if (InGeneration(state_.phase)) JoinOrRequest(kLeaveFlag, 0);
   changed_.notify_all();
   return OkStatus();
 }
 
+uint64_t WorkerRuntime::JoinOrRequest(uint32_t flags, uint64_t id) {
+  const bool covers = barrier_flags_ != 0 && (flags & ~barrier_flags_) == 0;
+  const bool under_way = barriers_begun_ > barriers_done_;
+  if (covers && (under_way || (id != 0 && id <= barrier_id_))) return barriers_begun_;
+  requested_ |= flags;
+  requested_id_ = std::max(requested_id_, id);
+  changed_.notify_all();
+  return barriers_begun_ + 1;
+}
+
+bool WorkerRuntime::Served(uint32_t flags, uint64_t index) const {
+  for (int bit = 0; bit < kFlagCount; ++bit)
+    if ((flags & (1u << bit)) && done_with_[bit] < index) return false;
+  return true;
+}
+
 StatusOr<CheckpointRef> WorkerRuntime::Checkpoint(bool pause,
-                                                  std::chrono::steady_clock::time_point deadline) {
+                                                  std::chrono::steady_clock::time_point deadline,
+                                                  uint64_t barrier_id) {
   std::unique_lock<std::mutex> lock(mu_);
+  ++control_requests_;
+  changed_.notify_all();
   if (!InGeneration(state_.phase))
     return FailedPrecondition(std::string("no generation to checkpoint (phase ") +
                               PhaseName(state_.phase) + ")");
@@ -96,15 +115,14 @@ StatusOr<CheckpointRef> WorkerRuntime::Checkpoint(bool pause,
   if (state_.phase == Phase::kPaused && state_.last_checkpoint &&
       state_.last_checkpoint->step == state_.step)
     return *state_.last_checkpoint;
-  uint64_t target = barriers_begun_ + 1;
-  if (state_.phase == Phase::kCheckpointing) target = barriers_begun_;  // join the one going on
-  requested_ |= kCheckpointFlag | (pause ? uint32_t{kPauseFlag} : uint32_t{0});
+  const uint32_t flags = kCheckpointFlag | (pause ? uint32_t{kPauseFlag} : uint32_t{0});
+  const uint64_t target = JoinOrRequest(flags, barrier_id);
   const int64_t generation = state_.generation;
   const bool done = changed_.wait_until(lock, deadline, [&] {
-    return barriers_done_ >= target || state_.generation != generation ||
+    return Served(flags, target) || state_.generation != generation ||
            !InGeneration(state_.phase) || shutdown_;
   });
-  if (barriers_done_ >= target) return barrier_result_;
+  if (Served(flags, target)) return barrier_result_;
   if (!done)
     return DeadlineExceeded("no agreed step boundary before the deadline (phase " +
                             std::string(PhaseName(state_.phase)) + ", step " +
@@ -113,19 +131,23 @@ StatusOr<CheckpointRef> WorkerRuntime::Checkpoint(bool pause,
                  (state_.last_error.empty() ? "" : ": " + state_.last_error));
 }
 
-StatusOr<int64_t> WorkerRuntime::Pause(std::chrono::steady_clock::time_point deadline) {
+StatusOr<int64_t> WorkerRuntime::Pause(std::chrono::steady_clock::time_point deadline,
+                                        uint64_t barrier_id) {
   std::unique_lock<std::mutex> lock(mu_);
+  ++control_requests_;
+  changed_.notify_all();
   if (state_.phase == Phase::kPaused) return state_.step;
   if (!InGeneration(state_.phase))
     return FailedPrecondition(std::string("no generation to pause (phase ") +
                               PhaseName(state_.phase) + ")");
-  requested_ |= kPauseFlag;
+  const uint64_t target = JoinOrRequest(kPauseFlag, barrier_id);
   const int64_t generation = state_.generation;
   const bool done = changed_.wait_until(lock, deadline, [&] {
-    return state_.phase == Phase::kPaused || state_.generation != generation ||
+    return Served(kPauseFlag, target) || state_.generation != generation ||
            !InGeneration(state_.phase) || shutdown_;
   });
-  if (state_.phase == Phase::kPaused && state_.generation == generation) return state_.step;
+  // Served: paused now, or resumed since from the pause this call belongs to.
+  if (Served(kPauseFlag, target) && state_.generation == generation) return paused_step_;
   if (!done) return DeadlineExceeded("no agreed step boundary before the deadline");
   return Aborted("generation " + std::to_string(generation) + " ended before it paused");
 }
@@ -144,7 +166,7 @@ void WorkerRuntime::Shutdown(const std::string& reason) {
   if (shutdown_) return;
   LogInfo("shutting down", {{"reason", reason}, {"phase", PhaseName(state_.phase)}});
   shutdown_ = true;
-  if (InGeneration(state_.phase)) requested_ |= kLeaveFlag;
+  if (InGeneration(state_.phase)) JoinOrRequest(kLeaveFlag, 0);
   changed_.notify_all();
 }
 
@@ -227,10 +249,19 @@ void WorkerRuntime::PublishStep(engine::StepRecord record) {
   changed_.notify_all();
 }
 
-void WorkerRuntime::EndBarrier(const StatusOr<CheckpointRef>& result) {
+void WorkerRuntime::EndBarrier(const StatusOr<CheckpointRef>& result, bool pause) {
   std::lock_guard<std::mutex> lock(mu_);
   barriers_done_ = barriers_begun_;
   barrier_result_ = result;
+  if (result.ok()) {
+    for (int bit = 0; bit < kFlagCount; ++bit)
+      if (barrier_flags_ & (1u << bit)) done_with_[bit] = barriers_done_;
+    if (pause) {  // in the same breath: a Pause that returns finds the rank PAUSED
+      state_.phase = Phase::kPaused;
+      paused_step_ = state_.step;
+      LogInfo("paused", {{"step", state_.step}, {"barrier_id", barrier_id_}});
+    }
+  }
   changed_.notify_all();
 }
 
@@ -244,6 +275,9 @@ void WorkerRuntime::Loop() {
       m = *pending_;
       pending_.reset();
       requested_ = 0;
+      requested_id_ = 0;
+      barrier_flags_ = 0;  // a request of this generation joins none of the last one's barriers
+      barrier_id_ = 0;
       resume_requested_ = false;
       state_.phase = Phase::kJoining;
       state_.generation = m.generation;
@@ -328,37 +362,49 @@ Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::Training
     PublishStep(record);
     TIDAL_RETURN_IF_ERROR(session.After(hooks));
     uint32_t mine;
+    uint64_t mine_id;
     {
       std::lock_guard<std::mutex> lock(mu_);
       mine = requested_;
+      mine_id = requested_id_;
     }
-    TIDAL_ASSIGN_OR_RETURN(uint32_t agreed, session.AgreeFlags(mine));
+    TIDAL_ASSIGN_OR_RETURN(engine::Session::Agreement agreement,
+                           session.AgreeFlags(mine, mine_id));
+    const uint32_t agreed = agreement.flags;
     if (agreed == 0) continue;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      requested_ &= ~agreed;  // every rank acts on these at this boundary
+      std::unique_lock<std::mutex> lock(mu_);
+      // Every rank acts on these at this boundary. A request that arrived during the
+      // agreement, for flags it carries, belongs to this barrier too: cleared with the rest.
+      requested_ &= ~agreed;
+      if (requested_ == 0) requested_id_ = 0;
       ++barriers_begun_;
+      barrier_flags_ = agreed | kCheckpointFlag;
+      barrier_id_ = agreement.id;
       state_.phase = Phase::kCheckpointing;
       changed_.notify_all();
+      if (options_.hold_barriers_until_request) {
+        const uint64_t seen = control_requests_;
+        changed_.wait_for(lock, std::chrono::seconds(60),
+                          [&] { return control_requests_ > seen || shutdown_; });
+      }
     }
     // Every agreed request is checkpointed first: a pause can last, and leaving (rescale,
     // shutdown) must lose no step.
     auto uri = session.CheckpointNow(hooks);
     StatusOr<CheckpointRef> result = uri.status();
     if (uri.ok()) result = CheckpointRef{session.step(), "full", *uri, NowMillis()};
-    EndBarrier(result);
+    const bool leave = agreed & kLeaveFlag;
+    EndBarrier(result, (agreed & kPauseFlag) && !leave);
     TIDAL_RETURN_IF_ERROR(uri.status());
-    if (agreed & kLeaveFlag) return OkStatus();
+    if (leave) return OkStatus();
     if ((agreed & kPauseFlag) && !HoldPaused()) return OkStatus();
     SetPhase(Phase::kRunning);
   }
 }
 
 bool WorkerRuntime::HoldPaused() {
-  std::unique_lock<std::mutex> lock(mu_);
-  state_.phase = Phase::kPaused;
-  changed_.notify_all();
-  LogInfo("paused", {{"step", state_.step}});
+  std::unique_lock<std::mutex> lock(mu_);  // PAUSED since EndBarrier
   changed_.wait(lock, [&] { return resume_requested_ || pending_.has_value() || shutdown_; });
   const bool resume = resume_requested_ && !pending_ && !shutdown_;
   resume_requested_ = false;

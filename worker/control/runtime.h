@@ -2,7 +2,10 @@
 // gRPC service and independent of it. One training thread runs each generation's session;
 // requests from the control API (rendezvous, checkpoint barrier, pause, shutdown) are raised
 // as flags that every rank agrees on at the next optimizer-step boundary, so all ranks act at
-// the same step whichever of them heard first. No LibTorch types here.
+// the same step whichever of them heard first. A request belongs to a barrier: one that reaches
+// a rank whose barrier for it is under way (another rank heard first) — or, named by the
+// caller's id, is already over — joins that barrier and leaves no flag behind to fire again
+// later. No LibTorch types here.
 #pragma once
 
 #include <chrono>
@@ -82,6 +85,10 @@ struct RuntimeOptions {
   RuntimeObserver* observer = nullptr;  // not owned; outlives the runtime
   GpuMonitor* gpu = nullptr;            // not owned; none on a CPU worker
   LossHook loss_hook;                   // a test hook on the reported loss (loss_hook.h)
+  // A test hook (TIDAL_TEST_BARRIER_HOLD=until-request): every checkpoint barrier holds, once
+  // agreed, until the next Checkpoint or Pause call has reached this worker, so a test can
+  // deliver a request to a rank that is inside the barrier the request asks for.
+  bool hold_barriers_until_request = false;
 };
 
 class WorkerRuntime {
@@ -96,10 +103,16 @@ class WorkerRuntime {
   // paused or failed one at once. Refused (FailedPrecondition) when `generation` is not newer.
   Status Rendezvous(const engine::Membership& membership);
   // A full checkpoint at the next agreed step boundary; with `pause`, hold after it. Waits
-  // until it is committed, the generation ends, or `deadline`.
-  StatusOr<CheckpointRef> Checkpoint(bool pause, std::chrono::steady_clock::time_point deadline);
-  // Hold at the next agreed step boundary; returns that step.
-  StatusOr<int64_t> Pause(std::chrono::steady_clock::time_point deadline);
+  // until it is committed, the generation ends, or `deadline`. `barrier_id` names the barrier
+  // (the operator sends one id to every rank, increasing within a generation; 0: unnamed): a
+  // request joins the newest barrier of the generation when that one checkpoints (and pauses,
+  // if asked) and is under way, or is over and carries this id or a later one.
+  StatusOr<CheckpointRef> Checkpoint(bool pause, std::chrono::steady_clock::time_point deadline,
+                                     uint64_t barrier_id = 0);
+  // Hold at the next agreed step boundary (or join a pausing barrier, as Checkpoint); returns
+  // the step it holds at.
+  StatusOr<int64_t> Pause(std::chrono::steady_clock::time_point deadline,
+                          uint64_t barrier_id = 0);
   Status Resume();
   // Leaves the generation (checkpointed first when it is running) and stops the training
   // thread; `exited()` turns true once it has.
@@ -119,6 +132,12 @@ class WorkerRuntime {
 
  private:
   enum Flag : uint32_t { kCheckpointFlag = 1, kPauseFlag = 2, kLeaveFlag = 4 };
+  static constexpr int kFlagCount = 3;
+  // Under mu_: the barrier a request for `flags` named `id` belongs to (see Checkpoint): the
+  // newest one, or the next one with `flags` raised for it. Returns its index.
+  uint64_t JoinOrRequest(uint32_t flags, uint64_t id);
+  // Under mu_: whether barrier `index`, or a later one acting on every flag of `flags`, is over.
+  bool Served(uint32_t flags, uint64_t index) const;
   void Loop();
   // One generation, from joining to leaving; returns why it ended (OK: left on request or
   // finished).
@@ -128,7 +147,8 @@ class WorkerRuntime {
   bool HoldPaused();
   void SetPhase(Phase phase);
   void PublishStep(engine::StepRecord record);  // after the loss hook
-  void EndBarrier(const StatusOr<CheckpointRef>& result);
+  // Ends the barrier under way; with `pause` (and a result), the phase turns PAUSED at once.
+  void EndBarrier(const StatusOr<CheckpointRef>& result, bool pause);
 
   RuntimeOptions options_;
   mutable std::mutex mu_;
@@ -136,12 +156,21 @@ class WorkerRuntime {
   WorkerState state_;
   std::optional<engine::Membership> pending_;  // the next generation, not yet joined
   uint32_t requested_ = 0;                     // flags raised by the control API
+  uint64_t requested_id_ = 0;                  // the largest id of the requests behind them
   bool resume_requested_ = false;
   bool shutdown_ = false;
   bool exited_ = false;
-  // Checkpoint barriers: begun and finished counts, and the newest one's result.
+  // Checkpoint barriers: begun and finished counts (over the worker's life, so an index names
+  // one barrier), and the newest one's result, flags (kCheckpointFlag always: every barrier
+  // checkpoints; 0: none yet in this generation) and agreed id.
   uint64_t barriers_begun_ = 0, barriers_done_ = 0;
   StatusOr<CheckpointRef> barrier_result_ = Aborted("no checkpoint barrier yet");
+  uint32_t barrier_flags_ = 0;
+  uint64_t barrier_id_ = 0;
+  int64_t paused_step_ = 0;  // where the newest pausing barrier held
+  // Per flag, the index of the newest barrier that acted on it and finished.
+  uint64_t done_with_[kFlagCount] = {};
+  uint64_t control_requests_ = 0;  // Checkpoint and Pause calls received (the test hook)
   std::deque<StepEvent> events_;  // the newest kMaxEvents
   uint64_t next_seq_ = 1;
   std::thread thread_;

@@ -172,16 +172,16 @@ class Service final : public pb::WorkerControl::Service {
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const pb::CheckpointRequest* req,
                           pb::CheckpointResponse* out) override {
     if (auto denied = Authenticate(ctx)) return *denied;
-    auto saved = runtime_.Checkpoint(req->pause(), DeadlineOf(ctx));
+    auto saved = runtime_.Checkpoint(req->pause(), DeadlineOf(ctx), req->barrier_id());
     if (!saved.ok()) return ToGrpc(saved.status());
     Fill(*saved, out->mutable_checkpoint());
     return grpc::Status::OK;
   }
 
-  grpc::Status Pause(grpc::ServerContext* ctx, const pb::PauseRequest*,
+  grpc::Status Pause(grpc::ServerContext* ctx, const pb::PauseRequest* req,
                      pb::PauseResponse* out) override {
     if (auto denied = Authenticate(ctx)) return *denied;
-    auto step = runtime_.Pause(DeadlineOf(ctx));
+    auto step = runtime_.Pause(DeadlineOf(ctx), req->barrier_id());
     if (!step.ok()) return ToGrpc(step.status());
     out->set_step(*step);
     return grpc::Status::OK;

@@ -82,15 +82,22 @@ class TrainerSession final : public Session {
     return Guard<StepRecord>([&] { return trainer_->Step(); });
   }
 
-  StatusOr<uint32_t> AgreeFlags(uint32_t mine) override {
-    return Guard<uint32_t>([&]() -> StatusOr<uint32_t> {
+  StatusOr<Agreement> AgreeFlags(uint32_t flags, uint64_t id) override {
+    return Guard<Agreement>([&]() -> StatusOr<Agreement> {
       std::vector<int64_t> bits(kFlagBits, 0);
-      for (int b = 0; b < kFlagBits; ++b) bits[b] = (mine >> b) & 1u;
-      TIDAL_RETURN_IF_ERROR(trainer_->comm().AllReduceSumHost(bits));
-      uint32_t all = 0;
+      for (int b = 0; b < kFlagBits; ++b) bits[b] = (flags >> b) & 1u;
+      Comm& comm = trainer_->comm();
+      TIDAL_RETURN_IF_ERROR(comm.AllReduceSumHost(bits));
+      Agreement agreed;
       for (int b = 0; b < kFlagBits; ++b)
-        if (bits[b] > 0) all |= 1u << b;
-      return all;
+        if (bits[b] > 0) agreed.flags |= 1u << b;
+      if (agreed.flags == 0) return agreed;  // the common case: one collective per step
+      // Every rank knows now that a request is on: the largest id, one slot per rank (rare).
+      std::vector<int64_t> ids(static_cast<size_t>(comm.world_size()), 0);
+      ids[static_cast<size_t>(comm.rank())] = static_cast<int64_t>(id);
+      TIDAL_RETURN_IF_ERROR(comm.AllReduceSumHost(ids));
+      for (int64_t v : ids) agreed.id = std::max(agreed.id, static_cast<uint64_t>(v));
+      return agreed;
     });
   }
 

@@ -64,9 +64,14 @@ class Session {
   // One optimizer step (collective). LibTorch's and the backend's exceptions come back as a
   // Status naming the rank.
   virtual StatusOr<StepRecord> Step() = 0;
-  // Collective: the bitwise OR of every rank's `mine` (bits 0..15). The step-boundary
-  // agreement behind checkpoint barriers, pauses and stops.
-  virtual StatusOr<uint32_t> AgreeFlags(uint32_t mine) = 0;
+  // Collective: the bitwise OR of every rank's `flags` (bits 0..15) and, when any is set, the
+  // largest `id` (the name of the request behind them; 0: none). The step-boundary agreement
+  // behind checkpoint barriers, pauses and stops.
+  struct Agreement {
+    uint32_t flags = 0;
+    uint64_t id = 0;
+  };
+  virtual StatusOr<Agreement> AgreeFlags(uint32_t flags, uint64_t id) = 0;
 
   // The hooks' calls, each collective and guarded like Step.
   virtual Status Start(TrainingHooks& hooks) = 0;   // OnStart: resume

@@ -163,8 +163,30 @@ TEST_F(ChartTest, TheChartsRbacGrantsExactlyTheCallsTheOperatorMakes) {
       JobYaml("b", 100000, "", "{minGPUs: 2, maxGPUs: 2}", "tlsSecretName: nowhere, ")});
   WaitFor(
       {"tj", "b"}, "{.status.phase}", [](const std::string& p) { return !p.empty(); }, 60s);
+  // A job whose workers cannot open its dataset, then fixed: its spec ConfigMap is patched.
+  // (On b's GPUs.)
+  Ok({"delete", "tj", "b", "--wait=true"});
+  std::string c_yaml;
+  {
+    std::ifstream y(JobYaml("c", 10, "", "{minGPUs: 1, maxGPUs: 1}"));
+    c_yaml.assign((std::istreambuf_iterator<char>(y)), std::istreambuf_iterator<char>());
+  }
+  const std::string data = "/examples/data/sample.jsonl";
+  c_yaml.replace(c_yaml.find(data), data.size(), "/examples/data/missing.jsonl");
+  Ok({"apply", "-f", WriteFile("c.yaml", c_yaml)});
+  ASSERT_EQ(WaitFor(
+                {"tj", "c"}, "{.status.failureReason}",
+                [](const std::string& r) { return r == "ConfigurationError"; }, 120s),
+            "ConfigurationError")
+      << Ok({"get", "tj", "c", "-o", "jsonpath={.status}"});
+  Ok({"patch", "tj", "c", "--type=merge", "-p",
+      std::string(R"({"spec":{"dataset":{"uri":")") + TIDAL_SOURCE_DIR + data + R"("}}})"});
+  EXPECT_EQ(WaitFor(
+                {"tj", "c"}, "{.status.phase}",
+                [](const std::string& p) { return p == "Succeeded"; }, 180s),
+            "Succeeded");
   // Deleting a job: the operator takes its finalizer off.
-  Ok({"delete", "tj", "a", "b", "--wait=false"});
+  Ok({"delete", "tj", "a", "c", "--wait=false"});
   EXPECT_TRUE(WaitUntilTrue(
       [&] {
         return Ok({"get", "tj", "-o", "name"}).empty();

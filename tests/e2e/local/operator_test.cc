@@ -168,10 +168,16 @@ TEST_F(OperatorTest, AScheduleWindowInTheJobsTimeZoneGrowsTheJobWhenItOpensAndSh
       R"({"spec":{"elastic":{"timeZone":"Asia/Kolkata","schedule":[{"name":"next-minute",)"
       R"("start":")" +
           kolkata_cron(opens) + R"(","end":")" + kolkata_cron(closes) + R"(","gpus":4}]}}})"});
-  std::this_thread::sleep_for(3s);  // a reconcile sees the window (not open yet)
-  ASSERT_LT(system_clock::to_time_t(system_clock::now()), opens) << "the patch came too late";
-  EXPECT_EQ(Int("nightly", "{.status.gpus.current}"), 2);
-  EXPECT_EQ(Int("nightly", "{.status.gpus.desired}"), 2);
+  // The status of a reconcile of the patched spec (observedGeneration caught up). Decided
+  // before the window opened, it keeps 2 GPUs; on a machine so loaded that the window opened
+  // first, there is no "before" to check — the growth below is checked against the clock.
+  const std::string generation = Ok({"get", "tj", "nightly", "-o", "jsonpath={.metadata.generation}"});
+  WaitFor({"tj", "nightly"}, "{.status.observedGeneration}",
+          [&](const std::string& g) { return g == generation; }, 60s);
+  if (system_clock::to_time_t(system_clock::now()) < opens) {
+    EXPECT_EQ(Int("nightly", "{.status.gpus.current}"), 2);
+    EXPECT_EQ(Int("nightly", "{.status.gpus.desired}"), 2);
+  }
 
   WaitInt(
       "nightly", "{.status.gpus.desired}", [](int64_t g) { return g == 4; }, 150s);
@@ -225,7 +231,18 @@ TEST_F(OperatorTest, WithATlsSecretTheOperatorDrivesItsWorkersOverVerifiedTls) {
                 {"pods", "-l", "tidal.dev/job=unverified"}, "{.items[*].status.phase}",
                 [](const std::string& p) { return p == "Running Running"; }, 60s),
             "Running Running");
-  std::this_thread::sleep_for(8s);  // several reconciles with both workers up
+  // A status written by a reconcile that saw both workers up and could not verify them: the
+  // decision not to start a generation was taken then.
+  auto both_refused = [](const std::string& needle) {
+    return [needle](const std::string& w) {
+      size_t n = 0;
+      for (size_t at = w.find(needle); at != std::string::npos; at = w.find(needle, at + 1)) ++n;
+      return n == 2 && w.find("(Running") != std::string::npos;
+    };
+  };
+  const std::string unverified = WaitFor({"tj", "unverified"}, "{.status.rescale.waitingFor}",
+                                         both_refused("no data[ca.crt]"), 60s);
+  EXPECT_TRUE(both_refused("no data[ca.crt]")(unverified)) << Status("unverified", "{.status}");
   EXPECT_EQ(Int("unverified", "{.status.generation}"), 0) << Status("unverified", "{.status}");
   std::ifstream log(dir_ / "tidal-local.log");
   const std::string all((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
@@ -248,7 +265,14 @@ TEST_F(OperatorTest, WithATlsSecretTheOperatorDrivesItsWorkersOverVerifiedTls) {
                 {"pods", "-l", "tidal.dev/job=impostor"}, "{.items[*].status.phase}",
                 [](const std::string& p) { return p == "Running Running"; }, 90s),
             "Running Running");
-  std::this_thread::sleep_for(8s);
+  // Both up and refused on the handshake (not merely not listening yet: "Connection refused").
+  auto handshake_refused = [&](const std::string& w) {
+    return both_refused("worker does not answer")(w) &&
+           w.find("Connection refused") == std::string::npos;
+  };
+  const std::string impostor =
+      WaitFor({"tj", "impostor"}, "{.status.rescale.waitingFor}", handshake_refused, 90s);
+  EXPECT_TRUE(handshake_refused(impostor)) << Status("impostor", "{.status}");
   EXPECT_EQ(Int("impostor", "{.status.generation}"), 0) << Status("impostor", "{.status}");
   EXPECT_EQ(Int("impostor", "{.status.step}"), 0);
   // The operator logs why: the handshake fails on the name (gRPC's words vary by version).
@@ -326,7 +350,11 @@ TEST_F(OperatorTest, GpusBookedForOneJobsNewPodsAreNotPlannedForByAnother) {
   WaitInt(
       "second", "{.status.gpus.desired}", [](int64_t g) { return g > 0; }, 60s);
   ASSERT_TRUE(WaitUntilTrue([&] { return PodCount("second") >= 2; }, 30s));
-  std::this_thread::sleep_for(3s);  // more reconciles: nothing changes
+  // The status of a reconcile that planned with the booked GPUs (0 idle): it created no more.
+  WaitFor(
+      {"tj", "second"}, "{.status.gpus.reason}",
+      [](const std::string& r) { return r.find("capacity: 0 idle GPUs") != std::string::npos; },
+      60s);
   EXPECT_EQ(PodCount("second"), 2);
   EXPECT_EQ(Int("second", "{.status.gpus.desired}"), 2) << Status("second", "{.status.gpus}");
   EXPECT_NE(Status("second", "{.status.gpus.reason}").find("capacity: 0 idle GPUs"),
@@ -370,7 +398,8 @@ TEST_F(OperatorTest, InvalidSpecsGetAnInvalidSpecConditionNamingTheFieldAndNoPod
         Status(c.name, "{.status.conditions[?(@.type==\"Ready\")].message}");
     EXPECT_NE(message.find(c.field), std::string::npos) << message;
   }
-  std::this_thread::sleep_for(2s);
+  // Each job's InvalidSpec status was written by the reconcile that decided (and an invalid
+  // spec's plan creates nothing): a pod, if any, would exist by now.
   EXPECT_EQ(Ok({"get", "pods", "-o", "name"}), "") << "an invalid spec created a pod";
 }
 

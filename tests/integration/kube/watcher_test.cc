@@ -128,10 +128,17 @@ TEST_F(WatcherIntegration, SurvivesServerKillNineWithoutLosingOrDuplicatingEvent
   Modify("a", "1");
   Delete("b");
   Create("c");
-  ASSERT_TRUE(WaitFor([&] { return rec.size() == 5; })) << ::testing::PrintToString(rec.log);
-  std::this_thread::sleep_for(500ms);  // anything extra (a duplicate) would arrive by now
+  ASSERT_TRUE(WaitFor([&] { return rec.size() >= 5; })) << ::testing::PrintToString(rec.log);
+  // A marker written after the rest: the stream is in resourceVersion order, so once its event
+  // is in, any duplicate of the earlier ones would have come before it.
+  Create("z-marker");
+  ASSERT_TRUE(WaitFor([&] {
+    std::lock_guard<std::mutex> lock(rec.mu);
+    return rec.view.count("z-marker") > 0;
+  })) << ::testing::PrintToString(rec.log);
   std::lock_guard<std::mutex> lock(rec.mu);
-  ASSERT_EQ(rec.log.size(), 5u) << ::testing::PrintToString(rec.log);
+  ASSERT_EQ(rec.log.size(), 6u) << ::testing::PrintToString(rec.log);
+  EXPECT_EQ(rec.log[5].substr(0, 9), "+z-marker");
   EXPECT_EQ(rec.log[0].substr(0, 2), "+a");
   EXPECT_EQ(rec.log[1].substr(0, 2), "+b");
   EXPECT_EQ(rec.log[2].substr(0, 2), "~a");

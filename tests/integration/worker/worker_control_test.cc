@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -97,12 +98,14 @@ class WorkerControlTest : public ::testing::Test {
 
   // Starts worker `index` on 127.0.0.(20 + index).
   Worker& StartWorker(int index, std::vector<std::string> extra = {},
-                      const std::string& ca_pem = "") {
+                      const std::string& ca_pem = "", std::vector<std::string> env = {}) {
     Worker w;
     w.ip = "127.0.0." + std::to_string(20 + index);
     const std::string port_file = dir_ + "/port-" + std::to_string(index);
     fs::remove(port_file);
-    std::vector<std::string> argv = {TIDAL_WORKER_BIN,
+    std::vector<std::string> argv = {"/usr/bin/env"};
+    argv.insert(argv.end(), env.begin(), env.end());
+    argv.insert(argv.end(), {TIDAL_WORKER_BIN,
                                      "--spec",
                                      dir_ + "/job.yaml",
                                      "--token-file",
@@ -116,7 +119,7 @@ class WorkerControlTest : public ::testing::Test {
                                      "--intra-op-threads",
                                      "1",
                                      "--collective-timeout-seconds",
-                                     "30"};
+                                     "30"});
     argv.insert(argv.end(), extra.begin(), extra.end());
     w.process = std::make_unique<Process>(argv);
     for (int i = 0; i < 300 && !fs::exists(port_file); ++i) std::this_thread::sleep_for(50ms);
@@ -189,6 +192,11 @@ class WorkerControlTest : public ::testing::Test {
   std::string dir_;
   std::vector<Worker> workers_;
 };
+
+int64_t UnixMillis() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
 
 // Collects every step event of a worker's stream on a thread of its own.
 class StepRecorder {
@@ -427,26 +435,85 @@ TEST_F(WorkerControlTest, BadInvocationsExitTwoNamingTheFlagOrField) {
   EXPECT_NE(r.err.find("token is empty"), std::string::npos) << r.err;
 }
 
+// The ranks hold where they paused until Resume: proven by the step stream, whose next step
+// after the pause ends after the Resume calls (no sleep, no guess at how long is enough).
 TEST_F(WorkerControlTest, PauseHoldsEveryRankAtOneStepAndResumeGoesOn) {
   StartWorker(0);
   StartWorker(1);
   Rendezvous(1, {0, 1});
+  StepRecorder steps(*workers_[0].client);
   WaitFor(0, [](auto& s) { return s.step() >= 2; });
   auto paused = workers_[0].client->Pause(60s);
   ASSERT_TRUE(paused.ok()) << paused.status().ToString();
   auto other = workers_[1].client->Pause(60s);
   ASSERT_TRUE(other.ok()) << other.status().ToString();
   EXPECT_EQ(*paused, *other) << "the ranks paused at different steps";
-  std::this_thread::sleep_for(1s);
   for (int i : {0, 1}) {
     pb::WorkerStatus s = StatusOf(i);
     EXPECT_EQ(s.phase(), pb::PAUSED);
     EXPECT_EQ(s.step(), *paused);
     EXPECT_EQ(s.last_checkpoint().step(), *paused) << "a pause is checkpointed";
   }
+  const int64_t resumed_at = UnixMillis();
   ASSERT_TRUE(workers_[0].client->Resume().ok());
   ASSERT_TRUE(workers_[1].client->Resume().ok());
-  WaitFor(0, [&](auto& s) { return s.step() >= *paused + 2; });
+  steps.WaitForStep(*paused + 2);
+  for (const pb::StepEvent& e : steps.events())
+    if (e.step() > *paused)
+      EXPECT_GE(e.unix_millis(), resumed_at) << "step " << e.step() << " trained while paused";
+  for (int i : {0, 1}) EXPECT_EQ(workers_[i].process->Wait(120s).exit_code, 0);
+}
+
+// Issue 21: rank 0 hears Pause first and the ranks agree to pause at the next boundary; the
+// operator's Pause for rank 1 reaches it while it is inside that very barrier (held there by
+// the TIDAL_TEST_BARRIER_HOLD hook until a request arrives, so the interleaving is certain).
+// The call joins the barrier and leaves nothing behind: after Resume the job trains on with no
+// second pause and no second checkpoint, and a late duplicate of the named call changes
+// nothing either.
+TEST_F(WorkerControlTest, APauseReachingARankInsideItsBarrierJoinsItAndLeavesNothingBehind) {
+  WriteSpec("full: 0", 60);  // no scheduled checkpoint: each one is a barrier's
+  StartWorker(0);
+  StartWorker(1, {}, "", {"TIDAL_TEST_BARRIER_HOLD=until-request"});
+  Rendezvous(1, {0, 1});
+  StepRecorder steps(*workers_[0].client);
+  WaitFor(0, [](auto& s) { return s.step() >= 2; });
+  const uint64_t id = (uint64_t{1} << 32) | 7;  // generation 1, the operator's way
+  auto first = std::async(std::launch::async, [&] { return workers_[0].client->Pause(60s, id); });
+  WaitFor(1, [](auto& s) { return s.phase() == pb::CHECKPOINTING; }, 60s);
+  auto second = workers_[1].client->Pause(60s, id);  // arrives inside the barrier: joins it
+  auto paused = first.get();
+  ASSERT_TRUE(paused.ok()) << paused.status().ToString();
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ(*paused, *second);
+  for (int i : {0, 1}) EXPECT_EQ(StatusOf(i).phase(), pb::PAUSED);
+
+  ASSERT_TRUE(workers_[0].client->Resume().ok());
+  ASSERT_TRUE(workers_[1].client->Resume().ok());
+  steps.WaitForStep(*paused + 3);
+  // A duplicate of the named call, late (a retry of a call whose answer was lost): served by
+  // the barrier it names, it returns that barrier's step and holds nothing.
+  auto late = workers_[1].client->Pause(60s, id);
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_EQ(*late, *paused);
+  // An unnamed pause now is a new one, and a later named barrier is a new one too.
+  steps.WaitForStep(*paused + 10);
+  for (int i : {0, 1}) {
+    pb::WorkerStatus s = StatusOf(i);
+    EXPECT_NE(s.phase(), pb::PAUSED) << "rank " << i << " paused again at step " << s.step();
+    EXPECT_EQ(s.last_checkpoint().step(), *paused) << "rank " << i << ": a second checkpoint";
+  }
+  auto again = std::async(std::launch::async,
+                          [&] { return workers_[0].client->Pause(60s, id + 1); });
+  WaitFor(1, [](auto& s) { return s.phase() == pb::CHECKPOINTING; }, 60s);
+  auto again1 = workers_[1].client->Pause(60s, id + 1);
+  auto again0 = again.get();
+  ASSERT_TRUE(again0.ok()) << again0.status().ToString();
+  ASSERT_TRUE(again1.ok()) << again1.status().ToString();
+  EXPECT_EQ(*again0, *again1);
+  EXPECT_GE(*again1, *paused + 10);
+  ASSERT_TRUE(workers_[0].client->Resume().ok());
+  ASSERT_TRUE(workers_[1].client->Resume().ok());
+  for (int i : {0, 1}) EXPECT_EQ(workers_[i].process->Wait(120s).exit_code, 0);
 }
 
 // The rescale protocol of DESIGN.md §4, driven as the operator drives it: 2 ranks, then 4,

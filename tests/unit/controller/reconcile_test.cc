@@ -106,6 +106,7 @@ class Sim {
   std::function<double(int64_t step)> loss_ = [](int64_t step) { return 3.0 - 0.001 * step; };
   std::optional<double> gpu_util_;
   int config_updates_ = 0;
+  uint64_t last_barrier_id_ = 0;
 
  private:
   void Apply(const Action& a) {
@@ -156,6 +157,10 @@ class Sim {
         }
         break;
       case Action::Kind::kBarrier: {
+        // Named for the workers (worker.proto): this generation's, never an older barrier's.
+        EXPECT_EQ(a.barrier_id >> 32, static_cast<uint64_t>(status().generation));
+        EXPECT_GE(a.barrier_id, last_barrier_id_) << "a barrier named below an earlier one";
+        last_barrier_id_ = a.barrier_id;
         int64_t step = 0;
         for (const std::string& p : a.pods)
           if (reports_.count(p)) step = std::max(step, reports_[p].step);
