@@ -185,8 +185,8 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
       return tidal::InvalidArgument("TIDAL_TEST_BARRIER_HOLD: expected until-request, got \"" +
                                     hold->second + "\"");
     o.hold_barriers_until_request = true;
-    tidal::LogWarn("test hook: every barrier holds until a request arrives (TIDAL_TEST_BARRIER_HOLD)",
-                   {});
+    tidal::LogWarn(
+        "test hook: every barrier holds until a request arrives (TIDAL_TEST_BARRIER_HOLD)", {});
   }
   return o;
 }

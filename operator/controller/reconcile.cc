@@ -169,8 +169,8 @@ class Decider {
     if (const WorkerReport* r = Report(name)) {
       if (r->phase == "Failed" && r->generation >= generation && generation > 0) {
         if (r->last_error_permanent)
-          return {"worker " + name + " cannot start generation " +
-                      std::to_string(r->generation) + ": " + r->last_error,
+          return {"worker " + name + " cannot start generation " + std::to_string(r->generation) +
+                      ": " + r->last_error,
                   false, true};
         return {"worker " + name + " failed generation " + std::to_string(r->generation) + ": " +
                     r->last_error,
@@ -327,10 +327,9 @@ class Decider {
     st_.last_failure = cause;
     st_.last_failure_time = o_.now;
     if (st_.restarts > spec_->restart_policy.max_restarts) {
-      Fail("RestartsExhausted", "restart " + std::to_string(st_.restarts) +
-                                    " would exceed maxRestarts " +
-                                    std::to_string(spec_->restart_policy.max_restarts) +
-                                    "; last failure: " + cause);
+      Fail("RestartsExhausted",
+           "restart " + std::to_string(st_.restarts) + " would exceed maxRestarts " +
+               std::to_string(spec_->restart_policy.max_restarts) + "; last failure: " + cause);
       Emit("Warning", "RestartsExhausted", st_.failure);
       return true;
     }
@@ -588,7 +587,7 @@ class Decider {
       Emit("Normal", "Pausing", "checkpointing every rank, then holding: " + a.message);
     st_.phase = "Paused";
     plan_.requeue_after = options_.poll;
-    if (!AllPaused(st_.members)) Barrier(static_cast<uint64_t>(*a.step), "loss anomaly");
+    if (!AllPaused(st_.members)) Barrier(static_cast<uint64_t>(a.step.value_or(0)), "loss anomaly");
     return true;
   }
 
@@ -655,8 +654,8 @@ class Decider {
           if (!ReadyFor(m)) {
             ready = false;
             const PodView* p = Pod(m);
-            std::string why = p ? p->phase + (p->reason.empty() ? "" : ": " + p->reason)
-                                : "not created yet";
+            std::string why =
+                p ? p->phase + (p->reason.empty() ? "" : ": " + p->reason) : "not created yet";
             if (auto e = o_.unreachable_error.find(m); p && e != o_.unreachable_error.end())
               why += "; worker does not answer: " + e->second;
             waiting.push_back(m + " (" + why + ")");
@@ -871,8 +870,8 @@ class Decider {
                    scaling ? st_.rescale->reason : "no membership change under way", o_.now, gen);
     SetCondition(st_, "Recovering", recovering, recovering ? "Restarting" : "Healthy",
                  recovering ? "restart " + std::to_string(st_.restarts) + " of " +
-                                  std::to_string(o_.spec->restart_policy.max_restarts) + " after: " +
-                                  st_.last_failure
+                                  std::to_string(o_.spec->restart_policy.max_restarts) +
+                                  " after: " + st_.last_failure
                             : "no failure being recovered",
                  o_.now, gen);
     const bool running = st_.phase == "Running" || st_.phase == "Scaling";

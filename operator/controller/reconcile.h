@@ -111,7 +111,7 @@ struct WorkerReport {
   std::optional<int64_t> checkpoint_step;
   std::string checkpoint_kind, checkpoint_uri;
   std::string last_error;
-  bool last_error_permanent = false;  // the spec must change before a restart can help
+  bool last_error_permanent = false;              // the spec must change before a restart can help
   std::optional<double> gpu_utilization_percent;  // none on CPU workers
   std::vector<planner::StepSample> recent_steps;  // the newest steps, for the anomaly rule
 };
@@ -141,7 +141,7 @@ struct Observed {
   // Pods whose worker did not answer, since when (the shell remembers across reconciles).
   std::map<std::string, Clock::time_point> unreachable_since;
   std::map<std::string, std::string> unreachable_error;  // why, for status.rescale.waitingFor
-  int64_t idle_gpus = 0;  // the capacity gate's input
+  int64_t idle_gpus = 0;                                 // the capacity gate's input
   Clock::time_point now;
 };
 
@@ -153,12 +153,12 @@ struct Action {
     kEnsureTokenSecret,
     kEnsureSpecConfig,
     kUpdateSpecConfig,  // the workers' copy of the spec, rewritten while no worker runs
-    kCreatePods,  // slots, generation, group size
-    kDeletePods,  // pods
-    kBarrier,     // Checkpoint{pause} on pods (a rescale's barrier, the anomaly rule's pause)
-    kRendezvous,  // generation, pods in rank order, store on the first one's IP
-    kShutdown,    // pods
-    kResume,      // pods held by a pause (the anomaly rule's)
+    kCreatePods,        // slots, generation, group size
+    kDeletePods,        // pods
+    kBarrier,           // Checkpoint{pause} on pods (a rescale's barrier, the anomaly rule's pause)
+    kRendezvous,        // generation, pods in rank order, store on the first one's IP
+    kShutdown,          // pods
+    kResume,            // pods held by a pause (the anomaly rule's)
   };
   Kind kind = Kind::kEnsureService;
   std::vector<std::string> pods;     // for kRendezvous: every member, in rank order

@@ -148,8 +148,7 @@ Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
   return FromGrpcStatus(impl_->Stub()->Rendezvous(&ctx, req, &out));
 }
 
-StatusOr<pb::CheckpointInfo> WorkerClient::Checkpoint(bool pause,
-                                                      std::chrono::milliseconds timeout,
+StatusOr<pb::CheckpointInfo> WorkerClient::Checkpoint(bool pause, std::chrono::milliseconds timeout,
                                                       uint64_t barrier_id) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, timeout);

@@ -132,7 +132,7 @@ StatusOr<CheckpointRef> WorkerRuntime::Checkpoint(bool pause,
 }
 
 StatusOr<int64_t> WorkerRuntime::Pause(std::chrono::steady_clock::time_point deadline,
-                                        uint64_t barrier_id) {
+                                       uint64_t barrier_id) {
   std::unique_lock<std::mutex> lock(mu_);
   ++control_requests_;
   changed_.notify_all();
@@ -254,8 +254,10 @@ void WorkerRuntime::EndBarrier(const StatusOr<CheckpointRef>& result, bool pause
   barriers_done_ = barriers_begun_;
   barrier_result_ = result;
   if (result.ok()) {
+    // A pause is done only where the ranks hold: a barrier that also leaves does not pause.
+    const uint32_t did = pause ? barrier_flags_ : barrier_flags_ & ~uint32_t{kPauseFlag};
     for (int bit = 0; bit < kFlagCount; ++bit)
-      if (barrier_flags_ & (1u << bit)) done_with_[bit] = barriers_done_;
+      if (did & (1u << bit)) done_with_[bit] = barriers_done_;
     if (pause) {  // in the same breath: a Pause that returns finds the rank PAUSED
       state_.phase = Phase::kPaused;
       paused_step_ = state_.step;
@@ -368,8 +370,7 @@ Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::Training
       mine = requested_;
       mine_id = requested_id_;
     }
-    TIDAL_ASSIGN_OR_RETURN(engine::Session::Agreement agreement,
-                           session.AgreeFlags(mine, mine_id));
+    TIDAL_ASSIGN_OR_RETURN(engine::Session::Agreement agreement, session.AgreeFlags(mine, mine_id));
     const uint32_t agreed = agreement.flags;
     if (agreed == 0) continue;
     {

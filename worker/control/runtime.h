@@ -111,8 +111,7 @@ class WorkerRuntime {
                                      uint64_t barrier_id = 0);
   // Hold at the next agreed step boundary (or join a pausing barrier, as Checkpoint); returns
   // the step it holds at.
-  StatusOr<int64_t> Pause(std::chrono::steady_clock::time_point deadline,
-                          uint64_t barrier_id = 0);
+  StatusOr<int64_t> Pause(std::chrono::steady_clock::time_point deadline, uint64_t barrier_id = 0);
   Status Resume();
   // Leaves the generation (checkpointed first when it is running) and stops the training
   // thread; `exited()` turns true once it has.
@@ -171,7 +170,7 @@ class WorkerRuntime {
   // Per flag, the index of the newest barrier that acted on it and finished.
   uint64_t done_with_[kFlagCount] = {};
   uint64_t control_requests_ = 0;  // Checkpoint and Pause calls received (the test hook)
-  std::deque<StepEvent> events_;  // the newest kMaxEvents
+  std::deque<StepEvent> events_;   // the newest kMaxEvents
   uint64_t next_seq_ = 1;
   std::thread thread_;
 };

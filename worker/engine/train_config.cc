@@ -54,7 +54,8 @@ Status TrainConfig::ValidateForWorldSize(int world_size) const {
         "spec.optimization.globalBatchSize: " + std::to_string(optimization.global_batch_size) +
         " is not divisible by microBatchSize × world size = " +
         std::to_string(optimization.micro_batch_size) + " × " + std::to_string(world_size) + " = " +
-        product + " (gradient accumulation must be a whole number; choose a world size that divides it)");
+        product +
+        " (gradient accumulation must be a whole number; choose a world size that divides it)");
   }
   return OkStatus();
 }
@@ -73,9 +74,9 @@ Status CheckLoraRankFits(const LoraSpec& lora, const ModelConfig& model) {
     if (lora.rank > std::min(out, in))
       return InvalidArgument("spec.lora.rank: " + std::to_string(lora.rank) +
                              " exceeds the smaller side of " + m + " (" + std::to_string(out) +
-                             " × " + std::to_string(in) + ") in this model; use a rank <= " +
-                             std::to_string(std::min(out, in)) + " or leave " + m +
-                             " out of targetModules");
+                             " × " + std::to_string(in) +
+                             ") in this model; use a rank <= " + std::to_string(std::min(out, in)) +
+                             " or leave " + m + " out of targetModules");
   }
   return OkStatus();
 }

@@ -171,9 +171,11 @@ TEST_F(OperatorTest, AScheduleWindowInTheJobsTimeZoneGrowsTheJobWhenItOpensAndSh
   // The status of a reconcile of the patched spec (observedGeneration caught up). Decided
   // before the window opened, it keeps 2 GPUs; on a machine so loaded that the window opened
   // first, there is no "before" to check — the growth below is checked against the clock.
-  const std::string generation = Ok({"get", "tj", "nightly", "-o", "jsonpath={.metadata.generation}"});
-  WaitFor({"tj", "nightly"}, "{.status.observedGeneration}",
-          [&](const std::string& g) { return g == generation; }, 60s);
+  const std::string generation =
+      Ok({"get", "tj", "nightly", "-o", "jsonpath={.metadata.generation}"});
+  WaitFor(
+      {"tj", "nightly"}, "{.status.observedGeneration}",
+      [&](const std::string& g) { return g == generation; }, 60s);
   if (system_clock::to_time_t(system_clock::now()) < opens) {
     EXPECT_EQ(Int("nightly", "{.status.gpus.current}"), 2);
     EXPECT_EQ(Int("nightly", "{.status.gpus.desired}"), 2);
@@ -439,11 +441,10 @@ TEST_F(OperatorTest, JobsThatCannotStartFailNamingTheFieldAndAnEditOfTheSpecStar
               std::string::npos);
     const std::string describe = Ok({"describe", "tj", c.name});
     EXPECT_NE(describe.find(c.field), std::string::npos) << describe;
-    const std::string events = Ok({"get", "events", "--field-selector",
-                                   "involvedObject.name=" + c.name, "-o",
-                                   "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"});
-    EXPECT_NE(events.find("ConfigurationError: worker " + c.name + "-worker-0"),
-              std::string::npos)
+    const std::string events =
+        Ok({"get", "events", "--field-selector", "involvedObject.name=" + c.name, "-o",
+            "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"});
+    EXPECT_NE(events.find("ConfigurationError: worker " + c.name + "-worker-0"), std::string::npos)
         << events;
     EXPECT_NE(events.find(c.field), std::string::npos) << events;
     for (int i = 0; i < 100 && PodCount(c.name) > 0; ++i) std::this_thread::sleep_for(200ms);

@@ -105,21 +105,10 @@ class WorkerControlTest : public ::testing::Test {
     fs::remove(port_file);
     std::vector<std::string> argv = {"/usr/bin/env"};
     argv.insert(argv.end(), env.begin(), env.end());
-    argv.insert(argv.end(), {TIDAL_WORKER_BIN,
-                                     "--spec",
-                                     dir_ + "/job.yaml",
-                                     "--token-file",
-                                     dir_ + "/token",
-                                     "--listen",
-                                     w.ip + ":0",
-                                     "--port-file",
-                                     port_file,
-                                     "--checkpoint-uri",
-                                     "file://" + dir_ + "/ckpt",
-                                     "--intra-op-threads",
-                                     "1",
-                                     "--collective-timeout-seconds",
-                                     "30"});
+    argv.insert(argv.end(), {TIDAL_WORKER_BIN, "--spec", dir_ + "/job.yaml", "--token-file",
+                             dir_ + "/token", "--listen", w.ip + ":0", "--port-file", port_file,
+                             "--checkpoint-uri", "file://" + dir_ + "/ckpt", "--intra-op-threads",
+                             "1", "--collective-timeout-seconds", "30"});
     argv.insert(argv.end(), extra.begin(), extra.end());
     w.process = std::make_unique<Process>(argv);
     for (int i = 0; i < 300 && !fs::exists(port_file); ++i) std::this_thread::sleep_for(50ms);
@@ -479,7 +468,8 @@ TEST_F(WorkerControlTest, APauseReachingARankInsideItsBarrierJoinsItAndLeavesNot
   WaitFor(0, [](auto& s) { return s.step() >= 2; });
   const uint64_t id = (uint64_t{1} << 32) | 7;  // generation 1, the operator's way
   auto first = std::async(std::launch::async, [&] { return workers_[0].client->Pause(60s, id); });
-  WaitFor(1, [](auto& s) { return s.phase() == pb::CHECKPOINTING; }, 60s);
+  WaitFor(
+      1, [](auto& s) { return s.phase() == pb::CHECKPOINTING; }, 60s);
   auto second = workers_[1].client->Pause(60s, id);  // arrives inside the barrier: joins it
   auto paused = first.get();
   ASSERT_TRUE(paused.ok()) << paused.status().ToString();
@@ -502,9 +492,10 @@ TEST_F(WorkerControlTest, APauseReachingARankInsideItsBarrierJoinsItAndLeavesNot
     EXPECT_NE(s.phase(), pb::PAUSED) << "rank " << i << " paused again at step " << s.step();
     EXPECT_EQ(s.last_checkpoint().step(), *paused) << "rank " << i << ": a second checkpoint";
   }
-  auto again = std::async(std::launch::async,
-                          [&] { return workers_[0].client->Pause(60s, id + 1); });
-  WaitFor(1, [](auto& s) { return s.phase() == pb::CHECKPOINTING; }, 60s);
+  auto again =
+      std::async(std::launch::async, [&] { return workers_[0].client->Pause(60s, id + 1); });
+  WaitFor(
+      1, [](auto& s) { return s.phase() == pb::CHECKPOINTING; }, 60s);
   auto again1 = workers_[1].client->Pause(60s, id + 1);
   auto again0 = again.get();
   ASSERT_TRUE(again0.ok()) << again0.status().ToString();

@@ -183,19 +183,20 @@ TEST(CrdTest, EveryIntegerFieldHasAMaximumRefusedOnePastItByTheSchemaAndTheOpera
       {"spec.anomaly.consecutiveSteps", spec::kMaxAnomalySteps},
   };
   for (const auto& [path, max] : expected) {
-    auto it = std::find_if(fields.begin(), fields.end(),
-                           [&](const Field& f) { return f.path == path; });
+    auto it =
+        std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.path == path; });
     ASSERT_NE(it, fields.end()) << path;
     EXPECT_EQ(it->maximum, max) << path;
   }
 
-  const json base = {{"model", {{"preset", "tiny"}}},
-                     {"dataset", {{"uri", "/d.jsonl"}}},
-                     {"elastic", {{"schedule", json::array({{{"name", "night"},
-                                                             {"start", "0 22 * * *"},
-                                                             {"end", "0 8 * * *"},
-                                                             {"gpus", 1}}})}}},
-                     {"anomaly", json::object()}};
+  const json base = {
+      {"model", {{"preset", "tiny"}}},
+      {"dataset", {{"uri", "/d.jsonl"}}},
+      {"elastic",
+       {{"schedule",
+         json::array(
+             {{{"name", "night"}, {"start", "0 22 * * *"}, {"end", "0 8 * * *"}, {"gpus", 1}}})}}},
+      {"anomaly", json::object()}};
   for (const Field& f : fields) {
     SCOPED_TRACE(f.path);
     const json::json_pointer at(f.pointer.substr(std::string("/spec").size()));
