@@ -69,12 +69,7 @@ int64_t ParamSpec::numel() const {
 DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
     : config_(std::move(config)), lora_(std::move(lora)) {
   lora_scale_ = lora_.alpha / static_cast<double>(lora_.rank);
-  const int64_t h = config_.hidden_size, kv = config_.num_key_value_heads * config_.head_dim();
-  const int64_t inter = config_.intermediate_size;
-  const std::map<std::string, std::pair<int64_t, int64_t>> out_in = {
-      {"q_proj", {h, h}},       {"k_proj", {kv, h}},       {"v_proj", {kv, h}},
-      {"o_proj", {h, h}},       {"gate_proj", {inter, h}}, {"up_proj", {inter, h}},
-      {"down_proj", {h, inter}}};
+  const int64_t h = config_.hidden_size;
   auto targeted = [&](const std::string& m) {
     return std::find(lora_.target_modules.begin(), lora_.target_modules.end(), m) !=
            lora_.target_modules.end();
@@ -88,7 +83,7 @@ DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
     for (const auto& m : kModules) {
       if (m == "gate_proj")
         block.params.push_back({layer + ".post_attention_layernorm.weight", {h}});
-      const auto [out, in] = out_in.at(m);
+      const auto [out, in] = *config_.ProjectionShape(m);
       const std::string prefix = ModulePrefix(l, m);
       block.params.push_back({prefix + ".weight", {out, in}});
       if (targeted(m)) {

@@ -58,6 +58,16 @@ nlohmann::json ModelConfig::ToHfJson() const {
           {"torch_dtype", "float32"}};
 }
 
+std::optional<std::pair<int64_t, int64_t>> ModelConfig::ProjectionShape(
+    const std::string& module) const {
+  const int64_t h = hidden_size, kv = num_key_value_heads * head_dim(), inter = intermediate_size;
+  if (module == "q_proj" || module == "o_proj") return std::pair{h, h};
+  if (module == "k_proj" || module == "v_proj") return std::pair{kv, h};
+  if (module == "gate_proj" || module == "up_proj") return std::pair{inter, h};
+  if (module == "down_proj") return std::pair{h, inter};
+  return std::nullopt;
+}
+
 StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
   if (!json.is_object()) return InvalidArgument("config.json must be a JSON object");
   ModelConfig c;

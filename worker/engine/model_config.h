@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,9 @@ struct ModelConfig {
 
   Status Validate() const;
   nlohmann::json ToHfJson() const;
+  // (out, in) features of a decoder layer's projection (q_proj … down_proj); nullopt for
+  // another name.
+  std::optional<std::pair<int64_t, int64_t>> ProjectionShape(const std::string& module) const;
 };
 
 // Parses an HF config.json object; unknown keys are ignored as transformers does, but a key

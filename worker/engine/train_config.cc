@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
 #include <set>
 
 #include "common/spec_limits.h"
@@ -61,16 +60,10 @@ Status TrainConfig::ValidateForWorldSize(int world_size) const {
 }
 
 Status CheckLoraRankFits(const LoraSpec& lora, const ModelConfig& model) {
-  const int64_t h = model.hidden_size, kv = model.num_key_value_heads * model.head_dim();
-  const int64_t inter = model.intermediate_size;
-  const std::map<std::string, std::pair<int64_t, int64_t>> out_in = {
-      {"q_proj", {h, h}},       {"k_proj", {kv, h}},       {"v_proj", {kv, h}},
-      {"o_proj", {h, h}},       {"gate_proj", {inter, h}}, {"up_proj", {inter, h}},
-      {"down_proj", {h, inter}}};
   for (const std::string& m : lora.target_modules) {
-    auto it = out_in.find(m);
-    if (it == out_in.end()) continue;  // refused by name when the spec was read
-    const auto [out, in] = it->second;
+    const auto shape = model.ProjectionShape(m);
+    if (!shape) continue;  // refused by name when the spec was read
+    const auto [out, in] = *shape;
     if (lora.rank > std::min(out, in))
       return InvalidArgument("spec.lora.rank: " + std::to_string(lora.rank) +
                              " exceeds the smaller side of " + m + " (" + std::to_string(out) +
