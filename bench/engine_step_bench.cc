@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/temp_dir.h"
+#include "worker/data/provider.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/torch_compat.h"
 #include "worker/engine/trainer.h"
@@ -21,6 +23,9 @@
 #endif
 
 using namespace tidal::engine;
+using tidal::Status;
+using tidal::StatusOr;
+namespace data = tidal::data;
 
 namespace {
 
@@ -103,6 +108,7 @@ int main(int argc, char** argv) {
   const torch::Device device =
       device_name == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   if (threads > 0) torch::set_num_threads(threads);
+  tidal::testing::ScratchDir prepared;  // the bench data's token store
   TrainConfig config;
   config.model.preset = preset;
   config.dataset.uri = data;
@@ -114,9 +120,21 @@ int main(int argc, char** argv) {
   config.optimization.micro_batch_size = batch;
   config.optimization.learning_rate = 1e-4;
   config.optimization.max_steps = warmup + steps;
+  config.dataset.prepared_uri = prepared.path();
   TrainerOptions options;
   options.device = device;
-  auto trainer = Trainer::Create(config, MakeSingleRankComm(device), options);
+  {
+    data::StoreDataProvider provider({});
+    Status ready = provider.Prepare(config);
+    auto rows =
+        ready.ok() ? provider.Open(config, 0) : StatusOr<std::unique_ptr<data::RowSource>>(ready);
+    if (!rows.ok()) {
+      std::fprintf(stderr, "%s\n", rows.status().message().c_str());
+      return 1;
+    }
+    options.data = std::move(*rows);
+  }
+  auto trainer = Trainer::Create(config, MakeSingleRankComm(device), std::move(options));
   if (!trainer.ok()) {
     std::fprintf(stderr, "%s\n", trainer.status().message().c_str());
     return 1;

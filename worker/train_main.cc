@@ -21,6 +21,7 @@
 #include "common/yaml_json.h"
 #include "operator/api/training_job.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
+#include "worker/data/provider.h"
 #include "worker/engine/run.h"
 #include "worker/engine/store_server.h"
 #include "worker/launcher.h"
@@ -216,6 +217,18 @@ int main(int argc, char** argv) {
   tidal::engine::RankLaunch rank_launch;
   rank_launch.max_steps = args->max_steps;
   rank_launch.out_dir = args->out;
+  {
+    tidal::checkpoint::S3Options data_s3;
+    if (config->dataset.uri.rfind("s3://", 0) == 0 || config->model.uri.rfind("s3://", 0) == 0 ||
+        config->dataset.prepared_uri.rfind("s3://", 0) == 0) {
+      auto from_env = tidal::checkpoint::S3OptionsFromEnv("", tidal::EnvironmentMap());
+      if (!from_env.ok()) return Fail(from_env.status(), "");
+      data_s3 = *from_env;
+    }
+    auto provider = std::make_shared<tidal::data::StoreDataProvider>(data_s3);
+    provider->set_progress(tidal::data::LogPrepProgress());
+    rank_launch.data = provider;
+  }
   std::unique_ptr<tidal::engine::TrainingHooks> hooks;
   const bool checkpoints = !policy.uri.empty() || !policy.resume_uri.empty();
   if (checkpoints && (args->rank || args->nproc == 1)) {
@@ -247,6 +260,10 @@ int main(int argc, char** argv) {
   if (Status valid = config->ValidateForWorldSize(args->nproc); !valid.ok()) return Fail(valid, "");
   const auto start = std::chrono::steady_clock::now();
   tidal::Logger::Get().SetContext({config->name, -1, 0});
+  // The data first, once, before any rank starts: tidal-prep's tokenization when
+  // spec.dataset.uri names JSONL (a no-op when its store exists), and the tokenizer checks.
+  if (Status prepared = rank_launch.data->Prepare(*config); !prepared.ok())
+    return Fail(prepared, "");
   Status status;
   if (args->nproc == 1) {
     status = tidal::engine::RunRank(*config, rank_launch);

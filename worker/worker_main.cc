@@ -28,6 +28,7 @@
 #include "worker/control/metrics.h"
 #include "worker/control/runtime.h"
 #include "worker/control/service.h"
+#include "worker/data/provider.h"
 
 namespace {
 
@@ -165,11 +166,23 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
   o.policy.full_every = job->checkpoint.full_every_steps;
   o.policy.snapshot_every = job->checkpoint.snapshot_every_steps;
   o.policy.keep = static_cast<int>(job->checkpoint.keep);
-  if (o.policy.uri.rfind("s3://", 0) == 0) {
+  const bool any_s3 = o.policy.uri.rfind("s3://", 0) == 0 ||
+                      o.config.dataset.uri.rfind("s3://", 0) == 0 ||
+                      o.config.dataset.prepared_uri.rfind("s3://", 0) == 0 ||
+                      o.config.model.uri.rfind("s3://", 0) == 0;
+  if (any_s3) {
     auto secret = env.find("TIDAL_S3_SECRET_DIR");
     TIDAL_ASSIGN_OR_RETURN(
         o.s3, tidal::checkpoint::S3OptionsFromEnv(secret == env.end() ? "" : secret->second, env));
   }
+  // The node-local data cache: spec.dataset.loader.cacheDir, else the pod's TIDAL_DATA_CACHE
+  // (an emptyDir or hostPath the chart mounts).
+  if (auto cache = env.find("TIDAL_DATA_CACHE");
+      o.config.dataset.cache_dir.empty() && cache != env.end())
+    o.config.dataset.cache_dir = cache->second;
+  auto provider = std::make_shared<tidal::data::StoreDataProvider>(o.s3);
+  provider->set_progress(tidal::data::LogPrepProgress());
+  o.session.data = provider;
   o.session.max_steps = a.max_steps;
   o.session.intra_op_threads = a.intra_op_threads;
   o.interface_host = a.pod_ip;

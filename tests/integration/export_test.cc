@@ -101,7 +101,7 @@ class ExportTest : public ::testing::Test {
     std::ofstream(dir_ + "/job.yaml")
         << "model: {uri: " << dir_ << "/base}\n"
         << "dataset: {uri: " << TIDAL_SOURCE_DIR
-        << "/examples/data/sample.jsonl, format: text, maxSeqLen: 32}\n"
+        << "/examples/data/sample.jsonl, format: text, maxSeqLen: 32, tokenizer: bytes}\n"
         << "lora: {rank: 4, alpha: 12, dropout: 0.1,"
         << " targetModules: [q_proj, k_proj, o_proj, gate_proj, down_proj]}\n"
         << "optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 4, microBatchSize: 1,"

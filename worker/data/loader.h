@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "worker/checkpoint/object_store.h"
 #include "worker/data/packing.h"
+#include "worker/data/row_source.h"
 #include "worker/data/token_store.h"
 
 namespace tidal::data {
@@ -35,15 +36,6 @@ struct CacheOptions {
 struct LoaderOptions {
   int64_t lookahead = 64;  // rows fetched ahead of the one being trained on
   int threads = 2;         // fetch threads
-};
-
-// One training row: the samples of a packing-plan row back to back.
-struct PackedRow {
-  std::vector<uint32_t> tokens;
-  std::vector<int32_t> targets;    // the next token of the same document when it trains, else -100
-  std::vector<int32_t> positions;  // restart at 0 for every document
-  std::vector<int32_t> documents;  // 0, 1, 2, … per document of the row
-  std::vector<uint64_t> samples;   // the store's sample ids, in row order
 };
 
 struct LoaderStats {
@@ -92,27 +84,27 @@ class BlockCache {
   LoaderStats stats_;
 };
 
-class RowLoader {
+class RowLoader : public RowSource {
  public:
   // Opens the store at `store` (its manifest and indexes, verified), builds the packing plan.
   static StatusOr<std::unique_ptr<RowLoader>> Open(std::unique_ptr<checkpoint::ObjectStore> store,
                                                    const PackingOptions& packing,
                                                    const CacheOptions& cache,
                                                    const LoaderOptions& loader);
-  ~RowLoader();
+  ~RowLoader() override;
 
-  const StoreManifest& manifest() const { return index_.manifest(); }
+  const StoreManifest& manifest() const override { return index_.manifest(); }
   const PackingPlan& plan() const { return plan_; }
-  uint64_t rows() const { return plan_.rows(); }
+  uint64_t rows() const override { return plan_.rows(); }
   uint64_t RowOf(uint64_t sequence);
 
   // Sequences this rank reads next, in order: fetched in the background, at most `lookahead`
   // rows held or in flight (the rest of the list is ignored; call again after each step).
-  void Prefetch(std::span<const uint64_t> sequences);
+  void Prefetch(std::span<const uint64_t> sequences) override;
   // Row of sequence `k`: a prefetched one, waiting for it if in flight, else read now.
-  StatusOr<PackedRow> Sequence(uint64_t k);
+  StatusOr<PackedRow> Sequence(uint64_t k) override;
   // Reads the blocks of these sequences into the cache before training starts.
-  Status Warm(std::span<const uint64_t> sequences);
+  Status Warm(std::span<const uint64_t> sequences) override;
   LoaderStats stats() const { return cache_->stats(); }
 
  private:

@@ -89,6 +89,7 @@ std::string StoreManifest::ToJson() const {
             {"tokenizer",
              {{"kind", tokenizer.kind},
               {"description", tokenizer.description},
+              {"fingerprint", tokenizer.fingerprint},
               {"vocab_size", tokenizer.vocab_size},
               {"max_id", tokenizer.max_id},
               {"bos_id", OptionalId(tokenizer.bos_id)},
@@ -124,6 +125,7 @@ StatusOr<StoreManifest> StoreManifest::Parse(std::string_view text) {
   Reader t(j["tokenizer"], "tokenizer.");
   TIDAL_RETURN_IF_ERROR(t.Get("kind", m.tokenizer.kind));
   TIDAL_RETURN_IF_ERROR(t.Get("description", m.tokenizer.description));
+  TIDAL_RETURN_IF_ERROR(t.Get("fingerprint", m.tokenizer.fingerprint));
   TIDAL_RETURN_IF_ERROR(t.Get("vocab_size", m.tokenizer.vocab_size));
   TIDAL_RETURN_IF_ERROR(t.Get("max_id", m.tokenizer.max_id));
   TIDAL_RETURN_IF_ERROR(t.Id("bos_id", m.tokenizer.bos_id));

@@ -1,84 +1,78 @@
 // worker/engine/data.cc
 #include "worker/engine/data.h"
 
-#include <fstream>
-
-#include <nlohmann/json.hpp>
-
-#include "worker/engine/model.h"
+#include <algorithm>
 
 namespace tidal::engine {
 
-std::vector<int64_t> ByteTokenizer::Encode(const std::string& text) {
-  std::vector<int64_t> ids;
-  ids.reserve(text.size() + 2);
-  ids.push_back(kBos);
-  for (unsigned char c : text) ids.push_back(c);
-  ids.push_back(kEos);
-  return ids;
-}
-
-StatusOr<PackedTextDataset> PackedTextDataset::Load(const std::string& path, int64_t max_seq_len,
-                                                    uint64_t seed) {
-  std::ifstream in(path);
-  if (!in) return NotFound("spec.dataset.uri: cannot open " + path);
-  PackedTextDataset ds;
-  ds.seq_len_ = max_seq_len;
-  ds.seed_ = seed;
-  std::string line;
-  int64_t line_no = 0, documents = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json doc;
-    try {
-      doc = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      return InvalidArgument("spec.dataset.uri: " + path + " line " + std::to_string(line_no) +
-                             ": not valid JSON (" + e.what() + ")");
+MicroBatch Collate(std::span<const data::PackedRow> rows) {
+  const int64_t micro = static_cast<int64_t>(rows.size());
+  int64_t seq = 1;
+  bool packed = false;
+  for (const data::PackedRow& row : rows) {
+    seq = std::max<int64_t>(seq, static_cast<int64_t>(row.tokens.size()));
+    packed = packed || (!row.documents.empty() && row.documents.back() > 0);
+  }
+  MicroBatch batch;
+  batch.inputs = torch::zeros({micro, seq}, torch::kInt64);
+  batch.targets = torch::full({micro, seq}, -100, torch::kInt64);
+  batch.positions = torch::zeros({micro, seq}, torch::kInt64);
+  auto documents = torch::full({micro, seq}, -1, torch::kInt64);
+  auto* in = batch.inputs.data_ptr<int64_t>();
+  auto* target = batch.targets.data_ptr<int64_t>();
+  auto* position = batch.positions.data_ptr<int64_t>();
+  auto* document = documents.data_ptr<int64_t>();
+  for (int64_t r = 0; r < micro; ++r) {
+    const data::PackedRow& row = rows[static_cast<size_t>(r)];
+    const int64_t n = static_cast<int64_t>(row.tokens.size());
+    batch.tokens += n;
+    for (int64_t t = 0; t < seq; ++t) {
+      const int64_t at = r * seq + t;
+      if (t < n) {
+        in[at] = row.tokens[t];
+        target[at] = row.targets[t];
+        position[at] = row.positions[t];
+        document[at] = row.documents[t];
+        batch.target_tokens += row.targets[t] != -100;
+      } else {
+        position[at] = t;  // padding: positions go on, its targets are ignored
+      }
     }
-    if (!doc.is_object() || !doc.contains("text") || !doc["text"].is_string())
-      return InvalidArgument("spec.dataset.uri: " + path + " line " + std::to_string(line_no) +
-                             ": format text expects an object with a string field \"text\"");
-    auto ids = ByteTokenizer::Encode(doc["text"].get<std::string>());
-    ds.tokens_.insert(ds.tokens_.end(), ids.begin(), ids.end());
-    ++documents;
   }
-  // Non-overlapping windows of seq+1 tokens: inputs are the first seq, targets the last seq.
-  ds.num_sequences_ = static_cast<int64_t>(ds.tokens_.size()) / (max_seq_len + 1);
-  if (ds.num_sequences_ == 0)
-    return InvalidArgument("spec.dataset.uri: " + path + " holds " + std::to_string(documents) +
-                           " documents, " + std::to_string(ds.tokens_.size()) +
-                           " tokens: not enough for one sequence of maxSeqLen " +
-                           std::to_string(max_seq_len) + " + 1");
-  return ds;
+  if (packed) {
+    // Padding keeps document -1 of its own, after every real token: real queries never see it.
+    auto same = documents.unsqueeze(2) == documents.unsqueeze(1);
+    auto causal = torch::ones({seq, seq}, torch::kBool).tril();
+    batch.attention = (same & causal).unsqueeze(1);
+  }
+  return batch;
 }
 
-int64_t PackedTextDataset::SequenceAt(int64_t k) {
-  const int64_t epoch = k / num_sequences_;
-  if (epoch != permutation_epoch_) {
-    permutation_.resize(num_sequences_);
-    for (int64_t i = 0; i < num_sequences_; ++i) permutation_[i] = i;
-    uint64_t state = MixSeed(seed_, static_cast<uint64_t>(epoch) + 0x5eed);
-    for (int64_t i = num_sequences_ - 1; i > 0; --i) {
-      state = MixSeed(state, static_cast<uint64_t>(i));
-      // Modulo bias is below 2^-40 for any realistic dataset size; determinism is what matters.
-      const int64_t j = static_cast<int64_t>(state % static_cast<uint64_t>(i + 1));
-      std::swap(permutation_[i], permutation_[j]);
-    }
-    permutation_epoch_ = epoch;
-  }
-  return permutation_[k % num_sequences_];
-}
-
-MicroBatch PackedTextDataset::Sequences(int64_t first, int64_t count) {
-  auto window = torch::empty({count, seq_len_ + 1}, torch::kInt64);
-  auto* out = window.data_ptr<int64_t>();
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t seq = SequenceAt(first + i);
-    std::copy_n(tokens_.begin() + seq * (seq_len_ + 1), seq_len_ + 1, out + i * (seq_len_ + 1));
-  }
-  return {window.narrow(1, 0, seq_len_).contiguous(), window.narrow(1, 1, seq_len_).contiguous()};
+Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const ModelConfig& model,
+                               const std::string& model_name) {
+  const std::string side = "the data's tokenizer (" + tokenizer.description + ")";
+  const std::string other = "the model " + model_name + " (config.json vocab_size " +
+                            std::to_string(model.vocab_size) + ")";
+  if (static_cast<int64_t>(tokenizer.max_id) >= model.vocab_size)
+    return InvalidArgument("spec.dataset: " + side + " produced token id " +
+                           std::to_string(tokenizer.max_id) + ", which " + other +
+                           " has no embedding for: the tokenizer does not fit the model");
+  if (static_cast<int64_t>(tokenizer.vocab_size) > model.vocab_size)
+    return InvalidArgument("spec.dataset: " + side + " has " +
+                           std::to_string(tokenizer.vocab_size) + " ids but " + other +
+                           " embeds only " + std::to_string(model.vocab_size) +
+                           ": the tokenizer does not fit the model");
+  if (tokenizer.bos_id && model.bos_token_id && *tokenizer.bos_id != *model.bos_token_id)
+    return InvalidArgument("spec.dataset: " + side + " begins documents with id " +
+                           std::to_string(*tokenizer.bos_id) + " but " + other +
+                           " has bos_token_id " + std::to_string(*model.bos_token_id));
+  if (tokenizer.eos_id && !model.eos_token_ids.empty() &&
+      std::find(model.eos_token_ids.begin(), model.eos_token_ids.end(), *tokenizer.eos_id) ==
+          model.eos_token_ids.end())
+    return InvalidArgument("spec.dataset: " + side + " ends documents with id " +
+                           std::to_string(*tokenizer.eos_id) + " but " + other +
+                           " has eos_token_id " + nlohmann::json(model.eos_token_ids).dump());
+  return OkStatus();
 }
 
 }  // namespace tidal::engine

@@ -39,7 +39,7 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
 
 torch::Tensor ApplyRope(const torch::Tensor& x, const torch::Tensor& cos,
                         const torch::Tensor& sin) {
-  // x: [batch, heads, seq, head_dim]; cos/sin: [seq, head_dim].
+  // x: [batch, heads, seq, head_dim]; cos/sin: [seq, head_dim] or [batch, 1, seq, head_dim].
   auto c = cos.to(x.scalar_type());
   auto s = sin.to(x.scalar_type());
   return x * c + RotateHalf(x) * s;
@@ -190,14 +190,19 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
   auto q = linear(kQ, h).view({batch, seq, heads, dim}).transpose(1, 2);
   auto k = linear(kK, h).view({batch, seq, kv_heads, dim}).transpose(1, 2);
   auto v = linear(kV, h).view({batch, seq, kv_heads, dim}).transpose(1, 2);
-  auto cos = ctx.rope_cos.narrow(0, 0, seq), sin = ctx.rope_sin.narrow(0, 0, seq);
+  const bool per_token = ctx.rope_cos.dim() == 4;
+  auto cos = per_token ? ctx.rope_cos : ctx.rope_cos.narrow(0, 0, seq);
+  auto sin = per_token ? ctx.rope_sin : ctx.rope_sin.narrow(0, 0, seq);
   q = ApplyRope(q, cos, sin);
   k = ApplyRope(k, cos, sin);
   if (kv_heads != heads) {  // grouped-query attention: each kv head serves heads/kv_heads
     k = k.repeat_interleave(heads / kv_heads, 1);
     v = v.repeat_interleave(heads / kv_heads, 1);
   }
-  auto attn = compat::CausalAttention(q, k, v).transpose(1, 2).reshape({batch, seq, heads * dim});
+  auto attn = (ctx.attention.defined() ? compat::MaskedAttention(q, k, v, ctx.attention)
+                                       : compat::CausalAttention(q, k, v))
+                  .transpose(1, 2)
+                  .reshape({batch, seq, heads * dim});
   auto hidden = x + linear(kO, attn);
   auto m = RmsNorm(hidden, post_norm, config_.rms_norm_eps);
   auto mlp = linear(kDown, F::silu(linear(kGate, m)) * linear(kUp, m));

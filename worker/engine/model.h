@@ -36,7 +36,12 @@ struct BlockSpec {
 struct ForwardContext {
   torch::Tensor tokens;   // [batch, seq] int64, for the embedding block
   torch::Tensor targets;  // [batch, seq] int64, -100 = not in the loss; undefined → logits
-  torch::Tensor rope_cos, rope_sin;  // [seq, head_dim] fp32
+  // [seq, head_dim] fp32 for positions 0..seq-1, or [batch, 1, seq, head_dim]: each token's
+  // own position (packed rows restart positions at every document).
+  torch::Tensor rope_cos, rope_sin;
+  // [batch, 1, seq, seq] bool, true where a query may attend to a key (causal within each
+  // packed document); undefined: plain causal attention.
+  torch::Tensor attention;
   bool training = false;
   // LoRA dropout masks are drawn from generators seeded by (dropout_key, layer, module), so a
   // micro-batch gets the same masks whichever rank runs it and when ZeRO-3 recomputes it.

@@ -41,21 +41,25 @@ Status ModelConfig::Validate() const {
 }
 
 nlohmann::json ModelConfig::ToHfJson() const {
-  return {{"architectures", {"LlamaForCausalLM"}},
-          {"model_type", "llama"},
-          {"vocab_size", vocab_size},
-          {"hidden_size", hidden_size},
-          {"intermediate_size", intermediate_size},
-          {"num_hidden_layers", num_hidden_layers},
-          {"num_attention_heads", num_attention_heads},
-          {"num_key_value_heads", num_key_value_heads},
-          {"max_position_embeddings", max_position_embeddings},
-          {"rms_norm_eps", rms_norm_eps},
-          {"rope_theta", rope_theta},
-          {"initializer_range", initializer_range},
-          {"tie_word_embeddings", tie_word_embeddings},
-          {"hidden_act", "silu"},
-          {"torch_dtype", "float32"}};
+  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
+                      {"model_type", "llama"},
+                      {"vocab_size", vocab_size},
+                      {"hidden_size", hidden_size},
+                      {"intermediate_size", intermediate_size},
+                      {"num_hidden_layers", num_hidden_layers},
+                      {"num_attention_heads", num_attention_heads},
+                      {"num_key_value_heads", num_key_value_heads},
+                      {"max_position_embeddings", max_position_embeddings},
+                      {"rms_norm_eps", rms_norm_eps},
+                      {"rope_theta", rope_theta},
+                      {"initializer_range", initializer_range},
+                      {"tie_word_embeddings", tie_word_embeddings},
+                      {"hidden_act", "silu"},
+                      {"torch_dtype", "float32"}};
+  if (bos_token_id) j["bos_token_id"] = *bos_token_id;
+  if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
+  if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;
+  return j;
 }
 
 std::optional<std::pair<int64_t, int64_t>> ModelConfig::ProjectionShape(
@@ -101,6 +105,15 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
   TIDAL_RETURN_IF_ERROR(read_double("initializer_range", c.initializer_range));
   if (json.contains("tie_word_embeddings") && json["tie_word_embeddings"].is_boolean())
     c.tie_word_embeddings = json["tie_word_embeddings"].get<bool>();
+  if (json.contains("bos_token_id") && json["bos_token_id"].is_number_integer())
+    c.bos_token_id = json["bos_token_id"].get<int64_t>();
+  if (json.contains("eos_token_id")) {
+    const auto& eos = json["eos_token_id"];
+    if (eos.is_number_integer()) c.eos_token_ids.push_back(eos.get<int64_t>());
+    if (eos.is_array())
+      for (const auto& id : eos)
+        if (id.is_number_integer()) c.eos_token_ids.push_back(id.get<int64_t>());
+  }
   if (json.contains("rope_scaling") && !json["rope_scaling"].is_null())
     return InvalidArgument("config.json: rope_scaling is not supported yet (got " +
                            json["rope_scaling"].dump() + ")");

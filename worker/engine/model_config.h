@@ -27,6 +27,9 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double initializer_range = 0.02;
   bool tie_word_embeddings = false;
+  // config.json's special token ids, when it names them (eos_token_id may be a list).
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_ids;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   // Every parameter of the base model (LoRA adapters excluded).

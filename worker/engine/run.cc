@@ -40,6 +40,7 @@ Status Train(const TrainConfig& config, const RankLaunch& launch) {
   membership.store_port = launch.store_port;
   membership.rank0_hosts_store = false;  // tidal-train's launcher hosts it
   SessionOptions options;
+  options.data = launch.data;
   options.max_steps = launch.max_steps;
   // Local ranks share the machine: each gets its part of the cores and, with CUDA, a GPU.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -64,14 +64,31 @@ class TrainerSession final : public Session {
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
     TrainerOptions trainer_options;
     trainer_options.max_steps = options.max_steps;
+    TIDAL_ASSIGN_OR_RETURN(trainer_options.data, OpenData(config, options, *comm));
     if (cuda) {
       // A pod's worker: 0, the GPU the container runtime gave it (CUDA_VISIBLE_DEVICES);
       // tidal-train's local ranks: one GPU each.
       trainer_options.device =
           torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device));
     }
-    TIDAL_ASSIGN_OR_RETURN(trainer_, Trainer::Create(config, std::move(comm), trainer_options));
+    TIDAL_ASSIGN_OR_RETURN(trainer_,
+                           Trainer::Create(config, std::move(comm), std::move(trainer_options)));
     return OkStatus();
+  }
+
+  // Rank 0 prepares the data (tidal-prep's work when spec.dataset.uri names JSONL) while the
+  // others wait at a barrier that also tells them whether it worked; then every rank opens it.
+  StatusOr<std::unique_ptr<data::RowSource>> OpenData(const TrainConfig& config,
+                                                      const SessionOptions& options, Comm& comm) {
+    if (!options.data) return Internal("session: no data provider");
+    Status prepared;
+    if (comm.rank() == 0) prepared = options.data->Prepare(config);
+    std::vector<int64_t> failed{prepared.ok() ? 0 : 1};
+    TIDAL_RETURN_IF_ERROR(comm.AllReduceSumHost(failed));
+    if (!prepared.ok()) return prepared;
+    if (failed[0] > 0)
+      return FailedPrecondition("rank 0 could not prepare spec.dataset (its log says why)");
+    return options.data->Open(config, comm.rank());
   }
 
   const Membership& membership() const override { return membership_; }

@@ -36,6 +36,14 @@ inline torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor
                                           /*is_causal=*/true);
 }
 
+// Attention over [batch, heads, seq, head_dim] where `mask` ([batch, 1, seq, seq] bool) says
+// which keys each query sees: packed documents (the memory-efficient kernel on GPU; flash
+// attention takes no mask).
+inline torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
+                                     const torch::Tensor& v, const torch::Tensor& mask) {
+  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false);
+}
+
 // Whether this build has CUDA and a GPU is there to use.
 inline bool CudaAvailable() {
 #ifdef TIDAL_WITH_CUDA

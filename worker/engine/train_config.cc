@@ -134,16 +134,36 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
     dataset.String("uri", c.dataset.uri);
     dataset.String("format", c.dataset.format);
     dataset.Int("maxSeqLen", c.dataset.max_seq_len);
+    dataset.String("tokenizer", c.dataset.tokenizer);
+    dataset.String("preparedUri", c.dataset.prepared_uri);
+    dataset.String("overlong", c.dataset.overlong);
+    dataset.Bool("packing", c.dataset.packing);
+    dataset.Bool("strict", c.dataset.strict);
     if (dataset.present() && c.dataset.uri.empty()) dataset.Error("uri", "missing");
-    if (!c.dataset.uri.empty()) {
-      auto path = LocalPathFromUri(c.dataset.uri, base_dir, "spec.dataset.uri");
+    // Local paths resolve against the config's folder; s3:// stays as it is.
+    for (auto [key, uri] :
+         {std::pair{"uri", &c.dataset.uri}, std::pair{"preparedUri", &c.dataset.prepared_uri}}) {
+      if (uri->empty() || uri->starts_with("s3://")) continue;
+      auto path = LocalPathFromUri(*uri, base_dir, std::string("spec.dataset.") + key);
       if (!path.ok())
         errors.push_back(path.status().message());
       else
-        c.dataset.uri = *path;
+        *uri = *path;
     }
-    // alpaca and messages need the BPE tokenizer and chat templates (the data issue).
-    dataset.OneOf("format", c.dataset.format, {"text"});
+    dataset.OneOf("format", c.dataset.format, {"text", "alpaca", "messages"});
+    dataset.OneOf("overlong", c.dataset.overlong, {"truncate", "drop"});
+    if (!c.dataset.tokenizer.empty()) dataset.OneOf("tokenizer", c.dataset.tokenizer, {"bytes"});
+    if (dataset.present()) {
+      dataset.Known("loader");
+      Section loader(*dataset.node(), "loader", "spec.dataset", errors);
+      loader.Int("lookahead", c.dataset.lookahead);
+      loader.String("cacheDir", c.dataset.cache_dir);
+      loader.Int("cacheMaxMiB", c.dataset.cache_max_mib);
+      loader.Int("warmupPercent", c.dataset.warmup_percent);
+      loader.InRange("lookahead", c.dataset.lookahead, 1, 100000);
+      loader.InRange("cacheMaxMiB", c.dataset.cache_max_mib, 1, int64_t{1} << 30);
+      loader.InRange("warmupPercent", c.dataset.warmup_percent, 0, 100);
+    }
     dataset.InRange("maxSeqLen", c.dataset.max_seq_len, 2, spec::kMaxSeqLen);
   }
   {

@@ -22,9 +22,26 @@ struct ModelSpec {
 };
 
 struct DatasetSpec {
-  std::string uri;  // JSONL file; relative paths resolve against the config file's folder
-  std::string format = "text";
+  // A JSONL object (tidal-prep tokenizes it first) or a token store tidal-prep wrote: a local
+  // path (relative to the config file's folder), file:// or s3://.
+  std::string uri;
+  std::string format = "text";  // text | alpaca | messages
   int64_t max_seq_len = 2048;
+  // "": the model's own tokenizer.json (model.uri), or bytes for a preset; "bytes": the byte
+  // tokenizer, refused for a model that has a tokenizer of its own.
+  std::string tokenizer;
+  // Where a JSONL uri's store is written, at <preparedUri>/<content hash>; "": beside the JSONL,
+  // in <its folder>/.tidal-tokens.
+  std::string prepared_uri;
+  std::string overlong = "truncate";  // a sample longer than maxSeqLen: truncate | drop
+  bool packing = true;                // several samples per row, attention kept within each
+  bool strict = false;                // a malformed record fails the run instead of being skipped
+  // The loader: rows fetched ahead, the node-local cache directory ("" = none) and its bound,
+  // and the share of this rank's first epoch fetched before step 0.
+  int64_t lookahead = 64;
+  std::string cache_dir;
+  int64_t cache_max_mib = 8192;
+  int64_t warmup_percent = 0;
 };
 
 struct LoraSpec {

@@ -30,13 +30,13 @@ constexpr int64_t kLossScaleWindow = 1000;
 Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm, TrainerOptions options)
     : config_(config),
       comm_(std::move(comm)),
-      options_(options),
+      options_(std::move(options)),
       optimizer_(AdamWOptions{config.optimization.beta1, config.optimization.beta2,
                               config.optimization.eps, config.optimization.weight_decay,
                               config.optimization.offload_optimizer == "cpu"}),
       schedule_([&] {
         OptimizationSpec spec = config.optimization;
-        if (options.max_steps) spec.max_steps = *options.max_steps;
+        if (options_.max_steps) spec.max_steps = *options_.max_steps;
         return spec;
       }()) {}
 
@@ -49,7 +49,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
   if (comm->device() != options.device)
     return Internal("the process group's collectives run on " + comm->device().str() +
                     " but the trainer's tensors are on " + options.device.str());
-  std::unique_ptr<Trainer> trainer(new Trainer(config, std::move(comm), options));
+  if (!options.data) return Internal("trainer: no training data was given to the trainer");
+  std::unique_ptr<Trainer> trainer(new Trainer(config, std::move(comm), std::move(options)));
   TIDAL_RETURN_IF_ERROR(trainer->Initialize());
   return trainer;
 }
@@ -70,10 +71,10 @@ Status Trainer::Initialize() {
     model_config = hf->config();
   }
   TIDAL_RETURN_IF_ERROR(CheckLoraRankFits(config_.lora, model_config));
-  if (model_config.vocab_size < ByteTokenizer::kVocabSize)
-    return InvalidArgument("spec.model: vocab_size " + std::to_string(model_config.vocab_size) +
-                           " is smaller than the byte tokenizer's " +
-                           std::to_string(ByteTokenizer::kVocabSize) + " tokens");
+  data_ = std::move(options_.data);
+  TIDAL_RETURN_IF_ERROR(CheckTokenizerFitsModel(
+      data_->manifest().tokenizer, model_config,
+      config_.model.uri.empty() ? "preset " + config_.model.preset : config_.model.uri));
   if (config_.dataset.max_seq_len > model_config.max_position_embeddings)
     return InvalidArgument(
         "spec.dataset.maxSeqLen: " + std::to_string(config_.dataset.max_seq_len) +
@@ -85,9 +86,23 @@ Status Trainer::Initialize() {
   const uint64_t init_seed = config_.model.init_seed;
   TIDAL_RETURN_IF_ERROR(
       params_->Load(hf ? hf->Reader(*model_, init_seed) : RandomInitReader(*model_, init_seed)));
-  TIDAL_ASSIGN_OR_RETURN(auto data, PackedTextDataset::Load(config_.dataset.uri,
-                                                            config_.dataset.max_seq_len, opt.seed));
-  data_ = std::move(data);
+  if (config_.dataset.warmup_percent > 0) {
+    // This rank's share of the first epoch, fetched into the node-local cache before step 0.
+    std::vector<uint64_t> first;
+    const uint64_t want = data_->rows() * static_cast<uint64_t>(config_.dataset.warmup_percent) /
+                          100 / static_cast<uint64_t>(comm_->world_size());
+    for (int64_t s = step_; first.size() < want; ++s) {
+      auto more = RankSequences(s);
+      first.insert(first.end(), more.begin(), more.end());
+    }
+    const auto warm_start = std::chrono::steady_clock::now();
+    TIDAL_RETURN_IF_ERROR(data_->Warm(first));
+    LogInfo(
+        "data cache warmed",
+        {{"sequences", first.size()},
+         {"seconds",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count()}});
+  }
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
   LogInfo("engine ready", {{"params_total", model_config.BaseParameterCount()},
                            {"params_trainable", params_->TrainableParameterCount()},
@@ -95,7 +110,9 @@ Status Trainer::Initialize() {
                            {"world_size", comm_->world_size()},
                            {"backend", comm_->backend()},
                            {"gradient_accumulation", accumulation_},
-                           {"sequences", data_->num_sequences()},
+                           {"rows", data_->rows()},
+                           {"samples", data_->manifest().samples},
+                           {"tokenizer", data_->manifest().tokenizer.description},
                            {"resident_param_bytes", params_->ResidentParameterBytes()}});
   return OkStatus();
 }
@@ -109,23 +126,45 @@ StatusOr<StepRecord> Trainer::Step() {
   torch::Tensor local_loss =
       torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
   double data_wait = 0;
+  {
+    // The next `lookahead` rows this rank reads, fetched in the background.
+    std::vector<uint64_t> ahead;
+    for (int64_t s = step_; ahead.size() < static_cast<size_t>(config_.dataset.lookahead); ++s) {
+      auto more = RankSequences(s);
+      ahead.insert(ahead.end(), more.begin(), more.end());
+    }
+    data_->Prefetch(ahead);
+  }
+  torch::Tensor local_tokens =
+      torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
   for (int64_t a = 0; a < accumulation_; ++a) {
     // Global micro-batch index: contiguous per rank. Its sequences and dropout masks depend
     // on (step, index) only, so the run is the same at any world size.
     const int64_t index = comm_->rank() * accumulation_ + a;
     const auto data_start = std::chrono::steady_clock::now();
-    MicroBatch batch = data_->Sequences(step_ * global + index * micro, micro);
+    std::vector<data::PackedRow> rows;
+    for (int64_t i = 0; i < micro; ++i) {
+      TIDAL_ASSIGN_OR_RETURN(
+          data::PackedRow row,
+          data_->Sequence(static_cast<uint64_t>(step_ * global + index * micro + i)));
+      rows.push_back(std::move(row));
+    }
+    MicroBatch batch = Collate(rows);
     ForwardContext ctx;
     ctx.tokens = batch.inputs.to(options_.device);
     ctx.targets = batch.targets.to(options_.device);
+    const int64_t seq = batch.inputs.size(1);
+    auto positions = batch.positions.reshape({-1}).to(options_.device);
+    ctx.rope_cos = rope_cos_.index_select(0, positions).view({micro, 1, seq, -1});
+    ctx.rope_sin = rope_sin_.index_select(0, positions).view({micro, 1, seq, -1});
+    if (batch.attention.defined()) ctx.attention = batch.attention.to(options_.device);
+    local_tokens += static_cast<double>(batch.tokens);
     data_wait +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - data_start).count();
-    ctx.rope_cos = rope_cos_;
-    ctx.rope_sin = rope_sin_;
     ctx.training = true;
     ctx.dropout_key = MixSeed(MixSeed(opt.seed, static_cast<uint64_t>(step_)), index);
     TIDAL_ASSIGN_OR_RETURN(torch::Tensor loss_sum, params_->Forward(ctx));
-    const double tokens = static_cast<double>((batch.targets != -100).sum().item<int64_t>());
+    const double tokens = static_cast<double>(batch.target_tokens);
     auto micro_loss = loss_sum / std::max(tokens, 1.0);
     try {
       (micro_loss * (loss_scale_ / static_cast<double>(micro_batches))).backward();
@@ -140,8 +179,8 @@ StatusOr<StepRecord> Trainer::Step() {
   // One all-reduce for the loss and, when slices are partitioned, the squared norm; one host
   // sync for both.
   const bool partitioned = params_->slices_are_partitioned();
-  auto stats =
-      torch::stack({local_loss, partitioned ? norm_sq_local : torch::zeros_like(local_loss)});
+  auto stats = torch::stack(
+      {local_loss, partitioned ? norm_sq_local : torch::zeros_like(local_loss), local_tokens});
   TIDAL_RETURN_IF_ERROR(comm_->AllReduceSum(stats));
   if (!partitioned) stats[1].copy_(norm_sq_local);
   stats = stats.cpu();
@@ -173,9 +212,19 @@ StatusOr<StepRecord> Trainer::Step() {
   TIDAL_RETURN_IF_ERROR(params_->FinishStep());
   ++step_;
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  record.tokens_per_s = static_cast<double>(global * config_.dataset.max_seq_len) / record.seconds;
+  record.tokens_per_s = stats[2].item<double>() / record.seconds;  // all ranks, no padding
   record.data_wait_seconds = data_wait;
   return record;
+}
+
+std::vector<uint64_t> Trainer::RankSequences(int64_t step) const {
+  const int64_t global = config_.optimization.global_batch_size;
+  const int64_t micro = config_.optimization.micro_batch_size;
+  const int64_t first = step * global + comm_->rank() * accumulation_ * micro;
+  std::vector<uint64_t> out;
+  for (int64_t i = 0; i < accumulation_ * micro; ++i)
+    out.push_back(static_cast<uint64_t>(first + i));
+  return out;
 }
 
 nlohmann::json Trainer::StateJson() const {
@@ -186,7 +235,8 @@ nlohmann::json Trainer::StateJson() const {
           {"optimizerSteps", optimizer_.steps()},
           {"gradientAccumulation", accumulation_},
           {"worldSize", comm_->world_size()},
-          {"seed", config_.optimization.seed}};
+          {"seed", config_.optimization.seed},
+          {"data", data_->manifest().content_hash}};
 }
 
 Status Trainer::RestoreState(const nlohmann::json& state) {
@@ -199,6 +249,14 @@ Status Trainer::RestoreState(const nlohmann::json& state) {
   const nlohmann::json* seed = field("seed");
   if (!seed || !seed->is_number_unsigned() || seed->get<uint64_t>() != config_.optimization.seed)
     return InvalidArgument("trainer state: seed: the checkpoint was trained with another seed");
+  // The data cursor (the step) means the same rows only over the same store.
+  if (const nlohmann::json* data = field("data");
+      data && data->is_string() && *data != data_->manifest().content_hash)
+    return InvalidArgument("trainer state: data: the checkpoint was trained on token store " +
+                           data->get<std::string>() + ", this run reads " +
+                           data_->manifest().content_hash +
+                           " (spec.dataset or the tokenizer changed); resuming would continue "
+                           "on other rows");
   const nlohmann::json* scale = field("lossScale");
   const nlohmann::json* good = field("goodSteps");
   if (!scale || !scale->is_number() || !good || !good->is_number_integer())

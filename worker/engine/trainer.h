@@ -25,6 +25,8 @@ namespace tidal::engine {
 struct TrainerOptions {
   std::optional<int64_t> max_steps;
   torch::Device device = torch::kCPU;
+  // The rows to train on (a token store through the prefetching loader); required.
+  std::unique_ptr<data::RowSource> data;
 };
 
 class Trainer {
@@ -45,6 +47,7 @@ class Trainer {
   const ShardedAdamW& optimizer() const { return optimizer_; }
   ShardedAdamW& optimizer() { return optimizer_; }
   const TrainConfig& config() const { return config_; }
+  const data::RowSource& data() const { return *data_; }
 
   // What evolves besides weights and optimizer moments, for checkpoints: the step (which
   // also fixes the data cursor and dropout masks: both are functions of seed and step), the
@@ -64,7 +67,9 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<DecoderModel> model_;
   std::unique_ptr<ShardedParameters> params_;
-  std::optional<PackedTextDataset> data_;
+  std::unique_ptr<data::RowSource> data_;
+  // Sequences of the run this rank reads at `step` (micro-batches in order).
+  std::vector<uint64_t> RankSequences(int64_t step) const;
   ShardedAdamW optimizer_;
   LrSchedule schedule_;
   torch::Tensor rope_cos_, rope_sin_;

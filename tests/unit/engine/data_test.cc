@@ -1,69 +1,175 @@
-// The text format, the byte tokenizer, packing and the global cursor.
+// The collate step: packed rows keep documents apart (positions restart, attention closed
+// across documents) so the packed loss and LoRA gradients equal the unpacked ones; the
+// tokenizer-fits-the-model check; the sample data through tidal-prep's store into rows.
 #include "worker/engine/data.h"
-
-#include <fstream>
 
 #include <gtest/gtest.h>
 
 #include "tests/unit/engine/test_util.h"
+#include "worker/engine/model.h"
 
 namespace tidal::engine {
 namespace {
 
-using testing::TempDir;
-
-std::string WriteLines(const TempDir& dir, const std::string& body) {
-  const std::string path = dir.path() + "/d.jsonl";
-  std::ofstream(path) << body;
-  return path;
+// A row holding `docs` (token lists) back to back; every next token trains.
+data::PackedRow Row(const std::vector<std::vector<uint32_t>>& docs) {
+  data::PackedRow row;
+  int32_t d = 0;
+  for (const auto& doc : docs) {
+    for (size_t i = 0; i < doc.size(); ++i) {
+      row.tokens.push_back(doc[i]);
+      row.targets.push_back(i + 1 < doc.size() ? static_cast<int32_t>(doc[i + 1]) : -100);
+      row.positions.push_back(static_cast<int32_t>(i));
+      row.documents.push_back(d);
+    }
+    ++d;
+  }
+  return row;
 }
 
-TEST(DataTest, ByteTokenizerWrapsDocumentsInBosAndEos) {
-  auto ids = ByteTokenizer::Encode("hi\xc3\xa9");
-  EXPECT_EQ(ids, (std::vector<int64_t>{256, 'h', 'i', 0xc3, 0xa9, 257}));
+std::vector<int64_t> Values(const torch::Tensor& t) {
+  auto c = t.contiguous();
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
 }
 
-TEST(DataTest, PackedSequencesAreShiftedByOneForTargets) {
-  TempDir dir;
-  auto ds = PackedTextDataset::Load(WriteLines(dir, "{\"text\": \"abcdefghij\"}\n"), 3, 0);
-  ASSERT_TRUE(ds.ok()) << ds.status().message();
-  EXPECT_EQ(ds->num_sequences(), 3);  // 12 tokens / (3 + 1)
-  auto batch = ds->Sequences(0, 3);
-  EXPECT_TRUE(torch::equal(batch.inputs.narrow(1, 1, 2), batch.targets.narrow(1, 0, 2)));
+TEST(CollateTest, PositionsRestartAndAttentionStaysInsideEachDocument) {
+  std::vector<data::PackedRow> rows{Row({{1, 2, 3}, {4, 5}}), Row({{6, 7}})};
+  MicroBatch b = Collate(rows);
+  ASSERT_EQ(b.inputs.sizes(), (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(Values(b.positions[0]), (std::vector<int64_t>{0, 1, 2, 0, 1}));
+  EXPECT_EQ(Values(b.targets[0]), (std::vector<int64_t>{2, 3, -100, 5, -100}));
+  EXPECT_EQ(Values(b.targets[1]), (std::vector<int64_t>{7, -100, -100, -100, -100}));
+  EXPECT_EQ(b.tokens, 7);
+  EXPECT_EQ(b.target_tokens, 4);
+  ASSERT_TRUE(b.attention.defined());
+  auto a = b.attention[0][0];
+  EXPECT_TRUE(a[1][0].item<bool>());   // same document, earlier
+  EXPECT_FALSE(a[0][1].item<bool>());  // later: causal
+  EXPECT_FALSE(a[3][2].item<bool>());  // the previous document
+  EXPECT_TRUE(a[4][3].item<bool>());
+  // Rows of one document each need no mask.
+  std::vector<data::PackedRow> single{Row({{1, 2, 3}})};
+  EXPECT_FALSE(Collate(single).attention.defined());
 }
 
-TEST(DataTest, SequencesDependOnlyOnTheirRunPosition) {
-  auto a = PackedTextDataset::Load(testing::SampleData(), 32, 7);
-  auto b = PackedTextDataset::Load(testing::SampleData(), 32, 7);
-  ASSERT_TRUE(a.ok() && b.ok());
-  // However the positions are grouped into micro-batches, position k has the same tokens.
-  auto whole = a->Sequences(100, 8);
-  auto first = b->Sequences(100, 3), rest = b->Sequences(103, 5);
-  EXPECT_TRUE(torch::equal(whole.inputs, torch::cat({first.inputs, rest.inputs})));
-  // Past the end of an epoch the order is a different permutation of the same sequences.
-  const int64_t n = a->num_sequences();
-  auto epoch0 = a->Sequences(0, n).inputs, epoch1 = a->Sequences(n, n).inputs;
-  EXPECT_FALSE(torch::equal(epoch0, epoch1));
-  EXPECT_TRUE(torch::equal(std::get<0>(epoch0.sum(1).sort()), std::get<0>(epoch1.sum(1).sort())));
+// The summed loss and the LoRA gradients of `rows` through every block of `model`.
+std::pair<double, std::vector<torch::Tensor>> LossAndLoraGrads(
+    const DecoderModel& model, const std::vector<std::vector<torch::Tensor>>& params,
+    std::vector<data::PackedRow> rows) {
+  MicroBatch b = Collate(rows);
+  auto [cos, sin] = model.RopeTables(64, torch::kCPU);
+  ForwardContext ctx;
+  ctx.tokens = b.inputs;
+  ctx.targets = b.targets;
+  const int64_t n = b.inputs.size(0), seq = b.inputs.size(1);
+  ctx.rope_cos = cos.index_select(0, b.positions.reshape({-1})).view({n, 1, seq, -1});
+  ctx.rope_sin = sin.index_select(0, b.positions.reshape({-1})).view({n, 1, seq, -1});
+  ctx.attention = b.attention;
+  torch::Tensor x;
+  for (size_t blk = 0; blk < model.blocks().size(); ++blk)
+    x = model.ForwardBlock(static_cast<int64_t>(blk), params[blk], x, ctx, params[0][0]);
+  for (const auto& block : params)
+    for (const auto& p : block)
+      if (p.grad().defined()) p.mutable_grad().zero_();
+  x.backward();
+  std::vector<torch::Tensor> grads;
+  for (size_t blk = 0; blk < params.size(); ++blk)
+    for (size_t i = 0; i < params[blk].size(); ++i)
+      if (model.blocks()[blk].params[i].trainable) grads.push_back(params[blk][i].grad().clone());
+  return {x.item<double>(), grads};
 }
 
-TEST(DataTest, BadLinesAreNamedByNumber) {
-  TempDir dir;
-  auto garbled = PackedTextDataset::Load(WriteLines(dir, "{\"text\": \"ok\"}\n{oops\n"), 4, 0);
-  ASSERT_FALSE(garbled.ok());
-  EXPECT_NE(garbled.status().message().find("line 2"), std::string::npos);
-  auto wrong = PackedTextDataset::Load(WriteLines(dir, "{\"prompt\": \"x\"}\n"), 4, 0);
-  ASSERT_FALSE(wrong.ok());
-  EXPECT_NE(wrong.status().message().find("\"text\""), std::string::npos);
+TEST(CollateTest, PackedLossAndLoraGradientsEqualTheDocumentsRunAlone) {
+  auto config = *PresetModelConfig("tiny");
+  config.tie_word_embeddings = true;
+  LoraSpec lora;
+  lora.rank = 4;
+  lora.alpha = 8;
+  lora.target_modules = {"q_proj", "k_proj", "v_proj", "o_proj", "down_proj"};
+  DecoderModel model(config, lora);
+  torch::manual_seed(0);
+  std::vector<std::vector<torch::Tensor>> params;
+  for (const BlockSpec& block : model.blocks()) {
+    params.emplace_back();
+    for (const ParamSpec& spec : block.params) {
+      auto t = model.InitialValue(spec, 7);
+      // LoRA B starts at zero; make the adapters matter.
+      if (spec.name.find("lora_B") != std::string::npos) t = torch::randn(t.sizes()) * 0.05;
+      params.back().push_back(t.set_requires_grad(spec.trainable));
+    }
+  }
+  std::vector<std::vector<uint32_t>> docs{{5, 17, 300, 42, 9, 11, 260, 3, 4},
+                                          {100, 101, 102, 103, 104, 105},
+                                          {7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19}};
+  auto [packed_loss, packed_grads] = LossAndLoraGrads(model, params, {Row(docs)});
+  double alone_loss = 0;
+  std::vector<torch::Tensor> alone_grads;
+  for (const auto& doc : docs) {
+    auto [loss, grads] = LossAndLoraGrads(model, params, {Row({doc})});
+    alone_loss += loss;
+    if (alone_grads.empty())
+      alone_grads = grads;
+    else
+      for (size_t i = 0; i < grads.size(); ++i) alone_grads[i] += grads[i];
+  }
+  EXPECT_NEAR(packed_loss, alone_loss, 1e-5 * std::abs(alone_loss));
+  ASSERT_EQ(packed_grads.size(), alone_grads.size());
+  ASSERT_FALSE(packed_grads.empty());
+  for (size_t i = 0; i < packed_grads.size(); ++i) {
+    const double scale = alone_grads[i].abs().max().item<double>() + 1e-12;
+    EXPECT_LE((packed_grads[i] - alone_grads[i]).abs().max().item<double>(), 1e-5 * scale)
+        << "LoRA gradient " << i;
+  }
 }
 
-TEST(DataTest, DatasetTooSmallForOneSequenceIsRefused) {
-  TempDir dir;
-  auto ds = PackedTextDataset::Load(WriteLines(dir, "{\"text\": \"ab\"}\n"), 64, 0);
-  ASSERT_FALSE(ds.ok());
-  EXPECT_NE(ds.status().message().find("maxSeqLen"), std::string::npos);
-  EXPECT_EQ(PackedTextDataset::Load(dir.path() + "/missing.jsonl", 8, 0).status().code(),
-            StatusCode::kNotFound);
+TEST(TokenizerFitTest, ATokenizerThatDoesNotFitTheModelIsRefusedNamingBothSides) {
+  ModelConfig model = *PresetModelConfig("tiny");  // vocab 512
+  model.bos_token_id = 1;
+  model.eos_token_ids = {2, 3};
+  data::StoreTokenizer t;
+  t.description = "BPE (byte-level), 500 ids";
+  t.vocab_size = 500;
+  t.max_id = 499;
+  t.bos_id = 1;
+  t.eos_id = 3;
+  EXPECT_TRUE(CheckTokenizerFitsModel(t, model, "m").ok());
+  auto refused = [&](data::StoreTokenizer bad, const std::string& words) {
+    Status s = CheckTokenizerFitsModel(bad, model, "/models/m");
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << words;
+    EXPECT_NE(s.message().find(words), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("/models/m"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("BPE (byte-level)"), std::string::npos) << s.message();
+  };
+  auto big_id = t;
+  big_id.max_id = 512;
+  refused(big_id, "token id 512");
+  auto big_vocab = t;
+  big_vocab.vocab_size = 129280;
+  refused(big_vocab, "129280 ids");
+  auto bos = t;
+  bos.bos_id = 0;
+  refused(bos, "bos_token_id 1");
+  auto eos = t;
+  eos.eos_id = 0;
+  refused(eos, "eos_token_id [2,3]");
+}
+
+TEST(TrainingRowsTest, TheSampleTextGoesThroughTidalPrepIntoRowsThatDependOnlyOnTheCursor) {
+  auto config = testing::TinyConfig(0);
+  auto a = testing::OpenRows(config);
+  auto b = testing::OpenRows(config);  // the same store: prepared once, found the second time
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->manifest().tokenizer.kind, "bytes");
+  EXPECT_EQ(a->manifest().samples, 3382u);
+  EXPECT_GT(a->rows(), 100u);
+  for (uint64_t k : {uint64_t{0}, uint64_t{17}, a->rows() + 3}) {
+    auto x = a->Sequence(k);
+    auto y = b->Sequence(k);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_EQ(x->tokens, y->tokens);
+    EXPECT_LE(x->tokens.size(), 32u);
+    EXPECT_EQ(x->tokens.front(), 256u);  // each document begins with BOS
+  }
 }
 
 }  // namespace

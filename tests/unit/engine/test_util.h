@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/temp_dir.h"
+#include "worker/data/provider.h"
 #include "worker/engine/model.h"
 #include "worker/engine/train_config.h"
 #include "worker/engine/zero.h"
@@ -16,11 +18,30 @@ inline std::string SampleData() {
   return std::string(TIDAL_SOURCE_DIR) + "/examples/data/sample.jsonl";
 }
 
+// Token stores tidal-prep writes for this test process (removed at exit).
+inline const std::string& PreparedDir() {
+  static tidal::testing::ScratchDir dir;
+  return dir.path();
+}
+
+// The rows of `config`'s dataset through the real pipeline: prepared (tidal-prep's work) into
+// a token store, then read by the loader.
+inline std::unique_ptr<data::RowSource> OpenRows(TrainConfig config) {
+  if (config.dataset.prepared_uri.empty()) config.dataset.prepared_uri = PreparedDir();
+  data::StoreDataProvider provider({});
+  Status prepared = provider.Prepare(config);
+  EXPECT_TRUE(prepared.ok()) << prepared.message();
+  auto rows = provider.Open(config, 0);
+  EXPECT_TRUE(rows.ok()) << rows.status().message();
+  return rows.ok() ? std::move(*rows) : nullptr;
+}
+
 // A fast config for the tiny preset on the shipped sample data.
 inline TrainConfig TinyConfig(int zero_stage, double dropout = 0.0) {
   TrainConfig c;
   c.model.preset = "tiny";
   c.dataset.uri = SampleData();
+  c.dataset.prepared_uri = PreparedDir();
   c.dataset.max_seq_len = 32;
   c.lora.rank = 4;
   c.lora.alpha = 8;

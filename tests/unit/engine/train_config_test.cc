@@ -93,8 +93,43 @@ TEST(TrainConfigTest, ModelNeedsExactlyOneOfUriAndPreset) {
 
 TEST(TrainConfigTest, MissingDatasetAndUnsupportedSchemeAreNamed) {
   EXPECT_NE(ErrorOf("model: {preset: tiny}\n").find("spec.dataset"), std::string::npos);
-  auto msg = ErrorOf("model: {preset: tiny}\ndataset: {uri: \"s3://b/x.jsonl\"}\n");
+  auto msg = ErrorOf("model: {preset: tiny}\ndataset: {uri: \"http://b/x.jsonl\"}\n");
   EXPECT_NE(msg.find("spec.dataset.uri"), std::string::npos) << msg;
+}
+
+TEST(TrainConfigTest, DatasetFieldsAreReadAndEachBadOneIsNamed) {
+  auto c = Parse(
+      "model: {preset: tiny}\n"
+      "dataset: {uri: \"s3://b/chat.jsonl\", format: messages, maxSeqLen: 64, overlong: drop,\n"
+      "  packing: false, strict: true, tokenizer: bytes, preparedUri: \"s3://b/tokens\",\n"
+      "  loader: {lookahead: 8, cacheDir: /var/cache/tidal, cacheMaxMiB: 512, warmupPercent: 5}}\n");
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->dataset.uri, "s3://b/chat.jsonl");  // s3:// is kept as it is
+  EXPECT_EQ(c->dataset.format, "messages");
+  EXPECT_EQ(c->dataset.overlong, "drop");
+  EXPECT_FALSE(c->dataset.packing);
+  EXPECT_TRUE(c->dataset.strict);
+  EXPECT_EQ(c->dataset.tokenizer, "bytes");
+  EXPECT_EQ(c->dataset.prepared_uri, "s3://b/tokens");
+  EXPECT_EQ(c->dataset.lookahead, 8);
+  EXPECT_EQ(c->dataset.cache_dir, "/var/cache/tidal");
+  EXPECT_EQ(c->dataset.cache_max_mib, 512);
+  EXPECT_EQ(c->dataset.warmup_percent, 5);
+  const std::string base = "model: {preset: tiny}\ndataset: {uri: x.jsonl, ";
+  for (auto [field, words] : std::vector<std::pair<std::string, std::string>>{
+           {"format: csv}", "spec.dataset.format"},
+           {"overlong: wrap}", "spec.dataset.overlong"},
+           {"tokenizer: words}", "spec.dataset.tokenizer"},
+           {"packing: 1}", "spec.dataset.packing"},
+           {"strict: \"yes\"}", "spec.dataset.strict"},
+           {"loader: {lookahead: 0}}", "spec.dataset.loader.lookahead"},
+           {"loader: {warmupPercent: 101}}", "spec.dataset.loader.warmupPercent"},
+           {"loader: {cacheMaxMiB: 0}}", "spec.dataset.loader.cacheMaxMiB"},
+           {"loader: {cache: x}}", "spec.dataset.loader.cache"},
+           {"loader: 3}", "spec.dataset.loader"}}) {
+    auto msg = ErrorOf(base + field + "\n");
+    EXPECT_NE(msg.find(words), std::string::npos) << field << " → " << msg;
+  }
 }
 
 TEST(TrainConfigTest, WorldSizeThatDoesNotDivideTheGlobalBatchIsRefused) {

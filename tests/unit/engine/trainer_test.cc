@@ -11,8 +11,16 @@ namespace {
 
 using testing::TinyConfig;
 
+using testing::OpenRows;
+
+TrainerOptions WithRows(const TrainConfig& config) {
+  TrainerOptions options;
+  options.data = OpenRows(config);
+  return options;
+}
+
 std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& config) {
-  auto trainer = Trainer::Create(config, MakeSingleRankComm(), {});
+  auto trainer = Trainer::Create(config, MakeSingleRankComm(), WithRows(config));
   EXPECT_TRUE(trainer.ok()) << trainer.status().message();
   return trainer.ok() ? std::move(*trainer) : nullptr;
 }
@@ -90,13 +98,13 @@ TEST(TrainerTest, ReportsFiniteStepStatistics) {
 TEST(TrainerTest, BadModelChoicesAreRefusedBeforeTraining) {
   auto long_seq = TinyConfig(0);
   long_seq.dataset.max_seq_len = 4096;  // tiny has 1024 positions
-  auto s = Trainer::Create(long_seq, MakeSingleRankComm(), {});
+  auto s = Trainer::Create(long_seq, MakeSingleRankComm(), WithRows(long_seq));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("spec.dataset.maxSeqLen"), std::string::npos);
 
   auto fp16 = TinyConfig(0);
   fp16.optimization.precision = "fp16";
-  s = Trainer::Create(fp16, MakeSingleRankComm(), {});
+  s = Trainer::Create(fp16, MakeSingleRankComm(), WithRows(fp16));
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("spec.optimization.precision"), std::string::npos);
 }

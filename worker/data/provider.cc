@@ -1,0 +1,118 @@
+#include "worker/data/provider.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "common/log.h"
+#include "worker/data/loader.h"
+
+namespace tidal::data {
+
+std::function<void(uint64_t, uint64_t, uint64_t, uint64_t)> LogPrepProgress() {
+  using Clock = std::chrono::steady_clock;
+  struct State {
+    Clock::time_point start = Clock::now(), last = Clock::time_point::min();
+  };
+  auto state = std::make_shared<State>();
+  return [state](uint64_t done, uint64_t total, uint64_t samples, uint64_t tokens) {
+    const auto now = Clock::now();
+    if (done < total && now - state->last < std::chrono::seconds(2)) return;
+    state->last = now;
+    const double seconds = std::chrono::duration<double>(now - state->start).count();
+    const double fraction = total ? static_cast<double>(done) / static_cast<double>(total) : 1;
+    LogInfo("tokenizing the dataset",
+            {{"percent", std::round(1000 * fraction) / 10},
+             {"samples", samples},
+             {"tokens", tokens},
+             {"tokens_per_s", seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0},
+             {"eta_seconds", fraction > 0 ? seconds * (1 - fraction) / fraction : 0.0}});
+  };
+}
+
+std::string PreparedBase(const engine::DatasetSpec& dataset) {
+  if (!dataset.prepared_uri.empty()) return dataset.prepared_uri;
+  auto where = SplitObjectUri(dataset.uri);
+  return (where.ok() ? where->first : dataset.uri) + "/.tidal-tokens";
+}
+
+StatusOr<std::unique_ptr<TextEncoder>> EncoderFor(const engine::TrainConfig& config,
+                                                  const checkpoint::S3Options& s3) {
+  const std::string& model = config.model.uri;
+  if (model.empty()) return TextEncoder::Bytes();  // a random-initialised preset
+  auto encoder = TextEncoder::FromModelDirectory(model, s3);
+  if (config.dataset.tokenizer == "bytes") {
+    if (encoder.ok())
+      return InvalidArgument("spec.dataset.tokenizer: bytes, but spec.model.uri " + model +
+                             " has its own tokenizer (" + (*encoder)->Facts().description +
+                             "): byte ids mean nothing to that model; remove "
+                             "spec.dataset.tokenizer to train with the model's tokenizer");
+    if (encoder.status().code() != StatusCode::kNotFound) return encoder.status();
+    return TextEncoder::Bytes();
+  }
+  if (!encoder.ok())
+    return Status(encoder.status().code(), "spec.model.uri: " + encoder.status().message());
+  return encoder;
+}
+
+StatusOr<PrepResult> StoreDataProvider::Resolve(const engine::TrainConfig& config,
+                                                bool lookup_only) {
+  TIDAL_ASSIGN_OR_RETURN(auto encoder, EncoderFor(config, s3_));
+  TIDAL_ASSIGN_OR_RETURN(bool is_store, IsTokenStore(config.dataset.uri, s3_));
+  PrepResult result;
+  if (is_store) {
+    TIDAL_ASSIGN_OR_RETURN(auto store, checkpoint::OpenObjectStore(config.dataset.uri, s3_));
+    TIDAL_ASSIGN_OR_RETURN(auto manifest, ReadStoreManifest(*store));
+    result.store_uri = config.dataset.uri;
+    result.reused = true;
+    result.manifest = std::move(*manifest);
+  } else {
+    PrepOptions options;
+    options.input_uri = config.dataset.uri;
+    options.format = config.dataset.format;
+    options.output_uri = PreparedBase(config.dataset);
+    options.strict = config.dataset.strict;
+    options.lookup_only = lookup_only;
+    options.progress = progress_;
+    TIDAL_ASSIGN_OR_RETURN(result, data::Prepare(options, *encoder, s3_));
+  }
+  // The rows must be in the model's tokens: the store's tokenizer is the one the model names.
+  const StoreTokenizer& used = result.manifest.tokenizer;
+  const StoreTokenizer wanted = encoder->Facts();
+  if (used.fingerprint != wanted.fingerprint)
+    return InvalidArgument(
+        "spec.dataset.uri: the token store " + result.store_uri + " was tokenized with " +
+        used.description + " (" + used.kind + ", fingerprint " + used.fingerprint +
+        ") but the model " +
+        (config.model.uri.empty() ? "preset " + config.model.preset : config.model.uri) + " uses " +
+        wanted.description + " (fingerprint " + wanted.fingerprint +
+        "): prepare the data with the model's tokenizer");
+  if (result.manifest.source_format != config.dataset.format)
+    return InvalidArgument("spec.dataset.format: " + config.dataset.format +
+                           ", but the token store " + result.store_uri + " holds " +
+                           result.manifest.source_format + " records");
+  return result;
+}
+
+Status StoreDataProvider::Prepare(const engine::TrainConfig& config) {
+  return Resolve(config, /*lookup_only=*/false).status();
+}
+
+StatusOr<std::unique_ptr<RowSource>> StoreDataProvider::Open(const engine::TrainConfig& config,
+                                                             int rank) {
+  TIDAL_ASSIGN_OR_RETURN(PrepResult prepared, Resolve(config, /*lookup_only=*/rank != 0));
+  TIDAL_ASSIGN_OR_RETURN(auto store, checkpoint::OpenObjectStore(prepared.store_uri, s3_));
+  PackingOptions packing;
+  packing.seq_len = config.dataset.max_seq_len;
+  packing.overlong = config.dataset.overlong == "drop" ? Overlong::kDrop : Overlong::kTruncate;
+  packing.pack = config.dataset.packing;
+  packing.seed = config.optimization.seed;
+  CacheOptions cache;
+  cache.dir = config.dataset.cache_dir;
+  cache.max_bytes = static_cast<uint64_t>(config.dataset.cache_max_mib) << 20;
+  LoaderOptions loader;
+  loader.lookahead = config.dataset.lookahead;
+  TIDAL_ASSIGN_OR_RETURN(auto rows, RowLoader::Open(std::move(store), packing, cache, loader));
+  return std::unique_ptr<RowSource>(std::move(rows));
+}
+
+}  // namespace tidal::data

@@ -1,0 +1,48 @@
+// worker/data/provider.h — the DataProvider that tidal-train and tidal-worker hand their
+// sessions: spec.dataset resolved to a token store (tidal-prep's, run first when the uri names
+// JSONL), the model's tokenizer checked against it, and a RowLoader over it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "worker/checkpoint/object_store.h"
+#include "worker/data/prep.h"
+#include "worker/data/row_source.h"
+#include "worker/engine/train_config.h"
+
+namespace tidal::data {
+
+class StoreDataProvider : public DataProvider {
+ public:
+  explicit StoreDataProvider(checkpoint::S3Options s3) : s3_(std::move(s3)) {}
+  // Logs prep progress (tidal-train, tidal-worker): (bytes done, total, samples, tokens).
+  void set_progress(std::function<void(uint64_t, uint64_t, uint64_t, uint64_t)> progress) {
+    progress_ = std::move(progress);
+  }
+
+  Status Prepare(const engine::TrainConfig& config) override;
+  StatusOr<std::unique_ptr<RowSource>> Open(const engine::TrainConfig& config, int rank) override;
+
+ private:
+  StatusOr<PrepResult> Resolve(const engine::TrainConfig& config, bool lookup_only);
+  checkpoint::S3Options s3_;
+  std::function<void(uint64_t, uint64_t, uint64_t, uint64_t)> progress_;
+};
+
+// The tokenizer spec.dataset asks for: the model's own (model.uri's tokenizer.json), or the
+// byte tokenizer for a preset or when spec.dataset.tokenizer is "bytes" — refused for a model
+// that has a tokenizer of its own. Errors name the fields.
+StatusOr<std::unique_ptr<TextEncoder>> EncoderFor(const engine::TrainConfig& config,
+                                                  const checkpoint::S3Options& s3);
+
+// A progress callback that logs tidal-prep's progress as JSON lines (percent, samples, tokens,
+// tokens/s, ETA) at most every two seconds, and once at the end.
+std::function<void(uint64_t, uint64_t, uint64_t, uint64_t)> LogPrepProgress();
+
+// Where spec.dataset.uri's JSONL is prepared: spec.dataset.preparedUri, else <its
+// folder>/.tidal-tokens.
+std::string PreparedBase(const engine::DatasetSpec& dataset);
+
+}  // namespace tidal::data
