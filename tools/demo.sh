@@ -46,7 +46,8 @@ start=$(TZ=$tz date -d '+90 seconds' '+%-M %-H')
 end=$(TZ=$tz date -d '+210 seconds' '+%-M %-H')
 opens=$(TZ=$tz date -d '+90 seconds' '+%H:%M')
 closes=$(TZ=$tz date -d '+210 seconds' '+%H:%M')
-sed -e "s|@DATASET@|$root/examples/data/sample.jsonl|" -e "s|@TZ@|$tz|" \
+sed -e "s|@DATASET@|$root/examples/data/chat.jsonl|" \
+    -e "s|@TOKENIZER@|$root/examples/chat-tokenizer|" -e "s|@TZ@|$tz|" \
     -e "s|@START@|$start * * *|" -e "s|@END@|$end * * *|" \
     "$root/examples/demo-job.yaml" >"$out/demo-job.yaml"
 say "kubectl apply -f examples/demo-job.yaml   (window $opens-$closes $tz: 4 GPUs; else 2)"
@@ -99,7 +100,7 @@ k get events -o json >"$out/events.json" 2>/dev/null || echo '{"items":[]}' >"$o
 python3 - "$out" "$data" "$grew" "$shrank" <<'PY'
 import json, os, sys
 out, data, grew, shrank = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
-steps = []
+steps, ready, prep = [], None, None
 try:
     for line in open(os.path.join(out, "rank0.log")):
         try:
@@ -108,6 +109,10 @@ try:
             continue
         if j.get("msg") == "step":
             steps.append(j)
+        elif j.get("msg") == "training rows" and ready is None:
+            ready = j
+        elif j.get("msg") == "tokenizing the dataset":
+            prep = j
 except OSError:
     pass
 events = json.load(open(os.path.join(out, "events.json"))).get("items", [])
@@ -117,7 +122,18 @@ print("  events:")
 for e in sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""):
     if e.get("reason") in interesting:
         print("    %s  %-17s %s" % ((e.get("lastTimestamp") or "")[11:19], e["reason"], e.get("message", "")))
+if ready:
+    print("  data: examples/data/chat.jsonl (messages) -> tidal-prep -> %s conversations packed"
+          " into %s rows of %s tokens (%.0f%% full)" % (ready.get("samples"), ready.get("rows"),
+          ready.get("row_tokens"), 100 * ready.get("utilisation", 0)))
+if prep:
+    print("  tidal-prep: %s samples, %s tokens, %.0f tokens/s" % (
+        prep.get("samples"), prep.get("tokens"), prep.get("tokens_per_s", 0)))
 if steps:
+    wait = sum(s.get("data_wait_s", 0) for s in steps)
+    busy = sum(s.get("seconds", 0) for s in steps)
+    if busy > 0:
+        print("  data-loader wait: %.2f%% of step time (rank 0)" % (100 * wait / busy))
     sizes = []
     for s in steps:
         if not sizes or sizes[-1][0] != s["world_size"]:

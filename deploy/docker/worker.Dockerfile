@@ -17,7 +17,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config \
       nlohmann-json3-dev libyaml-cpp-dev libssl-dev libsqlite3-dev libxxhash-dev libexpat1-dev \
-      libhowardhinnant-date-dev libgrpc++-dev libprotobuf-dev protobuf-compiler \
+      libpcre2-dev libicu-dev libhowardhinnant-date-dev libgrpc++-dev libprotobuf-dev protobuf-compiler \
       protobuf-compiler-grpc prometheus-cpp-dev libgloo-dev python3-venv \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -36,14 +36,14 @@ COPY operator operator
 COPY proto proto
 COPY worker worker
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTIDAL_REQUIRE_GRPC=ON -DTIDAL_BUILD_TESTS=OFF \
- && cmake --build /build --target tidal-worker tidal-export \
- && strip /build/worker/tidal-worker /build/worker/tidal-export
+ && cmake --build /build --target tidal-worker tidal-export tidal-prep \
+ && strip /build/worker/tidal-worker /build/worker/tidal-export /build/worker/tidal-prep
 
 FROM debian:${DEBIAN_RELEASE}-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates tzdata \
-      libxxhash0 libexpat1 libgrpc++1.51 libgrpc29 libabsl20220623 libssl3 \
+      libxxhash0 libexpat1 libpcre2-8-0 libicu72 libgrpc++1.51 libgrpc29 libabsl20220623 libssl3 \
       libprotobuf32 libprometheus-cpp-core1.0 libyaml-cpp0.7 \
       libdate-tz3 \
  && rm -rf /var/lib/apt/lists/*
@@ -52,7 +52,8 @@ RUN apt-get update \
 COPY --from=build /opt/tidal/lib/python3.11/site-packages/torch/lib /opt/tidal/lib/python3.11/site-packages/torch/lib
 COPY --from=build /opt/tidal/lib/python3.11/site-packages/nvidia /opt/tidal/lib/python3.11/site-packages/nvidia
 ENV LD_LIBRARY_PATH=/opt/tidal/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/tidal/lib/python3.11/site-packages/nvidia/nccl/lib
-COPY --from=build /build/worker/tidal-worker /build/worker/tidal-export /usr/local/bin/
+COPY --from=build /build/worker/tidal-worker /build/worker/tidal-export /build/worker/tidal-prep \
+     /usr/local/bin/
 USER 65532:65532
 # control (gRPC), the c10d stores of successive generations, metrics: as the worker pods name.
 EXPOSE 50051 29400-29407 9090

@@ -233,6 +233,7 @@ void WorkerRuntime::PublishStep(engine::StepRecord record) {
                              {"lr", record.lr},
                              {"grad_norm", record.grad_norm},
                              {"tokens_per_s", record.tokens_per_s},
+                             {"seconds", record.seconds},
                              {"data_wait_s", record.data_wait_seconds},
                              {"world_size", record.world_size},
                              {"max_steps", state.max_steps}};

@@ -38,6 +38,19 @@ std::string PreparedBase(const engine::DatasetSpec& dataset) {
 StatusOr<std::unique_ptr<TextEncoder>> EncoderFor(const engine::TrainConfig& config,
                                                   const checkpoint::S3Options& s3) {
   const std::string& model = config.model.uri;
+  const std::string& tokenizer = config.dataset.tokenizer;
+  if (!tokenizer.empty() && tokenizer != "bytes") {
+    if (!model.empty())
+      return InvalidArgument("spec.dataset.tokenizer: " + tokenizer +
+                             ": a tokenizer directory is for a preset (random-initialised) "
+                             "model; spec.model.uri " +
+                             model + " brings its own");
+    auto encoder = TextEncoder::FromModelDirectory(tokenizer, s3);
+    if (!encoder.ok())
+      return Status(encoder.status().code(),
+                    "spec.dataset.tokenizer: " + encoder.status().message());
+    return encoder;
+  }
   if (model.empty()) return TextEncoder::Bytes();  // a random-initialised preset
   auto encoder = TextEncoder::FromModelDirectory(model, s3);
   if (config.dataset.tokenizer == "bytes") {
@@ -112,6 +125,17 @@ StatusOr<std::unique_ptr<RowSource>> StoreDataProvider::Open(const engine::Train
   LoaderOptions loader;
   loader.lookahead = config.dataset.lookahead;
   TIDAL_ASSIGN_OR_RETURN(auto rows, RowLoader::Open(std::move(store), packing, cache, loader));
+  const PackingPlan& plan = rows->plan();
+  if (rank == 0)
+    LogInfo("training rows",
+            {{"store", prepared.store_uri},
+             {"samples", rows->manifest().samples},
+             {"rows", plan.rows()},
+             {"row_tokens", packing.seq_len},
+             {"utilisation", std::round(1000 * plan.Utilisation(packing.seq_len)) / 1000},
+             {"truncated", plan.truncated},
+             {"dropped", plan.dropped},
+             {"too_short", plan.too_short}});
   return std::unique_ptr<RowSource>(std::move(rows));
 }
 

@@ -22,6 +22,8 @@ void PrintStepLine(const StepRecord& r) {
                          {"lr", r.lr},
                          {"grad_norm", r.grad_norm},
                          {"tokens_per_s", r.tokens_per_s},
+                         {"seconds", r.seconds},
+                         {"data_wait_s", r.data_wait_seconds},
                          {"world_size", r.world_size}};
   if (r.skipped) line["skipped"] = true;
   std::string text = line.dump();

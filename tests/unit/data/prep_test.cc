@@ -287,6 +287,21 @@ TEST(ProviderTest, AByteTokenizerOnAModelWithItsOwnIsRefusedNamingBoth) {
   EXPECT_TRUE(EncoderFor(c, {}).ok());
 }
 
+TEST(ProviderTest, APresetTakesATokenizerDirectoryAModelWithItsOwnDoesNot) {
+  engine::TrainConfig c;
+  c.model.preset = "tiny";
+  c.dataset.tokenizer = std::string(TIDAL_SOURCE_DIR) + "/examples/chat-tokenizer";
+  auto e = EncoderFor(c, {});
+  ASSERT_TRUE(e.ok()) << e.status().message();
+  EXPECT_TRUE((*e)->has_chat_template());
+  EXPECT_EQ((*e)->Facts().vocab_size, 512u);
+  c.model.preset.clear();
+  c.model.uri = kDeepSeek;
+  auto refused = EncoderFor(c, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("brings its own"), std::string::npos);
+}
+
 TEST(ProviderTest, AStoreTokenizedForAnotherModelIsRefused) {
   ScratchDir dir;
   auto bytes_config = ConfigFor("", WriteJsonl(dir, ChatLines(3)), "text");

@@ -102,7 +102,8 @@ TEST(TrainConfigTest, DatasetFieldsAreReadAndEachBadOneIsNamed) {
       "model: {preset: tiny}\n"
       "dataset: {uri: \"s3://b/chat.jsonl\", format: messages, maxSeqLen: 64, overlong: drop,\n"
       "  packing: false, strict: true, tokenizer: bytes, preparedUri: \"s3://b/tokens\",\n"
-      "  loader: {lookahead: 8, cacheDir: /var/cache/tidal, cacheMaxMiB: 512, warmupPercent: 5}}\n");
+      "  loader: {lookahead: 8, cacheDir: /var/cache/tidal, cacheMaxMiB: 512, warmupPercent: "
+      "5}}\n");
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->dataset.uri, "s3://b/chat.jsonl");  // s3:// is kept as it is
   EXPECT_EQ(c->dataset.format, "messages");
@@ -119,7 +120,7 @@ TEST(TrainConfigTest, DatasetFieldsAreReadAndEachBadOneIsNamed) {
   for (auto [field, words] : std::vector<std::pair<std::string, std::string>>{
            {"format: csv}", "spec.dataset.format"},
            {"overlong: wrap}", "spec.dataset.overlong"},
-           {"tokenizer: words}", "spec.dataset.tokenizer"},
+           {"tokenizer: \"http://x/tok\"}", "spec.dataset.tokenizer"},
            {"packing: 1}", "spec.dataset.packing"},
            {"strict: \"yes\"}", "spec.dataset.strict"},
            {"loader: {lookahead: 0}}", "spec.dataset.loader.lookahead"},
