@@ -459,6 +459,8 @@ StatusOr<PrepResult> Prepare(const PrepOptions& options, const TextEncoder& enco
       options.progress(lines[first + count - 1].text.end() - bytes.data(), bytes.size(),
                        writer.samples(), writer.tokens());
   }
+  if (options.progress)
+    options.progress(bytes.size(), bytes.size(), writer.samples(), writer.tokens());
   if (writer.samples() == 0)
     return InvalidArgument("spec.dataset.uri: " + options.input_uri + ": no usable record (" +
                            std::to_string(lines.size()) + " non-empty lines, " +

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "common/log.h"
 #include "worker/data/loader.h"
@@ -11,12 +12,13 @@ namespace tidal::data {
 std::function<void(uint64_t, uint64_t, uint64_t, uint64_t)> LogPrepProgress() {
   using Clock = std::chrono::steady_clock;
   struct State {
-    Clock::time_point start = Clock::now(), last = Clock::time_point::min();
+    Clock::time_point start = Clock::now();
+    std::optional<Clock::time_point> last;
   };
   auto state = std::make_shared<State>();
   return [state](uint64_t done, uint64_t total, uint64_t samples, uint64_t tokens) {
     const auto now = Clock::now();
-    if (done < total && now - state->last < std::chrono::seconds(2)) return;
+    if (done < total && state->last && now - *state->last < std::chrono::seconds(2)) return;
     state->last = now;
     const double seconds = std::chrono::duration<double>(now - state->start).count();
     const double fraction = total ? static_cast<double>(done) / static_cast<double>(total) : 1;
