@@ -112,8 +112,7 @@ void PrintResult(const tidal::data::PrepResult& r) {
                          {"tokens", m.tokens},
                          {"trained_tokens", m.trained_tokens},
                          {"tokenizer", m.tokenizer.description},
-                         {"skipped", m.report.value("skipped", 0)},
-                         {"problems", m.report.value("problems", nlohmann::json::array())}};
+                         {"report", m.report}};
   std::printf("%s\n", line.dump().c_str());
 }
 

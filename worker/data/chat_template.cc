@@ -39,8 +39,8 @@ StatusOr<ChatTemplate> ChatTemplate::FromTokenizerConfig(std::string_view tokeni
   } else if (chat_template.is_array()) {
     bool found = false;
     for (const auto& entry : chat_template) {
-      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
-          entry["template"].is_string()) {
+      if (entry.is_object() && entry.contains("name") && entry["name"] == "default" &&
+          entry.contains("template") && entry["template"].is_string()) {
         source = entry["template"].get<std::string>();
         found = true;
         break;

@@ -28,8 +28,13 @@ void BlockCache::ScanDisk() {
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(options_.dir, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    if (!it->is_regular_file(ec) || it->path().filename().string().starts_with(".")) continue;
-    found.push_back({it->last_write_time(ec), {it->path().string(), it->file_size(ec)}});
+    std::error_code kind;
+    if (!it->is_regular_file(kind) || it->path().filename().string().starts_with(".")) continue;
+    std::error_code stat;
+    const auto time = it->last_write_time(stat);
+    const uint64_t size = stat ? 0 : it->file_size(stat);
+    if (stat) continue;  // removed by another process meanwhile
+    found.push_back({time, {it->path().string(), size}});
   }
   std::sort(found.begin(), found.end());
   for (auto& [time, entry] : found) AccountDisk(entry.first, entry.second);
@@ -105,14 +110,30 @@ StatusOr<std::shared_ptr<const std::string>> BlockCache::Get(uint32_t shard, boo
                                                              uint64_t block) {
   const Key key{shard, mask, block};
   {
-    std::lock_guard lock(mu_);
-    for (auto it = memory_.begin(); it != memory_.end(); ++it) {
-      if (it->first != key) continue;
-      memory_.splice(memory_.begin(), memory_, it);
-      ++stats_.blocks_from_memory;
-      return memory_.front().second;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      for (auto it = memory_.begin(); it != memory_.end(); ++it) {
+        if (it->first != key) continue;
+        memory_.splice(memory_.begin(), memory_, it);
+        ++stats_.blocks_from_memory;
+        return memory_.front().second;
+      }
+      if (!loading_.count(key)) break;
+      loaded_.wait(lock);  // another thread reads it: take its copy from memory
     }
+    loading_.insert(key);
   }
+  struct Loaded {  // on every way out: the block is no longer being read
+    BlockCache* cache;
+    Key key;
+    ~Loaded() {
+      {
+        std::lock_guard lock(cache->mu_);
+        cache->loading_.erase(key);
+      }
+      cache->loaded_.notify_all();
+    }
+  } loaded{this, key};
   if (!dir_.empty()) {
     const std::string path = CachePath(key);
     std::ifstream in(path, std::ios::binary);
@@ -251,7 +272,12 @@ void RowLoader::Work() {
     in_flight_.insert(sequence);
     const uint64_t row = order_->RowOf(sequence);
     lock.unlock();
-    StatusOr<PackedRow> result = ReadRow(row);
+    StatusOr<PackedRow> result = Internal("unset");
+    try {
+      result = ReadRow(row);
+    } catch (const std::exception& e) {  // bad_alloc and the like: the reader gets the error
+      result = Internal(std::string("reading row ") + std::to_string(row) + ": " + e.what());
+    }
     lock.lock();
     in_flight_.erase(sequence);
     ready_.insert_or_assign(sequence, std::move(result));

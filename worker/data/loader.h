@@ -76,6 +76,8 @@ class BlockCache {
   CacheOptions options_;
   std::string dir_;  // options_.dir/<content hash>
   mutable std::mutex mu_;
+  std::condition_variable loaded_;
+  std::set<Key> loading_;  // blocks a thread is reading now: others wait rather than fetch too
   std::list<std::pair<Key, std::shared_ptr<const std::string>>> memory_;  // most recent first
   // Disk entries (all stores under options_.dir), least recently used first.
   std::list<std::pair<std::string, uint64_t>> disk_lru_;

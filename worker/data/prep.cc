@@ -148,7 +148,8 @@ StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::FromFiles(std::string tokeni
                              config[key].dump() + " is not a token of tokenizer.json");
   }
   // transformers' Llama-style tokenizers add BOS from this flag, not from the post-processor.
-  e->add_bos_ = config.value("add_bos_token", false) && e->bos_;
+  e->add_bos_ = config.contains("add_bos_token") && config["add_bos_token"].is_boolean() &&
+                config["add_bos_token"].get<bool>() && e->bos_;
   XXH3_state_t* state = XXH3_createState();
   XXH3_64bits_reset(state);
   XXH3_64bits_update(state, tokenizer_json.data(), tokenizer_json.size());
@@ -245,11 +246,17 @@ static StatusOr<TextEncoder::Tokens> EncodeSpans(
     const auto [first, last] = enc.offsets[i];
     out.trains[i] = last > first && in_span(first);
   }
-  // A document ends with EOS so the model learns to stop; chat templates write their own.
-  if (eos && (out.ids.empty() || out.ids.back() != *eos) && add_special_tokens) {
-    out.ids.push_back(*eos);
-    out.trains.push_back(ends_in_span);
+  // A document ends with EOS so the model learns to stop; chat templates write their own. An
+  // EOS the post-processor added has no text of its own: it trains when the text before does.
+  if (eos && add_special_tokens) {
+    if (out.ids.empty() || out.ids.back() != *eos) {
+      out.ids.push_back(*eos);
+      out.trains.push_back(ends_in_span);
+    } else {
+      out.trains.back() = ends_in_span;
+    }
   }
+  if (out.ids.empty()) return InvalidArgument("the record encodes to no token");
   return out;
 }
 
@@ -302,7 +309,13 @@ StatusOr<TextEncoder::Tokens> TextEncoder::EncodeRecord(const json& record,
     text += "\n\n### Response:\n";
     const size_t response = text.size();
     text += output;
-    return EncodeSpans(tokenizer_.get(), text, {{response, text.size()}}, true, eos_);
+    TIDAL_ASSIGN_OR_RETURN(
+        Tokens tokens, EncodeSpans(tokenizer_.get(), text, {{response, text.size()}}, true, eos_));
+    if (add_bos_ && tokens.ids.front() != *bos_) {
+      tokens.ids.insert(tokens.ids.begin(), *bos_);
+      tokens.trains.insert(tokens.trains.begin(), 0);
+    }
+    return tokens;
   }
   if (format == "messages") {
     if (!chat_)
@@ -426,11 +439,15 @@ StatusOr<PrepResult> Prepare(const PrepOptions& options, const TextEncoder& enco
           outcomes[i].error = InvalidArgument("not valid JSON");
           continue;
         }
-        auto tokens = encoder.EncodeRecord(record, options.format);
-        if (tokens.ok())
-          outcomes[i].tokens = std::move(*tokens);
-        else
-          outcomes[i].error = tokens.status();
+        try {
+          auto tokens = encoder.EncodeRecord(record, options.format);
+          if (tokens.ok())
+            outcomes[i].tokens = std::move(*tokens);
+          else
+            outcomes[i].error = tokens.status();
+        } catch (const std::exception& e) {  // a bug or bad_alloc: this record, not the run
+          outcomes[i].error = Internal(std::string("tokenizing failed: ") + e.what());
+        }
       }
     };
     std::vector<std::thread> pool;
@@ -504,6 +521,9 @@ StatusOr<std::vector<json>> InspectStore(const std::string& store_uri, uint64_t 
     const uint64_t mask_first = at.begin / 8, mask_last = (at.end + 7) / 8;
     TIDAL_ASSIGN_OR_RETURN(std::string mask_bytes, store->GetRange(shard.name + ".mask", mask_first,
                                                                    mask_last - mask_first));
+    if (id_bytes.size() != at.length() * 4 || mask_bytes.size() != mask_last - mask_first)
+      return DataLoss(store_uri + "/" + shard.name + ": a short read of sample " +
+                      std::to_string(i));
     std::vector<uint32_t> ids(at.length());
     std::memcpy(ids.data(), id_bytes.data(), id_bytes.size());
     std::vector<int> mask(at.length());

@@ -77,6 +77,8 @@ StatusOr<PrepResult> StoreDataProvider::Resolve(const engine::TrainConfig& confi
   if (is_store) {
     TIDAL_ASSIGN_OR_RETURN(auto store, checkpoint::OpenObjectStore(config.dataset.uri, s3_));
     TIDAL_ASSIGN_OR_RETURN(auto manifest, ReadStoreManifest(*store));
+    if (!manifest)
+      return NotFound("spec.dataset.uri: " + config.dataset.uri + " lost its manifest.json");
     result.store_uri = config.dataset.uri;
     result.reused = true;
     result.manifest = std::move(*manifest);

@@ -86,23 +86,6 @@ Status Trainer::Initialize() {
   const uint64_t init_seed = config_.model.init_seed;
   TIDAL_RETURN_IF_ERROR(
       params_->Load(hf ? hf->Reader(*model_, init_seed) : RandomInitReader(*model_, init_seed)));
-  if (config_.dataset.warmup_percent > 0) {
-    // This rank's share of the first epoch, fetched into the node-local cache before step 0.
-    std::vector<uint64_t> first;
-    const uint64_t want = data_->rows() * static_cast<uint64_t>(config_.dataset.warmup_percent) /
-                          100 / static_cast<uint64_t>(comm_->world_size());
-    for (int64_t s = step_; first.size() < want; ++s) {
-      auto more = RankSequences(s);
-      first.insert(first.end(), more.begin(), more.end());
-    }
-    const auto warm_start = std::chrono::steady_clock::now();
-    TIDAL_RETURN_IF_ERROR(data_->Warm(first));
-    LogInfo(
-        "data cache warmed",
-        {{"sequences", first.size()},
-         {"seconds",
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - warm_start).count()}});
-  }
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
   LogInfo("engine ready", {{"params_total", model_config.BaseParameterCount()},
                            {"params_trainable", params_->TrainableParameterCount()},
@@ -117,6 +100,26 @@ Status Trainer::Initialize() {
   return OkStatus();
 }
 
+// This rank's next `warmupPercent` of an epoch, fetched into the node-local cache before its
+// first step — after a resume, from the step it resumes at.
+Status Trainer::WarmData() {
+  std::vector<uint64_t> first;
+  const uint64_t want = data_->rows() * static_cast<uint64_t>(config_.dataset.warmup_percent) /
+                        100 / static_cast<uint64_t>(comm_->world_size());
+  for (int64_t s = step_; first.size() < want; ++s) {
+    auto more = RankSequences(s);
+    first.insert(first.end(), more.begin(), more.end());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  TIDAL_RETURN_IF_ERROR(data_->Warm(first));
+  LogInfo("data cache warmed",
+          {{"sequences", first.size()},
+           {"from_step", step_},
+           {"seconds",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
+  return OkStatus();
+}
+
 StatusOr<StepRecord> Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
   const auto& opt = config_.optimization;
@@ -126,14 +129,16 @@ StatusOr<StepRecord> Trainer::Step() {
   torch::Tensor local_loss =
       torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
   double data_wait = 0;
-  {
-    // The next `lookahead` rows this rank reads, fetched in the background.
-    std::vector<uint64_t> ahead;
-    for (int64_t s = step_; ahead.size() < static_cast<size_t>(config_.dataset.lookahead); ++s) {
-      auto more = RankSequences(s);
-      ahead.insert(ahead.end(), more.begin(), more.end());
-    }
-    data_->Prefetch(ahead);
+  if (!warmed_ && config_.dataset.warmup_percent > 0) TIDAL_RETURN_IF_ERROR(WarmData());
+  warmed_ = true;
+  // The next `lookahead` rows this rank reads, handed to the background fetchers before each
+  // micro-batch (a step may read more rows than the lookahead).
+  std::vector<uint64_t> ahead;
+  for (int64_t s = step_; ahead.size() < static_cast<size_t>(config_.dataset.lookahead) +
+                                             static_cast<size_t>(accumulation_ * micro);
+       ++s) {
+    auto more = RankSequences(s);
+    ahead.insert(ahead.end(), more.begin(), more.end());
   }
   torch::Tensor local_tokens =
       torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
@@ -142,6 +147,7 @@ StatusOr<StepRecord> Trainer::Step() {
     // on (step, index) only, so the run is the same at any world size.
     const int64_t index = comm_->rank() * accumulation_ + a;
     const auto data_start = std::chrono::steady_clock::now();
+    data_->Prefetch(std::span<const uint64_t>(ahead).subspan(static_cast<size_t>(a * micro)));
     std::vector<data::PackedRow> rows;
     for (int64_t i = 0; i < micro; ++i) {
       TIDAL_ASSIGN_OR_RETURN(
@@ -217,6 +223,12 @@ StatusOr<StepRecord> Trainer::Step() {
   return record;
 }
 
+// What decides which rows sequence k is: the store's content and the packing options.
+std::string Trainer::DataKey() const {
+  return data_->manifest().content_hash + (config_.dataset.packing ? "/packed/" : "/unpacked/") +
+         config_.dataset.overlong;
+}
+
 std::vector<uint64_t> Trainer::RankSequences(int64_t step) const {
   const int64_t global = config_.optimization.global_batch_size;
   const int64_t micro = config_.optimization.micro_batch_size;
@@ -236,7 +248,7 @@ nlohmann::json Trainer::StateJson() const {
           {"gradientAccumulation", accumulation_},
           {"worldSize", comm_->world_size()},
           {"seed", config_.optimization.seed},
-          {"data", data_->manifest().content_hash}};
+          {"data", DataKey()}};
 }
 
 Status Trainer::RestoreState(const nlohmann::json& state) {
@@ -250,13 +262,11 @@ Status Trainer::RestoreState(const nlohmann::json& state) {
   if (!seed || !seed->is_number_unsigned() || seed->get<uint64_t>() != config_.optimization.seed)
     return InvalidArgument("trainer state: seed: the checkpoint was trained with another seed");
   // The data cursor (the step) means the same rows only over the same store.
-  if (const nlohmann::json* data = field("data");
-      data && data->is_string() && *data != data_->manifest().content_hash)
-    return InvalidArgument("trainer state: data: the checkpoint was trained on token store " +
-                           data->get<std::string>() + ", this run reads " +
-                           data_->manifest().content_hash +
-                           " (spec.dataset or the tokenizer changed); resuming would continue "
-                           "on other rows");
+  if (const nlohmann::json* data = field("data"); data && data->is_string() && *data != DataKey())
+    return InvalidArgument("trainer state: data: the checkpoint was trained on rows " +
+                           data->get<std::string>() + ", this run reads " + DataKey() +
+                           " (the dataset, the tokenizer, spec.dataset.packing or overlong "
+                           "changed); resuming would continue on other rows");
   const nlohmann::json* scale = field("lossScale");
   const nlohmann::json* good = field("goodSteps");
   if (!scale || !scale->is_number() || !good || !good->is_number_integer())

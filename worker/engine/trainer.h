@@ -70,6 +70,9 @@ class Trainer {
   std::unique_ptr<data::RowSource> data_;
   // Sequences of the run this rank reads at `step` (micro-batches in order).
   std::vector<uint64_t> RankSequences(int64_t step) const;
+  Status WarmData();
+  std::string DataKey() const;
+  bool warmed_ = false;
   ShardedAdamW optimizer_;
   LrSchedule schedule_;
   torch::Tensor rope_cos_, rope_sin_;

@@ -146,6 +146,13 @@ TEST(TextEncoderTest, BrokenTokenizerFilesAreRefusedNamingTheFileAndComponent) {
                                         json({{"bos_token", "<no such token>"}}).dump());
   ASSERT_FALSE(bad_bos.ok());
   EXPECT_NE(bad_bos.status().message().find("bos_token"), std::string::npos);
+  // Values of the wrong type where a flag is expected are ignored, not a crash.
+  EXPECT_TRUE(TextEncoder::FromFiles(Slurp(kDeepSeek + "/tokenizer.json"),
+                                     json({{"add_bos_token", nullptr}}).dump())
+                  .ok());
+  EXPECT_TRUE(TextEncoder::FromFiles(Slurp(kDeepSeek + "/tokenizer.json"),
+                                     json({{"add_bos_token", "true"}}).dump())
+                  .ok());
   auto missing = TextEncoder::FromModelDirectory("/nonexistent/model", {});
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("tokenizer.json"), std::string::npos);

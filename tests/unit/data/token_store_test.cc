@@ -187,6 +187,8 @@ TEST(PackingTest, ThePlanAndTheRowOrderArePureFunctionsOfTheSeed) {
   PackingPlan a = BuildPackingPlan(lengths, {.seq_len = 128, .seed = 9});
   PackingPlan b = BuildPackingPlan(lengths, {.seq_len = 128, .seed = 9});
   ASSERT_EQ(a.rows(), b.rows());
+  ASSERT_EQ(a.segments.size(), b.segments.size());
+  EXPECT_EQ(a.row_begin, b.row_begin);
   for (size_t i = 0; i < a.segments.size(); ++i)
     ASSERT_EQ(a.segments[i].sample, b.segments[i].sample);
   RowOrder x(a.rows(), 9), y(a.rows(), 9);
@@ -312,6 +314,41 @@ TEST(LoaderTest, AStoreBlockThatFailsItsChecksumTwiceIsRefused) {
   EXPECT_EQ(row.status().code(), StatusCode::kDataLoss);
   EXPECT_NE(row.status().message().find("shard-00000.ids"), std::string::npos);
   EXPECT_EQ((*loader)->stats().corrupt_refetched, 2u);
+}
+
+TEST(LoaderTest, SamplesThatStraddleBlocksReadBackWholeThroughTheCache) {
+  ScratchDir dir, cache;
+  WriteStore(dir.path(), 40000, uint64_t{1} << 22);  // ~280k tokens: two blocks in one shard
+  auto store = Open(dir.path());
+  auto index = StoreIndex::Open(*store);
+  ASSERT_TRUE(index.ok());
+  ASSERT_EQ(index->manifest().shards.size(), 1u);
+  ASSERT_EQ(index->manifest().shards[0].ids_xxh3.size(), 2u);
+  CacheOptions options{.dir = cache.path(), .memory_blocks = 4};
+  auto loader = RowLoader::Open(Open(dir.path()), LoaderPacking(), options, {.threads = 3});
+  ASSERT_TRUE(loader.ok()) << loader.status().message();
+  uint64_t samples = 0;
+  std::vector<uint64_t> all;
+  for (uint64_t k = 0; k < (*loader)->rows(); ++k) all.push_back(k);
+  for (uint64_t k = 0; k < (*loader)->rows(); ++k) {
+    (*loader)->Prefetch(std::span<const uint64_t>(all).subspan(k));
+    auto row = (*loader)->Sequence(k);
+    ASSERT_TRUE(row.ok()) << row.status().message();
+    ExpectRowMatchesItsSamples(*row);
+    samples += row->samples.size();
+  }
+  EXPECT_EQ(samples, 40000u);
+  // Block 1 of each file came from the store at its offset; a second loader finds them on disk.
+  EXPECT_EQ((*loader)->stats().blocks_from_store, 4u);
+  auto again = RowLoader::Open(Open(dir.path()), LoaderPacking(), options, {});
+  ASSERT_TRUE(again.ok());
+  for (uint64_t k = 0; k < 50; ++k) {
+    auto row = (*again)->Sequence(k);
+    ASSERT_TRUE(row.ok()) << row.status().message();
+    ExpectRowMatchesItsSamples(*row);
+  }
+  EXPECT_EQ((*again)->stats().blocks_from_store, 0u);
+  EXPECT_GT((*again)->stats().blocks_from_disk, 0u);
 }
 
 TEST(LoaderTest, TheCacheDirectoryStaysWithinItsBound) {
