@@ -1,5 +1,6 @@
 #include "worker/data/loader.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cstdio>
@@ -179,6 +180,41 @@ StatusOr<std::shared_ptr<const std::string>> BlockCache::Get(uint32_t shard, boo
   return shared;
 }
 
+Status BlockCache::Read(uint32_t shard, bool mask, uint64_t block, uint64_t offset, uint64_t length,
+                        char* dest) {
+  const Key key{shard, mask, block};
+  if (!dir_.empty()) {
+    bool verified;
+    {
+      std::lock_guard lock(mu_);
+      verified = verified_.count(key) > 0;
+    }
+    if (verified) {
+      const std::string path = CachePath(key);
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      const ssize_t n = fd < 0 ? -1 : ::pread(fd, dest, length, static_cast<off_t>(offset));
+      if (fd >= 0) ::close(fd);
+      std::lock_guard lock(mu_);
+      if (n == static_cast<ssize_t>(length)) {
+        ++stats_.ranges_from_disk;
+        AccountDisk(path, Length(key));  // most recently used
+        return OkStatus();
+      }
+      verified_.erase(key);  // evicted or replaced meanwhile: read it whole again below
+    }
+  }
+  TIDAL_ASSIGN_OR_RETURN(auto whole, Get(shard, mask, block));
+  if (offset + length > whole->size())
+    return Internal("block read past its end: " + ObjectKey(key) + " block " +
+                    std::to_string(block));
+  std::memcpy(dest, whole->data() + offset, length);
+  if (!dir_.empty()) {
+    std::lock_guard lock(mu_);
+    verified_.insert(key);  // Get checked it (from disk or from the store) and cached it
+  }
+  return OkStatus();
+}
+
 LoaderStats BlockCache::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
@@ -230,13 +266,16 @@ Status RowLoader::ReadTokens(const SampleLocation& at, uint32_t length, std::vec
     const uint64_t block_first = block * kBlockTokens;
     const uint64_t from = std::max(first, block_first);
     const uint64_t to = std::min(last, block_first + kBlockTokens);
-    TIDAL_ASSIGN_OR_RETURN(auto id_block, cache_->Get(at.shard, false, block));
-    TIDAL_ASSIGN_OR_RETURN(auto mask_block, cache_->Get(at.shard, true, block));
-    std::memcpy(ids.data() + (from - first), id_block->data() + (from - block_first) * 4,
-                (to - from) * 4);
+    TIDAL_RETURN_IF_ERROR(cache_->Read(at.shard, false, block, (from - block_first) * 4,
+                                       (to - from) * 4,
+                                       reinterpret_cast<char*>(ids.data() + (from - first))));
+    const uint64_t byte_first = (from - block_first) / 8, byte_last = (to - block_first + 7) / 8;
+    std::string bits(byte_last - byte_first, '\0');
+    TIDAL_RETURN_IF_ERROR(
+        cache_->Read(at.shard, true, block, byte_first, bits.size(), bits.data()));
     for (uint64_t t = from; t < to; ++t) {
-      const uint64_t bit = t - block_first;
-      mask[t - first] = (static_cast<uint8_t>((*mask_block)[bit / 8]) >> (bit % 8)) & 1;
+      const uint64_t bit = t - block_first - byte_first * 8;
+      mask[t - first] = (static_cast<uint8_t>(bits[bit / 8]) >> (bit % 8)) & 1;
     }
   }
   return OkStatus();

@@ -40,6 +40,7 @@ struct LoaderOptions {
 
 struct LoaderStats {
   uint64_t blocks_from_store = 0, blocks_from_disk = 0, blocks_from_memory = 0;
+  uint64_t ranges_from_disk = 0;  // reads of part of a verified cache file
   uint64_t bytes_from_store = 0;
   uint64_t corrupt_refetched = 0;  // blocks whose checksum failed once (cache or store)
   uint64_t evicted = 0;
@@ -53,6 +54,10 @@ class BlockCache {
   // directory (checksum verified; a damaged file is deleted and fetched again), or the store by
   // range (fetched twice when the checksum fails, then DataLoss naming the object).
   StatusOr<std::shared_ptr<const std::string>> Get(uint32_t shard, bool mask, uint64_t block);
+  // Bytes [offset, offset + length) of that block into `dest`. A cache file verified once by
+  // this process is read by range (pread), not whole: rows pick samples all over the store.
+  Status Read(uint32_t shard, bool mask, uint64_t block, uint64_t offset, uint64_t length,
+              char* dest);
   LoaderStats stats() const;
 
  private:
@@ -77,7 +82,8 @@ class BlockCache {
   std::string dir_;  // options_.dir/<content hash>
   mutable std::mutex mu_;
   std::condition_variable loaded_;
-  std::set<Key> loading_;  // blocks a thread is reading now: others wait rather than fetch too
+  std::set<Key> loading_;   // blocks a thread is reading now: others wait rather than fetch too
+  std::set<Key> verified_;  // cache files this process has checked against the manifest
   std::list<std::pair<Key, std::shared_ptr<const std::string>>> memory_;  // most recent first
   // Disk entries (all stores under options_.dir), least recently used first.
   std::list<std::pair<std::string, uint64_t>> disk_lru_;
