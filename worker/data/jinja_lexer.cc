@@ -6,6 +6,8 @@
 
 #include <cstring>
 
+#include "common/utf8.h"
+
 namespace tidal::data::jinja {
 namespace {
 
@@ -33,24 +35,6 @@ std::string LStripBlock(std::string_view text, bool line_starting) {
     if (!IsSpace(c)) return std::string(text);
   }
   return std::string(text.substr(0, l_pos));
-}
-
-void AppendUtf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
 }
 
 int HexValue(char c) {
@@ -120,7 +104,7 @@ std::string Unescape(std::string_view body) {
           out += '\\';
           out += e;
         } else {
-          AppendUtf8(cp, out);
+          AppendUtf8(out, cp);
           i += digits;
         }
         break;
@@ -132,7 +116,7 @@ std::string Unescape(std::string_view body) {
                ++k) {
             cp = cp * 8 + static_cast<uint32_t>(body[++i] - '0');
           }
-          AppendUtf8(cp, out);
+          AppendUtf8(out, cp);
         } else {
           out += '\\';
           out += e;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/utf8.h"
 
 namespace tidal::data::tokenizer_internal {
 
@@ -29,7 +30,7 @@ inline size_t Utf8CharLength(uint8_t lead) {
 }
 // Decodes the valid UTF-8 character at text[pos]; returns its length.
 size_t DecodeUtf8(std::string_view text, size_t pos, char32_t* code_point);
-void AppendUtf8(std::string& out, char32_t code_point);
+using tidal::AppendUtf8;  // common/utf8.h
 
 // Replaces each invalid sequence with U+FFFD as Python's bytes.decode('utf-8', 'replace')
 // (WHATWG maximal subparts). Returns false (and leaves the outputs untouched) when `input` is

@@ -3,6 +3,8 @@
 // tokenizer-fits-the-model check; the sample data through tidal-prep's store into rows.
 #include "worker/engine/data.h"
 
+#include <filesystem>
+
 #include <gtest/gtest.h>
 
 #include "tests/unit/engine/test_util.h"
@@ -156,9 +158,17 @@ TEST(TokenizerFitTest, ATokenizerThatDoesNotFitTheModelIsRefusedNamingBothSides)
 
 TEST(TrainingRowsTest, TheSampleTextGoesThroughTidalPrepIntoRowsThatDependOnlyOnTheCursor) {
   auto config = testing::TinyConfig(0);
+  auto stores = [] {
+    size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(testing::PreparedDir()))
+      n += e.is_directory();
+    return n;
+  };
   auto a = testing::OpenRows(config);
+  const size_t prepared = stores();
   auto b = testing::OpenRows(config);  // the same store: prepared once, found the second time
   ASSERT_TRUE(a && b);
+  EXPECT_EQ(stores(), prepared) << "the second open wrote another store";
   EXPECT_EQ(a->manifest().tokenizer.kind, "bytes");
   EXPECT_EQ(a->manifest().samples, 3382u);
   EXPECT_GT(a->rows(), 100u);
