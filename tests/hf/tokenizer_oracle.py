@@ -15,6 +15,11 @@
       fallback (Prepend + Replace normalizers, ByteFallback/Fuse/Strip decoders), Metaspace and
       Digits pre-tokenizers with NFKC, NFC with ByteLevel (prefix space, GPT-2 regex) and added
       tokens with lstrip/rstrip/single_word, and Split behaviours.
+  tokenizer_oracle.py convert SENTENCEPIECE_MODEL LEGACY OUT_JSON
+      The tokenizer.json transformers makes of a SentencePiece .model (LlamaTokenizer's
+      converter: BPE with byte fallback, Metaspace, ByteFallback/Fuse/Strip decoders, a BOS
+      template), as the LLaMA-2 and Mistral repositories ship it. LEGACY 1 gives the
+      prepend-always scheme of the older files, 0 the prepend-first one of the newer.
 """
 import base64
 import json
@@ -176,11 +181,27 @@ def bench(tokenizer_path, docs_path, out_path):
         json.dump({"seconds": best, "method": method, "ids": ids}, out)
 
 
+def convert(model_path, legacy, out_path):
+    import shutil
+    import tempfile
+
+    from transformers import LlamaTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copyfile(model_path, os.path.join(tmp, "tokenizer.model"))
+        tokenizer = LlamaTokenizer.from_pretrained(tmp, legacy=legacy == "1", add_bos_token=True)
+        if len(tokenizer) < 1000:
+            sys.exit(f"{model_path}: converted to only {len(tokenizer)} tokens")
+        tokenizer.backend_tokenizer.save(out_path)
+
+
 def main():
     if len(sys.argv) == 5 and sys.argv[1] == "encode":
         encode(sys.argv[2], sys.argv[3], sys.argv[4])
     elif len(sys.argv) == 5 and sys.argv[1] == "bench":
         bench(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(sys.argv) == 5 and sys.argv[1] == "convert":
+        convert(sys.argv[2], sys.argv[3], sys.argv[4])
     elif len(sys.argv) == 3 and sys.argv[1] == "train":
         train(sys.argv[2])
     else:

