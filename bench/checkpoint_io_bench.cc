@@ -34,13 +34,14 @@
 
 #include <nlohmann/json.hpp>
 
-#include "worker/checkpoint/file_store.h"
+#include "worker/objstore/file_store.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/repository.h"
 
 namespace {
 
 using namespace tidal::checkpoint;
+namespace objstore = tidal::objstore;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -231,7 +232,7 @@ int main(int argc, char** argv) {
     }
   }
   fs::remove_all(o.dir);
-  auto store = FileStore::Open(o.dir + "/ckpt");
+  auto store = objstore::FileStore::Open(o.dir + "/ckpt");
   Check(store.status(), "open store");
   Repository repo(**store);
   const std::string dd_dir = o.dir + "/dd";

@@ -14,7 +14,7 @@
 #include "common/environment.h"
 #include "common/flags.h"
 #include "worker/checkpoint/merge_export.h"
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 #include "worker/checkpoint/peft_export.h"
 #include "worker/checkpoint/repository.h"
 
@@ -88,14 +88,14 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
   return args;
 }
 
-StatusOr<tidal::checkpoint::S3Options> S3For(const std::string& uri) {
-  if (uri.rfind("s3://", 0) != 0) return tidal::checkpoint::S3Options{};
-  return tidal::checkpoint::S3OptionsFromEnv("", tidal::EnvironmentMap());
+StatusOr<tidal::objstore::S3Options> S3For(const std::string& uri) {
+  if (uri.rfind("s3://", 0) != 0) return tidal::objstore::S3Options{};
+  return tidal::objstore::S3OptionsFromEnv("", tidal::EnvironmentMap());
 }
 
 StatusOr<nlohmann::json> Run(const Args& args) {
   TIDAL_ASSIGN_OR_RETURN(auto s3, S3For(args.checkpoint));
-  TIDAL_ASSIGN_OR_RETURN(auto store, tidal::checkpoint::OpenObjectStore(args.checkpoint, s3));
+  TIDAL_ASSIGN_OR_RETURN(auto store, tidal::objstore::OpenObjectStore(args.checkpoint, s3));
   tidal::checkpoint::Repository repo(*store);
   if (args.merge) {
     std::string dir = args.out;
@@ -110,7 +110,7 @@ StatusOr<nlohmann::json> Run(const Args& args) {
                           {"dtype", report.dtype}};
   }
   TIDAL_ASSIGN_OR_RETURN(auto out_s3, S3For(args.out));
-  TIDAL_ASSIGN_OR_RETURN(auto out, tidal::checkpoint::OpenObjectStore(args.out, out_s3));
+  TIDAL_ASSIGN_OR_RETURN(auto out, tidal::objstore::OpenObjectStore(args.out, out_s3));
   TIDAL_ASSIGN_OR_RETURN(auto exported, tidal::checkpoint::ExportPeftAdapter(repo, args.step, *out,
                                                                              "", args.base_model));
   return nlohmann::json{{"adapter", out->uri()},

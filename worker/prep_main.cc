@@ -92,11 +92,11 @@ std::string Resolve(const std::string& uri) {
   return std::filesystem::absolute(uri).lexically_normal().string();
 }
 
-StatusOr<tidal::checkpoint::S3Options> S3For(std::initializer_list<std::string> uris) {
+StatusOr<tidal::objstore::S3Options> S3For(std::initializer_list<std::string> uris) {
   for (const std::string& uri : uris)
     if (uri.rfind("s3://", 0) == 0)
-      return tidal::checkpoint::S3OptionsFromEnv("", tidal::EnvironmentMap());
-  return tidal::checkpoint::S3Options{};
+      return tidal::objstore::S3OptionsFromEnv("", tidal::EnvironmentMap());
+  return tidal::objstore::S3Options{};
 }
 
 int Fail(const Status& status) {

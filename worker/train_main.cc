@@ -218,10 +218,10 @@ int main(int argc, char** argv) {
   rank_launch.max_steps = args->max_steps;
   rank_launch.out_dir = args->out;
   {
-    tidal::checkpoint::S3Options data_s3;
+    tidal::objstore::S3Options data_s3;
     if (config->dataset.uri.rfind("s3://", 0) == 0 || config->model.uri.rfind("s3://", 0) == 0 ||
         config->dataset.prepared_uri.rfind("s3://", 0) == 0) {
-      auto from_env = tidal::checkpoint::S3OptionsFromEnv("", tidal::EnvironmentMap());
+      auto from_env = tidal::objstore::S3OptionsFromEnv("", tidal::EnvironmentMap());
       if (!from_env.ok()) return Fail(from_env.status(), "");
       data_s3 = *from_env;
     }
@@ -232,10 +232,10 @@ int main(int argc, char** argv) {
   std::unique_ptr<tidal::engine::TrainingHooks> hooks;
   const bool checkpoints = !policy.uri.empty() || !policy.resume_uri.empty();
   if (checkpoints && (args->rank || args->nproc == 1)) {
-    tidal::checkpoint::S3Options s3;
+    tidal::objstore::S3Options s3;
     if (policy.uri.rfind("s3://", 0) == 0 ||
         policy.resume_uri.rfind("s3://", 0) == 0) {  // credentials only matter for S3
-      auto from_env = tidal::checkpoint::S3OptionsFromEnv("", tidal::EnvironmentMap());
+      auto from_env = tidal::objstore::S3OptionsFromEnv("", tidal::EnvironmentMap());
       if (!from_env.ok()) return Fail(from_env.status(), "");
       s3 = *from_env;
     }

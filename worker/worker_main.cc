@@ -173,7 +173,7 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
   if (any_s3) {
     auto secret = env.find("TIDAL_S3_SECRET_DIR");
     TIDAL_ASSIGN_OR_RETURN(
-        o.s3, tidal::checkpoint::S3OptionsFromEnv(secret == env.end() ? "" : secret->second, env));
+        o.s3, tidal::objstore::S3OptionsFromEnv(secret == env.end() ? "" : secret->second, env));
   }
   // The node-local data cache: spec.dataset.loader.cacheDir, else the pod's TIDAL_DATA_CACHE
   // (an emptyDir or hostPath the chart mounts).

@@ -15,7 +15,7 @@
 
 #include "tests/integration/process.h"
 #include "tests/unit/engine/test_util.h"
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 #include "worker/checkpoint/repository.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/hf_checkpoint.h"
@@ -129,7 +129,7 @@ class ExportTest : public ::testing::Test {
 
   // The engine's model with the adapters of checkpoint `step`, read from the checkpoint itself.
   static torch::Tensor EngineLogits(int64_t step) {
-    auto store = checkpoint::OpenObjectStore(dir_ + "/ckpt");
+    auto store = objstore::OpenObjectStore(dir_ + "/ckpt");
     EXPECT_TRUE(store.ok());
     checkpoint::Repository repo(**store);
     auto manifest = repo.ReadManifest(step);

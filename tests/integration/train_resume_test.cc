@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tests/integration/checkpoint/s3_server.h"
+#include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/process.h"
 
 namespace tidal::testing {

@@ -173,7 +173,7 @@ StatusOr<std::string> PeftAdapterWeights(const std::vector<NamedTensor>& tensors
 }
 
 StatusOr<PeftExport> ExportPeftAdapter(Repository& repo, std::optional<int64_t> step,
-                                       ObjectStore& out, const std::string& prefix,
+                                       objstore::ObjectStore& out, const std::string& prefix,
                                        const std::optional<std::string>& base_model_name_or_path) {
   Manifest manifest;
   if (step) {

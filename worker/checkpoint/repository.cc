@@ -36,9 +36,9 @@ Status Repository::WriteTrainerState(int64_t step, const json& state) {
 
 Status Repository::Commit(const Manifest& manifest) {
   std::string dir = StepDirectory(manifest.step);
-  TIDAL_ASSIGN_OR_RETURN(std::vector<ObjectInfo> present, store_.List(dir + "/"));
+  TIDAL_ASSIGN_OR_RETURN(std::vector<objstore::ObjectInfo> present, store_.List(dir + "/"));
   std::map<std::string, uint64_t> sizes;
-  for (const ObjectInfo& o : present) sizes[o.key] = o.size;
+  for (const objstore::ObjectInfo& o : present) sizes[o.key] = o.size;
   for (const ShardEntry& shard : manifest.shards) {
     auto it = sizes.find(Key(manifest.step, shard.file));
     if (it == sizes.end())
@@ -54,10 +54,10 @@ Status Repository::Commit(const Manifest& manifest) {
 }
 
 StatusOr<std::vector<ScannedCheckpoint>> Repository::Scan() {
-  TIDAL_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects, store_.List("step-"));
+  TIDAL_ASSIGN_OR_RETURN(std::vector<objstore::ObjectInfo> objects, store_.List("step-"));
   // step → (file → size)
   std::map<int64_t, std::map<std::string, uint64_t>, std::greater<>> dirs;
-  for (const ObjectInfo& o : objects) {
+  for (const objstore::ObjectInfo& o : objects) {
     auto slash = o.key.find('/');
     if (slash == std::string::npos) continue;
     auto step = ParseStepDirectory(std::string_view(o.key).substr(0, slash));
@@ -223,7 +223,7 @@ Status Repository::ReadTensorsInto(const Manifest& manifest, const std::vector<T
     for (size_t i = request.first; i < request.second; ++i)
       if (!stretches[i].direct) scratch_bytes += stretches[i].end - stretches[i].begin;
     scratch.resize(scratch_bytes);
-    std::vector<ObjectStore::Span> spans;
+    std::vector<objstore::ObjectStore::Span> spans;
     std::vector<char*> at;
     uint64_t used = 0;
     for (size_t i = request.first; i < request.second; ++i) {
@@ -297,12 +297,12 @@ StatusOr<Manifest> Repository::ReadManifest(int64_t step) {
 }
 
 Status Repository::DeleteStep(int64_t step) {
-  TIDAL_ASSIGN_OR_RETURN(std::vector<ObjectInfo> objects, store_.List(StepDirectory(step) + "/"));
+  TIDAL_ASSIGN_OR_RETURN(std::vector<objstore::ObjectInfo> objects, store_.List(StepDirectory(step) + "/"));
   std::vector<std::string> keys;
   // The manifest first: a half-deleted checkpoint must read as uncommitted, never as whole.
-  for (const ObjectInfo& o : objects)
+  for (const objstore::ObjectInfo& o : objects)
     if (o.key == Key(step, "manifest.json")) TIDAL_RETURN_IF_ERROR(store_.Delete({o.key}));
-  for (const ObjectInfo& o : objects)
+  for (const objstore::ObjectInfo& o : objects)
     if (o.key != Key(step, "manifest.json")) keys.push_back(o.key);
   return store_.Delete(keys);
 }

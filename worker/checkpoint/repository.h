@@ -18,7 +18,7 @@
 
 #include "common/status.h"
 #include "worker/checkpoint/manifest.h"
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 
 namespace tidal::checkpoint {
 
@@ -30,8 +30,8 @@ struct ScannedCheckpoint {
 
 class Repository {
  public:
-  explicit Repository(ObjectStore& store) : store_(store) {}
-  ObjectStore& store() { return store_; }
+  explicit Repository(objstore::ObjectStore& store) : store_(store) {}
+  objstore::ObjectStore& store() { return store_; }
 
   Status WriteShard(int64_t step, const BuiltShard& shard);
   Status WriteTrainerState(int64_t step, const nlohmann::json& state);
@@ -72,7 +72,7 @@ class Repository {
 
  private:
   Status DeleteStep(int64_t step);
-  ObjectStore& store_;
+  objstore::ObjectStore& store_;
 };
 
 }  // namespace tidal::checkpoint

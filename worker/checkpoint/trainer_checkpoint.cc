@@ -287,8 +287,8 @@ Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
 class CheckpointHooks : public engine::TrainingHooks {
  public:
   // `store` (where saves go) or `resume_store` may be null.
-  CheckpointHooks(CheckpointPolicy policy, std::unique_ptr<ObjectStore> store,
-                  std::unique_ptr<ObjectStore> resume_store)
+  CheckpointHooks(CheckpointPolicy policy, std::unique_ptr<objstore::ObjectStore> store,
+                  std::unique_ptr<objstore::ObjectStore> resume_store)
       : policy_(std::move(policy)),
         store_(std::move(store)),
         resume_store_(std::move(resume_store)) {
@@ -436,7 +436,7 @@ class CheckpointHooks : public engine::TrainingHooks {
   }
 
   CheckpointPolicy policy_;
-  std::unique_ptr<ObjectStore> store_, resume_store_;
+  std::unique_ptr<objstore::ObjectStore> store_, resume_store_;
   std::optional<Repository> repo_;
   std::unique_ptr<InFlight> in_flight_;
   double blocked_seconds_ = 0;  // in AfterStep since the last commit
@@ -499,18 +499,18 @@ StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo) {
 }
 
 StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(CheckpointPolicy policy,
-                                                                     const S3Options& s3) {
+                                                                     const objstore::S3Options& s3) {
   if (policy.full_every < 0 || policy.snapshot_every < 0)
     return InvalidArgument("checkpoint intervals: expected >= 0");
   if (policy.keep < 1) return InvalidArgument("--keep: expected at least 1");
   if (policy.uri.empty() && policy.resume_uri.empty())
     return InvalidArgument("checkpoints: expected a checkpoint URI or a URI to resume from");
-  std::unique_ptr<ObjectStore> store, resume_store;
+  std::unique_ptr<objstore::ObjectStore> store, resume_store;
   if (!policy.uri.empty()) {
-    TIDAL_ASSIGN_OR_RETURN(store, OpenObjectStore(policy.uri, s3));
+    TIDAL_ASSIGN_OR_RETURN(store, objstore::OpenObjectStore(policy.uri, s3));
   }
   if (!policy.resume_uri.empty()) {
-    auto opened = OpenObjectStore(policy.resume_uri, s3);
+    auto opened = objstore::OpenObjectStore(policy.resume_uri, s3);
     if (!opened.ok()) return opened.status().WithContext("--resume");
     resume_store = std::move(*opened);
   }

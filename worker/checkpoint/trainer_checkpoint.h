@@ -21,7 +21,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 #include "worker/checkpoint/repository.h"
 #include "worker/engine/run.h"
 
@@ -57,7 +57,7 @@ struct CheckpointPolicy {
 std::string ConfigHash(const engine::TrainConfig& config);
 
 StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(CheckpointPolicy policy,
-                                                                     const S3Options& s3 = {});
+                                                                     const objstore::S3Options& s3 = {});
 
 // The collective operations themselves (used by the hooks; public for tests and tools).
 // Returns the committed checkpoint's directory URI; `shard_bytes`, when given, gets the size of

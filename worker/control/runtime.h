@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/control/gpu_monitor.h"
 #include "worker/control/loss_hook.h"
@@ -78,7 +78,7 @@ class RuntimeObserver {
 struct RuntimeOptions {
   engine::TrainConfig config;
   checkpoint::CheckpointPolicy policy;  // uri, intervals, keep; resume from the newest
-  checkpoint::S3Options s3;
+  objstore::S3Options s3;
   engine::SessionOptions session;
   std::string interface_host = "127.0.0.1";  // this worker's address, for gloo
   std::chrono::milliseconds collective_timeout{std::chrono::seconds(120)};

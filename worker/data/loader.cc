@@ -11,7 +11,7 @@
 namespace tidal::data {
 namespace fs = std::filesystem;
 
-BlockCache::BlockCache(checkpoint::ObjectStore& store, const StoreManifest& manifest,
+BlockCache::BlockCache(objstore::ObjectStore& store, const StoreManifest& manifest,
                        CacheOptions options)
     : store_(store), manifest_(manifest), options_(std::move(options)) {
   if (!options_.dir.empty()) {
@@ -220,7 +220,7 @@ LoaderStats BlockCache::stats() const {
   return stats_;
 }
 
-StatusOr<std::unique_ptr<RowLoader>> RowLoader::Open(std::unique_ptr<checkpoint::ObjectStore> store,
+StatusOr<std::unique_ptr<RowLoader>> RowLoader::Open(std::unique_ptr<objstore::ObjectStore> store,
                                                      const PackingOptions& packing,
                                                      const CacheOptions& cache,
                                                      const LoaderOptions& loader) {

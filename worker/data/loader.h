@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/status.h"
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 #include "worker/data/packing.h"
 #include "worker/data/row_source.h"
 #include "worker/data/token_store.h"
@@ -49,7 +49,7 @@ struct LoaderStats {
 // Verified blocks of a store's .ids and .mask files. Thread-safe.
 class BlockCache {
  public:
-  BlockCache(checkpoint::ObjectStore& store, const StoreManifest& manifest, CacheOptions options);
+  BlockCache(objstore::ObjectStore& store, const StoreManifest& manifest, CacheOptions options);
   // Block `block` of shard `shard` (its .mask file when `mask`): from memory, the cache
   // directory (checksum verified; a damaged file is deleted and fetched again), or the store by
   // range (fetched twice when the checksum fails, then DataLoss naming the object).
@@ -76,7 +76,7 @@ class BlockCache {
   void AccountDisk(const std::string& path, uint64_t bytes);
   void ScanDisk();
 
-  checkpoint::ObjectStore& store_;
+  objstore::ObjectStore& store_;
   const StoreManifest& manifest_;
   CacheOptions options_;
   std::string dir_;  // options_.dir/<content hash>
@@ -95,7 +95,7 @@ class BlockCache {
 class RowLoader : public RowSource {
  public:
   // Opens the store at `store` (its manifest and indexes, verified), builds the packing plan.
-  static StatusOr<std::unique_ptr<RowLoader>> Open(std::unique_ptr<checkpoint::ObjectStore> store,
+  static StatusOr<std::unique_ptr<RowLoader>> Open(std::unique_ptr<objstore::ObjectStore> store,
                                                    const PackingOptions& packing,
                                                    const CacheOptions& cache,
                                                    const LoaderOptions& loader);
@@ -122,7 +122,7 @@ class RowLoader : public RowSource {
                     std::vector<uint8_t>& mask);
   void Work();
 
-  std::unique_ptr<checkpoint::ObjectStore> store_;
+  std::unique_ptr<objstore::ObjectStore> store_;
   StoreIndex index_;
   PackingPlan plan_;
   std::unique_ptr<BlockCache> cache_;

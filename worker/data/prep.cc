@@ -161,8 +161,8 @@ StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::FromFiles(std::string tokeni
 }
 
 StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::FromModelDirectory(
-    const std::string& uri, const checkpoint::S3Options& s3) {
-  TIDAL_ASSIGN_OR_RETURN(auto store, checkpoint::OpenObjectStore(uri, s3));
+    const std::string& uri, const objstore::S3Options& s3) {
+  TIDAL_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(uri, s3));
   auto tokenizer = store->Get("tokenizer.json");
   if (!tokenizer.ok()) {
     if (tokenizer.status().code() == StatusCode::kNotFound)
@@ -346,9 +346,9 @@ StatusOr<std::pair<std::string, std::string>> SplitObjectUri(const std::string& 
   return std::pair{dir, path.substr(slash + 1)};
 }
 
-StatusOr<bool> IsTokenStore(const std::string& uri, const checkpoint::S3Options& s3) {
+StatusOr<bool> IsTokenStore(const std::string& uri, const objstore::S3Options& s3) {
   if (uri.ends_with(".jsonl") || uri.ends_with(".json")) return false;
-  auto store = checkpoint::OpenObjectStore(uri, s3);
+  auto store = objstore::OpenObjectStore(uri, s3);
   if (!store.ok()) return false;
   auto size = (*store)->Size(std::string(kStoreManifestKey));
   if (size.ok()) return true;
@@ -371,12 +371,12 @@ struct Outcome {
 }  // namespace
 
 StatusOr<PrepResult> Prepare(const PrepOptions& options, const TextEncoder& encoder,
-                             const checkpoint::S3Options& s3) {
+                             const objstore::S3Options& s3) {
   if (options.format != "text" && options.format != "alpaca" && options.format != "messages")
     return InvalidArgument("spec.dataset.format: \"" + options.format +
                            "\" is not one of text, alpaca, messages");
   TIDAL_ASSIGN_OR_RETURN(auto where, SplitObjectUri(options.input_uri));
-  TIDAL_ASSIGN_OR_RETURN(auto input_store, checkpoint::OpenObjectStore(where.first, s3));
+  TIDAL_ASSIGN_OR_RETURN(auto input_store, objstore::OpenObjectStore(where.first, s3));
   auto input = input_store->Get(where.second);
   if (!input.ok()) {
     if (input.status().code() == StatusCode::kNotFound)
@@ -397,7 +397,7 @@ StatusOr<PrepResult> Prepare(const PrepOptions& options, const TextEncoder& enco
   std::string base = options.output_uri;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   result.store_uri = base + "/" + hash;
-  TIDAL_ASSIGN_OR_RETURN(auto out, checkpoint::OpenObjectStore(result.store_uri, s3));
+  TIDAL_ASSIGN_OR_RETURN(auto out, objstore::OpenObjectStore(result.store_uri, s3));
   TIDAL_ASSIGN_OR_RETURN(auto existing, ReadStoreManifest(*out));
   if (existing && existing->content_hash == hash) {
     result.reused = true;
@@ -504,8 +504,8 @@ StatusOr<PrepResult> Prepare(const PrepOptions& options, const TextEncoder& enco
 
 StatusOr<std::vector<json>> InspectStore(const std::string& store_uri, uint64_t count,
                                          const TextEncoder& encoder,
-                                         const checkpoint::S3Options& s3) {
-  TIDAL_ASSIGN_OR_RETURN(auto store, checkpoint::OpenObjectStore(store_uri, s3));
+                                         const objstore::S3Options& s3) {
+  TIDAL_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(store_uri, s3));
   TIDAL_ASSIGN_OR_RETURN(auto index, StoreIndex::Open(*store));
   if (index.manifest().tokenizer.kind == "bytes" && !encoder.is_bytes())
     return InvalidArgument(store_uri +

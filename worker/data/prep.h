@@ -21,7 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 #include "worker/data/token_store.h"
 
 namespace tidal::data {
@@ -37,7 +37,7 @@ class TextEncoder {
   // From an HF model directory (file:// or s3://): tokenizer.json is required,
   // tokenizer_config.json optional (no chat template then). Errors name the file.
   static StatusOr<std::unique_ptr<TextEncoder>> FromModelDirectory(const std::string& uri,
-                                                                   const checkpoint::S3Options& s3);
+                                                                   const objstore::S3Options& s3);
   static StatusOr<std::unique_ptr<TextEncoder>> FromFiles(std::string tokenizer_json,
                                                           std::string tokenizer_config_json);
   static std::unique_ptr<TextEncoder> Bytes();
@@ -90,18 +90,18 @@ struct PrepResult {
 };
 
 StatusOr<PrepResult> Prepare(const PrepOptions& options, const TextEncoder& encoder,
-                             const checkpoint::S3Options& s3);
+                             const objstore::S3Options& s3);
 
 // "s3://b/dir/file.jsonl" → ("s3://b/dir", "file.jsonl"); "/a/b.jsonl" → ("file:///a", "b.jsonl").
 StatusOr<std::pair<std::string, std::string>> SplitObjectUri(const std::string& uri);
 
 // Whether `uri` names a token store (a prefix holding manifest.json) rather than a JSONL object.
-StatusOr<bool> IsTokenStore(const std::string& uri, const checkpoint::S3Options& s3);
+StatusOr<bool> IsTokenStore(const std::string& uri, const objstore::S3Options& s3);
 
 // The first `count` samples of the store as JSON objects: ids, the loss mask, and the decoded
 // text with its spans marked ({"train": bool, "text": ...}), for `tidal-prep --inspect`.
 StatusOr<std::vector<nlohmann::json>> InspectStore(const std::string& store_uri, uint64_t count,
                                                    const TextEncoder& encoder,
-                                                   const checkpoint::S3Options& s3);
+                                                   const objstore::S3Options& s3);
 
 }  // namespace tidal::data

@@ -38,7 +38,7 @@ std::string PreparedBase(const engine::DatasetSpec& dataset) {
 }
 
 StatusOr<std::unique_ptr<TextEncoder>> EncoderFor(const engine::TrainConfig& config,
-                                                  const checkpoint::S3Options& s3) {
+                                                  const objstore::S3Options& s3) {
   const std::string& model = config.model.uri;
   const std::string& tokenizer = config.dataset.tokenizer;
   if (!tokenizer.empty() && tokenizer != "bytes") {
@@ -75,7 +75,7 @@ StatusOr<PrepResult> StoreDataProvider::Resolve(const engine::TrainConfig& confi
   TIDAL_ASSIGN_OR_RETURN(bool is_store, IsTokenStore(config.dataset.uri, s3_));
   PrepResult result;
   if (is_store) {
-    TIDAL_ASSIGN_OR_RETURN(auto store, checkpoint::OpenObjectStore(config.dataset.uri, s3_));
+    TIDAL_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(config.dataset.uri, s3_));
     TIDAL_ASSIGN_OR_RETURN(auto manifest, ReadStoreManifest(*store));
     if (!manifest)
       return NotFound("spec.dataset.uri: " + config.dataset.uri + " lost its manifest.json");
@@ -117,7 +117,7 @@ Status StoreDataProvider::Prepare(const engine::TrainConfig& config) {
 StatusOr<std::unique_ptr<RowSource>> StoreDataProvider::Open(const engine::TrainConfig& config,
                                                              int rank) {
   TIDAL_ASSIGN_OR_RETURN(PrepResult prepared, Resolve(config, /*lookup_only=*/rank != 0));
-  TIDAL_ASSIGN_OR_RETURN(auto store, checkpoint::OpenObjectStore(prepared.store_uri, s3_));
+  TIDAL_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(prepared.store_uri, s3_));
   PackingOptions packing;
   packing.seq_len = config.dataset.max_seq_len;
   packing.overlong = config.dataset.overlong == "drop" ? Overlong::kDrop : Overlong::kTruncate;

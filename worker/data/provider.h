@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 #include "worker/data/prep.h"
 #include "worker/data/row_source.h"
 #include "worker/engine/train_config.h"
@@ -16,7 +16,7 @@ namespace tidal::data {
 
 class StoreDataProvider : public DataProvider {
  public:
-  explicit StoreDataProvider(checkpoint::S3Options s3) : s3_(std::move(s3)) {}
+  explicit StoreDataProvider(objstore::S3Options s3) : s3_(std::move(s3)) {}
   // Logs prep progress (tidal-train, tidal-worker): (bytes done, total, samples, tokens).
   void set_progress(std::function<void(uint64_t, uint64_t, uint64_t, uint64_t)> progress) {
     progress_ = std::move(progress);
@@ -27,7 +27,7 @@ class StoreDataProvider : public DataProvider {
 
  private:
   StatusOr<PrepResult> Resolve(const engine::TrainConfig& config, bool lookup_only);
-  checkpoint::S3Options s3_;
+  objstore::S3Options s3_;
   std::function<void(uint64_t, uint64_t, uint64_t, uint64_t)> progress_;
 };
 
@@ -35,7 +35,7 @@ class StoreDataProvider : public DataProvider {
 // byte tokenizer for a preset or when spec.dataset.tokenizer is "bytes" — refused for a model
 // that has a tokenizer of its own. Errors name the fields.
 StatusOr<std::unique_ptr<TextEncoder>> EncoderFor(const engine::TrainConfig& config,
-                                                  const checkpoint::S3Options& s3);
+                                                  const objstore::S3Options& s3);
 
 // A progress callback that logs tidal-prep's progress as JSON lines (percent, samples, tokens,
 // tokens/s, ETA) at most every two seconds, and once at the end.

@@ -169,7 +169,7 @@ StatusOr<StoreManifest> StoreManifest::Parse(std::string_view text) {
   return m;
 }
 
-TokenStoreWriter::TokenStoreWriter(checkpoint::ObjectStore& store, uint64_t shard_tokens)
+TokenStoreWriter::TokenStoreWriter(objstore::ObjectStore& store, uint64_t shard_tokens)
     : store_(store), shard_tokens_(std::max<uint64_t>(shard_tokens, 1)) {}
 
 Status TokenStoreWriter::Add(std::span<const uint32_t> ids, std::span<const uint8_t> mask) {
@@ -228,7 +228,7 @@ Status TokenStoreWriter::Finish(StoreManifest manifest) {
   return store_.Put(std::string(kStoreManifestKey), manifest.ToJson());
 }
 
-StatusOr<std::optional<StoreManifest>> ReadStoreManifest(checkpoint::ObjectStore& store) {
+StatusOr<std::optional<StoreManifest>> ReadStoreManifest(objstore::ObjectStore& store) {
   auto text = store.Get(std::string(kStoreManifestKey));
   if (!text.ok()) {
     if (text.status().code() == StatusCode::kNotFound) return std::optional<StoreManifest>();
@@ -240,7 +240,7 @@ StatusOr<std::optional<StoreManifest>> ReadStoreManifest(checkpoint::ObjectStore
   return std::optional<StoreManifest>(std::move(*parsed));
 }
 
-StatusOr<StoreIndex> StoreIndex::Open(checkpoint::ObjectStore& store) {
+StatusOr<StoreIndex> StoreIndex::Open(objstore::ObjectStore& store) {
   TIDAL_ASSIGN_OR_RETURN(auto manifest, ReadStoreManifest(store));
   if (!manifest)
     return NotFound(store.uri() +

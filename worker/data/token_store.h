@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 #include "worker/data/token_store_manifest.h"
 
 namespace tidal::data {
@@ -34,7 +34,7 @@ std::string Xxh3Hex(std::string_view bytes);
 // input order, so a store is a pure function of its inputs.
 class TokenStoreWriter {
  public:
-  TokenStoreWriter(checkpoint::ObjectStore& store, uint64_t shard_tokens);
+  TokenStoreWriter(objstore::ObjectStore& store, uint64_t shard_tokens);
   // ids and mask (same length, mask[i] != 0 → token i trains). An empty sample is refused.
   Status Add(std::span<const uint32_t> ids, std::span<const uint8_t> mask);
   // Completes the manifest (counts, shards) and writes it last.
@@ -44,7 +44,7 @@ class TokenStoreWriter {
 
  private:
   Status FlushShard();
-  checkpoint::ObjectStore& store_;
+  objstore::ObjectStore& store_;
   uint64_t shard_tokens_;
   std::vector<StoreShard> shards_;
   std::vector<uint32_t> ids_;
@@ -65,7 +65,7 @@ struct SampleLocation {
 // the store) to its location. Pure data once opened.
 class StoreIndex {
  public:
-  static StatusOr<StoreIndex> Open(checkpoint::ObjectStore& store);
+  static StatusOr<StoreIndex> Open(objstore::ObjectStore& store);
   const StoreManifest& manifest() const { return manifest_; }
   uint64_t num_samples() const { return locations_.size(); }
   const SampleLocation& at(uint64_t sample) const { return locations_[sample]; }
@@ -77,6 +77,6 @@ class StoreIndex {
 };
 
 // Reads `manifest.json` if the store holds one; nullopt when the prefix holds no store.
-StatusOr<std::optional<StoreManifest>> ReadStoreManifest(checkpoint::ObjectStore& store);
+StatusOr<std::optional<StoreManifest>> ReadStoreManifest(objstore::ObjectStore& store);
 
 }  // namespace tidal::data

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "tests/integration/checkpoint/s3_server.h"
+#include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/process.h"
 #include "tests/temp_dir.h"
 

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "worker/checkpoint/object_store.h"
+#include "worker/objstore/object_store.h"
 
 namespace tidal::checkpoint {
 
-class MemoryStore : public ObjectStore {
+class MemoryStore : public objstore::ObjectStore {
  public:
   std::string uri() const override { return "mem://test"; }
   Status Put(const std::string& key, std::string_view data) override {
@@ -38,8 +38,8 @@ class MemoryStore : public ObjectStore {
     if (it == objects_.end()) return NotFound(key);
     return it->second.size();
   }
-  StatusOr<std::vector<ObjectInfo>> List(const std::string& prefix) override {
-    std::vector<ObjectInfo> out;
+  StatusOr<std::vector<objstore::ObjectInfo>> List(const std::string& prefix) override {
+    std::vector<objstore::ObjectInfo> out;
     for (auto it = objects_.lower_bound(prefix);
          it != objects_.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
       out.push_back({it->first, it->second.size()});

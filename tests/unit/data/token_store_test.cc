@@ -33,8 +33,8 @@ Sample MakeSample(uint64_t i, uint64_t length) {
 }
 uint64_t LengthOf(uint64_t i) { return 2 + (i * 7) % 11; }
 
-std::unique_ptr<checkpoint::ObjectStore> Open(const std::string& dir) {
-  auto store = checkpoint::OpenObjectStore("file://" + dir);
+std::unique_ptr<objstore::ObjectStore> Open(const std::string& dir) {
+  auto store = objstore::OpenObjectStore("file://" + dir);
   EXPECT_TRUE(store.ok()) << store.status().message();
   return std::move(*store);
 }
