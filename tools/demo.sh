@@ -100,7 +100,7 @@ k get events -o json >"$out/events.json" 2>/dev/null || echo '{"items":[]}' >"$o
 python3 - "$out" "$data" "$grew" "$shrank" <<'PY'
 import json, os, sys
 out, data, grew, shrank = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
-steps, ready, prep = [], None, None
+steps, ready = [], None
 try:
     for line in open(os.path.join(out, "rank0.log")):
         try:
@@ -111,24 +111,20 @@ try:
             steps.append(j)
         elif j.get("msg") == "training rows" and ready is None:
             ready = j
-        elif j.get("msg") == "tokenizing the dataset":
-            prep = j
 except OSError:
     pass
 events = json.load(open(os.path.join(out, "events.json"))).get("items", [])
-interesting = ("CreatingWorkers", "ScalingUp", "CheckpointBarrier", "Rescaled", "ScalingDown",
+interesting = ("PreparingData", "DataReady", "CreatingWorkers", "ScalingUp", "CheckpointBarrier", "Rescaled", "ScalingDown",
                "Rendezvous", "FinalCheckpoint", "ScaleUpAbandoned", "WorkerFailed", "Recovered")
 print("  events:")
 for e in sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""):
     if e.get("reason") in interesting:
         print("    %s  %-17s %s" % ((e.get("lastTimestamp") or "")[11:19], e["reason"], e.get("message", "")))
 if ready:
-    print("  data: examples/data/chat.jsonl (messages) -> tidal-prep -> %s conversations packed"
+    print("  data: examples/data/chat.jsonl (messages) -> the data phase (tidal-prep in a prep pod)"
+          " -> %s conversations packed"
           " into %s rows of %s tokens (%.0f%% full)" % (ready.get("samples"), ready.get("rows"),
           ready.get("row_tokens"), 100 * ready.get("utilisation", 0)))
-if prep:
-    print("  tidal-prep: %s samples, %s tokens, %.0f tokens/s" % (
-        prep.get("samples"), prep.get("tokens"), prep.get("tokens_per_s", 0)))
 if steps:
     wait = sum(s.get("data_wait_s", 0) for s in steps)
     busy = sum(s.get("seconds", 0) for s in steps)

@@ -21,7 +21,9 @@ using tidal::StatusOr;
 constexpr const char* kUsage =
     "usage: tidal-prep --input URI --output URI [--format F] (--model URI | --tokenizer bytes)\n"
     "                  [--strict] [--threads N]\n"
-    "       tidal-prep --config FILE.yaml      (what tidal-train or a TrainingJob would prepare)\n"
+    "       tidal-prep --config FILE.yaml [--result FILE] [--base-dir DIR]\n"
+    "                  (what tidal-train or a TrainingJob would prepare, checked against the\n"
+    "                  model; a TrainingJob's data phase runs this)\n"
     "       tidal-prep --inspect N --store URI (--model URI | --tokenizer bytes)\n"
     "  --input      a JSONL object: /path, file:///path or s3://bucket/key\n"
     "  --format     text | alpaca | messages (default messages)\n"
@@ -33,10 +35,15 @@ constexpr const char* kUsage =
     "  --threads    tokenizing threads (default: every core)\n"
     "  --inspect N  print the store's first N samples as JSON lines: ids, loss mask, and the\n"
     "               decoded text with what the loss ignores between « »\n"
-    "S3 settings come from AWS_* environment variables.\n";
+    "  --result FILE  (with --config) the outcome as one JSON object, also on failure: the\n"
+    "               store and its counts, or the error and whether the spec must change\n"
+    "               (a TrainingJob's prep pod writes its termination message)\n"
+    "  --base-dir   (with --config) resolve relative paths there (default: the file's folder)\n"
+    "S3 settings come from AWS_* environment variables and TIDAL_S3_SECRET_DIR.\n";
 
 struct Args {
-  std::string input, output, format = "messages", model, tokenizer, config, store;
+  std::string input, output, format = "messages", model, tokenizer, config, store, result,
+      base_dir;
   bool strict = false;
   int threads = 0;
   std::optional<uint64_t> inspect;
@@ -67,6 +74,10 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
       args.config = value;
     else if (flag == "--store")
       args.store = value;
+    else if (flag == "--result")
+      args.result = value;
+    else if (flag == "--base-dir")
+      args.base_dir = value;
     else if (flag == "--threads") {
       TIDAL_ASSIGN_OR_RETURN(args.threads, tidal::ParseIntFlag<int>(flag, value, 1));
     } else if (flag == "--inspect") {
@@ -82,6 +93,8 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
   } else if (args.config.empty() && (args.input.empty() || args.output.empty())) {
     return tidal::InvalidArgument("give --config FILE, or --input URI and --output URI");
   }
+  if (args.config.empty() && !(args.result.empty() && args.base_dir.empty()))
+    return tidal::InvalidArgument("--result and --base-dir go with --config");
   if (!args.inspect && args.config.empty() && args.model.empty() == args.tokenizer.empty())
     return tidal::InvalidArgument("give exactly one of --model URI or --tokenizer bytes");
   return args;
@@ -93,15 +106,51 @@ std::string Resolve(const std::string& uri) {
 }
 
 StatusOr<tidal::objstore::S3Options> S3For(std::initializer_list<std::string> uris) {
+  const auto env = tidal::EnvironmentMap();
+  const auto secret = env.find("TIDAL_S3_SECRET_DIR");
   for (const std::string& uri : uris)
     if (uri.rfind("s3://", 0) == 0)
-      return tidal::objstore::S3OptionsFromEnv("", tidal::EnvironmentMap());
+      return tidal::objstore::S3OptionsFromEnv(secret == env.end() ? "" : secret->second, env);
   return tidal::objstore::S3Options{};
+}
+
+// Errors that only a change of the spec (or of the data or model it names) can cure; any
+// other (an unreachable store, a damaged object) may pass on a retry.
+bool SpecMustChange(const Status& status) {
+  return status.code() == tidal::StatusCode::kInvalidArgument ||
+         status.code() == tidal::StatusCode::kNotFound ||
+         status.code() == tidal::StatusCode::kFailedPrecondition;
 }
 
 int Fail(const Status& status) {
   std::fprintf(stderr, "tidal-prep: %s\n", status.message().c_str());
-  return status.code() == tidal::StatusCode::kInvalidArgument ? 2 : 1;
+  return SpecMustChange(status) ? 2 : 1;
+}
+
+// --result: one JSON object, at most 4096 bytes (what Kubernetes keeps of a termination
+// message); a long error is cut, the object stays valid.
+Status WriteResult(const std::string& path, nlohmann::json result) {
+  if (path.empty()) return tidal::OkStatus();
+  const auto replace = nlohmann::json::error_handler_t::replace;  // user bytes in an error
+  std::string text = result.dump(-1, ' ', false, replace);
+  if (text.size() > 4000 && result.contains("error")) {
+    std::string error = result["error"];
+    result["error"] = error.substr(0, 3000) + " …";  // a character cut in two becomes U+FFFD
+    text = result.dump(-1, ' ', false, replace);
+  }
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return tidal::Unavailable("--result: cannot write " + path);
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !ok) return tidal::Unavailable("--result: cannot write " + path);
+  return tidal::OkStatus();
+}
+
+int FailWithResult(const Status& status, const std::string& result_path) {
+  if (Status w = WriteResult(result_path, {{"error", status.message()},
+                                           {"invalidSpec", SpecMustChange(status)}});
+      !w.ok())
+    std::fprintf(stderr, "tidal-prep: %s\n", w.message().c_str());
+  return Fail(status);
 }
 
 void PrintResult(const tidal::data::PrepResult& r) {
@@ -129,17 +178,31 @@ int main(int argc, char** argv) {
   const std::string model = Resolve(args->model);
 
   if (!args->config.empty()) {  // what a run of this config would prepare, and the checks
+    const std::string& result_path = args->result;
     auto doc = tidal::ReadYamlFile(args->config);
-    if (!doc.ok()) return Fail(doc.status());
+    if (!doc.ok()) return FailWithResult(doc.status(), result_path);
     auto config = tidal::engine::TrainConfigFromJson(
-        *doc, std::filesystem::absolute(args->config).parent_path().string());
-    if (!config.ok()) return Fail(config.status());
+        *doc, args->base_dir.empty()
+                  ? std::filesystem::absolute(args->config).parent_path().string()
+                  : args->base_dir);
+    if (!config.ok()) return FailWithResult(config.status(), result_path);
     auto s3 = S3For({config->dataset.uri, config->dataset.prepared_uri, config->model.uri});
-    if (!s3.ok()) return Fail(s3.status());
+    if (!s3.ok()) return FailWithResult(s3.status(), result_path);
     tidal::data::StoreDataProvider provider(*s3);
     provider.set_progress(tidal::data::LogPrepProgress());
-    if (Status s = provider.Prepare(*config); !s.ok()) return Fail(s);
-    std::printf("%s\n", nlohmann::json({{"prepared", config->dataset.uri}}).dump().c_str());
+    auto prepared = provider.PrepareAndCheck(*config);
+    if (!prepared.ok()) return FailWithResult(prepared.status(), result_path);
+    PrintResult(*prepared);
+    const auto& m = prepared->manifest;
+    if (Status w = WriteResult(result_path, {{"store", prepared->store_uri},
+                                             {"reused", prepared->reused},
+                                             {"samples", m.samples},
+                                             {"tokens", m.tokens},
+                                             {"trainedTokens", m.trained_tokens},
+                                             {"contentHash", m.content_hash},
+                                             {"tokenizer", m.tokenizer.description}});
+        !w.ok())
+      return Fail(w);
     return 0;
   }
 

@@ -7,7 +7,8 @@
 // (worker/control/metrics.h), and waits for its
 // first Rendezvous; then trains generation after generation until the last step (exit 0), a
 // Shutdown call or SIGTERM (checkpointed first, exit 0). Environment fallbacks: TIDAL_SPEC_FILE,
-// TIDAL_TOKEN_FILE, POD_IP, TIDAL_CHECKPOINT_URI, TIDAL_S3_SECRET_DIR, TIDAL_INTRA_OP_THREADS.
+// TIDAL_TOKEN_FILE, POD_IP, TIDAL_CHECKPOINT_URI, TIDAL_S3_SECRET_DIR, TIDAL_INTRA_OP_THREADS;
+// TIDAL_DATASET_STORE (set by the operator) replaces spec.dataset.uri with the prepared store.
 #include <pthread.h>
 #include <signal.h>
 
@@ -158,6 +159,13 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
 
   tidal::worker::RuntimeOptions o;
   o.config = std::move(*config);
+  // The token store the job's data phase prepared (and checked against the model) from
+  // spec.dataset.uri: the operator sets it on every worker pod it creates after that phase.
+  if (auto store = env.find("TIDAL_DATASET_STORE"); store != env.end() && !store->second.empty()) {
+    tidal::LogInfo("training on the prepared token store",
+                   {{"spec_dataset_uri", o.config.dataset.uri}, {"store", store->second}});
+    o.config.dataset.uri = store->second;
+  }
   o.policy.uri = job->checkpoint.uri.empty() ? a.checkpoint_uri : job->checkpoint.uri;
   if (o.policy.uri.empty())
     return tidal::InvalidArgument(

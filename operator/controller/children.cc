@@ -16,12 +16,14 @@ using nlohmann::json;
 
 constexpr size_t kMaxLabelValue = 63;
 
-// FNV-1a: stable across processes and versions (std::hash is not).
-uint32_t Fnv1a(const std::string& s) {
-  uint32_t h = 2166136261u;
+// FNV-1a, 32 or 64 bits: stable across processes and versions (std::hash is not).
+template <typename Hash>
+Hash Fnv1a(const std::string& s) {
+  constexpr bool wide = sizeof(Hash) == 8;
+  Hash h = wide ? Hash(0xcbf29ce484222325ull) : Hash(2166136261u);
   for (unsigned char c : s) {
     h ^= c;
-    h *= 16777619u;
+    h *= wide ? Hash(0x100000001b3ull) : Hash(16777619u);
   }
   return h;
 }
@@ -38,7 +40,7 @@ json Metadata(const JobRef& job, const std::string& name) {
 std::string JobLabelValue(const std::string& job_name) {
   if (job_name.size() <= kMaxLabelValue) return job_name;
   char hash[9];
-  std::snprintf(hash, sizeof(hash), "%08x", Fnv1a(job_name));
+  std::snprintf(hash, sizeof(hash), "%08x", Fnv1a<uint32_t>(job_name));
   std::string cut = job_name.substr(0, kMaxLabelValue - 9);
   while (!cut.empty() && (cut.back() == '-' || cut.back() == '.')) cut.pop_back();
   return cut + "-" + hash;
@@ -52,6 +54,21 @@ std::string WorkerPodName(const std::string& job_name, int slot) {
 }
 std::string PodGroupName(const std::string& job_name, int64_t generation) {
   return JobLabelValue(job_name + "-g" + std::to_string(generation));
+}
+std::string DataKey(const json& raw_spec) {
+  std::string text;  // each section's JSON (object keys sorted), null when absent
+  for (const char* section : {"model", "dataset", "lora"}) {
+    const auto it = raw_spec.is_object() ? raw_spec.find(section) : raw_spec.end();
+    text += std::string(section) + "=" + (it == raw_spec.end() ? "null" : it->dump()) + "\n";
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx",
+                static_cast<unsigned long long>(Fnv1a<uint64_t>(text)));
+  return hex;
+}
+std::string PrepPodName(const std::string& job_name, const std::string& data_key,
+                        int64_t attempt) {
+  return job_name + "-prep-" + data_key.substr(0, 8) + "-" + std::to_string(attempt);
 }
 
 json ChildLabels(const JobRef& job) {
@@ -115,6 +132,67 @@ json SpecConfigMap(const JobRef& job, const json& spec) {
           {"data", {{kSpecKey, whole.dump()}}}};
 }
 
+namespace {
+
+// The S3 credentials Secret (spec.checkpoint.credentialsSecret), which datasets and models on
+// s3:// use too, and the user's env.
+void AddStoreAccess(const api::TrainingJobSpec& spec, json& volumes, json& mounts, json& env) {
+  if (!spec.checkpoint.credentials_secret.empty()) {
+    volumes.push_back(
+        {{"name", "s3"},
+         {"secret", {{"secretName", spec.checkpoint.credentials_secret}, {"defaultMode", 0400}}}});
+    mounts.push_back({{"name", "s3"}, {"mountPath", "/etc/tidal/s3"}, {"readOnly", true}});
+    env.push_back({{"name", "TIDAL_S3_SECRET_DIR"}, {"value", "/etc/tidal/s3"}});
+  }
+  for (const json& e : spec.worker.env) env.push_back(e);
+}
+
+// Where the user put the workers, for the prep pod too (same network, same store access).
+void AddPlacement(const api::TrainingJobSpec& spec, json& pod_spec) {
+  if (spec.worker.node_selector.is_object() && !spec.worker.node_selector.empty())
+    pod_spec["nodeSelector"] = spec.worker.node_selector;
+  if (spec.worker.tolerations.is_array() && !spec.worker.tolerations.empty())
+    pod_spec["tolerations"] = spec.worker.tolerations;
+}
+
+}  // namespace
+
+json PrepPod(const JobRef& job, const api::TrainingJobSpec& spec, const std::string& name,
+             const std::string& data_key) {
+  json meta = Metadata(job, name);
+  meta["labels"][kRoleLabel] = kPrepRole;
+  meta["annotations"] = {{kDataKeyAnnotation, data_key}};
+  json env = json::array();
+  json volumes =
+      json::array({{{"name", "job"}, {"configMap", {{"name", SpecConfigMapName(job.name)}}}}});
+  json mounts = json::array({{{"name", "job"}, {"mountPath", kSpecMountPath}, {"readOnly", true}}});
+  AddStoreAccess(spec, volumes, mounts, env);
+  // The user's CPU and memory, no GPU: tokenizing needs none.
+  json resources = spec.worker.resources.is_object() ? spec.worker.resources : json::object();
+  for (const char* side : {"limits", "requests"})
+    if (resources.contains(side) && resources[side].is_object())
+      resources[side].erase("nvidia.com/gpu");
+  json container = {
+      {"name", "prep"},
+      {"image", spec.worker.image},
+      {"command", json::array({"tidal-prep"})},
+      {"args", json::array({"--config", std::string(kSpecMountPath) + "/" + kSpecKey, "--result",
+                            "/dev/termination-log"})},
+      {"env", env},
+      {"resources", resources},
+      // A crash that writes no result still says why: the log's tail.
+      {"terminationMessagePolicy", "FallbackToLogsOnError"},
+      {"volumeMounts", mounts}};
+  if (!spec.worker.image_pull_policy.empty())
+    container["imagePullPolicy"] = spec.worker.image_pull_policy;
+  json pod_spec = {{"restartPolicy", "Never"},
+                   {"securityContext", {{"fsGroup", kWorkerFsGroup}}},
+                   {"containers", json::array({container})},
+                   {"volumes", volumes}};
+  AddPlacement(spec, pod_spec);
+  return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", pod_spec}};
+}
+
 json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
                const WorkerPodOptions& options) {
   json meta = Metadata(job, WorkerPodName(job.name, options.slot));
@@ -130,6 +208,8 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
        {{"name", "TIDAL_SLOT"}, {"value", std::to_string(options.slot)}}});
   if (spec.checkpoint.uri.empty() && !options.default_checkpoint_uri.empty())
     env.push_back({{"name", "TIDAL_CHECKPOINT_URI"}, {"value", options.default_checkpoint_uri}});
+  if (!options.dataset_store.empty())
+    env.push_back({{"name", "TIDAL_DATASET_STORE"}, {"value", options.dataset_store}});
   json volumes = json::array(
       {{{"name", "job"}, {"configMap", {{"name", SpecConfigMapName(job.name)}}}},
        {{"name", "token"},
@@ -137,14 +217,7 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
   json mounts =
       json::array({{{"name", "job"}, {"mountPath", kSpecMountPath}, {"readOnly", true}},
                    {{"name", "token"}, {"mountPath", kTokenMountPath}, {"readOnly", true}}});
-  if (!spec.checkpoint.credentials_secret.empty()) {
-    volumes.push_back(
-        {{"name", "s3"},
-         {"secret", {{"secretName", spec.checkpoint.credentials_secret}, {"defaultMode", 0400}}}});
-    mounts.push_back({{"name", "s3"}, {"mountPath", "/etc/tidal/s3"}, {"readOnly", true}});
-    env.push_back({{"name", "TIDAL_S3_SECRET_DIR"}, {"value", "/etc/tidal/s3"}});
-  }
-  for (const json& e : spec.worker.env) env.push_back(e);
+  AddStoreAccess(spec, volumes, mounts, env);
   json args = {"--spec",           std::string(kSpecMountPath) + "/" + kSpecKey,
                "--token-file",     std::string(kTokenMountPath) + "/" + kTokenKey,
                "--listen",         "$(POD_IP):" + std::to_string(kControlPort),
@@ -188,10 +261,7 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
                    {"securityContext", {{"fsGroup", kWorkerFsGroup}}},
                    {"containers", json::array({container})},
                    {"volumes", volumes}};
-  if (spec.worker.node_selector.is_object() && !spec.worker.node_selector.empty())
-    pod_spec["nodeSelector"] = spec.worker.node_selector;
-  if (spec.worker.tolerations.is_array() && !spec.worker.tolerations.empty())
-    pod_spec["tolerations"] = spec.worker.tolerations;
+  AddPlacement(spec, pod_spec);
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", pod_spec}};
 }
 

@@ -17,6 +17,10 @@ namespace tidal::controller {
 
 inline constexpr const char* kJobLabel = "tidal.dev/job";
 inline constexpr const char* kSlotLabel = "tidal.dev/slot";
+// The data phase's pod carries tidal.dev/role=prep (workers carry no role label).
+inline constexpr const char* kRoleLabel = "tidal.dev/role";
+inline constexpr const char* kPrepRole = "prep";
+inline constexpr const char* kDataKeyAnnotation = "tidal.dev/data-key";
 // The generation (membership round) a pod was created for: the scale step it belongs to.
 inline constexpr const char* kCreatedForGenerationAnnotation = "tidal.dev/created-for-generation";
 // Gang scheduling: every pod of one scale step is one group, created together.
@@ -62,6 +66,12 @@ std::string SpecConfigMapName(const std::string& job_name);        // <job>-spec
 std::string WorkerPodName(const std::string& job_name, int slot);  // <job>-worker-<slot>
 // The pod group of one scale step: <job>-g<generation>.
 std::string PodGroupName(const std::string& job_name, int64_t generation);
+// Which spec the data phase ran for: a hash of spec.model, spec.dataset and spec.lora (what
+// tidal-prep reads and checks), 16 hex digits.
+std::string DataKey(const nlohmann::json& raw_spec);
+// The data phase's pod of one attempt: <job>-prep-<first 8 of the key>-<attempt>.
+std::string PrepPodName(const std::string& job_name, const std::string& data_key,
+                        int64_t attempt);
 
 // metadata.labels every child carries (the job label, app.kubernetes.io/*).
 nlohmann::json ChildLabels(const JobRef& job);
@@ -82,7 +92,16 @@ struct WorkerPodOptions {
   int group_size = 1;      // pods created together in that step
   // Where checkpoints go when spec.checkpoint.uri is empty (the operator's default store).
   std::string default_checkpoint_uri;
+  // The token store of the data phase (status.data.storeUri): TIDAL_DATASET_STORE.
+  std::string dataset_store;
 };
+
+// The data phase: `tidal-prep --config <the spec> --result /dev/termination-log` in the
+// workers' image, with their store access, env and placement, their CPU and memory and no
+// GPU; restartPolicy Never (the controller retries with backoff). Its termination message
+// (FallbackToLogsOnError) is the outcome.
+nlohmann::json PrepPod(const JobRef& job, const api::TrainingJobSpec& spec, const std::string& name,
+                       const std::string& data_key);
 
 // One worker: tidal-worker with the spec and token mounted, its pod IP from the downward
 // API, the control port probed for readiness, gpusPerPod nvidia.com/gpu, the user's

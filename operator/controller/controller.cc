@@ -96,6 +96,29 @@ PodView ViewOf(const json& pod) {
   return v;
 }
 
+bool IsPrepPod(const json& pod) {
+  const json& md = pod["metadata"];
+  auto labels = md.find("labels");
+  return labels != md.end() && labels->is_object() && labels->value(kRoleLabel, "") == kPrepRole;
+}
+
+// The data phase's pod: its phase, and the outcome tidal-prep left as termination message.
+PrepPodView PrepViewOf(const json& pod) {
+  const PodView worker_view = ViewOf(pod);
+  PrepPodView v;
+  v.name = worker_view.name;
+  v.phase = worker_view.phase;
+  v.deleting = worker_view.deleting;
+  v.reason = worker_view.reason;
+  const json status = pod.value("status", json::object());
+  for (const json& c : status.value("containerStatuses", json::array())) {
+    const json state = c.value("state", json::object());
+    if (auto t = state.find("terminated"); t != state.end() && t->is_object())
+      v.message = t->value("message", "");
+  }
+  return v;
+}
+
 std::string OwnerJobKey(const json& object) {
   const json& md = object["metadata"];
   auto refs = md.find("ownerReferences");
@@ -430,8 +453,12 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   o.service_exists = services_->store().Get(o.namespace_, ServiceName(o.name)) != nullptr;
   o.token_exists = secrets_->store().Get(o.namespace_, TokenSecretName(o.name)) != nullptr;
   o.spec_config_exists = configs_->store().Get(o.namespace_, SpecConfigMapName(o.name)) != nullptr;
-  for (const kube::ObjectPtr& p : pods_->store().ByIndex("controller-uid", o.uid))
-    o.pods.push_back(ViewOf(*p));
+  for (const kube::ObjectPtr& p : pods_->store().ByIndex("controller-uid", o.uid)) {
+    if (IsPrepPod(*p))
+      o.prep_pods.push_back(PrepViewOf(*p));
+    else
+      o.pods.push_back(ViewOf(*p));
+  }
   // Ask every running worker at once; a silent one is remembered from its first silence.
   RefreshTls(connections, o);
   const std::string token = TokenOf(o.namespace_, o.name);
@@ -565,6 +592,8 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         if (!options_.default_checkpoint_root.empty())
           w.default_checkpoint_uri =
               options_.default_checkpoint_root + "/" + o.namespace_ + "/" + o.name;
+        if (plan.status.data && plan.status.data->phase == "Ready")
+          w.dataset_store = plan.status.data->store_uri;
         for (int slot : a.slots) {  // all pods of the step, back to back (one gang)
           w.slot = slot;
           Status made = create(kube::Resource::Pods(), WorkerPod(ref, *o.spec, w));
@@ -572,6 +601,11 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         }
         break;
       }
+      case Action::Kind::kCreatePrepPod:
+        if (!o.spec.ok() || !plan.status.data) break;
+        done = create(kube::Resource::Pods(),
+                      PrepPod(ref, *o.spec, a.pods.at(0), plan.status.data->key));
+        break;
       case Action::Kind::kDeletePods:
         for (const std::string& pod : a.pods) {
           TIDAL_ASSIGN_OR_RETURN(auto request,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <set>
 
+#include "operator/controller/children.h"
 #include "operator/kube/meta_time.h"
 #include "operator/planner/planner.h"
 
@@ -132,11 +133,12 @@ class Decider {
     if (st_.rescale) {
       Advance();
     } else if (st_.members.empty()) {
-      StartGeneration(/*recovery=*/st_.generation > 0);
+      if (DataReady()) StartGeneration(/*recovery=*/st_.generation > 0);
     } else {
       MaybeRescale();
     }
     CollectStrays();
+    CollectPrepPods();
     return Finish();
   }
 
@@ -394,6 +396,127 @@ class Decider {
     // The workers read the spec from a ConfigMap written once, so that every rank of every
     // generation trains on the same one; no worker runs now, so the edit reaches them all.
     Do(Action::Kind::kUpdateSpecConfig);
+  }
+
+  // The data phase (DataStatus): true once the token store for the current spec is ready and
+  // checked; until then no worker is created. A prep pod per attempt
+  // (<job>-prep-<key>-<attempt>): one that succeeded says where the store is; one whose
+  // error only a spec edit can cure leaves the job Pending with Ready=False InvalidSpec (its
+  // pod kept for `kubectl logs`); any other failure is retried after restartPolicy's backoff,
+  // at most maxRestarts times.
+  bool DataReady() {
+    const std::string key = DataKey(o_.raw_spec);
+    if (!st_.data || st_.data->key != key) {
+      const bool said = std::any_of(plan_.events.begin(), plan_.events.end(),
+                                    [](const Event& e) { return e.reason == "SpecChanged"; });
+      if (st_.data && !said)
+        Emit("Normal", "SpecChanged",
+             "spec.model, spec.dataset or spec.lora changed: the data phase runs again");
+      st_.data = DataStatus{};
+      st_.data->key = key;
+    }
+    DataStatus& d = *st_.data;
+    if (d.phase == "Ready") return true;
+    if (d.phase == "Invalid") {
+      plan_.requeue_after = std::chrono::minutes(5);  // a spec edit triggers a reconcile anyway
+      return false;
+    }
+    if (d.phase == "Retrying" && d.retry_not_before && o_.now < *d.retry_not_before) {
+      plan_.requeue_after =
+          std::chrono::duration_cast<std::chrono::milliseconds>(*d.retry_not_before - o_.now);
+      return false;
+    }
+    const std::string name = PrepPodName(o_.name, key, d.failures);
+    const PrepPodView* pod = nullptr;
+    for (const PrepPodView& p : o_.prep_pods)
+      if (p.name == name && !p.deleting) pod = &p;
+    plan_.requeue_after = options_.poll;
+    if (!pod || pod->phase == "Pending" || pod->phase == "Running") {
+      if (!pod) {
+        // The prep pod reads the spec from the workers' ConfigMap: it gets this spec first (no
+        // worker runs now; a new ConfigMap is created with it in this pass).
+        const bool updating = std::any_of(plan_.actions.begin(), plan_.actions.end(), [](auto& a) {
+          return a.kind == Action::Kind::kUpdateSpecConfig;
+        });
+        if (o_.spec_config_exists && !updating) Do(Action::Kind::kUpdateSpecConfig);
+        Do(Action::Kind::kCreatePrepPod, {name}, "the data phase");
+      }
+      if (d.pod != name)
+        Emit("Normal", "PreparingData",
+             "tidal-prep in pod " + name + ": " + spec_->train.dataset.uri +
+                 " to a token store, checked against the model");
+      if (!d.started) d.started = o_.now;
+      d.phase = "Preparing";
+      d.pod = name;
+      d.message = pod && !pod->reason.empty() ? "pod " + name + ": " + pod->reason
+                                              : "tokenizing in pod " + name +
+                                                    " (kubectl logs " + name + " for progress)";
+      return false;
+    }
+    const json result = json::parse(pod->message, nullptr, /*allow_exceptions=*/false);
+    const bool answered = result.is_object();
+    if (pod->phase == "Succeeded" && answered && result.contains("store") &&
+        result["store"].is_string()) {
+      d.phase = "Ready";
+      d.store_uri = result["store"];
+      d.samples = Value<int64_t>(result, "samples", 0);
+      d.tokens = Value<int64_t>(result, "tokens", 0);
+      d.reused = Value<bool>(result, "reused", false);
+      d.retry_not_before.reset();
+      d.message = std::to_string(d.samples) + " samples, " + std::to_string(d.tokens) +
+                  " tokens in " + d.store_uri + (d.reused ? " (prepared before)" : "");
+      Emit("Normal", "DataReady", d.message);
+      Do(Action::Kind::kDeletePods, {name}, "the data phase is over");
+      return true;
+    }
+    std::string error = answered ? Value<std::string>(result, "error", "") : "";
+    if (error.empty())
+      error = "prep pod " + name + " " + pod->phase +
+              (pod->reason.empty() ? "" : " (" + pod->reason + ")") +
+              (pod->message.empty() ? "" : ": " + pod->message);
+    if (answered && Value<bool>(result, "invalidSpec", false)) {
+      d.phase = "Invalid";
+      d.message = error;
+      Emit("Warning", "InvalidSpec", error);
+      plan_.requeue_after = std::chrono::minutes(5);
+      return false;
+    }
+    ++d.failures;
+    d.message = error;
+    Do(Action::Kind::kDeletePods, {name}, "retry the data phase");
+    const int64_t max_restarts = spec_->restart_policy.max_restarts;
+    if (d.failures > max_restarts) {
+      Fail("RestartsExhausted", "the data phase failed " + std::to_string(d.failures) +
+                                    " times (maxRestarts " + std::to_string(max_restarts) +
+                                    "); last: " + error);
+      Emit("Warning", "RestartsExhausted", st_.failure);
+      return false;
+    }
+    const auto backoff = std::min<std::chrono::seconds>(
+        std::chrono::seconds(spec_->restart_policy.backoff_seconds
+                             << std::min<int64_t>(d.failures - 1, 20)),
+        kMaxBackoff);
+    d.phase = "Retrying";
+    d.retry_not_before = o_.now + backoff;
+    plan_.requeue_after = backoff;
+    Emit("Warning", "DataPreparationFailed",
+         error + "; retry " + std::to_string(d.failures) + " of " + std::to_string(max_restarts) +
+             " in " + std::to_string(backoff.count()) + " s");
+    return false;
+  }
+
+  // Prep pods of an earlier spec or attempt go; the current one stays while it runs (or, on an
+  // invalid spec, for its logs).
+  void CollectPrepPods() {
+    std::set<std::string> deleting;
+    for (const Action& a : plan_.actions)
+      if (a.kind == Action::Kind::kDeletePods) deleting.insert(a.pods.begin(), a.pods.end());
+    std::vector<std::string> stale;
+    for (const PrepPodView& p : o_.prep_pods) {
+      const bool current = st_.data && st_.data->phase != "Ready" && st_.data->pod == p.name;
+      if (!current && !p.deleting && !deleting.count(p.name)) stale.push_back(p.name);
+    }
+    if (!stale.empty()) Do(Action::Kind::kDeletePods, stale, "not the current data phase");
   }
 
   // Creates the pods of the next generation (survivors kept): the initial start, a restart
@@ -877,11 +1000,24 @@ class Decider {
     const bool running = st_.phase == "Running" || st_.phase == "Scaling";
     const std::string not_ready =
         st_.phase == "Failed" && !st_.failure_reason.empty() ? st_.failure_reason : st_.phase;
-    SetCondition(st_, "Ready", running, running ? "Training" : not_ready,
-                 running ? "generation " + std::to_string(st_.generation) + " at " +
-                               std::to_string(st_.current_gpus) + " GPUs"
-                         : (st_.phase == "Failed" ? st_.failure : "phase " + st_.phase),
-                 o_.now, gen);
+    const DataStatus* data = st_.data ? &*st_.data : nullptr;
+    if (data) {
+      const bool ready = data->phase == "Ready";
+      SetCondition(st_, "DataReady", ready,
+                   ready ? "Prepared" : data->phase == "Invalid" ? "InvalidSpec" : data->phase,
+                   data->message, o_.now, gen);
+    }
+    if (data && st_.phase == "Pending" && data->phase == "Invalid") {
+      SetCondition(st_, "Ready", false, "InvalidSpec", data->message, o_.now, gen);
+    } else if (data && st_.phase == "Pending" && data->phase != "Ready") {
+      SetCondition(st_, "Ready", false, "PreparingData", data->message, o_.now, gen);
+    } else {
+      SetCondition(st_, "Ready", running, running ? "Training" : not_ready,
+                   running ? "generation " + std::to_string(st_.generation) + " at " +
+                                 std::to_string(st_.current_gpus) + " GPUs"
+                           : (st_.phase == "Failed" ? st_.failure : "phase " + st_.phase),
+                   o_.now, gen);
+    }
     const bool progressing = running || st_.phase == "Pending" || st_.phase == "Recovering";
     SetCondition(st_, "Progressing", progressing, progressing ? "Training" : st_.phase,
                  "step " + std::to_string(st_.step), o_.now, gen);
@@ -928,6 +1064,8 @@ const char* ActionKindName(Action::Kind kind) {
       return "Shutdown";
     case Action::Kind::kResume:
       return "Resume";
+    case Action::Kind::kCreatePrepPod:
+      return "CreatePrepPod";
   }
   return "Unknown";
 }
@@ -981,6 +1119,21 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     an.time = TimeField(*a, "time");
     an.paused = Value<bool>(*a, "paused", false);
     st.anomaly = an;
+  }
+  if (auto d = j.find("data"); d != j.end() && d->is_object()) {
+    DataStatus data;
+    data.key = Value<std::string>(*d, "key", "");
+    data.phase = Value<std::string>(*d, "phase", "");
+    data.pod = Value<std::string>(*d, "pod", "");
+    data.store_uri = Value<std::string>(*d, "storeUri", "");
+    data.samples = Value<int64_t>(*d, "samples", 0);
+    data.tokens = Value<int64_t>(*d, "tokens", 0);
+    data.reused = Value<bool>(*d, "reused", false);
+    data.message = Value<std::string>(*d, "message", "");
+    data.failures = Value<int64_t>(*d, "failures", 0);
+    data.started = TimeField(*d, "started");
+    data.retry_not_before = TimeField(*d, "retryNotBefore");
+    st.data = data;
   }
   if (auto c = j.find("conditions"); c != j.end() && c->is_array()) st.conditions = *c;
   st.observed_generation = Value<int64_t>(j, "observedGeneration", 0);
@@ -1040,6 +1193,16 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
       out["paused"] = a.paused;
     }
     if (a.time) out["time"] = kube::FormatTime(*a.time);
+  }
+  if (st.data) {
+    const DataStatus& d = *st.data;
+    json& out = j["data"] = {{"key", d.key},         {"phase", d.phase},
+                             {"pod", d.pod},         {"storeUri", d.store_uri},
+                             {"samples", d.samples}, {"tokens", d.tokens},
+                             {"reused", d.reused},   {"message", d.message},
+                             {"failures", d.failures}};
+    if (d.started) out["started"] = kube::FormatTime(*d.started);
+    if (d.retry_not_before) out["retryNotBefore"] = kube::FormatTime(*d.retry_not_before);
   }
   if (st.restart_not_before) j["restartNotBefore"] = kube::FormatTime(*st.restart_not_before);
   if (st.last_membership_change)

@@ -65,6 +65,24 @@ struct AnomalyStatus {
   bool paused = false;  // action Pause took effect; waits for acknowledgedStep >= step
 };
 
+// status.data: the data phase. Before a job's first generation (and again after an edit of
+// spec.model, spec.dataset or spec.lora), a prep pod runs `tidal-prep --config` on no GPU: it
+// tokenizes spec.dataset.uri's JSONL into a token store (a no-op when that store exists, or
+// when the uri names a store) and checks the spec against the model (tokenizer, maxSeqLen,
+// LoRA rank). Its outcome comes back as its termination message. Workers are created only
+// after it, told the store (TIDAL_DATASET_STORE).
+struct DataStatus {
+  std::string key;    // DataKey of the spec it was run for
+  std::string phase;  // Preparing | Ready | Invalid (the spec must change) | Retrying
+  std::string pod;    // the prep pod
+  std::string store_uri;
+  int64_t samples = 0, tokens = 0;
+  bool reused = false;      // the store existed already
+  std::string message;      // the outcome, or the error
+  int64_t failures = 0;     // prep pods that failed (not on the spec) for this key
+  std::optional<Clock::time_point> started, retry_not_before;
+};
+
 struct JobStatus {
   std::string phase = "Pending";
   int64_t generation = 0;
@@ -88,6 +106,7 @@ struct JobStatus {
   std::string last_failure;  // the newest cause a restart was tried for
   std::optional<Clock::time_point> last_failure_time;
   std::optional<AnomalyStatus> anomaly;
+  std::optional<DataStatus> data;
   nlohmann::json conditions = nlohmann::json::array();
   int64_t observed_generation = 0;
 };
@@ -127,6 +146,15 @@ struct PodView {
   std::string reason;  // why it is not running (Unschedulable, the exit code, ...)
 };
 
+// The prep pod of the data phase (label tidal.dev/role=prep), apart from the workers.
+struct PrepPodView {
+  std::string name;
+  std::string phase;  // Pending Running Succeeded Failed
+  bool deleting = false;
+  std::string message;  // the container's termination message (tidal-prep --result)
+  std::string reason;   // why it is not running, as for a worker
+};
+
 struct Observed {
   std::string name, namespace_, uid;
   int64_t metadata_generation = 0;
@@ -136,7 +164,8 @@ struct Observed {
   nlohmann::json raw_spec;
   JobStatus status;
   bool service_exists = false, token_exists = false, spec_config_exists = false;
-  std::vector<PodView> pods;
+  std::vector<PodView> pods;  // the workers
+  std::vector<PrepPodView> prep_pods;
   std::map<std::string, WorkerReport> reports;  // by pod name: the reachable workers
   // Pods whose worker did not answer, since when (the shell remembers across reconciles).
   std::map<std::string, Clock::time_point> unreachable_since;
@@ -159,6 +188,7 @@ struct Action {
     kRendezvous,        // generation, pods in rank order, store on the first one's IP
     kShutdown,          // pods
     kResume,            // pods held by a pause (the anomaly rule's)
+    kCreatePrepPod,     // pods[0]: the data phase's pod (status.data.key)
   };
   Kind kind = Kind::kEnsureService;
   std::vector<std::string> pods;     // for kRendezvous: every member, in rank order

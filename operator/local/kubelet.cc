@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 
 #include "common/base64.h"
 #include "common/log.h"
@@ -117,6 +118,9 @@ struct ProcessKubelet::Container {
   int probe_successes = 0, probe_failures = 0;
   Clock::time_point next_probe{};
   std::string probe_message;
+  // terminationMessagePath, as a file of the pod's directory, and terminationMessagePolicy.
+  std::string termination_file;
+  bool fallback_to_logs = false;
 };
 
 struct ProcessKubelet::PodRuntime {
@@ -479,6 +483,18 @@ void ProcessKubelet::StartContainer(PodRuntime& runtime, const json& pod, const 
   context.node_name = runtime.node;
   context.pod_dir = runtime.dir;
   context.mounts = ContainerMounts(spec, runtime.volume_dirs);
+  // The termination message: what the process writes to terminationMessagePath (default
+  // /dev/termination-log), a file of the pod's directory here, becomes the message of its
+  // terminated state; with FallbackToLogsOnError an empty one after a failure is the log's tail.
+  std::string message_path = StringField(spec, "terminationMessagePath");
+  if (message_path.empty()) message_path = "/dev/termination-log";
+  c.termination_file = runtime.dir + "/termination-log." + c.name;
+  c.fallback_to_logs = StringField(spec, "terminationMessagePolicy") == "FallbackToLogsOnError";
+  context.mounts.push_back({message_path, c.termination_file});
+  {
+    std::error_code ignored;
+    fs::remove(c.termination_file, ignored);
+  }
   const char* path = std::getenv("PATH");
   context.base_env = {{"PATH", path ? path : "/usr/local/bin:/usr/bin:/bin"},
                       {"HOME", runtime.dir},
@@ -600,6 +616,39 @@ void ProcessKubelet::StartContainer(PodRuntime& runtime, const json& pod, const 
        {"argv", launch.argv}});
 }
 
+namespace {
+
+// Kubernetes keeps at most 4096 bytes of the file; from the logs, the last 80 lines or 2048
+// bytes, whichever is less.
+std::string ReadTail(const std::string& path, size_t max_bytes, size_t max_lines) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream all;
+  all << in.rdbuf();
+  std::string text = all.str();
+  if (text.size() > max_bytes) text = text.substr(text.size() - max_bytes);
+  // A trailing newline ends the last line; it does not start another.
+  size_t start = text.size() - (!text.empty() && text.back() == '\n' ? 1 : 0);
+  for (size_t lines = 0; start > 0;) {
+    const size_t nl = text.rfind('\n', start - 1);
+    if (nl == std::string::npos) return text;
+    if (++lines == max_lines) return text.substr(nl + 1);
+    start = nl;
+  }
+  return text;
+}
+
+}  // namespace
+
+std::string ProcessKubelet::TerminationMessage(const Container& c, const std::string& log) {
+  std::ifstream in(c.termination_file, std::ios::binary);
+  std::string message(4096, '\0');
+  in.read(message.data(), static_cast<std::streamsize>(message.size()));
+  message.resize(in ? message.size() : static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  if (message.empty() && c.fallback_to_logs && c.run.exit_code != 0)
+    message = ReadTail(log, 2048, 80);
+  return message;
+}
+
 void ProcessKubelet::Reap(PodRuntime& runtime) {
   for (Container& c : runtime.containers) {
     if (c.pid <= 0) continue;
@@ -620,7 +669,7 @@ void ProcessKubelet::Reap(PodRuntime& runtime) {
       c.run.exit_code = 128 + c.signal;
     }
     c.reason = c.run.exit_code == 0 ? "Completed" : "Error";
-    c.message.clear();
+    c.message = TerminationMessage(c, LogPath(options_.data_dir, runtime.ns, runtime.name, c.name));
     c.finished_at = NowRfc3339();
     c.ready = false;
     Log(c.run.exit_code == 0 ? "info" : "warn", "container exited",

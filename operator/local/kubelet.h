@@ -69,6 +69,8 @@ class ProcessKubelet {
   void RecordEvent(const nlohmann::json& pod, const std::string& type, const std::string& reason,
                    const std::string& message, const std::string& component);
   void Reap(PodRuntime& runtime);
+  // The message of a terminated container (terminationMessagePath / Policy).
+  static std::string TerminationMessage(const Container& c, const std::string& log);
   void Probe(PodRuntime& runtime, const nlohmann::json& pod);
   void WriteStatus(const nlohmann::json& pod, PodRuntime& runtime);
   void Forget(const std::string& uid);

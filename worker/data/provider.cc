@@ -6,6 +6,7 @@
 
 #include "common/log.h"
 #include "worker/data/loader.h"
+#include "worker/engine/model_config.h"
 
 namespace tidal::data {
 
@@ -112,6 +113,29 @@ StatusOr<PrepResult> StoreDataProvider::Resolve(const engine::TrainConfig& confi
 
 Status StoreDataProvider::Prepare(const engine::TrainConfig& config) {
   return Resolve(config, /*lookup_only=*/false).status();
+}
+
+StatusOr<PrepResult> StoreDataProvider::PrepareAndCheck(const engine::TrainConfig& config) {
+  TIDAL_ASSIGN_OR_RETURN(PrepResult prepared, Resolve(config, /*lookup_only=*/false));
+  engine::ModelConfig model;
+  if (config.model.uri.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(model, engine::PresetModelConfig(config.model.preset));
+  } else {
+    auto read = [&]() -> StatusOr<engine::ModelConfig> {
+      TIDAL_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(config.model.uri, s3_));
+      TIDAL_ASSIGN_OR_RETURN(std::string text, store->Get("config.json"));
+      const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (json.is_discarded()) return InvalidArgument("config.json is not valid JSON");
+      return engine::ModelConfigFromHfJson(json);
+    };
+    auto read_model = read();
+    if (!read_model.ok())
+      return Status(read_model.status().code(),
+                    "spec.model.uri: " + config.model.uri + ": " + read_model.status().message());
+    model = std::move(*read_model);
+  }
+  TIDAL_RETURN_IF_ERROR(engine::CheckJobFitsModel(config, model, prepared.manifest.tokenizer));
+  return prepared;
 }
 
 StatusOr<std::unique_ptr<RowSource>> StoreDataProvider::Open(const engine::TrainConfig& config,

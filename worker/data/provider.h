@@ -23,6 +23,10 @@ class StoreDataProvider : public DataProvider {
   }
 
   Status Prepare(const engine::TrainConfig& config) override;
+  // A TrainingJob's data phase (tidal-prep --config): Prepare, then everything of the spec
+  // only the model can check (engine::CheckJobFitsModel) against the model's config.json on
+  // spec.model.uri (file:// or s3://) or the preset — before any worker is created.
+  StatusOr<PrepResult> PrepareAndCheck(const engine::TrainConfig& config);
   StatusOr<std::unique_ptr<RowSource>> Open(const engine::TrainConfig& config, int rank) override;
 
  private:

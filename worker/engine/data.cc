@@ -48,31 +48,4 @@ MicroBatch Collate(std::span<const data::PackedRow> rows) {
   return batch;
 }
 
-Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const ModelConfig& model,
-                               const std::string& model_name) {
-  const std::string side = "the data's tokenizer (" + tokenizer.description + ")";
-  const std::string other = "the model " + model_name + " (config.json vocab_size " +
-                            std::to_string(model.vocab_size) + ")";
-  if (static_cast<int64_t>(tokenizer.max_id) >= model.vocab_size)
-    return InvalidArgument("spec.dataset: " + side + " produced token id " +
-                           std::to_string(tokenizer.max_id) + ", which " + other +
-                           " has no embedding for: the tokenizer does not fit the model");
-  if (static_cast<int64_t>(tokenizer.vocab_size) > model.vocab_size)
-    return InvalidArgument("spec.dataset: " + side + " has " +
-                           std::to_string(tokenizer.vocab_size) + " ids but " + other +
-                           " embeds only " + std::to_string(model.vocab_size) +
-                           ": the tokenizer does not fit the model");
-  if (tokenizer.bos_id && model.bos_token_id && *tokenizer.bos_id != *model.bos_token_id)
-    return InvalidArgument("spec.dataset: " + side + " begins documents with id " +
-                           std::to_string(*tokenizer.bos_id) + " but " + other +
-                           " has bos_token_id " + std::to_string(*model.bos_token_id));
-  if (tokenizer.eos_id && !model.eos_token_ids.empty() &&
-      std::find(model.eos_token_ids.begin(), model.eos_token_ids.end(), *tokenizer.eos_id) ==
-          model.eos_token_ids.end())
-    return InvalidArgument("spec.dataset: " + side + " ends documents with id " +
-                           std::to_string(*tokenizer.eos_id) + " but " + other +
-                           " has eos_token_id " + nlohmann::json(model.eos_token_ids).dump());
-  return OkStatus();
-}
-
 }  // namespace tidal::engine

@@ -32,10 +32,5 @@ struct MicroBatch {
 // `seq` is the longest row (rows are padded to it: inputs 0, targets -100).
 MicroBatch Collate(std::span<const data::PackedRow> rows);
 
-// The store's tokenizer against the model's config.json: every id must have an embedding, the
-// tokenizer must not be larger than the embedding table, and BOS/EOS must be the ids the model
-// was trained with. Errors name both sides.
-Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const ModelConfig& model,
-                               const std::string& model_name);
 
 }  // namespace tidal::engine

@@ -8,6 +8,7 @@
 
 #include "common/spec_limits.h"
 #include "common/spec_section.h"
+#include "worker/data/token_store_manifest.h"
 #include "worker/engine/model_config.h"
 
 namespace tidal::engine {
@@ -257,6 +258,46 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
       if (!(o.warmup.cv_threshold > 0)) warmup.Error("cvThreshold", "must be > 0");
     }
   }
+}
+
+Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const ModelConfig& model,
+                               const std::string& model_name) {
+  const std::string side = "the data's tokenizer (" + tokenizer.description + ")";
+  const std::string other = "the model " + model_name + " (config.json vocab_size " +
+                            std::to_string(model.vocab_size) + ")";
+  if (static_cast<int64_t>(tokenizer.max_id) >= model.vocab_size)
+    return InvalidArgument("spec.dataset: " + side + " produced token id " +
+                           std::to_string(tokenizer.max_id) + ", which " + other +
+                           " has no embedding for: the tokenizer does not fit the model");
+  if (static_cast<int64_t>(tokenizer.vocab_size) > model.vocab_size)
+    return InvalidArgument("spec.dataset: " + side + " has " +
+                           std::to_string(tokenizer.vocab_size) + " ids but " + other +
+                           " embeds only " + std::to_string(model.vocab_size) +
+                           ": the tokenizer does not fit the model");
+  if (tokenizer.bos_id && model.bos_token_id && *tokenizer.bos_id != *model.bos_token_id)
+    return InvalidArgument("spec.dataset: " + side + " begins documents with id " +
+                           std::to_string(*tokenizer.bos_id) + " but " + other +
+                           " has bos_token_id " + std::to_string(*model.bos_token_id));
+  if (tokenizer.eos_id && !model.eos_token_ids.empty() &&
+      std::find(model.eos_token_ids.begin(), model.eos_token_ids.end(), *tokenizer.eos_id) ==
+          model.eos_token_ids.end())
+    return InvalidArgument("spec.dataset: " + side + " ends documents with id " +
+                           std::to_string(*tokenizer.eos_id) + " but " + other +
+                           " has eos_token_id " + nlohmann::json(model.eos_token_ids).dump());
+  return OkStatus();
+}
+
+Status CheckJobFitsModel(const TrainConfig& config, const ModelConfig& model,
+                         const data::StoreTokenizer& tokenizer) {
+  TIDAL_RETURN_IF_ERROR(CheckLoraRankFits(config.lora, model));
+  TIDAL_RETURN_IF_ERROR(CheckTokenizerFitsModel(
+      tokenizer, model,
+      config.model.uri.empty() ? "preset " + config.model.preset : config.model.uri));
+  if (config.dataset.max_seq_len > model.max_position_embeddings)
+    return InvalidArgument("spec.dataset.maxSeqLen: " + std::to_string(config.dataset.max_seq_len) +
+                           " exceeds the model's max_position_embeddings " +
+                           std::to_string(model.max_position_embeddings));
+  return OkStatus();
 }
 
 }  // namespace tidal::engine

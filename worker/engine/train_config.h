@@ -13,6 +13,10 @@
 
 #include "common/status.h"
 
+namespace tidal::data {
+struct StoreTokenizer;  // worker/data/token_store_manifest.h
+}  // namespace tidal::data
+
 namespace tidal::engine {
 
 struct ModelSpec {
@@ -99,6 +103,17 @@ struct ModelConfig;
 // memory but no capacity: the update B·A cannot have a higher rank. Refused naming
 // spec.lora.rank and the module, before anything is allocated.
 Status CheckLoraRankFits(const LoraSpec& lora, const ModelConfig& model);
+
+// The data's tokenizer fits the model: no id at or beyond config.json's vocab_size, no more
+// ids than the embedding table, BOS/EOS as config.json has them. Errors name both sides.
+Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const ModelConfig& model,
+                               const std::string& model_name);
+
+// Everything of the spec that only the model can check, before anything is allocated: the
+// LoRA rank, the tokenizer, maxSeqLen against max_position_embeddings. What the trainer checks
+// before step 0 and a TrainingJob's data phase checks before any worker is created.
+Status CheckJobFitsModel(const TrainConfig& config, const ModelConfig& model,
+                         const data::StoreTokenizer& tokenizer);
 
 // Accepts either a bare spec or a whole TrainingJob manifest (its .spec is used). Every
 // violation names the field path (e.g. "spec.lora.rank: must be > 0, got 0"). Relative

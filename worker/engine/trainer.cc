@@ -70,16 +70,8 @@ Status Trainer::Initialize() {
     TIDAL_ASSIGN_OR_RETURN(hf, HfCheckpoint::Open(config_.model.uri));
     model_config = hf->config();
   }
-  TIDAL_RETURN_IF_ERROR(CheckLoraRankFits(config_.lora, model_config));
   data_ = std::move(options_.data);
-  TIDAL_RETURN_IF_ERROR(CheckTokenizerFitsModel(
-      data_->manifest().tokenizer, model_config,
-      config_.model.uri.empty() ? "preset " + config_.model.preset : config_.model.uri));
-  if (config_.dataset.max_seq_len > model_config.max_position_embeddings)
-    return InvalidArgument(
-        "spec.dataset.maxSeqLen: " + std::to_string(config_.dataset.max_seq_len) +
-        " exceeds the model's max_position_embeddings " +
-        std::to_string(model_config.max_position_embeddings));
+  TIDAL_RETURN_IF_ERROR(CheckJobFitsModel(config_, model_config, data_->manifest().tokenizer));
   model_ = std::make_unique<DecoderModel>(model_config, config_.lora);
   params_ = std::make_unique<ShardedParameters>(
       *model_, *comm_, ShardingOptions{opt.zero_stage, options_.device, dtype});

@@ -163,8 +163,8 @@ TEST_F(ChartTest, TheChartsRbacGrantsExactlyTheCallsTheOperatorMakes) {
       JobYaml("b", 100000, "", "{minGPUs: 2, maxGPUs: 2}", "tlsSecretName: nowhere, ")});
   WaitFor(
       {"tj", "b"}, "{.status.phase}", [](const std::string& p) { return !p.empty(); }, 60s);
-  // A job whose workers cannot open its dataset, then fixed: its spec ConfigMap is patched.
-  // (On b's GPUs.)
+  // A job whose dataset is missing (its data phase says InvalidSpec), then fixed: its spec
+  // ConfigMap is patched for the next prep pod. (On b's GPUs.)
   Ok({"delete", "tj", "b", "--wait=true"});
   std::string c_yaml;
   {
@@ -175,9 +175,9 @@ TEST_F(ChartTest, TheChartsRbacGrantsExactlyTheCallsTheOperatorMakes) {
   c_yaml.replace(c_yaml.find(data), data.size(), "/examples/data/missing.jsonl");
   Ok({"apply", "-f", WriteFile("c.yaml", c_yaml)});
   ASSERT_EQ(WaitFor(
-                {"tj", "c"}, "{.status.failureReason}",
-                [](const std::string& r) { return r == "ConfigurationError"; }, 120s),
-            "ConfigurationError")
+                {"tj", "c"}, "{.status.conditions[?(@.type==\"Ready\")].reason}",
+                [](const std::string& r) { return r == "InvalidSpec"; }, 120s),
+            "InvalidSpec")
       << Ok({"get", "tj", "c", "-o", "jsonpath={.status}"});
   Ok({"patch", "tj", "c", "--type=merge", "-p",
       std::string(R"({"spec":{"dataset":{"uri":")") + TIDAL_SOURCE_DIR + data + R"("}}})"});

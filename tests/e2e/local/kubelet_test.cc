@@ -164,6 +164,32 @@ TEST_F(KubeletTest, ExitCodesAndRestartPolicyShowInPodStatus) {
       std::string::npos);
 }
 
+// Kubernetes: what the container writes to terminationMessagePath (default
+// /dev/termination-log) is its terminated state's message; with terminationMessagePolicy
+// FallbackToLogsOnError a failed container that wrote none gets the tail of its log; without
+// it, none.
+TEST_F(KubeletTest, TerminationMessagesComeFromTheMessageFileOrTheLogTailOnError) {
+  Ok({"apply", "-f",
+      Pod("reports", "echo noise; printf \"{\\\"store\\\": 7}\" > /dev/termination-log",
+          "  restartPolicy: Never\n")});
+  Ok({"apply", "-f",
+      Pod("elsewhere", "printf done > /tmp/custom-message; exit 4", "  restartPolicy: Never\n",
+          "    terminationMessagePath: /tmp/custom-message\n")});
+  Ok({"apply", "-f",
+      Pod("fallback", "echo first; echo the last words; exit 2", "  restartPolicy: Never\n",
+          "    terminationMessagePolicy: FallbackToLogsOnError\n")});
+  Ok({"apply", "-f", Pod("silent", "echo only a log line; exit 2", "  restartPolicy: Never\n")});
+  const std::string message = "{.status.containerStatuses[0].state.terminated.message}";
+  for (const char* pod : {"reports", "elsewhere", "fallback", "silent"})
+    WaitFor({"pod", pod}, "{.status.phase}",
+            [](const std::string& s) { return s == "Succeeded" || s == "Failed"; });
+  EXPECT_EQ(Ok({"get", "pod", "reports", "-o", "jsonpath=" + message}), "{\"store\": 7}");
+  EXPECT_EQ(Ok({"get", "pod", "elsewhere", "-o", "jsonpath=" + message}), "done");
+  EXPECT_EQ(Ok({"get", "pod", "fallback", "-o", "jsonpath=" + message}),
+            "first\nthe last words\n");
+  EXPECT_EQ(Ok({"get", "pod", "silent", "-o", "jsonpath=" + message}), "");
+}
+
 TEST_F(KubeletTest, DeleteSendsSigtermAndSigkillsAfterTheGracePeriod) {
   // One process stops on SIGTERM; the other ignores it and must be killed after its grace.
   Ok({"apply", "-f",

@@ -131,8 +131,10 @@ class OperatorTest : public KubectlTest {
     }
     return true;
   }
+  // The job's worker pods (not the data phase's prep pod).
   int PodCount(const std::string& job) {
-    std::string out = Ok({"get", "pods", "-l", "tidal.dev/job=" + job, "-o", "name"});
+    std::string out =
+        Ok({"get", "pods", "-l", "tidal.dev/job=" + job + ",!tidal.dev/role", "-o", "name"});
     return static_cast<int>(std::count(out.begin(), out.end(), '\n'));
   }
 };

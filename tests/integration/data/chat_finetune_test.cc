@@ -121,6 +121,44 @@ TEST(ChatFineTuneTest, ATokenizerThatDoesNotFitTheModelIsRefusedBeforeTraining) 
   }
 }
 
+// What a TrainingJob's prep pod runs: `tidal-prep --config` prepares the job's data and checks
+// the spec against the model, and --result holds the outcome as one JSON object — the store
+// and its counts, or the error and whether only a spec edit can cure it (exit 2).
+TEST(ChatFineTuneTest, TidalPrepConfigChecksTheSpecAgainstTheModelAndWritesOneJsonResult) {
+  ScratchDir dir;
+  const std::string data = ChatJsonl(dir.path(), 20);
+  auto result_of = [&](const std::string& config) {
+    const std::string path = dir.path() + "/result.json";
+    std::filesystem::remove(path);
+    auto r = RunProcess({TIDAL_PREP_BIN, "--config", config, "--result", path}, 300s);
+    std::ifstream in(path);
+    const json result = json::parse(in, nullptr, /*allow_exceptions=*/false);
+    return std::pair(r, result);
+  };
+  MakeModel(dir.path() + "/fits", kDeepSeekVocab, 0, 1);
+  auto [ok, good] = result_of(Job(dir.path(), dir.path() + "/fits", data));
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(good["samples"], 20) << good;
+  EXPECT_EQ(good["store"].get<std::string>().rfind("file://" + dir.path() + "/.tidal-tokens/", 0),
+            0u)
+      << good;
+  EXPECT_FALSE(good.contains("error"));
+
+  MakeModel(dir.path() + "/small", 512, 0, 1);
+  auto [refused, bad] = result_of(Job(dir.path(), dir.path() + "/small", data));
+  EXPECT_EQ(refused.exit_code, 2);
+  EXPECT_EQ(bad["invalidSpec"], true) << bad;
+  EXPECT_NE(bad["error"].get<std::string>().find("has no embedding for"), std::string::npos)
+      << bad;
+  EXPECT_NE(refused.err.find("has no embedding for"), std::string::npos) << "and in the log";
+
+  auto [missing, none] =
+      result_of(Job(dir.path(), dir.path() + "/fits", dir.path() + "/missing.jsonl"));
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_EQ(none["invalidSpec"], true) << none;
+  EXPECT_NE(none["error"].get<std::string>().find("spec.dataset.uri"), std::string::npos) << none;
+}
+
 TEST(ChatFineTuneTest, TidalPrepPreparesOnceAndNamesBadInput) {
   ScratchDir dir;
   const std::string data = ChatJsonl(dir.path(), 50);

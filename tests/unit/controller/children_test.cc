@@ -231,5 +231,68 @@ TEST(Children, TheLocalKubeletStartsAWorkerPodAsTidalWorkerOnItsPodIp) {
   EXPECT_EQ(std::get<local::ContainerLaunch>(launch).env.at("POD_IP"), "127.0.0.7");
 }
 
+// The data phase's pod: tidal-prep on the spec, its outcome as termination message, the
+// workers' image, store access, env, CPU/memory and placement — and no GPU.
+TEST(Children, ThePrepPodRunsTidalPrepOnTheSpecWithoutAGpuAndReportsThroughItsTerminationMessage) {
+  json spec = MinimalSpec();
+  spec["checkpoint"] = {{"uri", "s3://ckpt/x"}, {"credentialsSecret", "s3-creds"}};
+  spec["worker"]["resources"]["limits"]["nvidia.com/gpu"] = "2";
+  const std::string key = DataKey(spec);
+  const std::string name = PrepPodName(kJob.name, key, 0);
+  EXPECT_EQ(name, "llama-lora-prep-" + key.substr(0, 8) + "-0");
+  const json pod = PrepPod(kJob, Parse(spec), name, key);
+  EXPECT_EQ(pod["metadata"]["labels"][kRoleLabel], kPrepRole);
+  EXPECT_EQ(pod["metadata"]["labels"][kJobLabel], "llama-lora");
+  EXPECT_EQ(pod["metadata"]["annotations"][kDataKeyAnnotation], key);
+  EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["uid"], "uid-123");
+  const json& c = pod["spec"]["containers"][0];
+  EXPECT_EQ(c["image"], "ghcr.io/tidal-dev/tidal-worker:0.1");
+  EXPECT_EQ(c["command"], json::array({"tidal-prep"}));
+  EXPECT_EQ(c["args"], json::array({"--config", "/etc/tidal/job/trainingjob.json", "--result",
+                                    "/dev/termination-log"}));
+  EXPECT_EQ(c["terminationMessagePolicy"], "FallbackToLogsOnError");
+  EXPECT_FALSE(c["resources"]["limits"].contains("nvidia.com/gpu")) << c["resources"];
+  EXPECT_EQ(c["resources"]["limits"]["cpu"], "4");
+  EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
+  EXPECT_EQ(pod["spec"]["nodeSelector"]["gpu"], "h100");
+  std::set<std::string> env;
+  for (const json& e : c["env"]) env.insert(e["name"].get<std::string>());
+  EXPECT_EQ(env, (std::set<std::string>{"TIDAL_S3_SECRET_DIR", "NCCL_DEBUG"}));
+  bool secret = false;
+  for (const json& v : pod["spec"]["volumes"])
+    secret |= v.contains("secret") && v["secret"]["secretName"] == "s3-creds";
+  EXPECT_TRUE(secret);
+}
+
+TEST(Children, TheDataKeyChangesWithModelDatasetOrLoraAndWithNothingElse) {
+  const json spec = MinimalSpec();
+  const std::string key = DataKey(spec);
+  EXPECT_EQ(key.size(), 16u);
+  EXPECT_EQ(DataKey(spec), key) << "not stable";
+  json other = spec;
+  other["optimization"]["maxSteps"] = 99;
+  other["elastic"]["maxGPUs"] = 8;
+  other["suspend"] = true;
+  EXPECT_EQ(DataKey(other), key);
+  for (const char* edit : {R"({"dataset": {"maxSeqLen": 64}})", R"({"model": {"preset": "small"}})",
+                           R"({"lora": {"rank": 4}})"}) {
+    json changed = spec;
+    changed.merge_patch(json::parse(edit));
+    EXPECT_NE(DataKey(changed), key) << edit;
+  }
+}
+
+TEST(Children, WorkerPodsAreToldTheDataPhasesStore) {
+  const json plain = WorkerPod(kJob, Parse(MinimalSpec()), {.slot = 0});
+  for (const json& e : plain["spec"]["containers"][0]["env"])
+    EXPECT_NE(e["name"], "TIDAL_DATASET_STORE");
+  const json pod = WorkerPod(kJob, Parse(MinimalSpec()),
+                             {.slot = 0, .dataset_store = "s3://data/.tidal-tokens/feed"});
+  bool found = false;
+  for (const json& e : pod["spec"]["containers"][0]["env"])
+    if (e["name"] == "TIDAL_DATASET_STORE") found = e["value"] == "s3://data/.tidal-tokens/feed";
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace tidal::controller

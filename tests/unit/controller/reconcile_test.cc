@@ -65,6 +65,7 @@ class Sim {
     o.token_exists = token_;
     o.spec_config_exists = config_;
     for (const auto& [name, pod] : pods_) o.pods.push_back(pod);
+    for (const auto& [name, pod] : prep_pods_) o.prep_pods.push_back(pod);
     for (const auto& [name, r] : reports_)
       if (pods_.count(name) && pods_[name].phase == "Running") o.reports[name] = r;
     o.idle_gpus = idle_gpus_;
@@ -93,6 +94,14 @@ class Sim {
   }
   std::map<std::string, PodView> pods_;
   std::map<std::string, WorkerReport> reports_;
+  // The data phase: a prep pod ends, as soon as it is created, as this says (phase, message).
+  std::map<std::string, PrepPodView> prep_pods_;
+  std::vector<std::string> prep_pods_created_;
+  std::function<std::pair<std::string, std::string>(int attempt)> prep_outcome_ = [](int) {
+    return std::pair<std::string, std::string>(
+        "Succeeded", R"({"store": "file:///data/.tidal-tokens/0123abcd", "samples": 40,
+                         "tokens": 1200, "reused": false})");
+  };
   bool pods_stay_pending_ = false;
   int lose_actions_every_ = 0;  // drop every Nth reconcile's actions (a crashed leader)
   int linger_ = 0;  // deleted pods stay, terminating, for this many reconciles (grace period)
@@ -145,8 +154,18 @@ class Sim {
           reports_[p.name] = WorkerReport{.phase = "Waiting"};
         }
         break;
+      case Action::Kind::kCreatePrepPod: {
+        ASSERT_EQ(a.pods.size(), 1u);
+        ASSERT_FALSE(prep_pods_.count(a.pods[0])) << a.pods[0] << " created twice";
+        const auto [phase, message] =
+            prep_outcome_(static_cast<int>(prep_pods_created_.size()));
+        prep_pods_created_.push_back(a.pods[0]);
+        prep_pods_[a.pods[0]] = PrepPodView{.name = a.pods[0], .phase = phase, .message = message};
+        break;
+      }
       case Action::Kind::kDeletePods:
         for (const std::string& p : a.pods) {
+          if (prep_pods_.erase(p)) continue;
           reports_.erase(p);  // SIGTERM: the worker stops answering
           if (linger_ > 0 && pods_.count(p)) {
             pods_[p].deleting = true;
@@ -236,6 +255,12 @@ class Sim {
   std::map<std::string, int> lingering_;  // terminating pods: reconciles left
 };
 
+std::string ConditionOf(const JobStatus& st, const std::string& type, const char* field) {
+  for (const json& c : st.conditions)
+    if (c.value("type", "") == type) return c.value(field, "");
+  return "";
+}
+
 std::vector<std::string> Names(std::initializer_list<int> slots) {
   std::vector<std::string> out;
   for (int s : slots) out.push_back("job-worker-" + std::to_string(s));
@@ -248,8 +273,13 @@ TEST(Reconcile, ANewJobCreatesItsChildrenAndMinGpusWorkersThenRendezvousAsGenera
   std::vector<std::string> kinds;
   for (const Action& a : first.actions) kinds.push_back(ActionKindName(a.kind));
   EXPECT_EQ(kinds, (std::vector<std::string>{"AddFinalizer", "EnsureService", "EnsureTokenSecret",
-                                             "EnsureSpecConfig", "CreatePods"}));
+                                             "EnsureSpecConfig", "CreatePrepPod"}));
   EXPECT_EQ(sim.status().phase, "Pending");
+  // The data phase is over: its pod goes, the workers come, told the store.
+  kinds.clear();
+  for (const Action& a : sim.Reconcile().actions) kinds.push_back(ActionKindName(a.kind));
+  EXPECT_EQ(kinds, (std::vector<std::string>{"DeletePods", "CreatePods"}));
+  EXPECT_EQ(sim.status().data->store_uri, "file:///data/.tidal-tokens/0123abcd");
   sim.Until([&] { return sim.status().phase == "Running"; });
   EXPECT_EQ(sim.status().generation, 1);
   EXPECT_EQ(sim.status().members, Names({0, 1}));
@@ -626,6 +656,117 @@ TEST(Reconcile, AnInvalidSpecSetsReadyFalseInvalidSpecAndCreatesNothing) {
   sim.Until([&] { return sim.status().phase == "Running"; });
 }
 
+// The data phase (status.data): until tidal-prep's pod has said where the token store is, no
+// worker exists and Ready says why; then every worker pod is told the store.
+TEST(Reconcile, NoWorkerIsCreatedUntilTheDataPhaseHasPreparedTheStore) {
+  Sim sim(Spec());
+  sim.prep_outcome_ = [](int) { return std::pair<std::string, std::string>("Running", ""); };
+  for (int i = 0; i < 6; ++i) sim.Reconcile();
+  ASSERT_EQ(sim.prep_pods_created_.size(), 1u) << "one prep pod, however many reconciles";
+  const std::string prep = sim.prep_pods_created_[0];
+  EXPECT_EQ(prep.rfind("job-prep-", 0), 0u) << prep;
+  EXPECT_TRUE(sim.pods_.empty()) << "a worker before the data is ready";
+  EXPECT_EQ(sim.status().phase, "Pending");
+  EXPECT_EQ(ConditionOf(sim.status(), "Ready", "reason"), "PreparingData");
+  EXPECT_NE(ConditionOf(sim.status(), "Ready", "message").find("kubectl logs " + prep),
+            std::string::npos);
+  EXPECT_EQ(ConditionOf(sim.status(), "DataReady", "status"), "False");
+  EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "PreparingData"), 1);
+
+  sim.prep_pods_[prep].phase = "Succeeded";
+  sim.prep_pods_[prep].message =
+      R"({"store": "s3://data/.tidal-tokens/feed", "samples": 500000, "tokens": 123456789,
+          "reused": true})";
+  Plan plan = sim.Reconcile();
+  EXPECT_TRUE(sim.prep_pods_.empty()) << "the prep pod stays after the phase";
+  EXPECT_EQ(sim.pods_.size(), 2u);
+  const JobStatus st = sim.status();
+  ASSERT_TRUE(st.data);
+  EXPECT_EQ(st.data->phase, "Ready");
+  EXPECT_EQ(st.data->store_uri, "s3://data/.tidal-tokens/feed");
+  EXPECT_EQ(st.data->samples, 500000);
+  EXPECT_EQ(st.data->tokens, 123456789);
+  EXPECT_TRUE(st.data->reused);
+  EXPECT_EQ(ConditionOf(st, "DataReady", "status"), "True");
+  EXPECT_TRUE(sim.HasEvent("DataReady"));
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  // A recovery that replaces every worker does not prepare again.
+  for (const std::string& m : sim.status().members) sim.pods_[m].phase = "Failed";
+  sim.now_ += 1h;
+  sim.Until([&] { return sim.status().phase == "Running" && sim.status().restarts == 1; });
+  EXPECT_EQ(sim.prep_pods_created_.size(), 1u);
+}
+
+// A dataset or tokenizer the model cannot use (tidal-prep's invalidSpec): Ready=False
+// InvalidSpec naming both sides, no worker, no retry, the prep pod kept for its logs — until
+// the spec changes.
+TEST(Reconcile, ATokenizerThatDoesNotFitTheModelIsInvalidSpecAndNoWorkerIsCreated) {
+  Sim sim(Spec());
+  const std::string error =
+      "spec.dataset: the data's tokenizer (byte-level BPE, 32000 ids) produced token id 31999, "
+      "which the model /models/tiny (config.json vocab_size 512) has no embedding for";
+  sim.prep_outcome_ = [&](int attempt) {
+    if (attempt > 0)
+      return std::pair<std::string, std::string>("Succeeded", R"({"store": "file:///s/1"})");
+    return std::pair<std::string, std::string>(
+        "Failed", json({{"error", error}, {"invalidSpec", true}}).dump());
+  };
+  for (int i = 0; i < 5; ++i) {
+    sim.now_ += 1h;
+    sim.Reconcile();
+  }
+  EXPECT_EQ(sim.prep_pods_created_.size(), 1u) << "an invalid spec is not retried";
+  EXPECT_EQ(sim.prep_pods_.size(), 1u) << "its pod is kept for kubectl logs";
+  EXPECT_TRUE(sim.pods_.empty());
+  const JobStatus st = sim.status();
+  EXPECT_EQ(st.phase, "Pending");
+  EXPECT_EQ(ConditionOf(st, "Ready", "reason"), "InvalidSpec");
+  EXPECT_EQ(ConditionOf(st, "Ready", "message"), error);
+  EXPECT_EQ(ConditionOf(st, "DataReady", "reason"), "InvalidSpec");
+  EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "InvalidSpec"), 1);
+  EXPECT_EQ(st.restarts, 0);
+
+  // An edit elsewhere (not model, dataset or LoRA) cannot fix it; one of the dataset does.
+  sim.SetSpec(Spec(R"({"optimization": {"maxSteps": 2000}})"));
+  sim.Reconcile();
+  EXPECT_EQ(sim.prep_pods_created_.size(), 1u);
+  sim.SetSpec(Spec(R"({"optimization": {"maxSteps": 2000}, "dataset": {"tokenizer": "bytes"}})"));
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  ASSERT_EQ(sim.prep_pods_created_.size(), 2u);
+  EXPECT_NE(sim.prep_pods_created_[0], sim.prep_pods_created_[1]);
+  EXPECT_TRUE(sim.prep_pods_.empty()) << "the old prep pod was not collected";
+  EXPECT_EQ(sim.status().data->store_uri, "file:///s/1");
+}
+
+// Anything else (a store that does not answer, a crash: no result, the log's tail as message)
+// is retried with restartPolicy's backoff, a new pod per attempt, and fails the job beyond
+// maxRestarts.
+TEST(Reconcile, AFailingDataPhaseIsRetriedWithBackoffThenFailsTheJob) {
+  Sim sim(Spec());  // maxRestarts 2, backoffSeconds 10
+  sim.prep_outcome_ = [](int) {
+    return std::pair<std::string, std::string>("Failed", "Segmentation fault (core dumped)\n");
+  };
+  sim.Reconcile();
+  ASSERT_EQ(sim.prep_pods_created_.size(), 1u);
+  sim.Reconcile();  // sees the failure: retry 1 in 10 s
+  JobStatus st = sim.status();
+  ASSERT_TRUE(st.data);
+  EXPECT_EQ(st.data->phase, "Retrying");
+  EXPECT_EQ(st.data->failures, 1);
+  EXPECT_NE(st.data->message.find("Segmentation fault"), std::string::npos) << st.data->message;
+  EXPECT_TRUE(sim.HasEvent("DataPreparationFailed"));
+  for (int i = 0; i < 5; ++i) sim.Reconcile();  // 5 s: still in the backoff
+  EXPECT_EQ(sim.prep_pods_created_.size(), 1u) << "retried inside the backoff";
+  sim.Until([&] { return sim.prep_pods_created_.size() == 2; }, 12);
+  sim.Until([&] { return sim.status().phase == "Failed"; }, 40);
+  EXPECT_EQ(sim.prep_pods_created_.size(), 3u) << "1 + maxRestarts attempts";
+  EXPECT_EQ(sim.status().failure_reason, "RestartsExhausted");
+  EXPECT_NE(sim.status().failure.find("the data phase failed 3 times"), std::string::npos)
+      << sim.status().failure;
+  EXPECT_TRUE(sim.pods_.empty());
+  EXPECT_TRUE(sim.prep_pods_.empty());
+}
+
 TEST(Reconcile, RankZeroSucceedingMakesTheJobSucceeded) {
   Sim sim(Spec());
   sim.Until([&] { return sim.status().phase == "Running"; });
@@ -661,12 +802,6 @@ std::string AnomalySpec(const std::string& action) {
   return R"({"anomaly": {"lossRisePercent": 15, "consecutiveSteps": 3, "minGPUUtilPercent": 40,
                          "action": ")" +
          action + R"("}})";
-}
-
-std::string ConditionOf(const JobStatus& st, const std::string& type, const char* field) {
-  for (const json& c : st.conditions)
-    if (c.value("type", "") == type) return c.value(field, "");
-  return "";
 }
 
 // Falls to step 20, then rises 10% a step.
