@@ -147,10 +147,9 @@ void AddStoreAccess(const api::TrainingJobSpec& spec, json& volumes, json& mount
   for (const json& e : spec.worker.env) env.push_back(e);
 }
 
-// Where the user put the workers, for the prep pod too (same network, same store access).
-void AddPlacement(const api::TrainingJobSpec& spec, json& pod_spec) {
-  if (spec.worker.node_selector.is_object() && !spec.worker.node_selector.empty())
-    pod_spec["nodeSelector"] = spec.worker.node_selector;
+// The workers' tolerations let a pod onto the nodes they may use; their nodeSelector (a GPU
+// pool) binds only workers: the prep pod needs no GPU and must not wait for a GPU node.
+void AddTolerations(const api::TrainingJobSpec& spec, json& pod_spec) {
   if (spec.worker.tolerations.is_array() && !spec.worker.tolerations.empty())
     pod_spec["tolerations"] = spec.worker.tolerations;
 }
@@ -189,7 +188,7 @@ json PrepPod(const JobRef& job, const api::TrainingJobSpec& spec, const std::str
                    {"securityContext", {{"fsGroup", kWorkerFsGroup}}},
                    {"containers", json::array({container})},
                    {"volumes", volumes}};
-  AddPlacement(spec, pod_spec);
+  AddTolerations(spec, pod_spec);
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", pod_spec}};
 }
 
@@ -261,7 +260,9 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
                    {"securityContext", {{"fsGroup", kWorkerFsGroup}}},
                    {"containers", json::array({container})},
                    {"volumes", volumes}};
-  AddPlacement(spec, pod_spec);
+  if (spec.worker.node_selector.is_object() && !spec.worker.node_selector.empty())
+    pod_spec["nodeSelector"] = spec.worker.node_selector;
+  AddTolerations(spec, pod_spec);
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", pod_spec}};
 }
 

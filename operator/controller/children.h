@@ -97,8 +97,8 @@ struct WorkerPodOptions {
 };
 
 // The data phase: `tidal-prep --config <the spec> --result /dev/termination-log` in the
-// workers' image, with their store access, env and placement, their CPU and memory and no
-// GPU; restartPolicy Never (the controller retries with backoff). Its termination message
+// workers' image, with their store access, env, tolerations, CPU and memory — no GPU and not
+// their nodeSelector (a GPU pool); restartPolicy Never (the controller retries with backoff). Its termination message
 // (FallbackToLogsOnError) is the outcome.
 nlohmann::json PrepPod(const JobRef& job, const api::TrainingJobSpec& spec, const std::string& name,
                        const std::string& data_key);

@@ -1,5 +1,6 @@
-// The engine against the libraries our users trust: transformers' LlamaForCausalLM with a PEFT
-// LoRA adapter whose B is not zero (tests/hf/llama_peft_case.py, the real packages from
+// The engine against the libraries our users trust: transformers' LlamaForCausalLM (RoPE
+// scaling llama3 / linear / yarn, biases, head_dim), Qwen2ForCausalLM and Qwen3ForCausalLM with a
+// PEFT LoRA adapter whose B is not zero (tests/hf/peft_case.py, the real packages from
 // tools/venv). The engine loads the base model transformers saved and the adapter PEFT saved,
 // and must give the same logits and loss (1e-5 relative) and, after one backward on the same
 // batch, the same gradient for every LoRA weight (1e-4 relative), at ZeRO stages 0 and 3
@@ -27,7 +28,7 @@ using namespace std::chrono_literals;
 
 struct OracleCase {
   const char* name;
-  const char* json;  // overrides of llama_peft_case.py's defaults
+  const char* json;  // overrides of peft_case.py's defaults
 };
 
 // Largest absolute difference, relative to the largest magnitude of the expected values.
@@ -41,7 +42,7 @@ class HfOracleTest : public ::testing::TestWithParam<std::tuple<OracleCase, int>
   void SetUp() override {
     const auto& [c, stage] = GetParam();
     auto made = tidal::testing::RunProcess(
-        {TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/hf/llama_peft_case.py", dir_.path(),
+        {TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/hf/peft_case.py", dir_.path(),
          c.json},
         300s);
     ASSERT_EQ(made.exit_code, 0) << made.out << made.err;
@@ -175,9 +176,28 @@ const OracleCase kCases[] = {
     {"TiedMhaRopeTheta1e6AttentionOnly",
      R"({"tie": true, "kv_heads": 4, "rope_theta": 1000000.0, "rms_norm_eps": 1e-5,
          "targets": ["q_proj", "v_proj"], "rank": 8, "alpha": 32, "seed": 3})"},
+    // Llama-3.1 / R1-Distill-Llama RoPE: long wavelengths stretched by factor, a smooth band.
+    {"Llama3Rope",
+     R"({"rope": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+         "seed": 4})"},
+    {"LinearRope", R"({"rope": {"rope_type": "linear", "factor": 2.0}, "seed": 5})"},
+    {"YarnRope",
+     R"({"rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+         "tie": true, "seed": 6})"},
+    {"LlamaBiasesAndHeadDim",
+     R"({"attention_bias": true, "mlp_bias": true, "head_dim": 32, "seed": 7})"},
+    // R1-Distill-Qwen: q/k/v with bias, o_proj without.
+    {"Qwen2", R"({"family": "qwen2", "rope_theta": 1000000.0, "seed": 8})"},
+    {"Qwen2TiedAttentionOnly",
+     R"({"family": "qwen2", "tie": true, "targets": ["q_proj", "k_proj", "v_proj", "o_proj"],
+         "seed": 9})"},
+    // Qwen3 (R1-0528-Qwen3-8B): RMSNorm on each head's q and k; head_dim apart from hidden/heads.
+    {"Qwen3HeadDim", R"({"family": "qwen3", "head_dim": 32, "seed": 10})"},
+    {"Qwen3Bias", R"({"family": "qwen3", "attention_bias": true, "tie": true, "seed": 11})"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Llama, HfOracleTest,
+INSTANTIATE_TEST_SUITE_P(Families, HfOracleTest,
                          ::testing::Combine(::testing::ValuesIn(kCases), ::testing::Values(0, 3)),
                          [](const ::testing::TestParamInfo<std::tuple<OracleCase, int>>& info) {
                            return std::string(std::get<0>(info.param).name) + "Zero" +

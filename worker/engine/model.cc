@@ -74,21 +74,32 @@ DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
     return std::find(lora_.target_modules.begin(), lora_.target_modules.end(), m) !=
            lora_.target_modules.end();
   };
+  auto has_bias = [&](size_t m) {
+    return m <= kV ? config_.qkv_bias : m == kO ? config_.o_bias : config_.mlp_bias;
+  };
   blocks_.push_back(
       {BlockKind::kEmbedding, -1, {{"model.embed_tokens.weight", {config_.vocab_size, h}}}});
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     BlockSpec block{BlockKind::kDecoderLayer, l, {}};
     const std::string layer = "model.layers." + std::to_string(l);
-    block.params.push_back({layer + ".input_layernorm.weight", {h}});
-    for (const auto& m : kModules) {
-      if (m == "gate_proj")
-        block.params.push_back({layer + ".post_attention_layernorm.weight", {h}});
-      const auto [out, in] = *config_.ProjectionShape(m);
-      const std::string prefix = ModulePrefix(l, m);
-      block.params.push_back({prefix + ".weight", {out, in}});
-      if (targeted(m)) {
-        block.params.push_back({prefix + ".lora_A.weight", {lora_.rank, in}, true});
-        block.params.push_back({prefix + ".lora_B.weight", {out, lora_.rank}, true});
+    auto add = [&](ParamSpec spec, ParamRole role) {
+      block.params.push_back(std::move(spec));
+      if (l == 0) layer_roles_.push_back(role);
+    };
+    add({layer + ".input_layernorm.weight", {h}}, {ParamRole::kInputNorm});
+    for (size_t m = 0; m < kModules.size(); ++m) {
+      if (m == kGate) add({layer + ".post_attention_layernorm.weight", {h}}, {ParamRole::kPostNorm});
+      if (m == kO && config_.qk_norm) {  // Qwen3: per-head RMSNorm of q and k
+        add({layer + ".self_attn.q_norm.weight", {config_.head_dim()}}, {ParamRole::kQNorm});
+        add({layer + ".self_attn.k_norm.weight", {config_.head_dim()}}, {ParamRole::kKNorm});
+      }
+      const auto [out, in] = *config_.ProjectionShape(kModules[m]);
+      const std::string prefix = ModulePrefix(l, kModules[m]);
+      add({prefix + ".weight", {out, in}}, {ParamRole::kWeight, m});
+      if (has_bias(m)) add({prefix + ".bias", {out}}, {ParamRole::kBias, m});
+      if (targeted(kModules[m])) {
+        add({prefix + ".lora_A.weight", {lora_.rank, in}, true}, {ParamRole::kLoraA, m});
+        add({prefix + ".lora_B.weight", {out, lora_.rank}, true}, {ParamRole::kLoraB, m});
       }
     }
     blocks_.push_back(std::move(block));
@@ -99,14 +110,58 @@ DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
   blocks_.push_back(std::move(head));
 }
 
+namespace {
+
+// The inverse frequencies of config.rope, step by step as transformers' modeling_rope_utils
+// computes them (fp32 tensors).
+torch::Tensor InverseFrequencies(const ModelConfig& config, torch::Device device) {
+  const int64_t dim = config.head_dim();
+  const RopeScaling& rope = config.rope;
+  auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
+  auto pos_freqs = torch::pow(config.rope_theta, torch::arange(0, dim, 2, opts) / dim);
+  auto inv_freq = 1.0 / pos_freqs;
+  const double original = rope.original_max_position_embeddings > 0
+                              ? static_cast<double>(rope.original_max_position_embeddings)
+                              : static_cast<double>(config.max_position_embeddings);
+  if (rope.type == "linear") return inv_freq / rope.factor;
+  if (rope.type == "llama3") {
+    const double low_wavelen = original / rope.low_freq_factor;
+    const double high_wavelen = original / rope.high_freq_factor;
+    auto wavelen = 2 * M_PI / inv_freq;
+    auto scaled = torch::where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq);
+    auto smooth = (original / wavelen - rope.low_freq_factor) /
+                  (rope.high_freq_factor - rope.low_freq_factor);
+    auto smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled;
+    auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+    return torch::where(medium, smoothed, scaled);
+  }
+  if (rope.type == "yarn") {
+    auto correction_dim = [&](double rotations) {
+      return (dim * std::log(original / (rotations * 2 * M_PI))) / (2 * std::log(config.rope_theta));
+    };
+    double low = correction_dim(rope.beta_fast), high = correction_dim(rope.beta_slow);
+    if (rope.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;  // as transformers: no division by zero
+    auto ramp = ((torch::arange(dim / 2, opts) - low) / (high - low)).clamp(0, 1);
+    auto extrapolation = 1 - ramp;
+    auto interpolation = 1.0 / (rope.factor * pos_freqs);
+    return interpolation * (1 - extrapolation) + inv_freq * extrapolation;
+  }
+  return inv_freq;
+}
+
+}  // namespace
+
 std::pair<torch::Tensor, torch::Tensor> DecoderModel::RopeTables(int64_t seq,
                                                                  torch::Device device) const {
-  const int64_t dim = config_.head_dim();
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
-  auto inv_freq = 1.0 / torch::pow(config_.rope_theta, torch::arange(0, dim, 2, opts) / dim);
-  auto freqs = torch::outer(torch::arange(seq, opts), inv_freq);
+  auto freqs = torch::outer(torch::arange(seq, opts), InverseFrequencies(config_, device));
   auto emb = torch::cat({freqs, freqs}, -1);
-  return {emb.cos(), emb.sin()};
+  const double scaling = config_.RopeAttentionScaling();  // yarn's attention factor
+  if (scaling == 1.0) return {emb.cos(), emb.sin()};
+  return {emb.cos() * scaling, emb.sin() * scaling};
 }
 
 torch::Tensor DecoderModel::InitialValue(const ParamSpec& spec, uint64_t seed) const {
@@ -118,6 +173,7 @@ torch::Tensor DecoderModel::InitialValue(const ParamSpec& spec, uint64_t seed) c
            n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   if (ends_with("norm.weight")) return torch::ones(spec.shape, opts);
+  if (ends_with(".bias")) return torch::zeros(spec.shape, opts);
   if (ends_with("lora_B.weight")) return torch::zeros(spec.shape, opts);
   if (ends_with("lora_A.weight")) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(spec.shape[1]));
@@ -150,29 +206,48 @@ torch::Tensor DecoderModel::ForwardBlock(int64_t b, const std::vector<torch::Ten
 
 torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch::Tensor>& p,
                                          const torch::Tensor& x, const ForwardContext& ctx) const {
-  size_t next = 0;
-  auto take = [&]() -> const torch::Tensor& { return p.at(next++); };
   const bool dropout = ctx.training && lora_.dropout > 0;
   const uint64_t layer_key = MixSeed(ctx.dropout_key, static_cast<uint64_t>(layer));
 
-  // Projections in kModules order, each followed by its adapter when it is targeted.
+  // Each projection with its bias and adapter when it has them (layer_roles_ says which
+  // parameter is what).
   struct Linear {
-    torch::Tensor weight, lora_a, lora_b;
+    torch::Tensor weight, bias, lora_a, lora_b;
   };
   std::array<Linear, 7> mods;
-  const torch::Tensor& input_norm = take();
-  torch::Tensor post_norm;
-  for (size_t m = 0; m < kModules.size(); ++m) {
-    if (m == kGate) post_norm = take();
-    mods[m].weight = take();
-    if (next < p.size() && blocks_[layer + 1].params[next].trainable) {
-      mods[m].lora_a = take();
-      mods[m].lora_b = take();
+  torch::Tensor input_norm, post_norm, q_norm, k_norm;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const ParamRole& role = layer_roles_.at(i);
+    switch (role.kind) {
+      case ParamRole::kInputNorm:
+        input_norm = p[i];
+        break;
+      case ParamRole::kPostNorm:
+        post_norm = p[i];
+        break;
+      case ParamRole::kQNorm:
+        q_norm = p[i];
+        break;
+      case ParamRole::kKNorm:
+        k_norm = p[i];
+        break;
+      case ParamRole::kWeight:
+        mods[role.module].weight = p[i];
+        break;
+      case ParamRole::kBias:
+        mods[role.module].bias = p[i];
+        break;
+      case ParamRole::kLoraA:
+        mods[role.module].lora_a = p[i];
+        break;
+      case ParamRole::kLoraB:
+        mods[role.module].lora_b = p[i];
+        break;
     }
   }
   auto linear = [&](size_t m, const torch::Tensor& in) {
     const Linear& l = mods[m];
-    auto out = F::linear(in, l.weight);
+    auto out = F::linear(in, l.weight, l.bias);
     if (!l.lora_a.defined()) return out;
     torch::Tensor lora_in = in;
     if (dropout) {
@@ -186,9 +261,16 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
   const int64_t batch = x.size(0), seq = x.size(1);
   const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
   const int64_t dim = config_.head_dim();
-  auto h = RmsNorm(x, input_norm, config_.rms_norm_eps);
-  auto q = linear(kQ, h).view({batch, seq, heads, dim}).transpose(1, 2);
-  auto k = linear(kK, h).view({batch, seq, kv_heads, dim}).transpose(1, 2);
+  const double eps = config_.rms_norm_eps;
+  auto h = RmsNorm(x, input_norm, eps);
+  auto q = linear(kQ, h).view({batch, seq, heads, dim});
+  auto k = linear(kK, h).view({batch, seq, kv_heads, dim});
+  if (config_.qk_norm) {  // over each head's features, before RoPE (Qwen3)
+    q = RmsNorm(q, q_norm, eps);
+    k = RmsNorm(k, k_norm, eps);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
   auto v = linear(kV, h).view({batch, seq, kv_heads, dim}).transpose(1, 2);
   const bool per_token = ctx.rope_cos.dim() == 4;
   auto cos = per_token ? ctx.rope_cos : ctx.rope_cos.narrow(0, 0, seq);
@@ -204,7 +286,7 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
                   .transpose(1, 2)
                   .reshape({batch, seq, heads * dim});
   auto hidden = x + linear(kO, attn);
-  auto m = RmsNorm(hidden, post_norm, config_.rms_norm_eps);
+  auto m = RmsNorm(hidden, post_norm, eps);
   auto mlp = linear(kDown, F::silu(linear(kGate, m)) * linear(kUp, m));
   return hidden + mlp;
 }

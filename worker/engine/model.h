@@ -1,6 +1,7 @@
-// worker/engine/model.h — the LLaMA / DeepSeek-LLM decoder (RMSNorm, RoPE, SwiGLU, grouped-
-// query attention, tied or untied embeddings) with LoRA adapters, written as plain functions
-// over parameter tensors. The model knows nothing of sharding: it declares its parameters in
+// worker/engine/model.h — the dense decoder of LLaMA / DeepSeek-LLM / Llama-3 (RoPE scaling),
+// Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm): RMSNorm, RoPE, SwiGLU, grouped-query
+// attention, tied or untied embeddings, with LoRA adapters, written as plain functions over
+// parameter tensors. The model knows nothing of sharding: it declares its parameters in
 // blocks (embedding, one per decoder layer, head) and computes one block from tensors it is
 // handed; worker/engine/zero.h decides where those tensors live (STYLE.md: parallelism is
 // applied to a plain model).
@@ -78,6 +79,12 @@ class DecoderModel {
  private:
   torch::Tensor DecoderLayer(int64_t layer, const std::vector<torch::Tensor>& p,
                              const torch::Tensor& x, const ForwardContext& ctx) const;
+  // What each parameter of a decoder layer block is (the same for every layer).
+  struct ParamRole {
+    enum Kind { kInputNorm, kPostNorm, kQNorm, kKNorm, kWeight, kBias, kLoraA, kLoraB } kind;
+    size_t module = 0;  // the projection (kWeight … kLoraB), in kModules order
+  };
+  std::vector<ParamRole> layer_roles_;
   ModelConfig config_;
   LoraSpec lora_;
   double lora_scale_;

@@ -1,12 +1,29 @@
 // worker/engine/model_config.cc
 #include "worker/engine/model_config.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace tidal::engine {
 
+namespace {
+
+const char* ArchitectureOf(const std::string& model_type) {
+  if (model_type == "qwen2") return "Qwen2ForCausalLM";
+  if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  return "LlamaForCausalLM";
+}
+
+}  // namespace
+
 int64_t ModelConfig::BaseParameterCount() const {
-  const int64_t kv_dim = num_key_value_heads * head_dim();
-  const int64_t attention = hidden_size * hidden_size * 2 + hidden_size * kv_dim * 2;
-  const int64_t mlp = 3 * hidden_size * intermediate_size;
+  const int64_t q_dim = num_attention_heads * head_dim(), kv_dim = num_key_value_heads * head_dim();
+  int64_t attention = hidden_size * q_dim * 2 + hidden_size * kv_dim * 2;
+  if (qkv_bias) attention += q_dim + 2 * kv_dim;
+  if (o_bias) attention += hidden_size;
+  if (qk_norm) attention += 2 * head_dim();
+  int64_t mlp = 3 * hidden_size * intermediate_size;
+  if (mlp_bias) mlp += 2 * intermediate_size + hidden_size;
   const int64_t per_layer = attention + mlp + 2 * hidden_size;
   const int64_t embeddings = vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2);
   return per_layer * num_hidden_layers + embeddings + hidden_size;
@@ -25,37 +42,76 @@ Status ModelConfig::Validate() const {
   TIDAL_RETURN_IF_ERROR(positive("num_attention_heads", num_attention_heads));
   TIDAL_RETURN_IF_ERROR(positive("num_key_value_heads", num_key_value_heads));
   TIDAL_RETURN_IF_ERROR(positive("max_position_embeddings", max_position_embeddings));
-  if (hidden_size % num_attention_heads != 0)
+  if (head_dim_override < 0) return InvalidArgument("head_dim must be > 0");
+  if (head_dim_override == 0 && hidden_size % num_attention_heads != 0)
     return InvalidArgument("hidden_size (" + std::to_string(hidden_size) +
                            ") must be divisible by num_attention_heads (" +
                            std::to_string(num_attention_heads) + ")");
-  if (head_dim() % 2 != 0)
-    return InvalidArgument("head_dim (hidden_size / num_attention_heads) must be even for RoPE");
+  if (head_dim() % 2 != 0) return InvalidArgument("head_dim must be even for RoPE");
   if (num_attention_heads % num_key_value_heads != 0)
     return InvalidArgument("num_attention_heads (" + std::to_string(num_attention_heads) +
                            ") must be a multiple of num_key_value_heads (" +
                            std::to_string(num_key_value_heads) + ")");
   if (!(rms_norm_eps > 0)) return InvalidArgument("rms_norm_eps must be > 0");
   if (!(rope_theta > 0)) return InvalidArgument("rope_theta must be > 0");
+  if (rope.type != "default") {
+    if (!(rope.factor > 0))
+      return InvalidArgument("rope_parameters.factor must be > 0 for rope_type " + rope.type);
+    if (rope.type == "llama3" && !(rope.high_freq_factor > rope.low_freq_factor))
+      return InvalidArgument("rope_parameters: high_freq_factor must exceed low_freq_factor");
+  }
   return OkStatus();
 }
 
+double ModelConfig::RopeAttentionScaling() const {
+  if (rope.type != "yarn") return 1.0;
+  if (rope.attention_factor) return *rope.attention_factor;
+  auto mscale = [](double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
+  if (rope.mscale && rope.mscale_all_dim && *rope.mscale != 0 && *rope.mscale_all_dim != 0)
+    return mscale(rope.factor, *rope.mscale) / mscale(rope.factor, *rope.mscale_all_dim);
+  return mscale(rope.factor, 1.0);
+}
+
 nlohmann::json ModelConfig::ToHfJson() const {
-  nlohmann::json j = {{"architectures", {"LlamaForCausalLM"}},
-                      {"model_type", "llama"},
+  nlohmann::json rope_parameters = {{"rope_type", rope.type}, {"rope_theta", rope_theta}};
+  if (rope.type != "default") rope_parameters["factor"] = rope.factor;
+  if (rope.type == "llama3" || rope.type == "yarn")
+    rope_parameters["original_max_position_embeddings"] =
+        rope.original_max_position_embeddings > 0 ? rope.original_max_position_embeddings
+                                                  : max_position_embeddings;
+  if (rope.type == "llama3") {
+    rope_parameters["low_freq_factor"] = rope.low_freq_factor;
+    rope_parameters["high_freq_factor"] = rope.high_freq_factor;
+  }
+  if (rope.type == "yarn") {
+    rope_parameters["beta_fast"] = rope.beta_fast;
+    rope_parameters["beta_slow"] = rope.beta_slow;
+    rope_parameters["truncate"] = rope.truncate;
+    if (rope.attention_factor) rope_parameters["attention_factor"] = *rope.attention_factor;
+    if (rope.mscale) rope_parameters["mscale"] = *rope.mscale;
+    if (rope.mscale_all_dim) rope_parameters["mscale_all_dim"] = *rope.mscale_all_dim;
+  }
+  nlohmann::json j = {{"architectures", {ArchitectureOf(model_type)}},
+                      {"model_type", model_type},
                       {"vocab_size", vocab_size},
                       {"hidden_size", hidden_size},
                       {"intermediate_size", intermediate_size},
                       {"num_hidden_layers", num_hidden_layers},
                       {"num_attention_heads", num_attention_heads},
                       {"num_key_value_heads", num_key_value_heads},
+                      {"head_dim", head_dim()},
                       {"max_position_embeddings", max_position_embeddings},
                       {"rms_norm_eps", rms_norm_eps},
                       {"rope_theta", rope_theta},
+                      {"rope_parameters", rope_parameters},
                       {"initializer_range", initializer_range},
                       {"tie_word_embeddings", tie_word_embeddings},
                       {"hidden_act", "silu"},
                       {"torch_dtype", "float32"}};
+  if (model_type != "qwen2") j["attention_bias"] = o_bias;  // Qwen2's q/k/v bias is implied
+  if (model_type == "llama") j["mlp_bias"] = mlp_bias;
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
   if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;
@@ -64,17 +120,125 @@ nlohmann::json ModelConfig::ToHfJson() const {
 
 std::optional<std::pair<int64_t, int64_t>> ModelConfig::ProjectionShape(
     const std::string& module) const {
-  const int64_t h = hidden_size, kv = num_key_value_heads * head_dim(), inter = intermediate_size;
-  if (module == "q_proj" || module == "o_proj") return std::pair{h, h};
+  const int64_t h = hidden_size, q = num_attention_heads * head_dim(),
+                kv = num_key_value_heads * head_dim(), inter = intermediate_size;
+  if (module == "q_proj") return std::pair{q, h};
+  if (module == "o_proj") return std::pair{h, q};
   if (module == "k_proj" || module == "v_proj") return std::pair{kv, h};
   if (module == "gate_proj" || module == "up_proj") return std::pair{inter, h};
   if (module == "down_proj") return std::pair{h, inter};
   return std::nullopt;
 }
 
+namespace {
+
+// rope_parameters (transformers 5) or rope_scaling (earlier; "type" for "rope_type"), with
+// the top-level rope_theta. Every key changes the frequencies: an unknown one is refused.
+Status ParseRope(const nlohmann::json& json, ModelConfig& c) {
+  const bool has_parameters = json.contains("rope_parameters") && !json["rope_parameters"].is_null();
+  const bool has_scaling = json.contains("rope_scaling") && !json["rope_scaling"].is_null();
+  if (!has_parameters && !has_scaling) return OkStatus();
+  const char* field = has_parameters ? "rope_parameters" : "rope_scaling";
+  const nlohmann::json& rope = json[field];
+  const std::string where = std::string("config.json: ") + field;
+  if (!rope.is_object()) return InvalidArgument(where + " must be an object");
+  auto number = [&](const std::string& key, double& out) -> Status {
+    const auto& v = rope[key];
+    if (v.is_null()) return OkStatus();
+    if (!v.is_number()) return InvalidArgument(where + "." + key + " must be a number");
+    out = v.get<double>();
+    return OkStatus();
+  };
+  for (const char* key : {"rope_type", "type"}) {
+    if (!rope.contains(key) || rope[key].is_null()) continue;
+    if (!rope[key].is_string()) return InvalidArgument(where + "." + key + " must be a string");
+    c.rope.type = rope[key].get<std::string>();
+  }
+  static const std::vector<std::string> kTypes = {"default", "linear", "llama3", "yarn"};
+  if (std::find(kTypes.begin(), kTypes.end(), c.rope.type) == kTypes.end())
+    return InvalidArgument(where + ".rope_type \"" + c.rope.type +
+                           "\" is not supported (supported: default, linear, llama3, yarn)");
+  for (const auto& [key, value] : rope.items()) {
+    if (key == "rope_type" || key == "type") continue;
+    double v = 0;
+    if (key == "rope_theta") {
+      TIDAL_RETURN_IF_ERROR(number(key, v));
+      if (value.is_null()) continue;
+      if (!(v > 0)) return InvalidArgument(where + ".rope_theta must be > 0");
+      if (json.contains("rope_theta") && json["rope_theta"].is_number() &&
+          json["rope_theta"].get<double>() != v)
+        return InvalidArgument("config.json: rope_theta and " + std::string(field) +
+                               ".rope_theta differ");
+      c.rope_theta = v;
+    } else if (key == "factor" && c.rope.type != "default") {
+      TIDAL_RETURN_IF_ERROR(number(key, c.rope.factor));
+    } else if (key == "original_max_position_embeddings" &&
+               (c.rope.type == "llama3" || c.rope.type == "yarn")) {
+      if (!value.is_number_integer())
+        return InvalidArgument(where + ".original_max_position_embeddings must be an integer");
+      c.rope.original_max_position_embeddings = value.get<int64_t>();
+    } else if (key == "low_freq_factor" && c.rope.type == "llama3") {
+      TIDAL_RETURN_IF_ERROR(number(key, c.rope.low_freq_factor));
+    } else if (key == "high_freq_factor" && c.rope.type == "llama3") {
+      TIDAL_RETURN_IF_ERROR(number(key, c.rope.high_freq_factor));
+    } else if (key == "beta_fast" && c.rope.type == "yarn") {
+      TIDAL_RETURN_IF_ERROR(number(key, c.rope.beta_fast));
+    } else if (key == "beta_slow" && c.rope.type == "yarn") {
+      TIDAL_RETURN_IF_ERROR(number(key, c.rope.beta_slow));
+    } else if ((key == "attention_factor" || key == "mscale" || key == "mscale_all_dim") &&
+               c.rope.type == "yarn") {
+      if (value.is_null()) continue;
+      TIDAL_RETURN_IF_ERROR(number(key, v));
+      (key == "attention_factor" ? c.rope.attention_factor
+       : key == "mscale"         ? c.rope.mscale
+                                 : c.rope.mscale_all_dim) = v;
+    } else if (key == "truncate" && c.rope.type == "yarn") {
+      if (!value.is_boolean()) return InvalidArgument(where + ".truncate must be true or false");
+      c.rope.truncate = value.get<bool>();
+    } else if (key == "partial_rotary_factor") {
+      TIDAL_RETURN_IF_ERROR(number(key, v));
+      if (v != 1.0)
+        return InvalidArgument(where + ".partial_rotary_factor " + value.dump() +
+                               " is not supported (only 1: RoPE on the whole head)");
+    } else {
+      return InvalidArgument(where + "." + key + " is not supported for rope_type \"" +
+                             c.rope.type + "\"");
+    }
+  }
+  if (c.rope.type == "yarn" && (!rope.contains("factor") || rope["factor"].is_null()) &&
+      c.rope.original_max_position_embeddings > 0)
+    c.rope.factor = static_cast<double>(c.max_position_embeddings) /
+                    static_cast<double>(c.rope.original_max_position_embeddings);
+  if ((c.rope.type == "linear" || c.rope.type == "llama3") && !rope.contains("factor"))
+    return InvalidArgument(where + ".factor is required for rope_type \"" + c.rope.type + "\"");
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
   if (!json.is_object()) return InvalidArgument("config.json must be a JSON object");
   ModelConfig c;
+  // The architecture: model_type, else architectures[0].
+  std::string architecture;
+  if (json.contains("architectures") && json["architectures"].is_array() &&
+      !json["architectures"].empty() && json["architectures"][0].is_string())
+    architecture = json["architectures"][0].get<std::string>();
+  if (json.contains("model_type") && json["model_type"].is_string()) {
+    c.model_type = json["model_type"].get<std::string>();
+  } else if (!architecture.empty()) {
+    c.model_type = architecture == "Qwen2ForCausalLM"   ? "qwen2"
+                   : architecture == "Qwen3ForCausalLM" ? "qwen3"
+                   : architecture == "LlamaForCausalLM" ? "llama"
+                                                        : architecture;
+  }
+  if (c.model_type == "deepseek_v2" || c.model_type == "deepseek_v3")
+    return InvalidArgument("config.json: model_type \"" + c.model_type +
+                           "\" (multi-head latent attention + mixture of experts) is not "
+                           "supported yet (supported: llama, qwen2, qwen3)");
+  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3")
+    return InvalidArgument("config.json: model_type \"" + c.model_type +
+                           "\" is not supported (supported: llama, qwen2, qwen3)");
   auto read_int = [&](const char* key, int64_t& out, bool required) -> Status {
     if (!json.contains(key) || json[key].is_null()) {
       return required ? InvalidArgument(std::string("config.json: missing required key ") + key)
@@ -92,6 +256,13 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
     out = json[key].get<double>();
     return OkStatus();
   };
+  auto read_bool = [&](const char* key, bool& out) -> Status {
+    if (!json.contains(key) || json[key].is_null()) return OkStatus();
+    if (!json[key].is_boolean())
+      return InvalidArgument(std::string("config.json: ") + key + " must be true or false");
+    out = json[key].get<bool>();
+    return OkStatus();
+  };
   TIDAL_RETURN_IF_ERROR(read_int("vocab_size", c.vocab_size, true));
   TIDAL_RETURN_IF_ERROR(read_int("hidden_size", c.hidden_size, true));
   TIDAL_RETURN_IF_ERROR(read_int("intermediate_size", c.intermediate_size, true));
@@ -100,11 +271,11 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
   c.num_key_value_heads = c.num_attention_heads;  // HF default: multi-head attention
   TIDAL_RETURN_IF_ERROR(read_int("num_key_value_heads", c.num_key_value_heads, false));
   TIDAL_RETURN_IF_ERROR(read_int("max_position_embeddings", c.max_position_embeddings, false));
+  TIDAL_RETURN_IF_ERROR(read_int("head_dim", c.head_dim_override, false));
   TIDAL_RETURN_IF_ERROR(read_double("rms_norm_eps", c.rms_norm_eps));
   TIDAL_RETURN_IF_ERROR(read_double("rope_theta", c.rope_theta));
   TIDAL_RETURN_IF_ERROR(read_double("initializer_range", c.initializer_range));
-  if (json.contains("tie_word_embeddings") && json["tie_word_embeddings"].is_boolean())
-    c.tie_word_embeddings = json["tie_word_embeddings"].get<bool>();
+  TIDAL_RETURN_IF_ERROR(read_bool("tie_word_embeddings", c.tie_word_embeddings));
   if (json.contains("bos_token_id") && json["bos_token_id"].is_number_integer())
     c.bos_token_id = json["bos_token_id"].get<int64_t>();
   if (json.contains("eos_token_id")) {
@@ -114,43 +285,37 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
       for (const auto& id : eos)
         if (id.is_number_integer()) c.eos_token_ids.push_back(id.get<int64_t>());
   }
-  if (json.contains("rope_scaling") && !json["rope_scaling"].is_null())
-    return InvalidArgument("config.json: rope_scaling is not supported yet (got " +
-                           json["rope_scaling"].dump() + ")");
-  // transformers 5 writes RoPE as rope_parameters {rope_type, rope_theta} instead of a
-  // top-level rope_theta; both forms must give the same model.
-  if (json.contains("rope_parameters") && !json["rope_parameters"].is_null()) {
-    const auto& rope = json["rope_parameters"];
-    if (!rope.is_object()) return InvalidArgument("config.json: rope_parameters must be an object");
-    if (rope.contains("rope_type") && rope["rope_type"] != "default")
-      return InvalidArgument("config.json: rope_parameters.rope_type " + rope["rope_type"].dump() +
-                             " is not supported yet (expected \"default\")");
-    for (const auto& [key, value] : rope.items()) {
-      if (key == "rope_type") continue;
-      if (key != "rope_theta")
-        return InvalidArgument("config.json: rope_parameters." + key + " is not supported");
-      if (!value.is_number() || !(value.get<double>() > 0))
-        return InvalidArgument("config.json: rope_parameters.rope_theta must be a number > 0");
-      if (json.contains("rope_theta") && json["rope_theta"].is_number() &&
-          json["rope_theta"].get<double>() != value.get<double>())
-        return InvalidArgument("config.json: rope_theta and rope_parameters.rope_theta differ");
-      c.rope_theta = value.get<double>();
-    }
+  TIDAL_RETURN_IF_ERROR(ParseRope(json, c));
+  // Biases and norms, per family as transformers builds them.
+  if (c.model_type == "qwen2") {
+    c.qkv_bias = true;
+  } else {
+    bool attention_bias = false;
+    TIDAL_RETURN_IF_ERROR(read_bool("attention_bias", attention_bias));
+    c.qkv_bias = c.o_bias = attention_bias;
   }
-  // head_dim other than hidden_size / num_attention_heads changes every projection's shape.
-  if (json.contains("head_dim") && !json["head_dim"].is_null()) {
-    if (!json["head_dim"].is_number_integer() || c.num_attention_heads <= 0 ||
-        json["head_dim"].get<int64_t>() * c.num_attention_heads != c.hidden_size)
-      return InvalidArgument("config.json: head_dim " + json["head_dim"].dump() +
-                             " is not supported (expected hidden_size / num_attention_heads)");
+  if (c.model_type == "llama") TIDAL_RETURN_IF_ERROR(read_bool("mlp_bias", c.mlp_bias));
+  c.qk_norm = c.model_type == "qwen3";
+  if (c.model_type != "llama") {
+    bool sliding = false;
+    TIDAL_RETURN_IF_ERROR(read_bool("use_sliding_window", sliding));
+    if (sliding)
+      return InvalidArgument("config.json: use_sliding_window=true is not supported (sliding-"
+                             "window attention layers)");
+    if (json.contains("layer_types") && json["layer_types"].is_array())
+      for (const auto& t : json["layer_types"])
+        if (t != "full_attention")
+          return InvalidArgument("config.json: layer_types " + t.dump() +
+                                 " is not supported (only \"full_attention\")");
   }
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    if (json.contains(key) && json[key].is_boolean() && json[key].get<bool>())
-      return InvalidArgument(std::string("config.json: ") + key + "=true is not supported");
-  }
+  double dropout = 0;
+  TIDAL_RETURN_IF_ERROR(read_double("attention_dropout", dropout));
+  if (dropout != 0)
+    return InvalidArgument("config.json: attention_dropout " + json["attention_dropout"].dump() +
+                           " is not supported (only 0)");
   if (json.contains("hidden_act") && json["hidden_act"] != "silu")
-    return InvalidArgument("config.json: hidden_act must be \"silu\" (SwiGLU), got " +
-                           json["hidden_act"].dump());
+    return InvalidArgument("config.json: hidden_act " + json["hidden_act"].dump() +
+                           " is not supported (only \"silu\": SwiGLU)");
   TIDAL_RETURN_IF_ERROR(c.Validate().WithContext("config.json"));
   return c;
 }

@@ -53,9 +53,16 @@ TEST(ModelConfigTest, HfConfigParsesAndRefusesWhatIsNotImplemented) {
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->num_key_value_heads, 4);  // defaults to multi-head attention, as transformers
   EXPECT_EQ(c->rope_theta, 5e5);
+  // The pre-transformers-5 form of RoPE scaling: rope_scaling with "type".
   auto scaled = j;
   scaled["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
-  EXPECT_NE(ModelConfigFromHfJson(scaled).status().message().find("rope_scaling"),
+  auto linear = ModelConfigFromHfJson(scaled);
+  ASSERT_TRUE(linear.ok()) << linear.status().message();
+  EXPECT_EQ(linear->rope.type, "linear");
+  EXPECT_EQ(linear->rope.factor, 2.0);
+  scaled["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+  EXPECT_NE(ModelConfigFromHfJson(scaled).status().message().find(
+                "rope_scaling.rope_type \"dynamic\" is not supported"),
             std::string::npos);
   auto missing = j;
   missing.erase("hidden_size");
@@ -86,13 +93,78 @@ TEST(ModelConfigTest, Transformers5RopeParametersAreReadOrRefusedByName) {
     ASSERT_FALSE(r.ok()) << key << " " << value.dump();
     EXPECT_NE(r.status().message().find(expect), std::string::npos) << r.status().message();
   };
+  refused("rope_parameters", {{"rope_type", "longrope"}, {"rope_theta", 5e5}},
+          "rope_parameters.rope_type \"longrope\"");
   refused("rope_parameters", {{"rope_type", "llama3"}, {"rope_theta", 5e5}},
-          "rope_parameters.rope_type \"llama3\"");
+          "rope_parameters.factor is required");
   refused("rope_parameters", {{"rope_type", "default"}, {"rope_theta", 5e5}, {"factor", 8}},
           "rope_parameters.factor");
   refused("rope_parameters", {{"rope_theta", "big"}}, "rope_parameters.rope_theta");
   refused("rope_theta", 1e4, "rope_theta and rope_parameters.rope_theta differ");
-  refused("head_dim", 32, "head_dim 32");
+  // head_dim apart from hidden_size / num_attention_heads shapes the projections.
+  auto wide = j;
+  wide["head_dim"] = 32;
+  auto w = ModelConfigFromHfJson(wide);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ(w->ProjectionShape("q_proj"), std::make_pair(int64_t{128}, int64_t{64}));
+  EXPECT_EQ(w->ProjectionShape("o_proj"), std::make_pair(int64_t{64}, int64_t{128}));
+}
+
+// Every config.json value that would change the computation in a way the engine does not
+// implement is refused naming the field and the value; what the family implies is read.
+TEST(ModelConfigTest, EachUnsupportedConfigValueIsRefusedNamingFieldAndValue) {
+  const nlohmann::json base = {{"model_type", "qwen2"},        {"vocab_size", 1000},
+                               {"hidden_size", 64},            {"intermediate_size", 128},
+                               {"num_hidden_layers", 2},       {"num_attention_heads", 4},
+                               {"num_key_value_heads", 2},     {"use_sliding_window", false},
+                               {"attention_dropout", 0.0},     {"hidden_act", "silu"},
+                               {"rope_theta", 1e6},            {"max_window_layers", 21},
+                               {"sliding_window", 4096}};
+  auto qwen2 = ModelConfigFromHfJson(base);
+  ASSERT_TRUE(qwen2.ok()) << qwen2.status().message();
+  EXPECT_TRUE(qwen2->qkv_bias);
+  EXPECT_FALSE(qwen2->o_bias);
+  EXPECT_FALSE(qwen2->qk_norm);
+  auto qwen3_json = base;
+  qwen3_json["model_type"] = "qwen3";
+  qwen3_json["head_dim"] = 32;
+  auto qwen3 = ModelConfigFromHfJson(qwen3_json);
+  ASSERT_TRUE(qwen3.ok()) << qwen3.status().message();
+  EXPECT_TRUE(qwen3->qk_norm);
+  EXPECT_FALSE(qwen3->qkv_bias);
+  EXPECT_EQ(qwen3->head_dim(), 32);
+  auto by_architecture = base;
+  by_architecture.erase("model_type");
+  by_architecture["architectures"] = {"Qwen3ForCausalLM"};
+  EXPECT_EQ(ModelConfigFromHfJson(by_architecture)->model_type, "qwen3");
+
+  const std::vector<std::pair<nlohmann::json, std::string>> refused = {
+      {{{"model_type", "mistral"}}, "model_type \"mistral\" is not supported"},
+      {{{"model_type", "deepseek_v3"}}, "model_type \"deepseek_v3\""},
+      {{{"hidden_act", "gelu"}}, "hidden_act \"gelu\""},
+      {{{"use_sliding_window", true}}, "use_sliding_window=true"},
+      {{{"layer_types", {"full_attention", "sliding_attention"}}}, "layer_types \"sliding_attention\""},
+      {{{"attention_dropout", 0.1}}, "attention_dropout 0.1"},
+      {{{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0}}}},
+       "rope_parameters.rope_type \"dynamic\""},
+      {{{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 2.0}, {"low_freq_factor", 1}}}},
+       "rope_parameters.low_freq_factor is not supported for rope_type \"yarn\""},
+      {{{"rope_parameters", {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}}},
+       "rope_parameters.partial_rotary_factor 0.5"},
+      {{{"attention_bias", "yes"}}, ""},  // qwen2 ignores it, as transformers does
+  };
+  for (const auto& [patch, expect] : refused) {
+    auto bad = base;
+    bad.merge_patch(patch);
+    auto r = ModelConfigFromHfJson(bad);
+    if (expect.empty()) {
+      EXPECT_TRUE(r.ok()) << patch.dump() << ": " << r.status().message();
+      continue;
+    }
+    ASSERT_FALSE(r.ok()) << patch.dump();
+    EXPECT_NE(r.status().message().find(expect), std::string::npos)
+        << patch.dump() << ": " << r.status().message();
+  }
 }
 
 class HfDirectoryTest : public ::testing::TestWithParam<std::tuple<bool, int>> {};

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """One case for the engine's Hugging Face oracle test (tests/integration/hf_oracle_test.cc):
-a random tiny LlamaForCausalLM from transformers, with a LoRA adapter from PEFT whose A and B
-are both random (B != 0, so the adapter changes the outputs), run forward and backward on a
-batch whose labels have ignored positions. Writes, under OUT:
+a random tiny model of one family from transformers — LlamaForCausalLM (with RoPE scaling,
+biases, head_dim), Qwen2ForCausalLM, Qwen3ForCausalLM — with a LoRA adapter from PEFT whose
+A and B are both random (B != 0, so the adapter changes the outputs), run forward and
+backward on a batch whose labels have ignored positions. Writes, under OUT:
 
   base/             the model, as transformers' save_pretrained writes it (config.json and
                     model.safetensors, by the safetensors package; with max_shard_size, shards
@@ -16,7 +17,7 @@ batch whose labels have ignored positions. Writes, under OUT:
       loss    F32 []             transformers' mean cross-entropy over the counted tokens
       grad.<engine name of a LoRA weight>  F32   d loss / d weight, from PEFT's modules
 
-  tools/venv/bin/python3 tests/hf/llama_peft_case.py OUT '{"tie": true, "kv_heads": 2, ...}'
+  tools/venv/bin/python3 tests/hf/peft_case.py OUT '{"family": "qwen3", "tie": true, ...}'
 
 Everything here is transformers' and PEFT's own code; nothing is reimplemented."""
 import copy
@@ -27,9 +28,15 @@ import sys
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
+
+FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
+            "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
 
 DEFAULTS = {
+    "family": "llama", "rope": None,  # rope: rope_parameters beyond rope_theta, e.g. llama3
+    "head_dim": None, "attention_bias": None, "mlp_bias": None, "max_positions": 64,
     "vocab": 96, "hidden": 64, "intermediate": 112, "layers": 2, "heads": 4, "kv_heads": 2,
     "tie": False, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "seed": 0,
     "rank": 4, "alpha": 8, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
@@ -42,14 +49,26 @@ DEFAULTS = {
 def main(out, case_json):
     case = dict(DEFAULTS, **json.loads(case_json))
     torch.manual_seed(case["seed"])
-    config = LlamaConfig(
+    config_class, model_class = FAMILIES[case["family"]]
+    extra = {}
+    for key in ("head_dim", "attention_bias", "mlp_bias"):
+        if case[key] is not None:
+            extra[key] = case[key]
+    rope = {"rope_type": "default", "rope_theta": case["rope_theta"]}
+    rope.update(case["rope"] or {})
+    config = config_class(
         vocab_size=case["vocab"], hidden_size=case["hidden"],
         intermediate_size=case["intermediate"], num_hidden_layers=case["layers"],
         num_attention_heads=case["heads"], num_key_value_heads=case["kv_heads"],
-        tie_word_embeddings=case["tie"], rope_theta=case["rope_theta"],
-        rms_norm_eps=case["rms_norm_eps"], max_position_embeddings=64,
-        initializer_range=0.1, attn_implementation="eager")
-    base = LlamaForCausalLM(config).float().eval()
+        tie_word_embeddings=case["tie"], rope_parameters=rope,
+        rms_norm_eps=case["rms_norm_eps"], max_position_embeddings=case["max_positions"],
+        initializer_range=0.1, attn_implementation="eager", **extra)
+    base = model_class(config).float().eval()
+    # Biases and norm weights start at 0 and 1: random ones make them count.
+    with torch.no_grad():
+        for name, p in base.named_parameters():
+            if name.endswith(".bias") or name.endswith("_norm.weight") or "layernorm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
     save_dtype = getattr(torch, case["save_dtype"])
     if save_dtype != torch.float32:
         # Stored in 16 bits: round the weights first, so that the fp32 model computing the
@@ -93,7 +112,7 @@ def main(out, case_json):
         expected["grad." + engine] = p.grad.detach().float().contiguous()
         wrapped += 1
     save_file(expected, os.path.join(out, "expected.safetensors"))
-    print(json.dumps({"lora_weights": wrapped, "loss": result.loss.item(),
+    print(json.dumps({"family": case["family"], "lora_weights": wrapped, "loss": result.loss.item(),
                       "transformers": __import__("transformers").__version__,
                       "peft": __import__("peft").__version__}))
 
