@@ -320,7 +320,10 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
   return c;
 }
 
-std::vector<std::string> PresetNames() { return {"tiny", "small", "1b", "7b"}; }
+std::vector<std::string> PresetNames() {
+  return {"tiny", "small", "1b", "7b", "r1-distill-qwen-7b", "r1-distill-llama-8b",
+          "r1-0528-qwen3-8b"};
+}
 
 StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
   ModelConfig c;
@@ -348,6 +351,28 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
     c.vocab_size = 102400, c.hidden_size = 4096, c.intermediate_size = 11008;
     c.num_hidden_layers = 30, c.num_attention_heads = 32, c.num_key_value_heads = 32;
     c.max_position_embeddings = 4096, c.rms_norm_eps = 1e-6;
+  } else if (name == "r1-distill-qwen-7b") {
+    // deepseek-ai/DeepSeek-R1-Distill-Qwen-7B (Qwen2.5-Math-7B): 7.62 B, q/k/v bias.
+    c.model_type = "qwen2", c.qkv_bias = true;
+    c.vocab_size = 152064, c.hidden_size = 3584, c.intermediate_size = 18944;
+    c.num_hidden_layers = 28, c.num_attention_heads = 28, c.num_key_value_heads = 4;
+    c.max_position_embeddings = 131072, c.rope_theta = 10000, c.rms_norm_eps = 1e-6;
+    c.bos_token_id = 151643, c.eos_token_ids = {151643};
+  } else if (name == "r1-distill-llama-8b") {
+    // deepseek-ai/DeepSeek-R1-Distill-Llama-8B (Llama-3.1-8B): 8.03 B, llama3 RoPE.
+    c.vocab_size = 128256, c.hidden_size = 4096, c.intermediate_size = 14336;
+    c.num_hidden_layers = 32, c.num_attention_heads = 32, c.num_key_value_heads = 8;
+    c.max_position_embeddings = 131072, c.rope_theta = 500000, c.rms_norm_eps = 1e-5;
+    c.rope.type = "llama3", c.rope.factor = 8, c.rope.low_freq_factor = 1;
+    c.rope.high_freq_factor = 4, c.rope.original_max_position_embeddings = 8192;
+    c.bos_token_id = 128000, c.eos_token_ids = {128001};
+  } else if (name == "r1-0528-qwen3-8b") {
+    // deepseek-ai/DeepSeek-R1-0528-Qwen3-8B (Qwen3-8B): 8.19 B, q/k norms, yarn RoPE.
+    c.model_type = "qwen3", c.qk_norm = true, c.head_dim_override = 128;
+    c.vocab_size = 151936, c.hidden_size = 4096, c.intermediate_size = 12288;
+    c.num_hidden_layers = 36, c.num_attention_heads = 32, c.num_key_value_heads = 8;
+    c.max_position_embeddings = 131072, c.rope_theta = 1000000, c.rms_norm_eps = 1e-6;
+    c.rope.type = "yarn", c.rope.factor = 4, c.rope.original_max_position_embeddings = 32768;
   } else {
     std::string known;
     for (const auto& n : PresetNames()) known += (known.empty() ? "" : ", ") + n;

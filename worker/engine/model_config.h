@@ -77,7 +77,8 @@ struct ModelConfig {
 StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json);
 
 // "tiny" (~1.7 M params, tests), "small" (~100 M), "1b" (TinyLlama-1.1B shape),
-// "7b" (DeepSeek-LLM-7B shape).
+// "7b" (DeepSeek-LLM-7B shape), and the shapes of the R1 distills for memory and throughput
+// planning: "r1-distill-qwen-7b", "r1-distill-llama-8b", "r1-0528-qwen3-8b".
 StatusOr<ModelConfig> PresetModelConfig(const std::string& name);
 std::vector<std::string> PresetNames();
 

@@ -42,6 +42,10 @@ TEST(ModelConfigTest, PresetsHaveTheAdvertisedSizes) {
   EXPECT_LT(b1, 1'200'000'000);
   // deepseek-llm-7b-base: 6.91 B parameters.
   EXPECT_NEAR(PresetModelConfig("7b")->BaseParameterCount() / 1e9, 6.91, 0.01);
+  // The R1 distills' published sizes.
+  EXPECT_NEAR(PresetModelConfig("r1-distill-qwen-7b")->BaseParameterCount() / 1e9, 7.62, 0.01);
+  EXPECT_NEAR(PresetModelConfig("r1-distill-llama-8b")->BaseParameterCount() / 1e9, 8.03, 0.01);
+  EXPECT_NEAR(PresetModelConfig("r1-0528-qwen3-8b")->BaseParameterCount() / 1e9, 8.19, 0.01);
   for (const auto& name : PresetNames()) EXPECT_TRUE(PresetModelConfig(name)->Validate().ok());
 }
 
