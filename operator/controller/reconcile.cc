@@ -153,6 +153,13 @@ class Decider {
     return it == o_.reports.end() ? nullptr : &it->second;
   }
   int64_t GpusPerPod() const { return spec_ ? spec_->elastic.gpus_per_pod : 1; }
+  // restartPolicy's backoff before retry `n` (1, 2, …): backoffSeconds × 2^(n-1), at most
+  // kMaxBackoff.
+  std::chrono::seconds Backoff(int64_t n) const {
+    return std::min<std::chrono::seconds>(
+        std::chrono::seconds(spec_->restart_policy.backoff_seconds << std::min<int64_t>(n - 1, 20)),
+        kMaxBackoff);
+  }
 
   struct Failure {
     std::string cause;       // "" when healthy
@@ -335,10 +342,7 @@ class Decider {
       Emit("Warning", "RestartsExhausted", st_.failure);
       return true;
     }
-    const auto backoff = std::min<std::chrono::seconds>(
-        std::chrono::seconds(spec_->restart_policy.backoff_seconds
-                             << std::min<int64_t>(st_.restarts - 1, 20)),
-        kMaxBackoff);
+    const auto backoff = Backoff(st_.restarts);
     st_.restart_not_before = o_.now + backoff;
     st_.phase = "Recovering";
     st_.rescale.reset();
@@ -492,10 +496,7 @@ class Decider {
       Emit("Warning", "RestartsExhausted", st_.failure);
       return false;
     }
-    const auto backoff = std::min<std::chrono::seconds>(
-        std::chrono::seconds(spec_->restart_policy.backoff_seconds
-                             << std::min<int64_t>(d.failures - 1, 20)),
-        kMaxBackoff);
+    const auto backoff = Backoff(d.failures);
     d.phase = "Retrying";
     d.retry_not_before = o_.now + backoff;
     plan_.requeue_after = backoff;
