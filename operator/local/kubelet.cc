@@ -643,7 +643,7 @@ std::string ProcessKubelet::TerminationMessage(const Container& c, const std::st
   std::ifstream in(c.termination_file, std::ios::binary);
   std::string message(4096, '\0');
   in.read(message.data(), static_cast<std::streamsize>(message.size()));
-  message.resize(in ? message.size() : static_cast<size_t>(std::max<std::streamsize>(0, in.gcount())));
+  message.resize(static_cast<size_t>(in.gcount()));  // what was read: none when absent
   if (message.empty() && c.fallback_to_logs && c.run.exit_code != 0)
     message = ReadTail(log, 2048, 80);
   return message;
