@@ -34,9 +34,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "worker/objstore/file_store.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/repository.h"
+#include "worker/objstore/file_store.h"
 
 namespace {
 

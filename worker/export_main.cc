@@ -14,9 +14,9 @@
 #include "common/environment.h"
 #include "common/flags.h"
 #include "worker/checkpoint/merge_export.h"
-#include "worker/objstore/object_store.h"
 #include "worker/checkpoint/peft_export.h"
 #include "worker/checkpoint/repository.h"
+#include "worker/objstore/object_store.h"
 
 namespace {
 

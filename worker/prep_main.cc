@@ -42,8 +42,7 @@ constexpr const char* kUsage =
     "S3 settings come from AWS_* environment variables and TIDAL_S3_SECRET_DIR.\n";
 
 struct Args {
-  std::string input, output, format = "messages", model, tokenizer, config, store, result,
-      base_dir;
+  std::string input, output, format = "messages", model, tokenizer, config, store, result, base_dir;
   bool strict = false;
   int threads = 0;
   std::optional<uint64_t> inspect;
@@ -146,8 +145,8 @@ Status WriteResult(const std::string& path, nlohmann::json result) {
 }
 
 int FailWithResult(const Status& status, const std::string& result_path) {
-  if (Status w = WriteResult(result_path, {{"error", status.message()},
-                                           {"invalidSpec", SpecMustChange(status)}});
+  if (Status w = WriteResult(
+          result_path, {{"error", status.message()}, {"invalidSpec", SpecMustChange(status)}});
       !w.ok())
     std::fprintf(stderr, "tidal-prep: %s\n", w.message().c_str());
   return Fail(status);

@@ -66,8 +66,7 @@ std::string DataKey(const json& raw_spec) {
                 static_cast<unsigned long long>(Fnv1a<uint64_t>(text)));
   return hex;
 }
-std::string PrepPodName(const std::string& job_name, const std::string& data_key,
-                        int64_t attempt) {
+std::string PrepPodName(const std::string& job_name, const std::string& data_key, int64_t attempt) {
   return job_name + "-prep-" + data_key.substr(0, 8) + "-" + std::to_string(attempt);
 }
 
@@ -171,17 +170,16 @@ json PrepPod(const JobRef& job, const api::TrainingJobSpec& spec, const std::str
   for (const char* side : {"limits", "requests"})
     if (resources.contains(side) && resources[side].is_object())
       resources[side].erase("nvidia.com/gpu");
-  json container = {
-      {"name", "prep"},
-      {"image", spec.worker.image},
-      {"command", json::array({"tidal-prep"})},
-      {"args", json::array({"--config", std::string(kSpecMountPath) + "/" + kSpecKey, "--result",
-                            "/dev/termination-log"})},
-      {"env", env},
-      {"resources", resources},
-      // A crash that writes no result still says why: the log's tail.
-      {"terminationMessagePolicy", "FallbackToLogsOnError"},
-      {"volumeMounts", mounts}};
+  json container = {{"name", "prep"},
+                    {"image", spec.worker.image},
+                    {"command", json::array({"tidal-prep"})},
+                    {"args", json::array({"--config", std::string(kSpecMountPath) + "/" + kSpecKey,
+                                          "--result", "/dev/termination-log"})},
+                    {"env", env},
+                    {"resources", resources},
+                    // A crash that writes no result still says why: the log's tail.
+                    {"terminationMessagePolicy", "FallbackToLogsOnError"},
+                    {"volumeMounts", mounts}};
   if (!spec.worker.image_pull_policy.empty())
     container["imagePullPolicy"] = spec.worker.image_pull_policy;
   json pod_spec = {{"restartPolicy", "Never"},

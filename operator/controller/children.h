@@ -70,8 +70,7 @@ std::string PodGroupName(const std::string& job_name, int64_t generation);
 // tidal-prep reads and checks), 16 hex digits.
 std::string DataKey(const nlohmann::json& raw_spec);
 // The data phase's pod of one attempt: <job>-prep-<first 8 of the key>-<attempt>.
-std::string PrepPodName(const std::string& job_name, const std::string& data_key,
-                        int64_t attempt);
+std::string PrepPodName(const std::string& job_name, const std::string& data_key, int64_t attempt);
 
 // metadata.labels every child carries (the job label, app.kubernetes.io/*).
 nlohmann::json ChildLabels(const JobRef& job);
@@ -98,8 +97,8 @@ struct WorkerPodOptions {
 
 // The data phase: `tidal-prep --config <the spec> --result /dev/termination-log` in the
 // workers' image, with their store access, env, tolerations, CPU and memory — no GPU and not
-// their nodeSelector (a GPU pool); restartPolicy Never (the controller retries with backoff). Its termination message
-// (FallbackToLogsOnError) is the outcome.
+// their nodeSelector (a GPU pool); restartPolicy Never (the controller retries with backoff). Its
+// termination message (FallbackToLogsOnError) is the outcome.
 nlohmann::json PrepPod(const JobRef& job, const api::TrainingJobSpec& spec, const std::string& name,
                        const std::string& data_key);
 

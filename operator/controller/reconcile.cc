@@ -452,9 +452,9 @@ class Decider {
       if (!d.started) d.started = o_.now;
       d.phase = "Preparing";
       d.pod = name;
-      d.message = pod && !pod->reason.empty() ? "pod " + name + ": " + pod->reason
-                                              : "tokenizing in pod " + name +
-                                                    " (kubectl logs " + name + " for progress)";
+      d.message = pod && !pod->reason.empty()
+                      ? "pod " + name + ": " + pod->reason
+                      : "tokenizing in pod " + name + " (kubectl logs " + name + " for progress)";
       return false;
     }
     const json result = json::parse(pod->message, nullptr, /*allow_exceptions=*/false);
@@ -1005,7 +1005,9 @@ class Decider {
     if (data) {
       const bool ready = data->phase == "Ready";
       SetCondition(st_, "DataReady", ready,
-                   ready ? "Prepared" : data->phase == "Invalid" ? "InvalidSpec" : data->phase,
+                   ready                      ? "Prepared"
+                   : data->phase == "Invalid" ? "InvalidSpec"
+                                              : data->phase,
                    data->message, o_.now, gen);
     }
     if (data && st_.phase == "Pending" && data->phase == "Invalid") {
@@ -1197,10 +1199,10 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
   }
   if (st.data) {
     const DataStatus& d = *st.data;
-    json& out = j["data"] = {{"key", d.key},         {"phase", d.phase},
-                             {"pod", d.pod},         {"storeUri", d.store_uri},
-                             {"samples", d.samples}, {"tokens", d.tokens},
-                             {"reused", d.reused},   {"message", d.message},
+    json& out = j["data"] = {{"key", d.key},          {"phase", d.phase},
+                             {"pod", d.pod},          {"storeUri", d.store_uri},
+                             {"samples", d.samples},  {"tokens", d.tokens},
+                             {"reused", d.reused},    {"message", d.message},
                              {"failures", d.failures}};
     if (d.started) out["started"] = kube::FormatTime(*d.started);
     if (d.retry_not_before) out["retryNotBefore"] = kube::FormatTime(*d.retry_not_before);

@@ -77,9 +77,9 @@ struct DataStatus {
   std::string pod;    // the prep pod
   std::string store_uri;
   int64_t samples = 0, tokens = 0;
-  bool reused = false;      // the store existed already
-  std::string message;      // the outcome, or the error
-  int64_t failures = 0;     // prep pods that failed (not on the spec) for this key
+  bool reused = false;   // the store existed already
+  std::string message;   // the outcome, or the error
+  int64_t failures = 0;  // prep pods that failed (not on the spec) for this key
   std::optional<Clock::time_point> started, retry_not_before;
 };
 

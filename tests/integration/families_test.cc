@@ -88,7 +88,7 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
     }
   ASSERT_TRUE(WriteHfDirectory(dir_ + "/base", config, base, 1'000'000'000).ok());
 
-  const std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj",
+  const std::vector<std::string> targets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                             "gate_proj", "up_proj", "down_proj"};
   std::ofstream(dir_ + "/job.yaml")
       << "model: {uri: " << dir_ << "/base}\n"
@@ -127,8 +127,8 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
                   .Load([&](const ParamSpec& spec, int64_t first,
                             int64_t count) -> StatusOr<torch::Tensor> {
                     if (!spec.trainable) return base_reader(spec, first, count);
-                    return (*adapter)->ReadFlatRange(checkpoint::PeftTensorName(spec.name),
-                                                     first, count, torch::kFloat32);
+                    return (*adapter)->ReadFlatRange(checkpoint::PeftTensorName(spec.name), first,
+                                                     count, torch::kFloat32);
                   })
                   .ok());
   const torch::Tensor tokens = torch::randint(0, 256, {2, 24}, torch::kInt64);
@@ -144,9 +144,9 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
   ASSERT_TRUE(peft_logits.ok());
   EXPECT_TRUE(Close(*(*peft_logits)->Read("logits", torch::kFloat32), expected));
 
-  ProcessResult merged = RunProcess({TIDAL_EXPORT_BIN, "--merge", "--checkpoint",
-                                     dir_ + "/ckpt-2", "--out", dir_ + "/merged"},
-                                    120s);
+  ProcessResult merged = RunProcess(
+      {TIDAL_EXPORT_BIN, "--merge", "--checkpoint", dir_ + "/ckpt-2", "--out", dir_ + "/merged"},
+      120s);
   ASSERT_EQ(merged.exit_code, 0) << merged.err;
   ProcessResult hf_merged = RunProcess({TIDAL_PYTHON, script, "merged", dir_ + "/merged",
                                         dir_ + "/tokens.safetensors", dir_ + "/merged.safetensors"},

@@ -20,8 +20,8 @@
 
 #include "common/status.h"
 #include "worker/checkpoint/manifest.h"
-#include "worker/objstore/object_store.h"
 #include "worker/checkpoint/repository.h"
+#include "worker/objstore/object_store.h"
 
 namespace tidal::checkpoint {
 
@@ -74,7 +74,7 @@ struct PeftExport {
 // Exports checkpoint `step` (the newest usable one when unset) to `<prefix>adapter_model.
 // safetensors` then `<prefix>adapter_config.json` in `out` (each written whole, durably).
 StatusOr<PeftExport> ExportPeftAdapter(
-    Repository& repo, std::optional<int64_t> step, objstore::ObjectStore& out, const std::string& prefix,
-    const std::optional<std::string>& base_model_name_or_path = {});
+    Repository& repo, std::optional<int64_t> step, objstore::ObjectStore& out,
+    const std::string& prefix, const std::optional<std::string>& base_model_name_or_path = {});
 
 }  // namespace tidal::checkpoint

@@ -297,7 +297,8 @@ StatusOr<Manifest> Repository::ReadManifest(int64_t step) {
 }
 
 Status Repository::DeleteStep(int64_t step) {
-  TIDAL_ASSIGN_OR_RETURN(std::vector<objstore::ObjectInfo> objects, store_.List(StepDirectory(step) + "/"));
+  TIDAL_ASSIGN_OR_RETURN(std::vector<objstore::ObjectInfo> objects,
+                         store_.List(StepDirectory(step) + "/"));
   std::vector<std::string> keys;
   // The manifest first: a half-deleted checkpoint must read as uncommitted, never as whole.
   for (const objstore::ObjectInfo& o : objects)

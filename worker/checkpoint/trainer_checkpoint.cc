@@ -498,8 +498,8 @@ StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo) {
   return DataLoss("no readable checkpoint in " + repo.store().uri() + " after 8 attempts");
 }
 
-StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(CheckpointPolicy policy,
-                                                                     const objstore::S3Options& s3) {
+StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(
+    CheckpointPolicy policy, const objstore::S3Options& s3) {
   if (policy.full_every < 0 || policy.snapshot_every < 0)
     return InvalidArgument("checkpoint intervals: expected >= 0");
   if (policy.keep < 1) return InvalidArgument("--keep: expected at least 1");

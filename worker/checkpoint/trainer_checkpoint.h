@@ -21,9 +21,9 @@
 #include <string>
 
 #include "common/status.h"
-#include "worker/objstore/object_store.h"
 #include "worker/checkpoint/repository.h"
 #include "worker/engine/run.h"
+#include "worker/objstore/object_store.h"
 
 namespace tidal::checkpoint {
 
@@ -56,8 +56,8 @@ struct CheckpointPolicy {
 // global batch, seed): a hash of those fields of the config.
 std::string ConfigHash(const engine::TrainConfig& config);
 
-StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(CheckpointPolicy policy,
-                                                                     const objstore::S3Options& s3 = {});
+StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(
+    CheckpointPolicy policy, const objstore::S3Options& s3 = {});
 
 // The collective operations themselves (used by the hooks; public for tests and tools).
 // Returns the committed checkpoint's directory URI; `shard_bytes`, when given, gets the size of

@@ -20,13 +20,13 @@
 #include <vector>
 
 #include "common/status.h"
-#include "worker/objstore/object_store.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/control/gpu_monitor.h"
 #include "worker/control/loss_hook.h"
 #include "worker/engine/session.h"
 #include "worker/engine/step_record.h"
 #include "worker/engine/train_config.h"
+#include "worker/objstore/object_store.h"
 
 namespace tidal::worker {
 

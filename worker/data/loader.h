@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "common/status.h"
-#include "worker/objstore/object_store.h"
 #include "worker/data/packing.h"
 #include "worker/data/row_source.h"
 #include "worker/data/token_store.h"
+#include "worker/objstore/object_store.h"
 
 namespace tidal::data {
 

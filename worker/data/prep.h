@@ -21,8 +21,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "worker/objstore/object_store.h"
 #include "worker/data/token_store.h"
+#include "worker/objstore/object_store.h"
 
 namespace tidal::data {
 

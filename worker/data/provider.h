@@ -7,10 +7,10 @@
 #include <memory>
 #include <string>
 
-#include "worker/objstore/object_store.h"
 #include "worker/data/prep.h"
 #include "worker/data/row_source.h"
 #include "worker/engine/train_config.h"
+#include "worker/objstore/object_store.h"
 
 namespace tidal::data {
 

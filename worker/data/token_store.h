@@ -22,8 +22,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-#include "worker/objstore/object_store.h"
 #include "worker/data/token_store_manifest.h"
+#include "worker/objstore/object_store.h"
 
 namespace tidal::data {
 

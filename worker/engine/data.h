@@ -32,5 +32,4 @@ struct MicroBatch {
 // `seq` is the longest row (rows are padded to it: inputs 0, targets -100).
 MicroBatch Collate(std::span<const data::PackedRow> rows);
 
-
 }  // namespace tidal::engine

@@ -88,7 +88,8 @@ DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
     };
     add({layer + ".input_layernorm.weight", {h}}, {ParamRole::kInputNorm});
     for (size_t m = 0; m < kModules.size(); ++m) {
-      if (m == kGate) add({layer + ".post_attention_layernorm.weight", {h}}, {ParamRole::kPostNorm});
+      if (m == kGate)
+        add({layer + ".post_attention_layernorm.weight", {h}}, {ParamRole::kPostNorm});
       if (m == kO && config_.qk_norm) {  // Qwen3: per-head RMSNorm of q and k
         add({layer + ".self_attn.q_norm.weight", {config_.head_dim()}}, {ParamRole::kQNorm});
         add({layer + ".self_attn.k_norm.weight", {config_.head_dim()}}, {ParamRole::kKNorm});
@@ -137,7 +138,8 @@ torch::Tensor InverseFrequencies(const ModelConfig& config, torch::Device device
   }
   if (rope.type == "yarn") {
     auto correction_dim = [&](double rotations) {
-      return (dim * std::log(original / (rotations * 2 * M_PI))) / (2 * std::log(config.rope_theta));
+      return (dim * std::log(original / (rotations * 2 * M_PI))) /
+             (2 * std::log(config.rope_theta));
     };
     double low = correction_dim(rope.beta_fast), high = correction_dim(rope.beta_slow);
     if (rope.truncate) low = std::floor(low), high = std::ceil(high);

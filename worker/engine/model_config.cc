@@ -135,7 +135,8 @@ namespace {
 // rope_parameters (transformers 5) or rope_scaling (earlier; "type" for "rope_type"), with
 // the top-level rope_theta. Every key changes the frequencies: an unknown one is refused.
 Status ParseRope(const nlohmann::json& json, ModelConfig& c) {
-  const bool has_parameters = json.contains("rope_parameters") && !json["rope_parameters"].is_null();
+  const bool has_parameters =
+      json.contains("rope_parameters") && !json["rope_parameters"].is_null();
   const bool has_scaling = json.contains("rope_scaling") && !json["rope_scaling"].is_null();
   if (!has_parameters && !has_scaling) return OkStatus();
   const char* field = has_parameters ? "rope_parameters" : "rope_scaling";
@@ -300,8 +301,9 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
     bool sliding = false;
     TIDAL_RETURN_IF_ERROR(read_bool("use_sliding_window", sliding));
     if (sliding)
-      return InvalidArgument("config.json: use_sliding_window=true is not supported (sliding-"
-                             "window attention layers)");
+      return InvalidArgument(
+          "config.json: use_sliding_window=true is not supported (sliding-"
+          "window attention layers)");
     if (json.contains("layer_types") && json["layer_types"].is_array())
       for (const auto& t : json["layer_types"])
         if (t != "full_attention")
@@ -321,8 +323,8 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
 }
 
 std::vector<std::string> PresetNames() {
-  return {"tiny", "small", "1b", "7b", "r1-distill-qwen-7b", "r1-distill-llama-8b",
-          "r1-0528-qwen3-8b"};
+  return {
+      "tiny", "small", "1b", "7b", "r1-distill-qwen-7b", "r1-distill-llama-8b", "r1-0528-qwen3-8b"};
 }
 
 StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {

@@ -24,7 +24,7 @@ struct RopeScaling {
   double factor = 1.0;
   int64_t original_max_position_embeddings = 0;  // llama3, yarn (else max_position_embeddings)
   double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3
-  double beta_fast = 32.0, beta_slow = 1.0;               // yarn
+  double beta_fast = 32.0, beta_slow = 1.0;              // yarn
   std::optional<double> attention_factor, mscale, mscale_all_dim;
   bool truncate = true;
 };

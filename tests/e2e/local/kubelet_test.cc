@@ -185,8 +185,7 @@ TEST_F(KubeletTest, TerminationMessagesComeFromTheMessageFileOrTheLogTailOnError
             [](const std::string& s) { return s == "Succeeded" || s == "Failed"; });
   EXPECT_EQ(Ok({"get", "pod", "reports", "-o", "jsonpath=" + message}), "{\"store\": 7}");
   EXPECT_EQ(Ok({"get", "pod", "elsewhere", "-o", "jsonpath=" + message}), "done");
-  EXPECT_EQ(Ok({"get", "pod", "fallback", "-o", "jsonpath=" + message}),
-            "first\nthe last words\n");
+  EXPECT_EQ(Ok({"get", "pod", "fallback", "-o", "jsonpath=" + message}), "first\nthe last words\n");
   EXPECT_EQ(Ok({"get", "pod", "silent", "-o", "jsonpath=" + message}), "");
 }
 

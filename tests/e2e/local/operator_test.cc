@@ -120,9 +120,8 @@ TEST_F(OperatorTest, ARawChatDatasetIsPreparedInADataPhaseBeforeAnyWorkerAndTrai
   EXPECT_EQ(Ok({"get", "pod", "chat-worker-0", "-o",
                 "jsonpath={.spec.containers[0].env[?(@.name==\"TIDAL_DATASET_STORE\")].value}"}),
             store);
-  const std::string events =
-      Ok({"get", "events", "--field-selector", "involvedObject.name=chat", "-o",
-          "jsonpath={range .items[*]}{.reason}{\"\\n\"}{end}"});
+  const std::string events = Ok({"get", "events", "--field-selector", "involvedObject.name=chat",
+                                 "-o", "jsonpath={range .items[*]}{.reason}{\"\\n\"}{end}"});
   const size_t preparing = events.find("PreparingData"), ready = events.find("DataReady"),
                workers = events.find("CreatingWorkers");
   ASSERT_NE(preparing, std::string::npos) << events;
@@ -135,8 +134,8 @@ TEST_F(OperatorTest, ARawChatDatasetIsPreparedInADataPhaseBeforeAnyWorkerAndTrai
                 [](const std::string& p) { return p == "Succeeded"; }, 240s),
             "Succeeded")
       << Status("chat", "{.status}") << LogTail();
-  for (int i = 0; i < 100 && !Ok({"get", "pods", "-l", "tidal.dev/role=prep", "-o", "name"}).empty();
-       ++i)
+  for (int i = 0;
+       i < 100 && !Ok({"get", "pods", "-l", "tidal.dev/role=prep", "-o", "name"}).empty(); ++i)
     std::this_thread::sleep_for(100ms);
   EXPECT_EQ(Ok({"get", "pods", "-l", "tidal.dev/role=prep", "-o", "name"}), "")
       << "the prep pod outlived its phase";
@@ -478,8 +477,8 @@ TEST_F(OperatorTest, JobsThatCannotStartAreRefusedNamingTheFieldAndAnEditOfTheSp
     std::string name, from, to, field, reason;
   };
   const std::vector<Case> cases = {
-      {"no-data", "/examples/data/sample.jsonl", "/examples/data/missing.jsonl",
-       "spec.dataset.uri", "InvalidSpec"},
+      {"no-data", "/examples/data/sample.jsonl", "/examples/data/missing.jsonl", "spec.dataset.uri",
+       "InvalidSpec"},
       {"big-rank", "lora: {rank: 4,", "lora: {rank: 4096,", "spec.lora.rank", "InvalidSpec"},
       {"no-model", "model: {preset: tiny, seed: 3}", "model: {uri: /nonexistent/model}",
        "spec.model.uri", "InvalidSpec"},
@@ -515,9 +514,9 @@ TEST_F(OperatorTest, JobsThatCannotStartAreRefusedNamingTheFieldAndAnEditOfTheSp
     const std::string events =
         Ok({"get", "events", "--field-selector", "involvedObject.name=" + c.name, "-o",
             "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}"});
-    EXPECT_NE(events.find(c.reason == "InvalidSpec" ? "InvalidSpec: "
-                                                    : "ConfigurationError: worker " + c.name +
-                                                          "-worker-0"),
+    EXPECT_NE(events.find(c.reason == "InvalidSpec"
+                              ? "InvalidSpec: "
+                              : "ConfigurationError: worker " + c.name + "-worker-0"),
               std::string::npos)
         << events;
     EXPECT_NE(events.find(c.field), std::string::npos) << events;

@@ -148,8 +148,7 @@ TEST(ChatFineTuneTest, TidalPrepConfigChecksTheSpecAgainstTheModelAndWritesOneJs
   auto [refused, bad] = result_of(Job(dir.path(), dir.path() + "/small", data));
   EXPECT_EQ(refused.exit_code, 2);
   EXPECT_EQ(bad["invalidSpec"], true) << bad;
-  EXPECT_NE(bad["error"].get<std::string>().find("has no embedding for"), std::string::npos)
-      << bad;
+  EXPECT_NE(bad["error"].get<std::string>().find("has no embedding for"), std::string::npos) << bad;
   EXPECT_NE(refused.err.find("has no embedding for"), std::string::npos) << "and in the log";
 
   auto [missing, none] =

@@ -122,8 +122,8 @@ TEST(Sigv4Botocore, SignaturesOfEveryS3RequestMatchBotocore) {
   std::ofstream(json_path) << input.dump();
 
   ProcessResult result = RunProcess(
-      {TIDAL_PYTHON,
-       std::string(TIDAL_SOURCE_DIR) + "/tests/integration/objstore/botocore_sign.py", json_path},
+      {TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/integration/objstore/botocore_sign.py",
+       json_path},
       seconds(60));
   ASSERT_EQ(result.exit_code, 0) << "botocore_sign.py failed (is python3-botocore installed? "
                                     "`make deps`):\n"

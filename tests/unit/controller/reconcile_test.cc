@@ -157,8 +157,7 @@ class Sim {
       case Action::Kind::kCreatePrepPod: {
         ASSERT_EQ(a.pods.size(), 1u);
         ASSERT_FALSE(prep_pods_.count(a.pods[0])) << a.pods[0] << " created twice";
-        const auto [phase, message] =
-            prep_outcome_(static_cast<int>(prep_pods_created_.size()));
+        const auto [phase, message] = prep_outcome_(static_cast<int>(prep_pods_created_.size()));
         prep_pods_created_.push_back(a.pods[0]);
         prep_pods_[a.pods[0]] = PrepPodView{.name = a.pods[0], .phase = phase, .message = message};
         break;

@@ -117,13 +117,12 @@ TEST(ModelConfigTest, Transformers5RopeParametersAreReadOrRefusedByName) {
 // Every config.json value that would change the computation in a way the engine does not
 // implement is refused naming the field and the value; what the family implies is read.
 TEST(ModelConfigTest, EachUnsupportedConfigValueIsRefusedNamingFieldAndValue) {
-  const nlohmann::json base = {{"model_type", "qwen2"},        {"vocab_size", 1000},
-                               {"hidden_size", 64},            {"intermediate_size", 128},
-                               {"num_hidden_layers", 2},       {"num_attention_heads", 4},
-                               {"num_key_value_heads", 2},     {"use_sliding_window", false},
-                               {"attention_dropout", 0.0},     {"hidden_act", "silu"},
-                               {"rope_theta", 1e6},            {"max_window_layers", 21},
-                               {"sliding_window", 4096}};
+  const nlohmann::json base = {
+      {"model_type", "qwen2"},    {"vocab_size", 1000},          {"hidden_size", 64},
+      {"intermediate_size", 128}, {"num_hidden_layers", 2},      {"num_attention_heads", 4},
+      {"num_key_value_heads", 2}, {"use_sliding_window", false}, {"attention_dropout", 0.0},
+      {"hidden_act", "silu"},     {"rope_theta", 1e6},           {"max_window_layers", 21},
+      {"sliding_window", 4096}};
   auto qwen2 = ModelConfigFromHfJson(base);
   ASSERT_TRUE(qwen2.ok()) << qwen2.status().message();
   EXPECT_TRUE(qwen2->qkv_bias);
@@ -147,7 +146,8 @@ TEST(ModelConfigTest, EachUnsupportedConfigValueIsRefusedNamingFieldAndValue) {
       {{{"model_type", "deepseek_v3"}}, "model_type \"deepseek_v3\""},
       {{{"hidden_act", "gelu"}}, "hidden_act \"gelu\""},
       {{{"use_sliding_window", true}}, "use_sliding_window=true"},
-      {{{"layer_types", {"full_attention", "sliding_attention"}}}, "layer_types \"sliding_attention\""},
+      {{{"layer_types", {"full_attention", "sliding_attention"}}},
+       "layer_types \"sliding_attention\""},
       {{{"attention_dropout", 0.1}}, "attention_dropout 0.1"},
       {{{"rope_parameters", {{"rope_type", "dynamic"}, {"factor", 2.0}}}},
        "rope_parameters.rope_type \"dynamic\""},
