@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """One case for the engine's Hugging Face oracle test (tests/integration/hf_oracle_test.cc):
 a random tiny model of one family from transformers — LlamaForCausalLM (with RoPE scaling,
-biases, head_dim), Qwen2ForCausalLM, Qwen3ForCausalLM — with a LoRA adapter from PEFT whose
+biases, head_dim), Qwen2ForCausalLM, Qwen3ForCausalLM, DeepseekV2ForCausalLM and
+DeepseekV3ForCausalLM (latent attention, mixture of experts) — with a LoRA adapter from PEFT whose
 A and B are both random (B != 0, so the adapter changes the outputs), run forward and
 backward on a batch whose labels have ignored positions. Writes, under OUT:
 
@@ -16,6 +17,8 @@ backward on a batch whose labels have ignored positions. Writes, under OUT:
       logits  F32 [batch, seq, vocab]
       loss    F32 []             transformers' mean cross-entropy over the counted tokens
       grad.<engine name of a LoRA weight>  F32   d loss / d weight, from PEFT's modules
+      choices.<layer>  I64 [batch*seq, k]  a MoE layer's chosen experts per token, ascending
+                                          (what transformers' router returned)
 
   tools/venv/bin/python3 tests/hf/peft_case.py OUT '{"family": "qwen3", "tie": true, ...}'
 
@@ -28,11 +31,14 @@ import sys
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import save_file
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM)
+from transformers import (DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config,
+                          DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM),
-            "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+            "qwen3": (Qwen3Config, Qwen3ForCausalLM),
+            "deepseek_v2": (DeepseekV2Config, DeepseekV2ForCausalLM),
+            "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM)}
 
 DEFAULTS = {
     "family": "llama", "rope": None,  # rope: rope_parameters beyond rope_theta, e.g. llama3
@@ -42,6 +48,9 @@ DEFAULTS = {
     "rank": 4, "alpha": 8, "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                        "up_proj", "down_proj"],
     "batch": 2, "seq": 12,
+    # deepseek_v2 / deepseek_v3: config keys passed as they are (q_lora_rank, kv_lora_rank,
+    # qk_nope_head_dim, n_routed_experts, topk_method, n_group, ...).
+    "deepseek": {},
     "save_dtype": "float32", "max_shard_size": "50GB",  # e.g. "bfloat16", "40KB" (sharded)
 }
 
@@ -54,6 +63,7 @@ def main(out, case_json):
     for key in ("head_dim", "attention_bias", "mlp_bias"):
         if case[key] is not None:
             extra[key] = case[key]
+    extra.update(case["deepseek"])
     rope = {"rope_type": "default", "rope_theta": case["rope_theta"]}
     rope.update(case["rope"] or {})
     config = config_class(
@@ -69,6 +79,10 @@ def main(out, case_json):
         for name, p in base.named_parameters():
             if name.endswith(".bias") or name.endswith("_norm.weight") or "layernorm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+        # DeepSeek-V3's routing correction is a buffer, zero at first: make it choose.
+        for name, b in base.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.1)
     save_dtype = getattr(torch, case["save_dtype"])
     if save_dtype != torch.float32:
         # Stored in 16 bits: round the weights first, so that the fp32 model computing the
@@ -94,6 +108,16 @@ def main(out, case_json):
     labels = tokens.clone()
     labels[0, 3:5] = -100  # positions outside the loss (a prompt, padding)
     labels[1, 7] = -100
+    choices = {}
+
+    def keep_choice(layer):
+        def hook(module, inputs, output):
+            choices[layer] = output[2].detach().sort(dim=-1).values.contiguous()
+        return hook
+    for layer, block in enumerate(base.model.layers):
+        router = getattr(block.mlp, "gate", None)
+        if router is not None and not isinstance(router, torch.nn.Linear):
+            router.register_forward_hook(keep_choice(layer))
     result = model(input_ids=tokens, labels=labels)
     result.loss.backward()
 
@@ -102,6 +126,8 @@ def main(out, case_json):
     expected = {"tokens": tokens, "targets": targets,
                 "logits": result.logits.detach().float().contiguous(),
                 "loss": result.loss.detach().float().reshape(())}
+    for layer, chosen in choices.items():
+        expected[f"choices.{layer}"] = chosen.to(torch.int64)
     wrapped = 0
     for name, p in model.named_parameters():
         if p.grad is None:

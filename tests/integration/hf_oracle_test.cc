@@ -1,6 +1,7 @@
 // The engine against the libraries our users trust: transformers' LlamaForCausalLM (RoPE
-// scaling llama3 / linear / yarn, biases, head_dim), Qwen2ForCausalLM and Qwen3ForCausalLM with a
-// PEFT LoRA adapter whose B is not zero (tests/hf/peft_case.py, the real packages from
+// scaling llama3 / linear / yarn, biases, head_dim), Qwen2ForCausalLM, Qwen3ForCausalLM,
+// DeepseekV2ForCausalLM and DeepseekV3ForCausalLM (latent attention, experts: every token's
+// chosen experts must be transformers') with a PEFT LoRA adapter whose B is not zero (tests/hf/peft_case.py, the real packages from
 // tools/venv). The engine loads the base model transformers saved and the adapter PEFT saved,
 // and must give the same logits and loss (1e-5 relative) and, after one backward on the same
 // batch, the same gradient for every LoRA weight (1e-4 relative), at ZeRO stages 0 and 3
@@ -106,8 +107,22 @@ TEST_P(HfOracleTest, LogitsLossAndLoraGradientsEqualTransformersWithPeft) {
   ctx.targets = targets;
   std::tie(ctx.rope_cos, ctx.rope_sin) = model.RopeTables(tokens.size(1), torch::kCPU);
   ctx.training = true;
+  MoeRecord routed;
+  routed.keep_choices = true;
+  ctx.moe = &routed;
   auto loss_sum = params.Forward(ctx);
   ASSERT_TRUE(loss_sum.ok()) << loss_sum.status().message();
+  // Mixture of experts: each token's experts are the ones transformers' router chose.
+  size_t moe_layers = 0;
+  for (const auto& [name, entry] : expected_->entries()) {
+    if (name.rfind("choices.", 0) != 0) continue;
+    const int64_t layer = std::stoll(name.substr(8));
+    ASSERT_TRUE(routed.choices.count(layer)) << name;
+    EXPECT_TRUE(torch::equal(routed.choices[layer], Expected(name))) << name;
+    EXPECT_EQ(routed.expert_tokens[layer].sum().item<int64_t>(), Expected(name).numel()) << name;
+    ++moe_layers;
+  }
+  EXPECT_EQ(moe_layers, routed.choices.size());
   auto loss = *loss_sum / (targets != -100).sum().item<double>();
   EXPECT_LE(RelativeError(loss.detach(), Expected("loss")), 1e-5);
   loss.backward();
@@ -195,6 +210,47 @@ const OracleCase kCases[] = {
     // Qwen3 (R1-0528-Qwen3-8B): RMSNorm on each head's q and k; head_dim apart from hidden/heads.
     {"Qwen3HeadDim", R"({"family": "qwen3", "head_dim": 32, "seed": 10})"},
     {"Qwen3Bias", R"({"family": "qwen3", "attention_bias": true, "tie": true, "seed": 11})"},
+    // DeepSeek-V2-Lite's design: no q latent, greedy softmax routing over 8 experts (2 per
+    // token) + 2 shared from layer 1 on, yarn RoPE whose mscale_all_dim scales the softmax.
+    {"DeepseekV2LiteGreedy",
+     R"({"family": "deepseek_v2", "kv_heads": 4, "layers": 3, "seed": 12,
+         "targets": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+         "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                  "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1},
+         "deepseek": {"q_lora_rank": null, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                      "qk_rope_head_dim": 8, "v_head_dim": 12, "n_routed_experts": 8,
+                      "num_experts_per_tok": 2, "n_shared_experts": 2,
+                      "moe_intermediate_size": 24, "first_k_dense_replace": 1}})"},
+    // DeepSeek-V2 proper: a q latent, group-limited routing, biases, tied embeddings.
+    {"DeepseekV2GroupLimited",
+     R"({"family": "deepseek_v2", "kv_heads": 4, "tie": true, "attention_bias": true,
+         "mlp_bias": true, "seed": 13,
+         "targets": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+         "deepseek": {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                      "qk_rope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 8,
+                      "num_experts_per_tok": 3, "n_shared_experts": 1,
+                      "moe_intermediate_size": 16, "first_k_dense_replace": 0,
+                      "topk_method": "group_limited_greedy", "n_group": 4, "topk_group": 2,
+                      "routed_scaling_factor": 1.5}})"},
+    // DeepSeek-V3 / R1: sigmoid scores, the correction bias, groups ranked by their two best,
+    // renormalised weights scaled by 2.5.
+    {"DeepseekV3NoauxTc",
+     R"({"family": "deepseek_v3", "kv_heads": 4, "layers": 3, "seed": 14,
+         "targets": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+         "deepseek": {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                      "qk_rope_head_dim": 8, "v_head_dim": 12, "n_routed_experts": 8,
+                      "num_experts_per_tok": 2, "n_shared_experts": 1,
+                      "moe_intermediate_size": 16, "first_k_dense_replace": 1, "n_group": 4,
+                      "topk_group": 2, "norm_topk_prob": true, "routed_scaling_factor": 2.5}})"},
+    {"DeepseekV3NotInterleaved",
+     R"({"family": "deepseek_v3", "kv_heads": 4, "seed": 15,
+         "targets": ["q_proj", "kv_b_proj", "o_proj"],
+         "deepseek": {"q_lora_rank": null, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                      "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 4,
+                      "num_experts_per_tok": 2, "n_shared_experts": 0,
+                      "moe_intermediate_size": 16, "first_k_dense_replace": 0, "n_group": 2,
+                      "topk_group": 1, "norm_topk_prob": false, "routed_scaling_factor": 1.0,
+                      "rope_interleave": false}})"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Families, HfOracleTest,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <map>
 
+#include "worker/engine/moe.h"
 #include "worker/engine/torch_compat.h"
 
 namespace tidal::engine {
@@ -13,16 +14,38 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-// The projections of one decoder layer in parameter order. Index i is the module id used to
-// key dropout masks, so the order is part of the numerics: do not reorder.
-const std::vector<std::string> kModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                           "gate_proj", "up_proj", "down_proj"};
-enum : size_t { kQ = 0, kK, kV, kO, kGate, kUp, kDown };
+// The projections of a decoder layer. The id keys LoRA dropout masks, so the numbering is part
+// of the numerics: do not renumber. Routed expert e's gate/up/down are kExpert + 3e + 0/1/2.
+enum ModuleId : size_t {
+  kQ = 0, kK, kV, kO, kGate, kUp, kDown,  // dense families (and MLA's q_proj, o_proj)
+  kQA, kQB, kKVA, kKVB,                    // MLA
+  kSharedGate, kSharedUp, kSharedDown,     // MoE layers' shared experts
+  kExpert,
+};
 
-std::string ModulePrefix(int64_t layer, const std::string& module) {
-  const bool attention =
-      module == "q_proj" || module == "k_proj" || module == "v_proj" || module == "o_proj";
-  return "model.layers." + std::to_string(layer) + (attention ? ".self_attn." : ".mlp.") + module;
+// PEFT's name of each projection (what spec.lora.targetModules lists) and its path in a layer.
+struct ModuleName {
+  const char* target;
+  const char* path;
+};
+ModuleName NameOf(size_t id) {
+  static const ModuleName kNames[] = {
+      {"q_proj", "self_attn.q_proj"},
+      {"k_proj", "self_attn.k_proj"},
+      {"v_proj", "self_attn.v_proj"},
+      {"o_proj", "self_attn.o_proj"},
+      {"gate_proj", "mlp.gate_proj"},
+      {"up_proj", "mlp.up_proj"},
+      {"down_proj", "mlp.down_proj"},
+      {"q_a_proj", "self_attn.q_a_proj"},
+      {"q_b_proj", "self_attn.q_b_proj"},
+      {"kv_a_proj_with_mqa", "self_attn.kv_a_proj_with_mqa"},
+      {"kv_b_proj", "self_attn.kv_b_proj"},
+      {"gate_proj", "mlp.shared_experts.gate_proj"},
+      {"up_proj", "mlp.shared_experts.up_proj"},
+      {"down_proj", "mlp.shared_experts.down_proj"},
+  };
+  return kNames[id];
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
@@ -69,45 +92,97 @@ int64_t ParamSpec::numel() const {
 DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
     : config_(std::move(config)), lora_(std::move(lora)) {
   lora_scale_ = lora_.alpha / static_cast<double>(lora_.rank);
-  const int64_t h = config_.hidden_size;
+  const ModelConfig& c = config_;
+  const int64_t h = c.hidden_size;
   auto targeted = [&](const std::string& m) {
     return std::find(lora_.target_modules.begin(), lora_.target_modules.end(), m) !=
            lora_.target_modules.end();
   };
-  auto has_bias = [&](size_t m) {
-    return m <= kV ? config_.qkv_bias : m == kO ? config_.o_bias : config_.mlp_bias;
-  };
   blocks_.push_back(
-      {BlockKind::kEmbedding, -1, {{"model.embed_tokens.weight", {config_.vocab_size, h}}}});
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+      {BlockKind::kEmbedding, -1, {{"model.embed_tokens.weight", {c.vocab_size, h}}}});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     BlockSpec block{BlockKind::kDecoderLayer, l, {}};
-    const std::string layer = "model.layers." + std::to_string(l);
-    auto add = [&](ParamSpec spec, ParamRole role) {
-      block.params.push_back(std::move(spec));
-      if (l == 0) layer_roles_.push_back(role);
+    std::vector<ParamRole> roles;
+    const std::string layer = "model.layers." + std::to_string(l) + ".";
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamRole role) {
+      block.params.push_back({layer + name, std::move(shape)});
+      roles.push_back(role);
     };
-    add({layer + ".input_layernorm.weight", {h}}, {ParamRole::kInputNorm});
-    for (size_t m = 0; m < kModules.size(); ++m) {
-      if (m == kGate)
-        add({layer + ".post_attention_layernorm.weight", {h}}, {ParamRole::kPostNorm});
-      if (m == kO && config_.qk_norm) {  // Qwen3: per-head RMSNorm of q and k
-        add({layer + ".self_attn.q_norm.weight", {config_.head_dim()}}, {ParamRole::kQNorm});
-        add({layer + ".self_attn.k_norm.weight", {config_.head_dim()}}, {ParamRole::kKNorm});
+    // A projection: weight, bias when it has one, and the adapter when targeted.
+    auto projection = [&](size_t id, int64_t out, int64_t in, bool bias) {
+      const bool expert = id >= kExpert;
+      const std::string path =
+          expert ? "mlp.experts." + std::to_string((id - kExpert) / 3) + "." +
+                       std::array{"gate_proj", "up_proj", "down_proj"}[(id - kExpert) % 3]
+                 : NameOf(id).path;
+      add(path + ".weight", {out, in}, {ParamRole::kWeight, id});
+      if (bias) add(path + ".bias", {out}, {ParamRole::kBias, id});
+      // LoRA reaches what PEFT's target_modules reach: with experts, the attention only.
+      const bool adaptable =
+          !expert && id < kSharedGate && !(c.moe.n_routed_experts > 0 && id >= kGate && id <= kDown);
+      if (adaptable && targeted(NameOf(id).target)) {
+        block.params.push_back({layer + path + ".lora_A.weight", {lora_.rank, in}, true});
+        roles.push_back({ParamRole::kLoraA, id});
+        block.params.push_back({layer + path + ".lora_B.weight", {out, lora_.rank}, true});
+        roles.push_back({ParamRole::kLoraB, id});
       }
-      const auto [out, in] = *config_.ProjectionShape(kModules[m]);
-      const std::string prefix = ModulePrefix(l, kModules[m]);
-      add({prefix + ".weight", {out, in}}, {ParamRole::kWeight, m});
-      if (has_bias(m)) add({prefix + ".bias", {out}}, {ParamRole::kBias, m});
-      if (targeted(kModules[m])) {
-        add({prefix + ".lora_A.weight", {lora_.rank, in}, true}, {ParamRole::kLoraA, m});
-        add({prefix + ".lora_B.weight", {out, lora_.rank}, true}, {ParamRole::kLoraB, m});
+    };
+    add("input_layernorm.weight", {h}, {ParamRole::kInputNorm});
+    if (c.uses_mla()) {
+      const MlaConfig& m = c.mla;
+      const int64_t heads = c.num_attention_heads;
+      if (m.q_lora_rank == 0) {
+        projection(kQ, heads * m.qk_head_dim(), h, false);
+      } else {
+        projection(kQA, m.q_lora_rank, h, c.o_bias);
+        add("self_attn.q_a_layernorm.weight", {m.q_lora_rank}, {ParamRole::kQANorm});
+        projection(kQB, heads * m.qk_head_dim(), m.q_lora_rank, false);
+      }
+      projection(kKVA, m.kv_lora_rank + m.qk_rope_head_dim, h, c.o_bias);
+      add("self_attn.kv_a_layernorm.weight", {m.kv_lora_rank}, {ParamRole::kKVANorm});
+      projection(kKVB, heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, false);
+      projection(kO, h, heads * m.v_head_dim, c.o_bias);
+    } else {
+      const int64_t q = c.num_attention_heads * c.head_dim(),
+                    kv = c.num_key_value_heads * c.head_dim();
+      projection(kQ, q, h, c.qkv_bias);
+      projection(kK, kv, h, c.qkv_bias);
+      projection(kV, kv, h, c.qkv_bias);
+      if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k
+        add("self_attn.q_norm.weight", {c.head_dim()}, {ParamRole::kQNorm});
+        add("self_attn.k_norm.weight", {c.head_dim()}, {ParamRole::kKNorm});
+      }
+      projection(kO, h, q, c.o_bias);
+    }
+    add("post_attention_layernorm.weight", {h}, {ParamRole::kPostNorm});
+    if (!c.IsMoeLayer(l)) {
+      projection(kGate, c.intermediate_size, h, c.mlp_bias);
+      projection(kUp, c.intermediate_size, h, c.mlp_bias);
+      projection(kDown, h, c.intermediate_size, c.mlp_bias);
+    } else {
+      const MoeConfig& moe = c.moe;
+      const int64_t experts = moe.n_routed_experts, inter = moe.moe_intermediate_size;
+      add("mlp.gate.weight", {experts, h}, {ParamRole::kRouter});
+      if (moe.sigmoid_scores())
+        add("mlp.gate.e_score_correction_bias", {experts}, {ParamRole::kRouterBias});
+      for (int64_t e = 0; e < experts; ++e) {
+        projection(kExpert + 3 * e, inter, h, false);
+        projection(kExpert + 3 * e + 1, inter, h, false);
+        projection(kExpert + 3 * e + 2, h, inter, false);
+      }
+      if (moe.n_shared_experts > 0) {
+        const int64_t shared = inter * moe.n_shared_experts;
+        const bool bias = c.mlp_bias && c.model_type == "deepseek_v2";
+        projection(kSharedGate, shared, h, bias);
+        projection(kSharedUp, shared, h, bias);
+        projection(kSharedDown, h, shared, bias);
       }
     }
+    layer_roles_.push_back(std::move(roles));
     blocks_.push_back(std::move(block));
   }
   BlockSpec head{BlockKind::kHead, -1, {{"model.norm.weight", {h}}}};
-  if (!config_.tie_word_embeddings)
-    head.params.push_back({"lm_head.weight", {config_.vocab_size, h}});
+  if (!c.tie_word_embeddings) head.params.push_back({"lm_head.weight", {c.vocab_size, h}});
   blocks_.push_back(std::move(head));
 }
 
@@ -116,7 +191,7 @@ namespace {
 // The inverse frequencies of config.rope, step by step as transformers' modeling_rope_utils
 // computes them (fp32 tensors).
 torch::Tensor InverseFrequencies(const ModelConfig& config, torch::Device device) {
-  const int64_t dim = config.head_dim();
+  const int64_t dim = config.RopeDim();
   const RopeScaling& rope = config.rope;
   auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(device);
   auto pos_freqs = torch::pow(config.rope_theta, torch::arange(0, dim, 2, opts) / dim);
@@ -175,7 +250,8 @@ torch::Tensor DecoderModel::InitialValue(const ParamSpec& spec, uint64_t seed) c
            n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   if (ends_with("norm.weight")) return torch::ones(spec.shape, opts);
-  if (ends_with(".bias")) return torch::zeros(spec.shape, opts);
+  if (ends_with(".bias") || ends_with("e_score_correction_bias"))
+    return torch::zeros(spec.shape, opts);
   if (ends_with("lora_B.weight")) return torch::zeros(spec.shape, opts);
   if (ends_with("lora_A.weight")) {
     const double bound = 1.0 / std::sqrt(static_cast<double>(spec.shape[1]));
@@ -206,49 +282,51 @@ torch::Tensor DecoderModel::ForwardBlock(int64_t b, const std::vector<torch::Ten
   return {};
 }
 
+namespace {
+
+// Rotary pairs laid out (x0, x1), (x2, x3)… (DeepSeek) regrouped as (x0, x2, …, x1, x3, …), so
+// that the rotate-half RoPE rotates each pair by its own frequency. q and k are regrouped
+// alike, which leaves every q·k product as DeepSeek computes it.
+torch::Tensor Deinterleave(const torch::Tensor& x) {
+  auto pairs = x.unflatten(-1, {x.size(-1) / 2, 2});
+  return torch::cat({pairs.select(-1, 0), pairs.select(-1, 1)}, -1);
+}
+
+}  // namespace
+
 torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch::Tensor>& p,
                                          const torch::Tensor& x, const ForwardContext& ctx) const {
   const bool dropout = ctx.training && lora_.dropout > 0;
   const uint64_t layer_key = MixSeed(ctx.dropout_key, static_cast<uint64_t>(layer));
+  const ModelConfig& c = config_;
 
   // Each projection with its bias and adapter when it has them (layer_roles_ says which
   // parameter is what).
   struct Linear {
     torch::Tensor weight, bias, lora_a, lora_b;
   };
-  std::array<Linear, 7> mods;
-  torch::Tensor input_norm, post_norm, q_norm, k_norm;
+  std::map<size_t, Linear> mods;
+  torch::Tensor input_norm, post_norm, q_norm, k_norm, q_a_norm, kv_a_norm, router, router_bias;
+  const std::vector<ParamRole>& roles = layer_roles_.at(layer);
   for (size_t i = 0; i < p.size(); ++i) {
-    const ParamRole& role = layer_roles_.at(i);
+    const ParamRole& role = roles.at(i);
     switch (role.kind) {
-      case ParamRole::kInputNorm:
-        input_norm = p[i];
-        break;
-      case ParamRole::kPostNorm:
-        post_norm = p[i];
-        break;
-      case ParamRole::kQNorm:
-        q_norm = p[i];
-        break;
-      case ParamRole::kKNorm:
-        k_norm = p[i];
-        break;
-      case ParamRole::kWeight:
-        mods[role.module].weight = p[i];
-        break;
-      case ParamRole::kBias:
-        mods[role.module].bias = p[i];
-        break;
-      case ParamRole::kLoraA:
-        mods[role.module].lora_a = p[i];
-        break;
-      case ParamRole::kLoraB:
-        mods[role.module].lora_b = p[i];
-        break;
+      case ParamRole::kInputNorm: input_norm = p[i]; break;
+      case ParamRole::kPostNorm: post_norm = p[i]; break;
+      case ParamRole::kQNorm: q_norm = p[i]; break;
+      case ParamRole::kKNorm: k_norm = p[i]; break;
+      case ParamRole::kQANorm: q_a_norm = p[i]; break;
+      case ParamRole::kKVANorm: kv_a_norm = p[i]; break;
+      case ParamRole::kRouter: router = p[i]; break;
+      case ParamRole::kRouterBias: router_bias = p[i]; break;
+      case ParamRole::kWeight: mods[role.module].weight = p[i]; break;
+      case ParamRole::kBias: mods[role.module].bias = p[i]; break;
+      case ParamRole::kLoraA: mods[role.module].lora_a = p[i]; break;
+      case ParamRole::kLoraB: mods[role.module].lora_b = p[i]; break;
     }
   }
   auto linear = [&](size_t m, const torch::Tensor& in) {
-    const Linear& l = mods[m];
+    const Linear& l = mods.at(m);
     auto out = F::linear(in, l.weight, l.bias);
     if (!l.lora_a.defined()) return out;
     torch::Tensor lora_in = in;
@@ -261,36 +339,83 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
   };
 
   const int64_t batch = x.size(0), seq = x.size(1);
-  const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
-  const int64_t dim = config_.head_dim();
-  const double eps = config_.rms_norm_eps;
-  auto h = RmsNorm(x, input_norm, eps);
-  auto q = linear(kQ, h).view({batch, seq, heads, dim});
-  auto k = linear(kK, h).view({batch, seq, kv_heads, dim});
-  if (config_.qk_norm) {  // over each head's features, before RoPE (Qwen3)
-    q = RmsNorm(q, q_norm, eps);
-    k = RmsNorm(k, k_norm, eps);
-  }
-  q = q.transpose(1, 2);
-  k = k.transpose(1, 2);
-  auto v = linear(kV, h).view({batch, seq, kv_heads, dim}).transpose(1, 2);
+  const int64_t heads = c.num_attention_heads;
+  const double eps = c.rms_norm_eps;
   const bool per_token = ctx.rope_cos.dim() == 4;
   auto cos = per_token ? ctx.rope_cos : ctx.rope_cos.narrow(0, 0, seq);
   auto sin = per_token ? ctx.rope_sin : ctx.rope_sin.narrow(0, 0, seq);
-  q = ApplyRope(q, cos, sin);
-  k = ApplyRope(k, cos, sin);
-  if (kv_heads != heads) {  // grouped-query attention: each kv head serves heads/kv_heads
-    k = k.repeat_interleave(heads / kv_heads, 1);
-    v = v.repeat_interleave(heads / kv_heads, 1);
+  auto attend = [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                    std::optional<double> scale) {
+    return ctx.attention.defined() ? compat::MaskedAttention(q, k, v, ctx.attention, scale)
+                                   : compat::CausalAttention(q, k, v, scale);
+  };
+  auto h = RmsNorm(x, input_norm, eps);
+  torch::Tensor attn;
+  if (c.uses_mla()) {
+    // Multi-head latent attention (transformers' DeepseekV2Attention / DeepseekV3Attention).
+    const MlaConfig& m = c.mla;
+    auto q = m.q_lora_rank == 0 ? linear(kQ, h)
+                                : linear(kQB, RmsNorm(linear(kQA, h), q_a_norm, eps));
+    q = q.view({batch, seq, heads, m.qk_head_dim()}).transpose(1, 2);
+    auto q_nope = q.narrow(-1, 0, m.qk_nope_head_dim);
+    auto q_rot = q.narrow(-1, m.qk_nope_head_dim, m.qk_rope_head_dim);
+    auto latent = linear(kKVA, h);  // [batch, seq, kv_lora_rank + qk_rope_head_dim]
+    auto kv = RmsNorm(latent.narrow(-1, 0, m.kv_lora_rank), kv_a_norm, eps);
+    auto k_rot = latent.narrow(-1, m.kv_lora_rank, m.qk_rope_head_dim)
+                     .view({batch, 1, seq, m.qk_rope_head_dim});
+    if (m.rope_interleave) {
+      q_rot = Deinterleave(q_rot);
+      k_rot = Deinterleave(k_rot);
+    }
+    q_rot = ApplyRope(q_rot, cos, sin);
+    k_rot = ApplyRope(k_rot, cos, sin);
+    auto kv_heads = linear(kKVB, kv)
+                        .view({batch, seq, heads, m.qk_nope_head_dim + m.v_head_dim})
+                        .transpose(1, 2);
+    auto k_nope = kv_heads.narrow(-1, 0, m.qk_nope_head_dim);
+    auto v = kv_heads.narrow(-1, m.qk_nope_head_dim, m.v_head_dim);
+    auto query = torch::cat({q_nope, q_rot}, -1);
+    auto key = torch::cat({k_nope, k_rot.expand({batch, heads, seq, m.qk_rope_head_dim})}, -1);
+    attn = attend(query, key, v, c.AttentionSoftmaxScale())
+               .transpose(1, 2)
+               .reshape({batch, seq, heads * m.v_head_dim});
+  } else {
+    const int64_t kv_heads = c.num_key_value_heads, dim = c.head_dim();
+    auto q = linear(kQ, h).view({batch, seq, heads, dim});
+    auto k = linear(kK, h).view({batch, seq, kv_heads, dim});
+    if (c.qk_norm) {  // over each head's features, before RoPE (Qwen3)
+      q = RmsNorm(q, q_norm, eps);
+      k = RmsNorm(k, k_norm, eps);
+    }
+    q = ApplyRope(q.transpose(1, 2), cos, sin);
+    k = ApplyRope(k.transpose(1, 2), cos, sin);
+    auto v = linear(kV, h).view({batch, seq, kv_heads, dim}).transpose(1, 2);
+    if (kv_heads != heads) {  // grouped-query attention: each kv head serves heads/kv_heads
+      k = k.repeat_interleave(heads / kv_heads, 1);
+      v = v.repeat_interleave(heads / kv_heads, 1);
+    }
+    attn = attend(q, k, v, std::nullopt).transpose(1, 2).reshape({batch, seq, heads * dim});
   }
-  auto attn = (ctx.attention.defined() ? compat::MaskedAttention(q, k, v, ctx.attention)
-                                       : compat::CausalAttention(q, k, v))
-                  .transpose(1, 2)
-                  .reshape({batch, seq, heads * dim});
   auto hidden = x + linear(kO, attn);
   auto m = RmsNorm(hidden, post_norm, eps);
-  auto mlp = linear(kDown, F::silu(linear(kGate, m)) * linear(kUp, m));
-  return hidden + mlp;
+  if (!c.IsMoeLayer(layer)) return hidden + linear(kDown, F::silu(linear(kGate, m)) * linear(kUp, m));
+
+  // Mixture of experts: route each token, run every expert once over the tokens it got.
+  const MoeConfig& moe = c.moe;
+  auto tokens = m.reshape({-1, c.hidden_size});
+  const MoeRouting routing = RouteTokens(moe, tokens, router, router_bias);
+  if (ctx.moe) {
+    ctx.moe->expert_tokens[layer] = routing.expert_tokens;
+    if (ctx.moe->keep_choices) ctx.moe->choices[layer] = std::get<0>(routing.experts.sort(1));
+  }
+  auto routed = RunExperts(tokens, routing, moe.n_routed_experts, [&](int64_t e, const torch::Tensor& in) {
+    const size_t id = kExpert + 3 * static_cast<size_t>(e);
+    return linear(id + 2, F::silu(linear(id, in)) * linear(id + 1, in));
+  });
+  auto out = routed.view_as(m);
+  if (moe.n_shared_experts > 0)
+    out = out + linear(kSharedDown, F::silu(linear(kSharedGate, m)) * linear(kSharedUp, m));
+  return hidden + out;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> MergeLora(

@@ -1,13 +1,15 @@
-// worker/engine/model.h — the dense decoder of LLaMA / DeepSeek-LLM / Llama-3 (RoPE scaling),
-// Qwen2 (q/k/v bias) and Qwen3 (per-head q/k RMSNorm): RMSNorm, RoPE, SwiGLU, grouped-query
-// attention, tied or untied embeddings, with LoRA adapters, written as plain functions over
-// parameter tensors. The model knows nothing of sharding: it declares its parameters in
+// worker/engine/model.h — the decoders of LLaMA / DeepSeek-LLM / Llama-3 (RoPE scaling), Qwen2
+// (q/k/v bias), Qwen3 (per-head q/k RMSNorm) and DeepSeek-V2/V3 (multi-head latent attention,
+// mixture of experts with shared experts and group-limited routing): RMSNorm, RoPE, SwiGLU,
+// grouped-query or latent attention, tied or untied embeddings, with LoRA adapters, written as
+// plain functions over parameter tensors. The model knows nothing of sharding: it declares its parameters in
 // blocks (embedding, one per decoder layer, head) and computes one block from tensors it is
 // handed; worker/engine/zero.h decides where those tensors live (STYLE.md: parallelism is
 // applied to a plain model).
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,6 +35,16 @@ struct BlockSpec {
   std::vector<ParamSpec> params;
 };
 
+// What the mixture-of-experts layers routed in the last forward: per MoE layer, the tokens each
+// expert received ([n_routed_experts] int64) and, when asked, each token's chosen experts
+// ([tokens, num_experts_per_tok] int64, ascending). A layer overwrites its entry, so the
+// recompute of ZeRO-3's backward leaves the same record.
+struct MoeRecord {
+  bool keep_choices = false;
+  std::map<int64_t, torch::Tensor> expert_tokens;
+  std::map<int64_t, torch::Tensor> choices;
+};
+
 // Everything a block needs besides its parameters and input activations.
 struct ForwardContext {
   torch::Tensor tokens;   // [batch, seq] int64, for the embedding block
@@ -47,6 +59,7 @@ struct ForwardContext {
   // LoRA dropout masks are drawn from generators seeded by (dropout_key, layer, module), so a
   // micro-batch gets the same masks whichever rank runs it and when ZeRO-3 recomputes it.
   uint64_t dropout_key = 0;
+  MoeRecord* moe = nullptr;  // filled when set
 };
 
 class DecoderModel {
@@ -79,12 +92,16 @@ class DecoderModel {
  private:
   torch::Tensor DecoderLayer(int64_t layer, const std::vector<torch::Tensor>& p,
                              const torch::Tensor& x, const ForwardContext& ctx) const;
-  // What each parameter of a decoder layer block is (the same for every layer).
+  // What each parameter of a decoder layer block is (layers differ: dense or MoE).
   struct ParamRole {
-    enum Kind { kInputNorm, kPostNorm, kQNorm, kKNorm, kWeight, kBias, kLoraA, kLoraB } kind;
-    size_t module = 0;  // the projection (kWeight … kLoraB), in kModules order
+    enum Kind {
+      kInputNorm, kPostNorm, kQNorm, kKNorm, kQANorm, kKVANorm,  // RMSNorm weights
+      kRouter, kRouterBias,                                     // MoE gate, V3's correction
+      kWeight, kBias, kLoraA, kLoraB                            // of projection `module`
+    } kind;
+    size_t module = 0;  // a ModuleId (model.cc); also keys LoRA dropout masks
   };
-  std::vector<ParamRole> layer_roles_;
+  std::vector<std::vector<ParamRole>> layer_roles_;  // per decoder layer
   ModelConfig config_;
   LoraSpec lora_;
   double lora_scale_;

@@ -11,22 +11,64 @@ namespace {
 const char* ArchitectureOf(const std::string& model_type) {
   if (model_type == "qwen2") return "Qwen2ForCausalLM";
   if (model_type == "qwen3") return "Qwen3ForCausalLM";
+  if (model_type == "deepseek_v2") return "DeepseekV2ForCausalLM";
+  if (model_type == "deepseek_v3") return "DeepseekV3ForCausalLM";
   return "LlamaForCausalLM";
+}
+
+bool IsDeepseek(const std::string& model_type) {
+  return model_type == "deepseek_v2" || model_type == "deepseek_v3";
 }
 
 }  // namespace
 
 int64_t ModelConfig::BaseParameterCount() const {
-  const int64_t q_dim = num_attention_heads * head_dim(), kv_dim = num_key_value_heads * head_dim();
-  int64_t attention = hidden_size * q_dim * 2 + hidden_size * kv_dim * 2;
-  if (qkv_bias) attention += q_dim + 2 * kv_dim;
-  if (o_bias) attention += hidden_size;
-  if (qk_norm) attention += 2 * head_dim();
-  int64_t mlp = 3 * hidden_size * intermediate_size;
-  if (mlp_bias) mlp += 2 * intermediate_size + hidden_size;
-  const int64_t per_layer = attention + mlp + 2 * hidden_size;
-  const int64_t embeddings = vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2);
-  return per_layer * num_hidden_layers + embeddings + hidden_size;
+  const int64_t h = hidden_size;
+  int64_t attention = 0;
+  if (uses_mla()) {
+    const int64_t heads = num_attention_heads, latent = mla.kv_lora_rank + mla.qk_rope_head_dim;
+    attention = mla.q_lora_rank == 0
+                    ? h * heads * mla.qk_head_dim()
+                    : h * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * heads * mla.qk_head_dim();
+    attention += h * latent + mla.kv_lora_rank +
+                 mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim) +
+                 heads * mla.v_head_dim * h;
+    if (o_bias) attention += (mla.q_lora_rank > 0 ? mla.q_lora_rank : 0) + latent + h;
+  } else {
+    const int64_t q_dim = num_attention_heads * head_dim(),
+                  kv_dim = num_key_value_heads * head_dim();
+    attention = h * q_dim * 2 + h * kv_dim * 2;
+    if (qkv_bias) attention += q_dim + 2 * kv_dim;
+    if (o_bias) attention += h;
+    if (qk_norm) attention += 2 * head_dim();
+  }
+  auto mlp = [&](int64_t inter) {
+    return 3 * h * inter + (mlp_bias ? 2 * inter + h : 0);
+  };
+  int64_t total = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    total += attention + 2 * h;
+    if (!IsMoeLayer(l)) {
+      total += mlp(intermediate_size);
+      continue;
+    }
+    const int64_t experts = moe.n_routed_experts;
+    total += experts * h + (moe.sigmoid_scores() ? experts : 0);  // router (+ V3's bias)
+    total += experts * 3 * h * moe.moe_intermediate_size;
+    if (moe.n_shared_experts > 0) total += mlp(moe.moe_intermediate_size * moe.n_shared_experts);
+  }
+  const int64_t embeddings = vocab_size * h * (tie_word_embeddings ? 1 : 2);
+  return total + embeddings + h;
+}
+
+int64_t ModelConfig::ActiveParameterCount() const {
+  // The input embedding is a row lookup (no multiply); tied, it is also the head's matmul.
+  int64_t idle = tie_word_embeddings ? 0 : vocab_size * hidden_size;
+  for (int64_t l = 0; l < num_hidden_layers; ++l)
+    if (IsMoeLayer(l))
+      idle += (moe.n_routed_experts - moe.num_experts_per_tok) * 3 * hidden_size *
+              moe.moe_intermediate_size;
+  return BaseParameterCount() - idle;
 }
 
 Status ModelConfig::Validate() const {
@@ -47,11 +89,56 @@ Status ModelConfig::Validate() const {
     return InvalidArgument("hidden_size (" + std::to_string(hidden_size) +
                            ") must be divisible by num_attention_heads (" +
                            std::to_string(num_attention_heads) + ")");
-  if (head_dim() % 2 != 0) return InvalidArgument("head_dim must be even for RoPE");
+  if (RopeDim() % 2 != 0)
+    return InvalidArgument(std::string(uses_mla() ? "qk_rope_head_dim" : "head_dim") +
+                           " must be even for RoPE");
   if (num_attention_heads % num_key_value_heads != 0)
     return InvalidArgument("num_attention_heads (" + std::to_string(num_attention_heads) +
                            ") must be a multiple of num_key_value_heads (" +
                            std::to_string(num_key_value_heads) + ")");
+  if (uses_mla()) {
+    TIDAL_RETURN_IF_ERROR(positive("qk_nope_head_dim", mla.qk_nope_head_dim));
+    TIDAL_RETURN_IF_ERROR(positive("qk_rope_head_dim", mla.qk_rope_head_dim));
+    TIDAL_RETURN_IF_ERROR(positive("v_head_dim", mla.v_head_dim));
+    if (mla.q_lora_rank < 0) return InvalidArgument("q_lora_rank must be > 0 or null");
+    if (num_key_value_heads != num_attention_heads)
+      return InvalidArgument("num_key_value_heads (" + std::to_string(num_key_value_heads) +
+                             ") must equal num_attention_heads (" +
+                             std::to_string(num_attention_heads) +
+                             ") under multi-head latent attention");
+  }
+  if (moe.n_routed_experts < 0) return InvalidArgument("n_routed_experts must be >= 0");
+  if (moe.n_routed_experts > 0) {
+    TIDAL_RETURN_IF_ERROR(positive("num_experts_per_tok", moe.num_experts_per_tok));
+    TIDAL_RETURN_IF_ERROR(positive("moe_intermediate_size", moe.moe_intermediate_size));
+    if (moe.n_shared_experts < 0) return InvalidArgument("n_shared_experts must be >= 0");
+    if (moe.first_k_dense_replace < 0)
+      return InvalidArgument("first_k_dense_replace must be >= 0");
+    if (moe.num_experts_per_tok > moe.n_routed_experts)
+      return InvalidArgument("num_experts_per_tok (" + std::to_string(moe.num_experts_per_tok) +
+                             ") exceeds n_routed_experts (" +
+                             std::to_string(moe.n_routed_experts) + ")");
+    if (moe.topk_method != "greedy") {
+      TIDAL_RETURN_IF_ERROR(positive("n_group", moe.n_group));
+      TIDAL_RETURN_IF_ERROR(positive("topk_group", moe.topk_group));
+      if (moe.n_routed_experts % moe.n_group != 0)
+        return InvalidArgument("n_routed_experts (" + std::to_string(moe.n_routed_experts) +
+                               ") must be a multiple of n_group (" +
+                               std::to_string(moe.n_group) + ")");
+      if (moe.topk_group > moe.n_group)
+        return InvalidArgument("topk_group (" + std::to_string(moe.topk_group) +
+                               ") exceeds n_group (" + std::to_string(moe.n_group) + ")");
+      const int64_t per_group = moe.n_routed_experts / moe.n_group;
+      if (moe.topk_method == "noaux_tc" && per_group < 2)
+        return InvalidArgument("noaux_tc ranks each group by its two best experts: n_group (" +
+                               std::to_string(moe.n_group) +
+                               ") must leave at least 2 experts per group");
+      if (moe.num_experts_per_tok > moe.topk_group * per_group)
+        return InvalidArgument("num_experts_per_tok (" + std::to_string(moe.num_experts_per_tok) +
+                               ") exceeds the experts of topk_group groups (" +
+                               std::to_string(moe.topk_group * per_group) + ")");
+    }
+  }
   if (!(rms_norm_eps > 0)) return InvalidArgument("rms_norm_eps must be > 0");
   if (!(rope_theta > 0)) return InvalidArgument("rope_theta must be > 0");
   if (rope.type != "default") {
@@ -61,6 +148,19 @@ Status ModelConfig::Validate() const {
       return InvalidArgument("rope_parameters: high_freq_factor must exceed low_freq_factor");
   }
   return OkStatus();
+}
+
+double ModelConfig::AttentionSoftmaxScale() const {
+  const int64_t features = uses_mla() ? mla.qk_head_dim() : head_dim();
+  double scale = 1.0 / std::sqrt(static_cast<double>(features));
+  // DeepSeek's MLA (transformers' yarn_apply_mscale): any scaled RoPE with mscale_all_dim
+  // multiplies the softmax scale by mscale(factor, mscale_all_dim)².
+  if (uses_mla() && rope.type != "default" && rope.mscale_all_dim && *rope.mscale_all_dim != 0 &&
+      rope.factor > 1) {
+    const double m = 0.1 * *rope.mscale_all_dim * std::log(rope.factor) + 1.0;
+    scale *= m * m;
+  }
+  return scale;
 }
 
 double ModelConfig::RopeAttentionScaling() const {
@@ -111,23 +211,69 @@ nlohmann::json ModelConfig::ToHfJson() const {
                       {"hidden_act", "silu"},
                       {"torch_dtype", "float32"}};
   if (model_type != "qwen2") j["attention_bias"] = o_bias;  // Qwen2's q/k/v bias is implied
-  if (model_type == "llama") j["mlp_bias"] = mlp_bias;
+  if (model_type == "llama" || model_type == "deepseek_v2") j["mlp_bias"] = mlp_bias;
+  if (uses_mla()) {
+    j["head_dim"] = mla.qk_rope_head_dim;  // what transformers' DeepSeek configs write
+    j["q_lora_rank"] = mla.q_lora_rank > 0 ? nlohmann::json(mla.q_lora_rank) : nlohmann::json();
+    j["kv_lora_rank"] = mla.kv_lora_rank;
+    j["qk_nope_head_dim"] = mla.qk_nope_head_dim;
+    j["qk_rope_head_dim"] = mla.qk_rope_head_dim;
+    j["v_head_dim"] = mla.v_head_dim;
+    if (model_type == "deepseek_v3") j["rope_interleave"] = mla.rope_interleave;
+  }
+  if (IsDeepseek(model_type)) {
+    j["n_routed_experts"] = moe.n_routed_experts;
+    j["num_experts_per_tok"] = moe.num_experts_per_tok;
+    j["n_shared_experts"] = moe.n_shared_experts;
+    j["moe_intermediate_size"] = moe.moe_intermediate_size;
+    j["first_k_dense_replace"] = moe.first_k_dense_replace;
+    j["topk_method"] = moe.topk_method;
+    j["n_group"] = moe.n_group;
+    j["topk_group"] = moe.topk_group;
+    j["routed_scaling_factor"] = moe.routed_scaling_factor;
+    j["norm_topk_prob"] = moe.norm_topk_prob;
+  }
   if (bos_token_id) j["bos_token_id"] = *bos_token_id;
   if (eos_token_ids.size() == 1) j["eos_token_id"] = eos_token_ids[0];
   if (eos_token_ids.size() > 1) j["eos_token_id"] = eos_token_ids;
   return j;
 }
 
-std::optional<std::pair<int64_t, int64_t>> ModelConfig::ProjectionShape(
+std::vector<std::pair<int64_t, int64_t>> ModelConfig::ProjectionShapes(
     const std::string& module) const {
-  const int64_t h = hidden_size, q = num_attention_heads * head_dim(),
-                kv = num_key_value_heads * head_dim(), inter = intermediate_size;
-  if (module == "q_proj") return std::pair{q, h};
-  if (module == "o_proj") return std::pair{h, q};
-  if (module == "k_proj" || module == "v_proj") return std::pair{kv, h};
-  if (module == "gate_proj" || module == "up_proj") return std::pair{inter, h};
-  if (module == "down_proj") return std::pair{h, inter};
-  return std::nullopt;
+  const int64_t h = hidden_size;
+  if (module == "gate_proj" || module == "up_proj" || module == "down_proj") {
+    // With experts, PEFT (0.21, on transformers 5) takes these names to mean the routed
+    // experts' fused gate_up_proj / down_proj parameters — not the dense layers' or the
+    // shared experts' Linear modules — which the engine does not adapt yet.
+    if (moe.n_routed_experts > 0) return {};
+    return {module == "down_proj" ? std::pair{h, intermediate_size}
+                                  : std::pair{intermediate_size, h}};
+  }
+  if (uses_mla()) {
+    const int64_t heads = num_attention_heads, q_out = heads * mla.qk_head_dim();
+    if (module == "q_proj" && mla.q_lora_rank == 0) return {{q_out, h}};
+    if (module == "q_a_proj" && mla.q_lora_rank > 0) return {{mla.q_lora_rank, h}};
+    if (module == "q_b_proj" && mla.q_lora_rank > 0) return {{q_out, mla.q_lora_rank}};
+    if (module == "kv_a_proj_with_mqa") return {{mla.kv_lora_rank + mla.qk_rope_head_dim, h}};
+    if (module == "kv_b_proj")
+      return {{heads * (mla.qk_nope_head_dim + mla.v_head_dim), mla.kv_lora_rank}};
+    if (module == "o_proj") return {{h, heads * mla.v_head_dim}};
+    return {};
+  }
+  const int64_t q = num_attention_heads * head_dim(), kv = num_key_value_heads * head_dim();
+  if (module == "q_proj") return {{q, h}};
+  if (module == "o_proj") return {{h, q}};
+  if (module == "k_proj" || module == "v_proj") return {{kv, h}};
+  return {};
+}
+
+std::vector<std::string> ModelConfig::LoraTargets() const {
+  std::vector<std::string> out;
+  for (const char* m : {"q_proj", "q_a_proj", "q_b_proj", "k_proj", "v_proj", "kv_a_proj_with_mqa",
+                        "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+    if (!ProjectionShapes(m).empty()) out.push_back(m);
+  return out;
 }
 
 namespace {
@@ -215,6 +361,109 @@ Status ParseRope(const nlohmann::json& json, ModelConfig& c) {
   return OkStatus();
 }
 
+// DeepSeek-V2/V3: MLA and MoE keys, with transformers' defaults where config.json leaves one
+// out. transformers' V2 router always scores with softmax (greedy or group-limited top-k);
+// its V3 router always uses sigmoid scores, the correction bias and group-limited choice
+// (noaux_tc). DeepSeek's own configs name these (scoring_func, topk_method): a value the
+// transformers model would not compute is refused.
+Status ParseDeepseek(const nlohmann::json& json, ModelConfig& c) {
+  const bool v3 = c.model_type == "deepseek_v3";
+  auto where = [](const std::string& key) { return "config.json: " + key; };
+  auto read_int = [&](const char* key, int64_t& out) -> Status {
+    if (!json.contains(key) || json[key].is_null()) return OkStatus();
+    if (!json[key].is_number_integer()) return InvalidArgument(where(key) + " must be an integer");
+    out = json[key].get<int64_t>();
+    return OkStatus();
+  };
+  MlaConfig& mla = c.mla;
+  MoeConfig& moe = c.moe;
+  // transformers' DeepseekV2Config / DeepseekV3Config defaults.
+  mla = {1536, 512, 128, 64, 128, true};
+  moe.n_routed_experts = v3 ? 256 : 64;
+  moe.n_shared_experts = v3 ? 1 : 2;
+  moe.moe_intermediate_size = v3 ? 2048 : 1407;
+  moe.num_experts_per_tok = v3 ? 8 : 0;
+  moe.first_k_dense_replace = v3 ? 3 : 0;
+  moe.topk_method = v3 ? "noaux_tc" : "greedy";
+  moe.n_group = v3 ? 8 : 0, moe.topk_group = v3 ? 4 : 0;
+  moe.routed_scaling_factor = v3 ? 2.5 : 1.0;
+  moe.norm_topk_prob = v3;
+  if (json.contains("q_lora_rank") && json["q_lora_rank"].is_null()) mla.q_lora_rank = 0;
+  TIDAL_RETURN_IF_ERROR(read_int("q_lora_rank", mla.q_lora_rank));
+  if (json.contains("q_lora_rank") && !json["q_lora_rank"].is_null() && mla.q_lora_rank <= 0)
+    return InvalidArgument(where("q_lora_rank") + " must be > 0 or null");
+  TIDAL_RETURN_IF_ERROR(read_int("kv_lora_rank", mla.kv_lora_rank));
+  if (mla.kv_lora_rank <= 0) return InvalidArgument(where("kv_lora_rank") + " must be > 0");
+  TIDAL_RETURN_IF_ERROR(read_int("qk_nope_head_dim", mla.qk_nope_head_dim));
+  TIDAL_RETURN_IF_ERROR(read_int("qk_rope_head_dim", mla.qk_rope_head_dim));
+  TIDAL_RETURN_IF_ERROR(read_int("v_head_dim", mla.v_head_dim));
+  if (v3 && json.contains("rope_interleave") && !json["rope_interleave"].is_null()) {
+    if (!json["rope_interleave"].is_boolean())
+      return InvalidArgument(where("rope_interleave") + " must be true or false");
+    mla.rope_interleave = json["rope_interleave"].get<bool>();
+  }
+  TIDAL_RETURN_IF_ERROR(read_int("n_routed_experts", moe.n_routed_experts));
+  TIDAL_RETURN_IF_ERROR(read_int("num_experts_per_tok", moe.num_experts_per_tok));
+  TIDAL_RETURN_IF_ERROR(read_int("n_shared_experts", moe.n_shared_experts));
+  TIDAL_RETURN_IF_ERROR(read_int("moe_intermediate_size", moe.moe_intermediate_size));
+  TIDAL_RETURN_IF_ERROR(read_int("first_k_dense_replace", moe.first_k_dense_replace));
+  TIDAL_RETURN_IF_ERROR(read_int("n_group", moe.n_group));
+  TIDAL_RETURN_IF_ERROR(read_int("topk_group", moe.topk_group));
+  if (json.contains("routed_scaling_factor") && !json["routed_scaling_factor"].is_null()) {
+    if (!json["routed_scaling_factor"].is_number())
+      return InvalidArgument(where("routed_scaling_factor") + " must be a number");
+    moe.routed_scaling_factor = json["routed_scaling_factor"].get<double>();
+  }
+  if (json.contains("norm_topk_prob") && !json["norm_topk_prob"].is_null()) {
+    if (!json["norm_topk_prob"].is_boolean())
+      return InvalidArgument(where("norm_topk_prob") + " must be true or false");
+    moe.norm_topk_prob = json["norm_topk_prob"].get<bool>();
+  }
+  auto string_key = [&](const char* key) -> std::optional<std::string> {
+    if (!json.contains(key) || json[key].is_null()) return std::nullopt;
+    return json[key].is_string() ? json[key].get<std::string>() : json[key].dump();
+  };
+  if (auto method = string_key("topk_method")) {
+    const bool known = v3 ? *method == "noaux_tc"
+                          : (*method == "greedy" || *method == "group_limited_greedy");
+    if (!known)
+      return InvalidArgument(where("topk_method") + " \"" + *method + "\" is not supported for " +
+                             c.model_type + " (supported: " +
+                             (v3 ? "noaux_tc" : "greedy, group_limited_greedy") + ")");
+    moe.topk_method = *method;
+  }
+  if (auto scoring = string_key("scoring_func"); scoring && *scoring != (v3 ? "sigmoid" : "softmax"))
+    return InvalidArgument(where("scoring_func") + " \"" + *scoring + "\" is not supported for " +
+                           c.model_type + " (supported: " + (v3 ? "sigmoid" : "softmax") + ")");
+  if (!v3 && moe.norm_topk_prob)
+    return InvalidArgument(
+        where("norm_topk_prob") +
+        " true is not supported for deepseek_v2 (transformers' DeepseekV2 ignores it while "
+        "DeepSeek's own code renormalises the top-k weights: the two disagree)");
+  if (json.contains("moe_layer_freq") && !json["moe_layer_freq"].is_null() &&
+      json["moe_layer_freq"] != 1)
+    return InvalidArgument(where("moe_layer_freq") + " " + json["moe_layer_freq"].dump() +
+                           " is not supported (only 1: every layer from first_k_dense_replace "
+                           "on is a mixture of experts)");
+  if (moe.topk_method == "greedy") moe.n_group = moe.topk_group = 1;
+  if (json.contains("quantization_config") && !json["quantization_config"].is_null())
+    return InvalidArgument(where("quantization_config") + " " +
+                           json["quantization_config"].dump() +
+                           " is not supported yet: FP8 block-scaled weights are not dequantized "
+                           "on load (convert the checkpoint to bf16 first)");
+  // Read and not acted on, as transformers does not act on them: said in the log.
+  if (json.contains("aux_loss_alpha") && json["aux_loss_alpha"].is_number() &&
+      json["aux_loss_alpha"].get<double>() != 0)
+    c.notes.push_back("aux_loss_alpha " + json["aux_loss_alpha"].dump() +
+                      ": no auxiliary load-balance loss is added (as transformers; the router "
+                      "is frozen under LoRA)");
+  if (json.contains("num_nextn_predict_layers") && json["num_nextn_predict_layers"].is_number() &&
+      json["num_nextn_predict_layers"].get<double>() != 0)
+    c.notes.push_back("num_nextn_predict_layers " + json["num_nextn_predict_layers"].dump() +
+                      ": the multi-token-prediction layers are not loaded (as transformers)");
+  return OkStatus();
+}
+
 }  // namespace
 
 StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
@@ -228,18 +477,18 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
   if (json.contains("model_type") && json["model_type"].is_string()) {
     c.model_type = json["model_type"].get<std::string>();
   } else if (!architecture.empty()) {
-    c.model_type = architecture == "Qwen2ForCausalLM"   ? "qwen2"
-                   : architecture == "Qwen3ForCausalLM" ? "qwen3"
-                   : architecture == "LlamaForCausalLM" ? "llama"
-                                                        : architecture;
+    c.model_type = architecture == "Qwen2ForCausalLM"        ? "qwen2"
+                   : architecture == "Qwen3ForCausalLM"      ? "qwen3"
+                   : architecture == "LlamaForCausalLM"      ? "llama"
+                   : architecture == "DeepseekV2ForCausalLM" ? "deepseek_v2"
+                   : architecture == "DeepseekV3ForCausalLM" ? "deepseek_v3"
+                                                             : architecture;
   }
-  if (c.model_type == "deepseek_v2" || c.model_type == "deepseek_v3")
+  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3" &&
+      !IsDeepseek(c.model_type))
     return InvalidArgument("config.json: model_type \"" + c.model_type +
-                           "\" (multi-head latent attention + mixture of experts) is not "
-                           "supported yet (supported: llama, qwen2, qwen3)");
-  if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "qwen3")
-    return InvalidArgument("config.json: model_type \"" + c.model_type +
-                           "\" is not supported (supported: llama, qwen2, qwen3)");
+                           "\" is not supported (supported: llama, qwen2, qwen3, deepseek_v2, "
+                           "deepseek_v3)");
   auto read_int = [&](const char* key, int64_t& out, bool required) -> Status {
     if (!json.contains(key) || json[key].is_null()) {
       return required ? InvalidArgument(std::string("config.json: missing required key ") + key)
@@ -287,17 +536,21 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
         if (id.is_number_integer()) c.eos_token_ids.push_back(id.get<int64_t>());
   }
   TIDAL_RETURN_IF_ERROR(ParseRope(json, c));
+  if (IsDeepseek(c.model_type)) TIDAL_RETURN_IF_ERROR(ParseDeepseek(json, c));
   // Biases and norms, per family as transformers builds them.
   if (c.model_type == "qwen2") {
     c.qkv_bias = true;
   } else {
     bool attention_bias = false;
     TIDAL_RETURN_IF_ERROR(read_bool("attention_bias", attention_bias));
-    c.qkv_bias = c.o_bias = attention_bias;
+    // Under MLA attention_bias puts a bias on q_a_proj, kv_a_proj_with_mqa and o_proj.
+    c.o_bias = attention_bias;
+    c.qkv_bias = attention_bias && !c.uses_mla();
   }
-  if (c.model_type == "llama") TIDAL_RETURN_IF_ERROR(read_bool("mlp_bias", c.mlp_bias));
+  if (c.model_type == "llama" || c.model_type == "deepseek_v2")
+    TIDAL_RETURN_IF_ERROR(read_bool("mlp_bias", c.mlp_bias));
   c.qk_norm = c.model_type == "qwen3";
-  if (c.model_type != "llama") {
+  if (c.model_type == "qwen2" || c.model_type == "qwen3") {
     bool sliding = false;
     TIDAL_RETURN_IF_ERROR(read_bool("use_sliding_window", sliding));
     if (sliding)
@@ -324,7 +577,8 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
 
 std::vector<std::string> PresetNames() {
   return {
-      "tiny", "small", "1b", "7b", "r1-distill-qwen-7b", "r1-distill-llama-8b", "r1-0528-qwen3-8b"};
+      "tiny",          "small",           "1b", "7b", "r1-distill-qwen-7b", "r1-distill-llama-8b",
+      "r1-0528-qwen3-8b", "deepseek-v2-lite"};
 }
 
 StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
@@ -375,6 +629,19 @@ StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {
     c.num_hidden_layers = 36, c.num_attention_heads = 32, c.num_key_value_heads = 8;
     c.max_position_embeddings = 131072, c.rope_theta = 1000000, c.rms_norm_eps = 1e-6;
     c.rope.type = "yarn", c.rope.factor = 4, c.rope.original_max_position_embeddings = 32768;
+  } else if (name == "deepseek-v2-lite") {
+    // deepseek-ai/DeepSeek-V2-Lite: 15.7 B total, 2.4 B active; MLA without a q latent, 64
+    // routed experts (6 per token) + 2 shared from layer 1 on, yarn RoPE with mscale.
+    c.model_type = "deepseek_v2";
+    c.vocab_size = 102400, c.hidden_size = 2048, c.intermediate_size = 10944;
+    c.num_hidden_layers = 27, c.num_attention_heads = 16, c.num_key_value_heads = 16;
+    c.max_position_embeddings = 163840, c.rope_theta = 10000, c.rms_norm_eps = 1e-6;
+    c.rope.type = "yarn", c.rope.factor = 40, c.rope.original_max_position_embeddings = 4096;
+    c.rope.mscale = 0.707, c.rope.mscale_all_dim = 0.707;
+    c.mla = {0, 512, 128, 64, 128, true};
+    c.moe.n_routed_experts = 64, c.moe.num_experts_per_tok = 6, c.moe.n_shared_experts = 2;
+    c.moe.moe_intermediate_size = 1408, c.moe.first_k_dense_replace = 1;
+    c.bos_token_id = 100000, c.eos_token_ids = {100001};
   } else {
     std::string known;
     for (const auto& n : PresetNames()) known += (known.empty() ? "" : ", ") + n;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -30,18 +31,22 @@ inline at::Generator MakeGenerator(uint64_t seed, const torch::Device& device) {
 
 // Causal self-attention over [batch, heads, seq, head_dim]: PyTorch's fused kernel (flash or
 // memory-efficient on GPU, a blocked kernel on CPU).
+// `scale` defaults to 1/√head_dim; q and k may have more features than v (DeepSeek's MLA).
 inline torch::Tensor CausalAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                     const torch::Tensor& v) {
+                                     const torch::Tensor& v,
+                                     std::optional<double> scale = std::nullopt) {
   return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0,
-                                          /*is_causal=*/true);
+                                          /*is_causal=*/true, scale);
 }
 
 // Attention over [batch, heads, seq, head_dim] where `mask` ([batch, 1, seq, seq] bool) says
 // which keys each query sees: packed documents (the memory-efficient kernel on GPU; flash
 // attention takes no mask).
 inline torch::Tensor MaskedAttention(const torch::Tensor& q, const torch::Tensor& k,
-                                     const torch::Tensor& v, const torch::Tensor& mask) {
-  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false);
+                                     const torch::Tensor& v, const torch::Tensor& mask,
+                                     std::optional<double> scale = std::nullopt) {
+  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/false,
+                                          scale);
 }
 
 // Whether this build has CUDA and a GPU is there to use.

@@ -17,8 +17,11 @@ namespace {
 using nlohmann::json;
 using spec::Section;
 
-const std::set<std::string> kTargetModules = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                              "gate_proj", "up_proj", "down_proj"};
+// Every projection some supported family has, in PEFT's names; CheckLoraFitsModel then
+// refuses one the model at hand does not have.
+const std::set<std::string> kTargetModules = {
+    "q_proj",   "k_proj",  "v_proj",    "o_proj",   "gate_proj",          "up_proj",
+    "down_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"};
 // Sections of a TrainingJob spec that other components own (DESIGN.md §2).
 const std::set<std::string> kForeignSections = {"elastic",       "checkpoint", "anomaly",
                                                 "restartPolicy", "suspend",    "worker"};
@@ -60,17 +63,32 @@ Status TrainConfig::ValidateForWorldSize(int world_size) const {
   return OkStatus();
 }
 
-Status CheckLoraRankFits(const LoraSpec& lora, const ModelConfig& model) {
+Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model) {
   for (const std::string& m : lora.target_modules) {
-    const auto shape = model.ProjectionShape(m);
-    if (!shape) continue;  // refused by name when the spec was read
-    const auto [out, in] = *shape;
-    if (lora.rank > std::min(out, in))
-      return InvalidArgument("spec.lora.rank: " + std::to_string(lora.rank) +
-                             " exceeds the smaller side of " + m + " (" + std::to_string(out) +
-                             " × " + std::to_string(in) +
-                             ") in this model; use a rank <= " + std::to_string(std::min(out, in)) +
-                             " or leave " + m + " out of targetModules");
+    const auto shapes = model.ProjectionShapes(m);
+    if (shapes.empty() && model.moe.n_routed_experts > 0 &&
+        (m == "gate_proj" || m == "up_proj" || m == "down_proj"))
+      return InvalidArgument(
+          "spec.lora.targetModules: " + m + " is not supported on a mixture-of-experts model "
+          "yet (PEFT maps it to the routed experts' fused parameters, which the engine does not "
+          "adapt); target the attention projections: " + [&] {
+            std::string has;
+            for (const auto& t : model.LoraTargets()) has += (has.empty() ? "" : ", ") + t;
+            return has;
+          }());
+    if (shapes.empty()) {
+      std::string has;
+      for (const auto& t : model.LoraTargets()) has += (has.empty() ? "" : ", ") + t;
+      return InvalidArgument("spec.lora.targetModules: " + m + " is not a module of this " +
+                             model.model_type + " model (its projections: " + has + ")");
+    }
+    for (const auto& [out, in] : shapes)
+      if (lora.rank > std::min(out, in))
+        return InvalidArgument("spec.lora.rank: " + std::to_string(lora.rank) +
+                               " exceeds the smaller side of " + m + " (" + std::to_string(out) +
+                               " × " + std::to_string(in) + ") in this model; use a rank <= " +
+                               std::to_string(std::min(out, in)) + " or leave " + m +
+                               " out of targetModules");
   }
   return OkStatus();
 }
@@ -185,7 +203,8 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
           } else if (!kTargetModules.count(t.get<std::string>())) {
             lora.Error(field, "unknown module \"" + t.get<std::string>() +
                                   "\" (expected q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                                  "up_proj or down_proj)");
+                                  "up_proj, down_proj, or under DeepSeek's latent attention "
+                                  "q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj)");
           } else if (std::find(c.lora.target_modules.begin(), c.lora.target_modules.end(),
                                t.get<std::string>()) != c.lora.target_modules.end()) {
             lora.Error(field, "duplicate module \"" + t.get<std::string>() + "\"");
@@ -289,7 +308,7 @@ Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const Mode
 
 Status CheckJobFitsModel(const TrainConfig& config, const ModelConfig& model,
                          const data::StoreTokenizer& tokenizer) {
-  TIDAL_RETURN_IF_ERROR(CheckLoraRankFits(config.lora, model));
+  TIDAL_RETURN_IF_ERROR(CheckLoraFitsModel(config.lora, model));
   TIDAL_RETURN_IF_ERROR(CheckTokenizerFitsModel(
       tokenizer, model,
       config.model.uri.empty() ? "preset " + config.model.preset : config.model.uri));

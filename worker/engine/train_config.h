@@ -99,10 +99,12 @@ struct TrainConfig {
 
 struct ModelConfig;
 
-// A LoRA rank above the smaller side of a targeted projection (out × in) adds parameters and
+// A target module the model does not have (k_proj under DeepSeek's latent attention) would
+// leave the adapter smaller than asked: refused naming it and the model's projections. A
+// LoRA rank above the smaller side of a targeted projection (out × in) adds parameters and
 // memory but no capacity: the update B·A cannot have a higher rank. Refused naming
 // spec.lora.rank and the module, before anything is allocated.
-Status CheckLoraRankFits(const LoraSpec& lora, const ModelConfig& model);
+Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model);
 
 // The data's tokenizer fits the model: no id at or beyond config.json's vocab_size, no more
 // ids than the embedding table, BOS/EOS as config.json has them. Errors name both sides.

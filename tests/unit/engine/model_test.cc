@@ -3,6 +3,8 @@
 // LoRA weights give the adapted model's outputs.
 #include "worker/engine/model.h"
 
+#include <cmath>
+
 #include <gtest/gtest.h>
 
 #include "tests/unit/engine/test_util.h"
@@ -46,6 +48,10 @@ TEST(ModelConfigTest, PresetsHaveTheAdvertisedSizes) {
   EXPECT_NEAR(PresetModelConfig("r1-distill-qwen-7b")->BaseParameterCount() / 1e9, 7.62, 0.01);
   EXPECT_NEAR(PresetModelConfig("r1-distill-llama-8b")->BaseParameterCount() / 1e9, 8.03, 0.01);
   EXPECT_NEAR(PresetModelConfig("r1-0528-qwen3-8b")->BaseParameterCount() / 1e9, 8.19, 0.01);
+  // DeepSeek-V2-Lite: 15.7 B in all, 2.4 B through which each token passes.
+  EXPECT_NEAR(PresetModelConfig("deepseek-v2-lite")->BaseParameterCount() / 1e9, 15.7, 0.05);
+  // (2.45 B here: published as 2.4 B.)
+  EXPECT_NEAR(PresetModelConfig("deepseek-v2-lite")->ActiveParameterCount() / 1e9, 2.4, 0.06);
   for (const auto& name : PresetNames()) EXPECT_TRUE(PresetModelConfig(name)->Validate().ok());
 }
 
@@ -110,8 +116,10 @@ TEST(ModelConfigTest, Transformers5RopeParametersAreReadOrRefusedByName) {
   wide["head_dim"] = 32;
   auto w = ModelConfigFromHfJson(wide);
   ASSERT_TRUE(w.ok()) << w.status().message();
-  EXPECT_EQ(w->ProjectionShape("q_proj"), std::make_pair(int64_t{128}, int64_t{64}));
-  EXPECT_EQ(w->ProjectionShape("o_proj"), std::make_pair(int64_t{64}, int64_t{128}));
+  using Shapes = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(w->ProjectionShapes("q_proj"), (Shapes{{128, 64}}));
+  EXPECT_EQ(w->ProjectionShapes("o_proj"), (Shapes{{64, 128}}));
+  EXPECT_TRUE(w->ProjectionShapes("kv_b_proj").empty());
 }
 
 // Every config.json value that would change the computation in a way the engine does not
@@ -143,7 +151,6 @@ TEST(ModelConfigTest, EachUnsupportedConfigValueIsRefusedNamingFieldAndValue) {
 
   const std::vector<std::pair<nlohmann::json, std::string>> refused = {
       {{{"model_type", "mistral"}}, "model_type \"mistral\" is not supported"},
-      {{{"model_type", "deepseek_v3"}}, "model_type \"deepseek_v3\""},
       {{{"hidden_act", "gelu"}}, "hidden_act \"gelu\""},
       {{{"use_sliding_window", true}}, "use_sliding_window=true"},
       {{{"layer_types", {"full_attention", "sliding_attention"}}},
@@ -165,6 +172,101 @@ TEST(ModelConfigTest, EachUnsupportedConfigValueIsRefusedNamingFieldAndValue) {
       EXPECT_TRUE(r.ok()) << patch.dump() << ": " << r.status().message();
       continue;
     }
+    ASSERT_FALSE(r.ok()) << patch.dump();
+    EXPECT_NE(r.status().message().find(expect), std::string::npos)
+        << patch.dump() << ": " << r.status().message();
+  }
+}
+
+// DeepSeek-V2-Lite's config.json as published (the remote-code era: rope_scaling with "type",
+// scoring_func, aux_loss_alpha): every key read, the MLA and MoE shapes as transformers builds
+// them, and each value the engine does not compute refused by name.
+TEST(ModelConfigTest, DeepseekConfigsAreReadAndUnsupportedRoutingIsRefusedByName) {
+  const nlohmann::json lite = nlohmann::json::parse(R"({
+    "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+    "attention_bias": false, "attention_dropout": 0.0, "aux_loss_alpha": 0.001,
+    "bos_token_id": 100000, "eos_token_id": 100001, "ep_size": 1, "first_k_dense_replace": 1,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 10944, "kv_lora_rank": 512, "max_position_embeddings": 163840,
+    "moe_intermediate_size": 1408, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64,
+    "n_shared_experts": 2, "norm_topk_prob": false, "num_attention_heads": 16,
+    "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+    "pretraining_tp": 1, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000, "routed_scaling_factor": 1.0,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707,
+                     "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
+                     "type": "yarn"},
+    "scoring_func": "softmax", "seq_aux": true, "tie_word_embeddings": false,
+    "topk_group": 1, "topk_method": "greedy", "torch_dtype": "bfloat16",
+    "use_cache": true, "v_head_dim": 128, "vocab_size": 102400})");
+  auto c = ModelConfigFromHfJson(lite);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_TRUE(c->uses_mla());
+  EXPECT_EQ(c->mla.q_lora_rank, 0);
+  EXPECT_EQ(c->RopeDim(), 64);
+  EXPECT_FALSE(c->IsMoeLayer(0));
+  EXPECT_TRUE(c->IsMoeLayer(1));
+  EXPECT_EQ(c->rope.type, "yarn");
+  // The softmax scale: 1/√192 · (0.1 · 0.707 · ln 40 + 1)², as yarn_apply_mscale.
+  const double m = 0.1 * 0.707 * std::log(40.0) + 1.0;
+  EXPECT_DOUBLE_EQ(c->AttentionSoftmaxScale(), m * m / std::sqrt(192.0));
+  EXPECT_EQ(c->BaseParameterCount(), PresetModelConfig("deepseek-v2-lite")->BaseParameterCount());
+  ASSERT_EQ(c->notes.size(), 1u);  // aux_loss_alpha: said, not silently dropped
+  EXPECT_NE(c->notes[0].find("aux_loss_alpha"), std::string::npos);
+  using Shapes = std::vector<std::pair<int64_t, int64_t>>;
+  EXPECT_EQ(c->ProjectionShapes("kv_b_proj"), (Shapes{{16 * 256, 512}}));
+  EXPECT_EQ(c->LoraTargets(),
+            (std::vector<std::string>{"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}));
+  LoraSpec lora;  // the default targets name k_proj and v_proj, which MLA does not have
+  auto refused_targets = CheckLoraFitsModel(lora, *c);
+  ASSERT_FALSE(refused_targets.ok());
+  EXPECT_NE(refused_targets.message().find("k_proj is not a module of this deepseek_v2 model"),
+            std::string::npos)
+      << refused_targets.message();
+  lora.target_modules = {"q_proj", "gate_proj"};  // PEFT would adapt the routed experts
+  refused_targets = CheckLoraFitsModel(lora, *c);
+  ASSERT_FALSE(refused_targets.ok());
+  EXPECT_NE(refused_targets.message().find("gate_proj is not supported on a mixture-of-experts"),
+            std::string::npos)
+      << refused_targets.message();
+  lora.target_modules = {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
+  EXPECT_TRUE(CheckLoraFitsModel(lora, *c).ok());
+
+  auto v3_json = lite;
+  v3_json.merge_patch(nlohmann::json::parse(R"({"model_type": "deepseek_v3",
+      "architectures": ["DeepseekV3ForCausalLM"], "q_lora_rank": 1536, "n_group": 8,
+      "topk_group": 4, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+      "norm_topk_prob": true, "num_experts_per_tok": 8, "routed_scaling_factor": 2.5,
+      "num_nextn_predict_layers": 1, "aux_loss_alpha": null, "seq_aux": null})"));
+  auto v3 = ModelConfigFromHfJson(v3_json);
+  ASSERT_TRUE(v3.ok()) << v3.status().message();
+  EXPECT_TRUE(v3->moe.sigmoid_scores());
+  EXPECT_TRUE(v3->moe.norm_topk_prob);
+  EXPECT_EQ(v3->mla.q_lora_rank, 1536);
+  EXPECT_EQ(v3->notes.size(), 1u);  // the multi-token-prediction layers are not loaded
+
+  const std::vector<std::tuple<nlohmann::json, nlohmann::json, std::string>> refused = {
+      {lite, {{"topk_method", "noaux_tc"}}, "topk_method \"noaux_tc\" is not supported for deepseek_v2"},
+      {lite, {{"scoring_func", "sigmoid"}}, "scoring_func \"sigmoid\""},
+      {lite, {{"norm_topk_prob", true}}, "norm_topk_prob true is not supported for deepseek_v2"},
+      {lite, {{"moe_layer_freq", 2}}, "moe_layer_freq 2"},
+      {lite, {{"num_key_value_heads", 8}}, "num_key_value_heads (8) must equal"},
+      {lite, {{"kv_lora_rank", 0}}, "kv_lora_rank must be > 0"},
+      {lite, {{"hidden_act", "gelu"}}, "hidden_act \"gelu\""},
+      {lite, {{"num_experts_per_tok", 65}}, "num_experts_per_tok (65) exceeds n_routed_experts"},
+      {lite, {{"topk_method", "group_limited_greedy"}, {"n_group", 7}}, "multiple of n_group (7)"},
+      {lite, {{"rope_scaling", {{"type", "dynamic"}, {"factor", 2}}}}, "rope_type \"dynamic\""},
+      {v3_json, {{"topk_method", "greedy"}}, "topk_method \"greedy\" is not supported for deepseek_v3"},
+      {v3_json, {{"scoring_func", "softmax"}}, "scoring_func \"softmax\""},
+      {v3_json, {{"n_group", 64}, {"topk_group", 4}}, "at least 2 experts per group"},
+      {v3_json,
+       {{"quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}}}},
+       "quantization_config"},
+  };
+  for (const auto& [base, patch, expect] : refused) {
+    auto bad = base;
+    bad.merge_patch(patch);
+    auto r = ModelConfigFromHfJson(bad);
     ASSERT_FALSE(r.ok()) << patch.dump();
     EXPECT_NE(r.status().message().find(expect), std::string::npos)
         << patch.dump() << ": " << r.status().message();
