@@ -1,4 +1,5 @@
-// Each dense family as a user runs it: an HF directory of the family (written by the engine, so
+// Each family as a user runs it (Qwen2, Qwen3, Llama-3, DeepSeek-V2 and V3 with latent
+// attention and experts): an HF directory of the family (written by the engine, so
 // its config.json must be what transformers reads), fine-tuned by tidal-train at 1 rank and at
 // 2 ranks under ZeRO-3 — the same losses — then exported: PEFT applies the adapter onto the
 // transformers model of that family, and transformers loads the merged directory, each giving
@@ -8,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -30,6 +32,8 @@ using tidal::testing::RunProcess;
 struct Family {
   const char* name;
   ModelConfig config;
+  std::vector<std::string> targets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                      "gate_proj", "up_proj", "down_proj"};
 };
 
 void PrintTo(const Family& family, std::ostream* os) { *os << family.name; }
@@ -44,7 +48,24 @@ std::vector<Family> Families() {
   qwen3.rope.type = "yarn", qwen3.rope.factor = 4, qwen3.rope.original_max_position_embeddings = 8;
   llama3.rope_theta = 5e5, llama3.rope.type = "llama3", llama3.rope.factor = 8;
   llama3.rope.original_max_position_embeddings = 16, llama3.o_bias = llama3.qkv_bias = true;
-  return {{"Qwen2", qwen2}, {"Qwen3", qwen3}, {"Llama3", llama3}};
+  // DeepSeek-V2-Lite's design (no q latent, greedy softmax routing, yarn with mscale) and V3's
+  // (q latent, sigmoid scores with the correction bias, groups, renormalised and scaled).
+  ModelConfig v2 = tiny;
+  v2.model_type = "deepseek_v2", v2.num_key_value_heads = v2.num_attention_heads;
+  v2.mla = {0, 32, 16, 16, 24, true};
+  v2.moe.n_routed_experts = 8, v2.moe.num_experts_per_tok = 2, v2.moe.n_shared_experts = 2;
+  v2.moe.moe_intermediate_size = 64, v2.moe.first_k_dense_replace = 1;
+  v2.rope.type = "yarn", v2.rope.factor = 4, v2.rope.original_max_position_embeddings = 8;
+  v2.rope.mscale = 0.707, v2.rope.mscale_all_dim = 0.707;
+  ModelConfig v3 = v2;
+  v3.model_type = "deepseek_v3", v3.mla.q_lora_rank = 48, v3.rope = RopeScaling{};
+  v3.moe.topk_method = "noaux_tc", v3.moe.n_group = 4, v3.moe.topk_group = 2;
+  v3.moe.n_shared_experts = 1, v3.moe.norm_topk_prob = true, v3.moe.routed_scaling_factor = 2.5;
+  return {{"Qwen2", qwen2},
+          {"Qwen3", qwen3},
+          {"Llama3", llama3},
+          {"DeepseekV2", v2, {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}},
+          {"DeepseekV3", v3, {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}}};
 }
 
 std::vector<double> Losses(const std::string& out) {
@@ -55,6 +76,17 @@ std::vector<double> Losses(const std::string& out) {
     if (!j.is_discarded() && j.contains("loss")) losses.push_back(j["loss"].get<double>());
   }
   return losses;
+}
+
+// A list field of every step line tidal-train printed.
+std::vector<nlohmann::json> StepField(const std::string& out, const std::string& key) {
+  std::vector<nlohmann::json> values;
+  std::istringstream in(out);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("loss") && j.contains(key)) values.push_back(j[key]);
+  }
+  return values;
 }
 
 ::testing::AssertionResult Close(const torch::Tensor& actual, const torch::Tensor& expected) {
@@ -88,8 +120,7 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
     }
   ASSERT_TRUE(WriteHfDirectory(dir_ + "/base", config, base, 1'000'000'000).ok());
 
-  const std::vector<std::string> targets = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
-                                            "gate_proj", "up_proj", "down_proj"};
+  const std::vector<std::string>& targets = GetParam().targets;
   std::ofstream(dir_ + "/job.yaml")
       << "model: {uri: " << dir_ << "/base}\n"
       << "dataset: {uri: " << TIDAL_SOURCE_DIR
@@ -112,6 +143,23 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
   ASSERT_EQ(b.size(), a.size()) << two.out;
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_NEAR(b[i], a[i], 1e-5 * std::abs(a[i])) << "step " << i + 1;
+  if (config.moe.n_routed_experts > 0) {
+    // Each step's load per expert is the whole job's: the same at 1 and 2 ranks, every token
+    // counted once per expert it chose in each MoE layer.
+    const auto one_loads = StepField(one.out, "expert_tokens"),
+               two_loads = StepField(two.out, "expert_tokens");
+    ASSERT_EQ(one_loads.size(), a.size()) << one.out;
+    EXPECT_EQ(two_loads, one_loads);
+    const int64_t moe_layers = config.num_hidden_layers - config.moe.first_k_dense_replace;
+    for (const nlohmann::json& json_load : one_loads) {
+      const auto load = json_load.get<std::vector<int64_t>>();
+      ASSERT_EQ(load.size(), static_cast<size_t>(config.moe.n_routed_experts));
+      const int64_t routed = std::accumulate(load.begin(), load.end(), int64_t{0});
+      EXPECT_GT(routed, 0);
+      EXPECT_EQ(routed % (config.moe.num_experts_per_tok * moe_layers), 0) << routed;
+    }
+    EXPECT_EQ(StepField(one.out, "moe_imbalance")[0].size(), static_cast<size_t>(moe_layers));
+  }
 
   // The engine's logits with the final adapter (PEFT's file, by the export's names).
   const std::string adapter_dir = dir_ + "/ckpt-2/final";
@@ -157,7 +205,7 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
   EXPECT_TRUE(Close(*(*merged_logits)->Read("logits", torch::kFloat32), expected));
 }
 
-INSTANTIATE_TEST_SUITE_P(Dense, FamilyTest, ::testing::ValuesIn(Families()),
+INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::ValuesIn(Families()),
                          [](const ::testing::TestParamInfo<Family>& info) {
                            return std::string(info.param.name);
                          });

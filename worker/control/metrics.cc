@@ -86,6 +86,32 @@ void WorkerMetrics::OnStep(const engine::StepRecord& record, const std::optional
   learning_rate_->Set(record.lr);
   grad_norm_->Set(record.grad_norm);
   data_wait_->Observe(record.data_wait_seconds);
+  if (!record.expert_tokens.empty()) {
+    if (!expert_tokens_) {
+      expert_tokens_ = &Family(prometheus::BuildGauge(), "tidal_worker_expert_tokens",
+                               "Tokens routed to each routed expert over the last step's global "
+                               "batch, summed over the mixture-of-experts layers (by expert).",
+                               *registry_);
+      moe_imbalance_ = &Family(prometheus::BuildGauge(), "tidal_worker_moe_imbalance",
+                               "Load balance of each mixture-of-experts layer over the last step: "
+                               "the busiest expert's tokens over the mean (1 = even; by layer).",
+                               *registry_);
+    }
+    std::vector<int64_t> per_expert(record.expert_tokens[0].size(), 0);
+    for (const auto& layer : record.expert_tokens)
+      for (size_t e = 0; e < layer.size(); ++e) per_expert[e] += layer[e];
+    for (size_t e = 0; e < per_expert.size(); ++e) {
+      prometheus::Labels labels = job_;
+      labels["expert"] = std::to_string(e);
+      expert_tokens_->Add(labels).Set(static_cast<double>(per_expert[e]));
+    }
+    const auto imbalance = record.MoeImbalance();
+    for (size_t l = 0; l < imbalance.size(); ++l) {
+      prometheus::Labels labels = job_;
+      labels["layer"] = std::to_string(record.moe_layers.at(l));
+      moe_imbalance_->Add(labels).Set(imbalance[l]);
+    }
+  }
   if (!gpu) return;
   if (!gpu_) {
     auto& r = *registry_;

@@ -3,7 +3,9 @@
 // label trainingjob ("job" is Prometheus' own target label); the scrape adds pod and
 // namespace. GPU utilisation and memory come from NVML (gpu_monitor.h) and their series appear
 // with the first sample: on a CPU worker there is none, and a made-up number would be worse
-// than an absent series.
+// than an absent series. The experts' load (tidal_worker_expert_tokens, by expert, and
+// tidal_worker_moe_imbalance, by layer) appears with the first step of a mixture-of-experts
+// model.
 #pragma once
 
 #include <map>
@@ -58,6 +60,9 @@ class WorkerMetrics : public RuntimeObserver {
     prometheus::Counter* failures = nullptr;
   };
   std::map<checkpoint::CheckpointKind, CheckpointSeries> checkpoints_;
+  // Mixture of experts, registered with the first step that routed tokens.
+  prometheus::Family<prometheus::Gauge>* expert_tokens_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* moe_imbalance_ = nullptr;
 };
 
 }  // namespace tidal::worker

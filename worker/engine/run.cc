@@ -26,6 +26,15 @@ void PrintStepLine(const StepRecord& r) {
                          {"data_wait_s", r.data_wait_seconds},
                          {"world_size", r.world_size}};
   if (r.skipped) line["skipped"] = true;
+  if (!r.expert_tokens.empty()) {  // load balance: per MoE layer, and per expert over layers
+    nlohmann::json imbalance = nlohmann::json::array();
+    for (double x : r.MoeImbalance()) imbalance.push_back(std::round(x * 1000) / 1000);
+    std::vector<int64_t> per_expert(r.expert_tokens[0].size(), 0);
+    for (const auto& layer : r.expert_tokens)
+      for (size_t e = 0; e < layer.size(); ++e) per_expert[e] += layer[e];
+    line["moe_imbalance"] = imbalance;
+    line["expert_tokens"] = per_expert;
+  }
   std::string text = line.dump();
   text.push_back('\n');
   std::fwrite(text.data(), 1, text.size(), stdout);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace tidal::engine {
 
@@ -17,6 +18,24 @@ struct StepRecord {
       0;  // of `seconds`: reading micro-batches and moving them to the device
   int world_size = 1;
   bool skipped = false;  // fp16 overflow: the update was skipped and the loss scale lowered
+  // Mixture of experts: for each MoE layer (`moe_layers`, ascending), the tokens routed to
+  // each expert over the step's global batch (all ranks; a token counts once per expert it
+  // chose). Empty for a dense model.
+  std::vector<int64_t> moe_layers;
+  std::vector<std::vector<int64_t>> expert_tokens;
+
+  // Per MoE layer: the busiest expert's tokens over the mean (1 = perfectly balanced).
+  std::vector<double> MoeImbalance() const {
+    std::vector<double> out;
+    for (const auto& counts : expert_tokens) {
+      int64_t total = 0, busiest = 0;
+      for (int64_t c : counts) total += c, busiest = c > busiest ? c : busiest;
+      out.push_back(total == 0 ? 1.0
+                               : static_cast<double>(busiest) * static_cast<double>(counts.size()) /
+                                     static_cast<double>(total));
+    }
+    return out;
+  }
 };
 
 }  // namespace tidal::engine

@@ -70,6 +70,8 @@ Status Trainer::Initialize() {
     TIDAL_ASSIGN_OR_RETURN(hf, HfCheckpoint::Open(config_.model.uri));
     model_config = hf->config();
   }
+  for (const std::string& note : model_config.notes)
+    LogInfo("config.json key not acted on", {{"model", config_.model.uri}, {"note", note}});
   data_ = std::move(options_.data);
   TIDAL_RETURN_IF_ERROR(CheckJobFitsModel(config_, model_config, data_->manifest().tokenizer));
   model_ = std::make_unique<DecoderModel>(model_config, config_.lora);
@@ -79,7 +81,9 @@ Status Trainer::Initialize() {
   TIDAL_RETURN_IF_ERROR(
       params_->Load(hf ? hf->Reader(*model_, init_seed) : RandomInitReader(*model_, init_seed)));
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
-  LogInfo("engine ready", {{"params_total", model_config.BaseParameterCount()},
+  LogInfo("engine ready", {{"model_type", model_config.model_type},
+                           {"params_total", model_config.BaseParameterCount()},
+                           {"params_active", model_config.ActiveParameterCount()},
                            {"params_trainable", params_->TrainableParameterCount()},
                            {"zero_stage", opt.zero_stage},
                            {"world_size", comm_->world_size()},
@@ -121,6 +125,10 @@ StatusOr<StepRecord> Trainer::Step() {
   torch::Tensor local_loss =
       torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
   double data_wait = 0;
+  // Mixture of experts: what each MoE layer routed, summed over this rank's micro-batches.
+  const bool moe = model_->config().moe.n_routed_experts > 0;
+  MoeRecord routed;
+  torch::Tensor expert_tokens;  // [MoE layers, experts] int64, CPU
   if (!warmed_ && config_.dataset.warmup_percent > 0) TIDAL_RETURN_IF_ERROR(WarmData());
   warmed_ = true;
   // The next `lookahead` rows this rank reads, handed to the background fetchers before each
@@ -161,6 +169,7 @@ StatusOr<StepRecord> Trainer::Step() {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - data_start).count();
     ctx.training = true;
     ctx.dropout_key = MixSeed(MixSeed(opt.seed, static_cast<uint64_t>(step_)), index);
+    if (moe) ctx.moe = &routed;
     TIDAL_ASSIGN_OR_RETURN(torch::Tensor loss_sum, params_->Forward(ctx));
     const double tokens = static_cast<double>(batch.target_tokens);
     auto micro_loss = loss_sum / std::max(tokens, 1.0);
@@ -171,6 +180,12 @@ StatusOr<StepRecord> Trainer::Step() {
     }
     local_loss += micro_loss.detach().to(torch::kFloat64) / static_cast<double>(micro_batches);
     TIDAL_RETURN_IF_ERROR(params_->AfterMicroBatchBackward());
+    if (moe) {
+      std::vector<torch::Tensor> layers;
+      for (const auto& [layer, counts] : routed.expert_tokens) layers.push_back(counts);
+      auto counts = torch::stack(layers);
+      expert_tokens = expert_tokens.defined() ? expert_tokens + counts : counts;
+    }
   }
   TIDAL_ASSIGN_OR_RETURN(auto slices, params_->ReduceGradients());
   torch::Tensor norm_sq_local = SquaredGradNorm(slices).to(comm_->device());
@@ -179,6 +194,8 @@ StatusOr<StepRecord> Trainer::Step() {
   const bool partitioned = params_->slices_are_partitioned();
   auto stats = torch::stack(
       {local_loss, partitioned ? norm_sq_local : torch::zeros_like(local_loss), local_tokens});
+  if (moe)  // the experts' token counts ride on the same all-reduce (exact in fp64)
+    stats = torch::cat({stats, expert_tokens.flatten().to(stats.options())});
   TIDAL_RETURN_IF_ERROR(comm_->AllReduceSum(stats));
   if (!partitioned) stats[1].copy_(norm_sq_local);
   stats = stats.cpu();
@@ -188,6 +205,18 @@ StatusOr<StepRecord> Trainer::Step() {
   double norm_sq = stats[1].item<double>();
   record.grad_norm = std::sqrt(norm_sq) / loss_scale_;
   record.world_size = comm_->world_size();
+  if (moe) {
+    auto counts = stats.narrow(0, 3, expert_tokens.numel())
+                      .to(torch::kInt64)
+                      .view(expert_tokens.sizes())
+                      .contiguous();
+    for (const auto& [layer, unused] : routed.expert_tokens) record.moe_layers.push_back(layer);
+    for (int64_t l = 0; l < counts.size(0); ++l) {
+      auto row = counts[l];
+      record.expert_tokens.emplace_back(row.data_ptr<int64_t>(),
+                                        row.data_ptr<int64_t>() + row.numel());
+    }
+  }
 
   if (!std::isfinite(record.grad_norm)) {
     // Never write a NaN/Inf into the weights. fp16: the loss scale overflowed, lower it and
