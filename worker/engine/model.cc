@@ -408,9 +408,10 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
     ctx.moe->expert_tokens[layer] = routing.expert_tokens;
     if (ctx.moe->keep_choices) ctx.moe->choices[layer] = std::get<0>(routing.experts.sort(1));
   }
+  // Routed experts carry no adapter (see the constructor): plain weights.
   auto routed = RunExperts(tokens, routing, moe.n_routed_experts, [&](int64_t e, const torch::Tensor& in) {
     const size_t id = kExpert + 3 * static_cast<size_t>(e);
-    return linear(id + 2, F::silu(linear(id, in)) * linear(id + 1, in));
+    return ExpertMlp(in, mods.at(id).weight, mods.at(id + 1).weight, mods.at(id + 2).weight);
   });
   auto out = routed.view_as(m);
   if (moe.n_shared_experts > 0)

@@ -55,20 +55,33 @@ torch::Tensor RunExperts(const torch::Tensor& tokens, const MoeRouting& routing,
     order = std::get<1>(routing.experts.reshape({-1}).sort(std::optional<bool>(true), 0));
     token_of = order.div(k, "floor");
   }
-  auto sorted = tokens.index_select(0, token_of);
+  // One split (its backward is one concatenation), not a narrow per expert (each of whose
+  // backwards would fill a zero tensor of every row).
   const auto counts = routing.expert_tokens.accessor<int64_t, 1>();
+  std::vector<int64_t> sizes(static_cast<size_t>(n_experts));
+  for (int64_t e = 0; e < n_experts; ++e) sizes[static_cast<size_t>(e)] = counts[e];
+  auto groups = tokens.index_select(0, token_of).split_with_sizes(sizes);
   std::vector<torch::Tensor> outputs;
-  int64_t start = 0;
-  for (int64_t e = 0; e < n_experts; ++e) {
-    const int64_t count = counts[e];
-    if (count == 0) continue;
-    outputs.push_back(expert(e, sorted.narrow(0, start, count)));
-    start += count;
-  }
+  for (int64_t e = 0; e < n_experts; ++e)
+    if (counts[e] > 0) outputs.push_back(expert(e, groups[static_cast<size_t>(e)]));
   auto weights = routing.weights.reshape({-1}).index_select(0, order).unsqueeze(1);
   // Weighted in fp32 as transformers does, added back in the activations' dtype.
   auto weighted = (torch::cat(outputs) * weights).to(tokens.scalar_type());
   return torch::zeros_like(tokens).index_add(0, token_of, weighted);
+}
+
+torch::Tensor ExpertMlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
+                        const torch::Tensor& down) {
+  namespace F = torch::nn::functional;
+  const bool adjacent = !gate.requires_grad() && !up.requires_grad() && gate.is_contiguous() &&
+                        up.is_contiguous() && gate.dim() == 2 && up.sizes() == gate.sizes() &&
+                        gate.scalar_type() == up.scalar_type() &&
+                        gate.storage().is_alias_of(up.storage()) &&
+                        up.storage_offset() == gate.storage_offset() + gate.numel();
+  if (!adjacent) return F::linear(F::silu(F::linear(x, gate)) * F::linear(x, up), down);
+  auto both = gate.as_strided({2 * gate.size(0), gate.size(1)}, {gate.size(1), 1});
+  auto halves = F::linear(x, both).chunk(2, -1);
+  return F::linear(F::silu(halves[0]) * halves[1], down);
 }
 
 }  // namespace tidal::engine

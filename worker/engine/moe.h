@@ -34,4 +34,10 @@ using ExpertFn = std::function<torch::Tensor(int64_t expert, const torch::Tensor
 torch::Tensor RunExperts(const torch::Tensor& tokens, const MoeRouting& routing,
                          int64_t n_experts, const ExpertFn& expert);
 
+// One expert's SwiGLU, down(silu(gate(x)) · up(x)). When gate and up lie back to back in memory
+// (as ZeRO's flat block layout puts them) and are frozen, they are one [2·inter, hidden] matrix
+// and one GEMM.
+torch::Tensor ExpertMlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
+                        const torch::Tensor& down);
+
 }  // namespace tidal::engine

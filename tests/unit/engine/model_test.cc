@@ -2,6 +2,7 @@
 // from a multi-file HF directory equal the in-memory model's, the model is causal, and merged
 // LoRA weights give the adapted model's outputs.
 #include "worker/engine/model.h"
+#include "worker/engine/moe.h"
 
 #include <cmath>
 
@@ -384,6 +385,31 @@ TEST(ModelTest, MergedLoraWeightsReproduceTheAdaptedModel) {
   EXPECT_FALSE(torch::allclose(Logits(base_only, plain, tokens), expected, 1e-4, 1e-5));
   EXPECT_TRUE(torch::allclose(actual, expected, 1e-4, 1e-5))
       << (actual - expected).abs().max().item<double>();
+}
+
+}  // namespace
+}  // namespace tidal::engine
+
+namespace tidal::engine {
+namespace {
+
+// Gate and up back to back in one buffer (ZeRO's block layout) run as one GEMM; apart, as two:
+// the same values either way.
+TEST(MoeTest, AnExpertGivesTheSameOutputWhetherItsGateAndUpAreFusedOrApart) {
+  torch::manual_seed(5);
+  const auto x = torch::randn({7, 16});
+  auto flat = torch::randn({3 * 24 * 16});
+  auto gate = flat.narrow(0, 0, 24 * 16).view({24, 16});
+  auto up = flat.narrow(0, 24 * 16, 24 * 16).view({24, 16});
+  auto down = flat.narrow(0, 2 * 24 * 16, 24 * 16).view({16, 24});
+  namespace F = torch::nn::functional;
+  const auto expected = F::linear(F::silu(F::linear(x, gate)) * F::linear(x, up), down);
+  EXPECT_TRUE(torch::allclose(ExpertMlp(x, gate, up, down), expected, 1e-5, 1e-6));
+  // Apart (up before gate in memory, or separate tensors): the plain path.
+  EXPECT_TRUE(torch::allclose(ExpertMlp(x, gate.clone(), up.clone(), down), expected, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(ExpertMlp(x, up, gate, down),
+                              F::linear(F::silu(F::linear(x, up)) * F::linear(x, gate), down), 1e-5,
+                              1e-6));
 }
 
 }  // namespace
