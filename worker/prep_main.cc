@@ -2,6 +2,8 @@
 // template, into a token store (worker/data/prep.h), or shows what a store will train on.
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <optional>
@@ -12,6 +14,7 @@
 #include "common/log.h"
 #include "common/yaml_json.h"
 #include "worker/data/provider.h"
+#include "worker/engine/model_files.h"
 
 namespace {
 
@@ -25,6 +28,10 @@ constexpr const char* kUsage =
     "                  (what tidal-train or a TrainingJob would prepare, checked against the\n"
     "                  model; a TrainingJob's data phase runs this)\n"
     "       tidal-prep --inspect N --store URI (--model URI | --tokenizer bytes)\n"
+    "       tidal-prep --checksum-model URI [--block-bytes N]\n"
+    "                  (reads an HF model directory once and writes its block checksums,\n"
+    "                  tidal.checksums.json, next to its shards: every range a worker then\n"
+    "                  reads of them is verified)\n"
     "  --input      a JSONL object: /path, file:///path or s3://bucket/key\n"
     "  --format     text | alpaca | messages (default messages)\n"
     "  --output     where the store goes: <output>/<content hash> (file:// or s3://)\n"
@@ -39,13 +46,17 @@ constexpr const char* kUsage =
     "               store and its counts, or the error and whether the spec must change\n"
     "               (a TrainingJob's prep pod writes its termination message)\n"
     "  --base-dir   (with --config) resolve relative paths there (default: the file's folder)\n"
+    "  --block-bytes (with --checksum-model) bytes per checksum block (default 1 MiB; a rank\n"
+    "               reads whole blocks, so smaller blocks read less beyond its own ranges)\n"
     "S3 settings come from AWS_* environment variables and TIDAL_S3_SECRET_DIR.\n";
 
 struct Args {
-  std::string input, output, format = "messages", model, tokenizer, config, store, result, base_dir;
+  std::string input, output, format = "messages", model, tokenizer, config, store, result, base_dir,
+      checksum_model;
   bool strict = false;
   int threads = 0;
   std::optional<uint64_t> inspect;
+  uint64_t block_bytes = tidal::engine::ModelChecksums::kDefaultBlockBytes;
 };
 
 StatusOr<Args> ParseArgs(int argc, char** argv) {
@@ -77,8 +88,12 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
       args.result = value;
     else if (flag == "--base-dir")
       args.base_dir = value;
+    else if (flag == "--checksum-model")
+      args.checksum_model = value;
     else if (flag == "--threads") {
       TIDAL_ASSIGN_OR_RETURN(args.threads, tidal::ParseIntFlag<int>(flag, value, 1));
+    } else if (flag == "--block-bytes") {
+      TIDAL_ASSIGN_OR_RETURN(args.block_bytes, tidal::ParseIntFlag<uint64_t>(flag, value, 4096));
     } else if (flag == "--inspect") {
       TIDAL_ASSIGN_OR_RETURN(args.inspect, tidal::ParseIntFlag<uint64_t>(flag, value, 1));
     } else {
@@ -87,6 +102,7 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
   }
   if (!args.tokenizer.empty() && args.tokenizer != "bytes")
     return tidal::InvalidArgument("--tokenizer: expected bytes, got \"" + args.tokenizer + "\"");
+  if (!args.checksum_model.empty()) return args;
   if (args.inspect) {
     if (args.store.empty()) return tidal::InvalidArgument("--inspect needs --store URI");
   } else if (args.config.empty() && (args.input.empty() || args.output.empty())) {
@@ -175,6 +191,47 @@ int main(int argc, char** argv) {
     return args.status().message() == "help" ? 0 : 2;
   }
   const std::string model = Resolve(args->model);
+
+  if (!args->checksum_model.empty()) {
+    std::string uri = Resolve(args->checksum_model);
+    if (uri.find("://") == std::string::npos) uri = "file://" + uri;
+    auto s3 = S3For({uri});
+    if (!s3.ok()) return Fail(s3.status());
+    tidal::data::StoreDataProvider provider(*s3);
+    auto files = provider.OpenModel(uri);
+    if (!files.ok()) return Fail(files.status());
+    auto last = std::chrono::steady_clock::now();
+    const auto start = last;
+    auto sums = tidal::engine::ComputeModelChecksums(
+        **files, args->block_bytes, [&](uint64_t done, uint64_t total) {
+          const auto now = std::chrono::steady_clock::now();
+          if (now - last < std::chrono::seconds(2) && done < total) return;
+          last = now;
+          const double seconds = std::chrono::duration<double>(now - start).count();
+          tidal::LogInfo("checksumming model",
+                         {{"model", uri},
+                          {"bytes", done},
+                          {"total_bytes", total},
+                          {"percent", std::round(1000.0 * done / std::max<uint64_t>(total, 1)) / 10},
+                          {"mb_per_s", std::round(done / 1e6 / std::max(seconds, 1e-9))}});
+        });
+    if (!sums.ok()) return Fail(sums.status());
+    auto store = tidal::objstore::OpenObjectStore(uri, *s3);
+    if (!store.ok()) return Fail(store.status());
+    if (Status put = (*store)->Put(tidal::engine::ModelChecksums::kFileName, sums->ToJson());
+        !put.ok())
+      return Fail(put);
+    uint64_t bytes = 0;
+    for (const auto& [name, file] : sums->files) bytes += file.size;
+    std::printf("%s\n", nlohmann::json({{"checksums", (*files)->Describe(
+                                                          tidal::engine::ModelChecksums::kFileName)},
+                                        {"files", sums->files.size()},
+                                        {"bytes", bytes},
+                                        {"blockBytes", sums->block_bytes}})
+                            .dump()
+                            .c_str());
+    return 0;
+  }
 
   if (!args->config.empty()) {  // what a run of this config would prepare, and the checks
     const std::string& result_path = args->result;

@@ -111,6 +111,35 @@ StatusOr<PrepResult> StoreDataProvider::Resolve(const engine::TrainConfig& confi
   return result;
 }
 
+namespace {
+
+// An HF model directory under an object store prefix (file:// or s3://), read by range.
+class ObjectStoreModelFiles : public engine::ModelFiles {
+ public:
+  explicit ObjectStoreModelFiles(std::unique_ptr<objstore::ObjectStore> store)
+      : store_(std::move(store)) {}
+  std::string Describe(const std::string& name) const override {
+    return store_->uri() + "/" + name;
+  }
+  StatusOr<std::string> Read(const std::string& name) override { return store_->Get(name); }
+  StatusOr<uint64_t> Size(const std::string& name) override { return store_->Size(name); }
+  Status ReadRange(const std::string& name, uint64_t offset, uint64_t length,
+                   char* dest) override {
+    return store_->GetRangeInto(name, offset, length, dest).WithContext(Describe(name));
+  }
+
+ private:
+  std::unique_ptr<objstore::ObjectStore> store_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<engine::ModelFiles>> StoreDataProvider::OpenModel(const std::string& uri) {
+  if (uri.find("://") == std::string::npos) return engine::LocalModelFiles(uri);
+  TIDAL_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(uri, s3_));
+  return std::unique_ptr<engine::ModelFiles>(new ObjectStoreModelFiles(std::move(store)));
+}
+
 Status StoreDataProvider::Prepare(const engine::TrainConfig& config) {
   return Resolve(config, /*lookup_only=*/false).status();
 }

@@ -28,6 +28,8 @@ class StoreDataProvider : public DataProvider {
   // spec.model.uri (file:// or s3://) or the preset — before any worker is created.
   StatusOr<PrepResult> PrepareAndCheck(const engine::TrainConfig& config);
   StatusOr<std::unique_ptr<RowSource>> Open(const engine::TrainConfig& config, int rank) override;
+  // A local path, or a file:// or s3:// prefix read by range (with this provider's S3 options).
+  StatusOr<std::unique_ptr<engine::ModelFiles>> OpenModel(const std::string& uri) override;
 
  private:
   StatusOr<PrepResult> Resolve(const engine::TrainConfig& config, bool lookup_only);

@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "worker/engine/model_files.h"
 #include "common/status.h"
 #include "worker/data/token_store_manifest.h"
 
@@ -51,6 +52,13 @@ class DataProvider {
   virtual Status Prepare(const engine::TrainConfig& config) = 0;
   virtual StatusOr<std::unique_ptr<RowSource>> Open(const engine::TrainConfig& config,
                                                     int rank) = 0;
+  // spec.model.uri's files: here a local directory; StoreDataProvider also reads file:// and
+  // s3:// prefixes by range.
+  virtual StatusOr<std::unique_ptr<engine::ModelFiles>> OpenModel(const std::string& uri) {
+    if (uri.find("://") != std::string::npos)
+      return InvalidArgument("spec.model.uri: " + uri + ": this data provider reads local paths only");
+    return engine::LocalModelFiles(uri);
+  }
 };
 
 }  // namespace tidal::data

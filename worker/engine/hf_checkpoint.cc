@@ -11,51 +11,53 @@ namespace tidal::engine {
 namespace fs = std::filesystem;
 
 StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& dir) {
+  return Open(LocalModelFiles(dir));
+}
+
+StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(std::unique_ptr<ModelFiles> files) {
   std::unique_ptr<HfCheckpoint> ckpt(new HfCheckpoint());
-  ckpt->dir_ = dir;
-  const fs::path root(dir);
-  std::ifstream config_in(root / "config.json");
-  if (!config_in)
-    return NotFound("spec.model.uri: " + (root / "config.json").string() + " not found");
-  nlohmann::json config_json;
-  try {
-    config_json = nlohmann::json::parse(config_in);
-  } catch (const nlohmann::json::exception& e) {
-    return InvalidArgument((root / "config.json").string() + ": not valid JSON: " + e.what());
+  ModelFiles& source = *files;
+  ckpt->source_ = std::move(files);
+  ckpt->dir_ = source.Describe("");
+  if (!ckpt->dir_.empty() && ckpt->dir_.back() == '/') ckpt->dir_.pop_back();
+  const std::string& dir = ckpt->dir_;
+  auto config_text = source.Read("config.json");
+  if (!config_text.ok()) {
+    if (config_text.status().code() == StatusCode::kNotFound)
+      return NotFound("spec.model.uri: " + source.Describe("config.json") + " not found");
+    return config_text.status();
   }
+  nlohmann::json config_json = nlohmann::json::parse(*config_text, nullptr, false);
+  if (config_json.is_discarded())
+    return InvalidArgument(source.Describe("config.json") + ": not valid JSON");
   auto config = ModelConfigFromHfJson(config_json);
   if (!config.ok()) return config.status().WithContext(dir);
   ckpt->config_ = *config;
 
-  std::vector<std::string> shard_names;
-  const fs::path index = root / "model.safetensors.index.json";
-  if (fs::exists(index)) {
-    nlohmann::json index_json;
-    try {
-      std::ifstream in(index);
-      index_json = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
-      return InvalidArgument(index.string() + ": not valid JSON: " + e.what());
-    }
-    if (!index_json.contains("weight_map") || !index_json["weight_map"].is_object())
-      return InvalidArgument(index.string() + ": missing object \"weight_map\"");
-    std::set<std::string> unique;
-    for (const auto& [name, file] : index_json["weight_map"].items()) {
-      if (!file.is_string())
-        return InvalidArgument(index.string() + ": weight_map." + name + " must be a file name");
-      const std::string f = file.get<std::string>();
-      if (f.find('/') != std::string::npos)
-        return InvalidArgument(index.string() + ": shard \"" + f + "\" must be a plain file name");
-      if (unique.insert(f).second) shard_names.push_back(f);
-    }
-  } else if (fs::exists(root / "model.safetensors")) {
-    shard_names.push_back("model.safetensors");
-  } else {
-    return NotFound("spec.model.uri: " + dir +
-                    " has neither model.safetensors nor model.safetensors.index.json");
+  // Block checksums, when the directory has them: every read is then verified.
+  auto sums = source.Read(ModelChecksums::kFileName);
+  if (sums.ok()) {
+    TIDAL_ASSIGN_OR_RETURN(auto parsed, ModelChecksums::FromJson(
+                                            *sums, source.Describe(ModelChecksums::kFileName)));
+    ckpt->checksums_ = std::move(parsed);
+  } else if (sums.status().code() != StatusCode::kNotFound) {
+    return sums.status();
   }
+  TIDAL_ASSIGN_OR_RETURN(auto shard_names, WeightFiles(source));
+  const auto local = source.LocalDirectory();
   for (const auto& name : shard_names) {
-    auto file = SafetensorsFile::Open((root / name).string());
+    const ModelChecksums::File* sum = nullptr;
+    if (ckpt->checksums_) {
+      auto it = ckpt->checksums_->files.find(name);
+      if (it == ckpt->checksums_->files.end())
+        return DataLoss(source.Describe(ModelChecksums::kFileName) + " has no entry for " + name);
+      sum = &it->second;
+    }
+    // A local directory without checksums is mapped; otherwise files are read by range.
+    auto file = local && !sum ? SafetensorsFile::Open(*local + "/" + name)
+                              : SafetensorsFile::Open(source, name, sum,
+                                                      ckpt->checksums_ ? ckpt->checksums_->block_bytes
+                                                                       : 0);
     if (!file.ok()) return file.status();
     for (const auto& [tensor, entry] : (*file)->entries()) {
       if (ckpt->by_name_.count(tensor))
@@ -65,6 +67,12 @@ StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(const std::string& di
     ckpt->files_.push_back(std::move(*file));
   }
   return ckpt;
+}
+
+uint64_t HfCheckpoint::BytesRead() const {
+  uint64_t total = 0;
+  for (const auto& f : files_) total += f->bytes_read();
+  return total;
 }
 
 ParameterReader HfCheckpoint::Reader(const DecoderModel& model, uint64_t adapter_seed) const {

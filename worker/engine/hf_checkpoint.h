@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "worker/engine/model.h"
+#include "worker/engine/model_files.h"
 #include "worker/engine/safetensors.h"
 #include "worker/engine/zero.h"
 
@@ -22,6 +23,11 @@ class HfCheckpoint {
  public:
   // Opens `dir`: parses config.json and maps every shard. Errors name the file.
   static StatusOr<std::unique_ptr<HfCheckpoint>> Open(const std::string& dir);
+  // Opens the directory `files` reads (a local one, or an object store prefix): config.json,
+  // tidal.checksums.json when there is one, and each shard's header. Tensors are then read by
+  // range as the Reader asks for them — a ZeRO-3 rank fetches only its own slices — and, with
+  // checksums, verified block by block.
+  static StatusOr<std::unique_ptr<HfCheckpoint>> Open(std::unique_ptr<ModelFiles> files);
 
   const ModelConfig& config() const { return config_; }
   // Reads base weights from the shards; parameters not in the checkpoint that are LoRA
@@ -30,8 +36,13 @@ class HfCheckpoint {
   ParameterReader Reader(const DecoderModel& model, uint64_t adapter_seed) const;
   // The dtype `name` is stored in, or nullopt when the checkpoint lacks it.
   std::optional<torch::ScalarType> StoredDtype(const std::string& name) const;
+  // Bytes fetched from the source so far (0 for a mapped local directory).
+  uint64_t BytesRead() const;
+  bool verified() const { return checksums_.has_value(); }
 
  private:
+  std::unique_ptr<ModelFiles> source_;
+  std::optional<ModelChecksums> checksums_;
   std::string dir_;
   ModelConfig config_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;

@@ -76,11 +76,85 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     return DataLoss(path + ": header length " + std::to_string(header_len) +
                     " exceeds the file size (truncated or not a safetensors file)");
   file->data_ = bytes + 8 + header_len;
-  const uint64_t data_size = file->size_ - 8 - header_len;
+  TIDAL_RETURN_IF_ERROR(file->ParseHeader(std::string_view(reinterpret_cast<const char*>(bytes + 8),
+                                                           header_len),
+                                          file->size_ - 8 - header_len));
+  return file;
+}
 
+StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
+    ModelFiles& files, const std::string& name, const ModelChecksums::File* checksums,
+    uint64_t block_bytes) {
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile());
+  file->path_ = files.Describe(name);
+  file->files_ = &files;
+  file->name_ = name;
+  file->checksums_ = checksums;
+  file->block_bytes_ = block_bytes;
+  const std::string& path = file->path_;
+  TIDAL_ASSIGN_OR_RETURN(uint64_t size, files.Size(name));
+  file->size_ = size;
+  if (checksums && checksums->size != size)
+    return DataLoss(path + ": " + std::to_string(size) + " bytes, " + ModelChecksums::kFileName +
+                    " says " + std::to_string(checksums->size) +
+                    " (the file changed after its checksums were taken)");
+  if (size < 8)
+    return DataLoss(path + ": file is " + std::to_string(size) +
+                    " bytes, too short for a safetensors header");
+  char length[8];
+  TIDAL_RETURN_IF_ERROR(file->ReadBytes(0, 8, length));
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(length[i]);
+  if (header_len > kMaxHeaderBytes || header_len > size - 8)
+    return DataLoss(path + ": header length " + std::to_string(header_len) +
+                    " exceeds the file size (truncated or not a safetensors file)");
+  std::string header(header_len, '\0');
+  TIDAL_RETURN_IF_ERROR(file->ReadBytes(8, header_len, header.data()));
+  file->data_offset_ = 8 + header_len;
+  TIDAL_RETURN_IF_ERROR(file->ParseHeader(header, size - 8 - header_len));
+  return file;
+}
+
+Status SafetensorsFile::ReadBytes(uint64_t offset, uint64_t length, char* dest) const {
+  if (!checksums_) {
+    bytes_read_ += length;
+    return files_->ReadRange(name_, offset, length, dest);
+  }
+  // Whole blocks, each checked against tidal.checksums.json before a byte of it is used; the
+  // last block is kept, as neighbouring tensors (and ranks' slices) often share one.
+  const uint64_t first = offset / block_bytes_, last = (offset + length - 1) / block_bytes_;
+  std::lock_guard<std::mutex> lock(cache_mu_);
+  std::string span;
+  const uint64_t span_begin = first * block_bytes_;
+  const uint64_t span_end = std::min<uint64_t>((last + 1) * block_bytes_, size_);
+  if (first == last && cached_block_ == first) {
+    span = cached_bytes_;
+  } else {
+    span.resize(span_end - span_begin);
+    TIDAL_RETURN_IF_ERROR(files_->ReadRange(name_, span_begin, span.size(), span.data()));
+    bytes_read_ += span.size();
+    for (uint64_t b = first; b <= last; ++b) {
+      const uint64_t begin = b * block_bytes_ - span_begin;
+      const uint64_t n = std::min<uint64_t>(block_bytes_, size_ - b * block_bytes_);
+      if (BlockHash(std::string_view(span).substr(begin, n)) != checksums_->blocks.at(b))
+        return DataLoss(path_ + ": bytes [" + std::to_string(b * block_bytes_) + ", " +
+                        std::to_string(b * block_bytes_ + n) + ") do not match their checksum in " +
+                        ModelChecksums::kFileName +
+                        " (the file was damaged, or changed after its checksums were taken)");
+    }
+    cached_block_ = last;
+    cached_bytes_ = span.substr((last - first) * block_bytes_);
+  }
+  std::memcpy(dest, span.data() + (offset - span_begin), length);
+  return OkStatus();
+}
+
+Status SafetensorsFile::ParseHeader(std::string_view header_bytes, uint64_t data_size) {
+  SafetensorsFile* file = this;
+  const std::string& path = path_;
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
+    header = nlohmann::json::parse(header_bytes.begin(), header_bytes.end());
   } catch (const nlohmann::json::exception& e) {
     return DataLoss(path + ": header is not valid JSON: " + e.what());
   }
@@ -127,7 +201,7 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   for (size_t i = 1; i < ranges.size(); ++i)
     if (ranges[i].first < ranges[i - 1].second)
       return DataLoss(path + ": tensors overlap in the data section");
-  return file;
+  return OkStatus();
 }
 
 SafetensorsFile::~SafetensorsFile() {
@@ -153,6 +227,16 @@ StatusOr<torch::Tensor> SafetensorsFile::ReadFlatRange(const std::string& name, 
                            std::to_string(first + count) + ") outside tensor \"" + name + "\" of " +
                            std::to_string(e.numel()) + " elements");
   const size_t element = c10::elementSize(e.dtype);
+  if (files_) {  // by range from the source, verified when it has checksums
+    auto raw = torch::empty({count}, torch::TensorOptions().dtype(e.dtype));
+    if (count > 0) {
+      Status read = ReadBytes(data_offset_ + e.begin + first * element, count * element,
+                              static_cast<char*>(raw.data_ptr()));
+      if (!read.ok())
+        return Status(read.code(), read.message() + " (reading tensor \"" + name + "\")");
+    }
+    return e.dtype == dtype ? raw : raw.to(dtype);
+  }
   // from_blob over the read-only mapping; the clone/conversion copies out before we return.
   auto view = torch::from_blob(const_cast<uint8_t*>(data_ + e.begin + first * element), {count},
                                torch::TensorOptions().dtype(e.dtype));

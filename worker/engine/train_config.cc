@@ -139,7 +139,8 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
       if (auto preset = PresetModelConfig(c.model.preset); !preset.ok())
         model.Error("preset", preset.status().message());
     }
-    if (!c.model.uri.empty()) {
+    // A local path resolves against the config's folder; s3:// stays as it is (read by range).
+    if (!c.model.uri.empty() && !c.model.uri.starts_with("s3://")) {
       auto path = LocalPathFromUri(c.model.uri, base_dir, "spec.model.uri");
       if (!path.ok())
         errors.push_back(path.status().message());

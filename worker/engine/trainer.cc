@@ -67,7 +67,9 @@ Status Trainer::Initialize() {
   if (!config_.model.preset.empty()) {
     TIDAL_ASSIGN_OR_RETURN(model_config, PresetModelConfig(config_.model.preset));
   } else {
-    TIDAL_ASSIGN_OR_RETURN(hf, HfCheckpoint::Open(config_.model.uri));
+    TIDAL_ASSIGN_OR_RETURN(hf, options_.model_files
+                                   ? HfCheckpoint::Open(std::move(options_.model_files))
+                                   : HfCheckpoint::Open(config_.model.uri));
     model_config = hf->config();
   }
   for (const std::string& note : model_config.notes)
@@ -78,8 +80,19 @@ Status Trainer::Initialize() {
   params_ = std::make_unique<ShardedParameters>(
       *model_, *comm_, ShardingOptions{opt.zero_stage, options_.device, dtype});
   const uint64_t init_seed = config_.model.init_seed;
+  const auto load_start = std::chrono::steady_clock::now();
   TIDAL_RETURN_IF_ERROR(
       params_->Load(hf ? hf->Reader(*model_, init_seed) : RandomInitReader(*model_, init_seed)));
+  if (hf) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+    LogInfo("model loaded", {{"model", config_.model.uri},
+                             {"bytes_read", hf->BytesRead()},
+                             {"verified", hf->verified()},
+                             {"seconds", seconds},
+                             {"mb_per_s", std::round(hf->BytesRead() / 1e6 / std::max(seconds, 1e-9))},
+                             {"resident_param_bytes", params_->ResidentParameterBytes()}});
+  }
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
   LogInfo("engine ready", {{"model_type", model_config.model_type},
                            {"params_total", model_config.BaseParameterCount()},

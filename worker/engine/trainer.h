@@ -27,6 +27,9 @@ struct TrainerOptions {
   torch::Device device = torch::kCPU;
   // The rows to train on (a token store through the prefetching loader); required.
   std::unique_ptr<data::RowSource> data;
+  // spec.model.uri's files (a local directory, or an object store prefix read by range); when
+  // unset, the uri is a local directory.
+  std::unique_ptr<ModelFiles> model_files;
 };
 
 class Trainer {
