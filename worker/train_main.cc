@@ -22,6 +22,7 @@
 #include "operator/api/training_job.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/data/provider.h"
+#include "worker/engine/memory_plan.h"
 #include "worker/engine/run.h"
 #include "worker/engine/store_server.h"
 #include "worker/launcher.h"
@@ -49,7 +50,10 @@ constexpr const char* kUsage =
     "  --keep K     newest full checkpoints kept (default spec.checkpoint.keep, else 3)\n"
     "  --no-resume  start from scratch even when the checkpoint URI holds checkpoints\n"
     "  --resume URI resume from the newest usable checkpoint in URI (an error when there is\n"
-    "               none); saves still go to --checkpoint-uri, if given\n";
+    "               none); saves still go to --checkpoint-uri, if given\n"
+    "  --dry-run    print the model's parameters, trainable parameters and what one rank needs\n"
+    "               in memory at --nproc ranks (ZeRO stage, micro-batch, maxSeqLen of the\n"
+    "               spec) as JSON, and exit without training\n";
 
 struct Args {
   std::string config;
@@ -64,6 +68,7 @@ struct Args {
   std::optional<int64_t> full_every, snapshot_every;
   std::optional<int> keep;
   bool resume = true;
+  bool dry_run = false;
   // Set by the launcher for its children.
   std::optional<int> rank;
   int world_size = 1;
@@ -76,6 +81,10 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") return tidal::InvalidArgument("help");
+    if (flag == "--dry-run") {
+      args.dry_run = true;
+      continue;
+    }
     if (flag == "--no-resume") {
       args.resume = false;
       continue;
@@ -199,6 +208,37 @@ int Fail(const Status& status, const char* who) {
   return status.code() == tidal::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
+// --dry-run: the model's config.json (or preset) and the memory one rank needs at --nproc.
+Status DryRun(const tidal::engine::TrainConfig& config, int world_size) {
+  tidal::engine::ModelConfig model;
+  if (!config.model.preset.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(model, tidal::engine::PresetModelConfig(config.model.preset));
+  } else {
+    tidal::objstore::S3Options s3;
+    if (config.model.uri.rfind("s3://", 0) == 0) {
+      TIDAL_ASSIGN_OR_RETURN(s3, tidal::objstore::S3OptionsFromEnv("", tidal::EnvironmentMap()));
+    }
+    tidal::data::StoreDataProvider provider(s3);
+    TIDAL_ASSIGN_OR_RETURN(auto files, provider.OpenModel(config.model.uri));
+    TIDAL_ASSIGN_OR_RETURN(std::string text, files->Read("config.json"));
+    auto json = nlohmann::json::parse(text, nullptr, false);
+    if (json.is_discarded())
+      return tidal::InvalidArgument(files->Describe("config.json") + ": not valid JSON");
+    TIDAL_ASSIGN_OR_RETURN(model, tidal::engine::ModelConfigFromHfJson(json));
+  }
+  TIDAL_RETURN_IF_ERROR(tidal::engine::CheckLoraFitsModel(config.lora, model));
+  TIDAL_RETURN_IF_ERROR(config.ValidateForWorldSize(world_size));
+  const auto& opt = config.optimization;
+  const auto plan = tidal::engine::PlanMemory(model, config.lora, opt.zero_stage, world_size,
+                                              opt.micro_batch_size, config.dataset.max_seq_len,
+                                              opt.precision == "fp32" ? 4 : 2);
+  nlohmann::json out = plan.ToJson();
+  out["model_type"] = model.model_type;
+  out["precision"] = opt.precision;
+  std::printf("%s\n", out.dump().c_str());
+  return tidal::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -211,6 +251,10 @@ int main(int argc, char** argv) {
   }
   auto job = LoadJob(*args);
   if (!job.ok()) return Fail(job.status(), "");
+  if (args->dry_run) {
+    Status planned = DryRun(job->config, args->nproc);
+    return planned.ok() ? 0 : Fail(planned, "--dry-run: ");
+  }
   const tidal::engine::TrainConfig* config = &job->config;
   const tidal::checkpoint::CheckpointPolicy& policy = job->policy;
 

@@ -138,6 +138,22 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
   const ProcessResult one = train("1"), two = train("2");
   ASSERT_EQ(one.exit_code, 0) << one.err;
   ASSERT_EQ(two.exit_code, 0) << two.err;
+  // --dry-run's parameter bytes per rank are what each rank then allocated.
+  const ProcessResult plan =
+      RunProcess({TIDAL_TRAIN_BIN, "--config", dir_ + "/job.yaml", "--nproc", "2", "--dry-run"}, 60s);
+  ASSERT_EQ(plan.exit_code, 0) << plan.err;
+  const auto planned = nlohmann::json::parse(plan.out);
+  EXPECT_EQ(planned["params_total"], config.BaseParameterCount());
+  int ranks = 0;
+  std::istringstream err(two.err);
+  for (std::string line; std::getline(err, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || j.value("msg", "") != "engine ready") continue;
+    ++ranks;
+    EXPECT_EQ(j["resident_param_bytes"], planned["per_rank_bytes"]["resident_params"]) << line;
+    EXPECT_EQ(j["params_trainable"], planned["params_trainable"]) << line;
+  }
+  EXPECT_EQ(ranks, 2) << two.err;
   const std::vector<double> a = Losses(one.out), b = Losses(two.out);
   ASSERT_EQ(a.size(), 5u) << one.out;
   ASSERT_EQ(b.size(), a.size()) << two.out;

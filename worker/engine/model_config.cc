@@ -22,18 +22,18 @@ bool IsDeepseek(const std::string& model_type) {
 
 }  // namespace
 
-int64_t ModelConfig::BaseParameterCount() const {
+int64_t ModelConfig::LayerParameterCount(int64_t layer) const {
   const int64_t h = hidden_size;
   int64_t attention = 0;
   if (uses_mla()) {
     const int64_t heads = num_attention_heads, latent = mla.kv_lora_rank + mla.qk_rope_head_dim;
-    attention = mla.q_lora_rank == 0
-                    ? h * heads * mla.qk_head_dim()
-                    : h * mla.q_lora_rank + mla.q_lora_rank + mla.q_lora_rank * heads * mla.qk_head_dim();
+    attention = mla.q_lora_rank == 0 ? h * heads * mla.qk_head_dim()
+                                     : h * mla.q_lora_rank + mla.q_lora_rank +
+                                           mla.q_lora_rank * heads * mla.qk_head_dim();
     attention += h * latent + mla.kv_lora_rank +
                  mla.kv_lora_rank * heads * (mla.qk_nope_head_dim + mla.v_head_dim) +
                  heads * mla.v_head_dim * h;
-    if (o_bias) attention += (mla.q_lora_rank > 0 ? mla.q_lora_rank : 0) + latent + h;
+    if (o_bias) attention += mla.q_lora_rank + latent + h;
   } else {
     const int64_t q_dim = num_attention_heads * head_dim(),
                   kv_dim = num_key_value_heads * head_dim();
@@ -42,23 +42,23 @@ int64_t ModelConfig::BaseParameterCount() const {
     if (o_bias) attention += h;
     if (qk_norm) attention += 2 * head_dim();
   }
-  auto mlp = [&](int64_t inter) {
-    return 3 * h * inter + (mlp_bias ? 2 * inter + h : 0);
-  };
+  const bool v2_bias = mlp_bias && model_type != "deepseek_v3";
+  auto mlp = [&](int64_t inter, bool bias) { return 3 * h * inter + (bias ? 2 * inter + h : 0); };
+  int64_t total = attention + 2 * h;
+  if (!IsMoeLayer(layer)) return total + mlp(intermediate_size, mlp_bias);
+  const int64_t experts = moe.n_routed_experts;
+  total += experts * h + (moe.sigmoid_scores() ? experts : 0);  // router (+ V3's bias)
+  total += experts * 3 * h * moe.moe_intermediate_size;
+  if (moe.n_shared_experts > 0)
+    total += mlp(moe.moe_intermediate_size * moe.n_shared_experts, v2_bias);
+  return total;
+}
+
+int64_t ModelConfig::BaseParameterCount() const {
   int64_t total = 0;
-  for (int64_t l = 0; l < num_hidden_layers; ++l) {
-    total += attention + 2 * h;
-    if (!IsMoeLayer(l)) {
-      total += mlp(intermediate_size);
-      continue;
-    }
-    const int64_t experts = moe.n_routed_experts;
-    total += experts * h + (moe.sigmoid_scores() ? experts : 0);  // router (+ V3's bias)
-    total += experts * 3 * h * moe.moe_intermediate_size;
-    if (moe.n_shared_experts > 0) total += mlp(moe.moe_intermediate_size * moe.n_shared_experts);
-  }
-  const int64_t embeddings = vocab_size * h * (tie_word_embeddings ? 1 : 2);
-  return total + embeddings + h;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) total += LayerParameterCount(l);
+  const int64_t embeddings = vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2);
+  return total + embeddings + hidden_size;
 }
 
 int64_t ModelConfig::ActiveParameterCount() const {

@@ -100,6 +100,8 @@ struct ModelConfig {
   double AttentionSoftmaxScale() const;
   // Every parameter of the base model (LoRA adapters excluded).
   int64_t BaseParameterCount() const;
+  // The base parameters of decoder layer `layer` (dense or MoE).
+  int64_t LayerParameterCount(int64_t layer) const;
   // The parameters one token's compute multiplies by (what FLOPs and MFU count): the base less
   // the routed experts it skips and the untied input embedding (a row lookup).
   int64_t ActiveParameterCount() const;

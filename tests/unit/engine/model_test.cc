@@ -2,6 +2,7 @@
 // from a multi-file HF directory equal the in-memory model's, the model is causal, and merged
 // LoRA weights give the adapted model's outputs.
 #include "worker/engine/model.h"
+#include "worker/engine/memory_plan.h"
 #include "worker/engine/moe.h"
 
 #include <cmath>
@@ -410,6 +411,50 @@ TEST(MoeTest, AnExpertGivesTheSameOutputWhetherItsGateAndUpAreFusedOrApart) {
   EXPECT_TRUE(torch::allclose(ExpertMlp(x, up, gate, down),
                               F::linear(F::silu(F::linear(x, up)) * F::linear(x, gate), down), 1e-5,
                               1e-6));
+}
+
+}  // namespace
+}  // namespace tidal::engine
+
+namespace tidal::engine {
+namespace {
+
+// tidal-train --dry-run counts parameters per block without LibTorch: the same numbers as the
+// blocks the model declares, family by family, frozen and trainable.
+TEST(MemoryPlanTest, BlockCountsAreTheModelsBlocksForEveryFamily) {
+  ModelConfig tiny = *PresetModelConfig("tiny");
+  ModelConfig qwen3 = tiny;
+  qwen3.model_type = "qwen3", qwen3.qk_norm = true, qwen3.head_dim_override = 48;
+  qwen3.qkv_bias = qwen3.o_bias = true, qwen3.tie_word_embeddings = false;
+  ModelConfig v2 = tiny;
+  v2.model_type = "deepseek_v2", v2.num_key_value_heads = v2.num_attention_heads;
+  v2.mla = {0, 32, 16, 16, 24, true};
+  v2.moe.n_routed_experts = 8, v2.moe.num_experts_per_tok = 2, v2.moe.n_shared_experts = 2;
+  v2.moe.moe_intermediate_size = 64, v2.moe.first_k_dense_replace = 1, v2.mlp_bias = true;
+  ModelConfig v3 = v2;
+  v3.model_type = "deepseek_v3", v3.mla.q_lora_rank = 48, v3.o_bias = true, v3.mlp_bias = false;
+  v3.moe.topk_method = "noaux_tc", v3.moe.n_group = 4, v3.moe.topk_group = 2;
+  const std::vector<std::pair<ModelConfig, std::vector<std::string>>> cases = {
+      {tiny, {"q_proj", "v_proj", "down_proj"}},
+      {qwen3, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}},
+      {v2, {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}},
+      {v3, {"q_a_proj", "q_b_proj", "kv_b_proj"}},
+  };
+  for (const auto& [config, targets] : cases) {
+    LoraSpec lora{.rank = 4, .target_modules = targets};
+    DecoderModel model(config, lora);
+    const auto counts = BlockParameterCounts(config, lora);
+    ASSERT_EQ(counts.size(), model.blocks().size()) << config.model_type;
+    int64_t total = 0;
+    for (size_t b = 0; b < counts.size(); ++b) {
+      int64_t frozen = 0, trainable = 0;
+      for (const ParamSpec& p : model.blocks()[b].params) (p.trainable ? trainable : frozen) += p.numel();
+      EXPECT_EQ(counts[b].frozen, frozen) << config.model_type << " block " << b;
+      EXPECT_EQ(counts[b].trainable, trainable) << config.model_type << " block " << b;
+      total += frozen;
+    }
+    EXPECT_EQ(total, config.BaseParameterCount()) << config.model_type;
+  }
 }
 
 }  // namespace
