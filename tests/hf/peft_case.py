@@ -51,8 +51,44 @@ DEFAULTS = {
     # deepseek_v2 / deepseek_v3: config keys passed as they are (q_lora_rank, kv_lora_rank,
     # qk_nope_head_dim, n_routed_experts, topk_method, n_group, ...).
     "deepseek": {},
+    # DeepSeek-V3's FP8 checkpoints: the decoder projections stored as float8_e4m3fn with a
+    # weight_scale_inv per 128 × 128 block, loaded back by transformers' own FP8
+    # dequantization for the expected values.
+    "fp8": False,
     "save_dtype": "float32", "max_shard_size": "50GB",  # e.g. "bfloat16", "40KB" (sharded)
 }
+
+
+def quantize_fp8(directory, model_class):
+    """Rewrites the saved model's decoder projections in FP8 with per-block scales, as
+    DeepSeek-V3's checkpoints are, and returns transformers' model loaded from it
+    (FineGrainedFP8Config(dequantize=True))."""
+    from safetensors.torch import load_file
+    from transformers import FineGrainedFP8Config
+    path = os.path.join(directory, "model.safetensors")
+    tensors, out = load_file(path), {}
+    for name, w in tensors.items():
+        # (A shape the blocks do not divide stays as it is: transformers' dequantization
+        # needs whole blocks; the engine's own handles partial ones, tests/unit/engine.)
+        if (".layers." in name and "_proj" in name and name.endswith(".weight") and w.dim() == 2
+                and w.shape[0] % 128 == 0 and w.shape[1] % 128 == 0):
+            rows, cols = w.shape
+            blocks = w.float().reshape(rows // 128, 128, cols // 128, 128)
+            scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / 448.0
+            out[name] = (blocks / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
+            out[name + "_scale_inv"] = scale.contiguous()
+        else:
+            out[name] = w
+    save_file(out, path, metadata={"format": "pt"})
+    config_path = os.path.join(directory, "config.json")
+    config = json.load(open(config_path))
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3",
+                                     "activation_scheme": "dynamic",
+                                     "weight_block_size": [128, 128]}
+    json.dump(config, open(config_path, "w"), indent=2)
+    return model_class.from_pretrained(
+        directory, quantization_config=FineGrainedFP8Config(dequantize=True),
+        dtype=torch.float32, attn_implementation="eager").eval()
 
 
 def main(out, case_json):
@@ -92,6 +128,8 @@ def main(out, case_json):
                 p.copy_(p.to(save_dtype).float())
     copy.deepcopy(base).to(save_dtype).save_pretrained(
         os.path.join(out, "base"), safe_serialization=True, max_shard_size=case["max_shard_size"])
+    if case["fp8"]:
+        base = quantize_fp8(os.path.join(out, "base"), model_class)
 
     lora = LoraConfig(r=case["rank"], lora_alpha=case["alpha"], lora_dropout=0.0,
                       target_modules=case["targets"], bias="none", task_type="CAUSAL_LM")

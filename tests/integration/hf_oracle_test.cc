@@ -242,6 +242,17 @@ const OracleCase kCases[] = {
                       "num_experts_per_tok": 2, "n_shared_experts": 1,
                       "moe_intermediate_size": 16, "first_k_dense_replace": 1, "n_group": 4,
                       "topk_group": 2, "norm_topk_prob": true, "routed_scaling_factor": 2.5}})"},
+    // DeepSeek-V3 / R1 as published: FP8 weights with a scale per 128 × 128 block, which the
+    // engine dequantizes on load (transformers' own FP8 dequantization gives the expected).
+    {"DeepseekV3Fp8",
+     R"({"family": "deepseek_v3", "hidden": 128, "intermediate": 256, "heads": 4, "kv_heads": 4,
+         "fp8": true, "seed": 16,
+         "targets": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+         "deepseek": {"q_lora_rank": 128, "kv_lora_rank": 96, "qk_nope_head_dim": 32,
+                      "qk_rope_head_dim": 32, "v_head_dim": 32, "n_routed_experts": 4,
+                      "num_experts_per_tok": 2, "n_shared_experts": 1,
+                      "moe_intermediate_size": 128, "first_k_dense_replace": 1, "n_group": 2,
+                      "topk_group": 1, "norm_topk_prob": true, "routed_scaling_factor": 2.5}})"},
     {"DeepseekV3NotInterleaved",
      R"({"family": "deepseek_v3", "kv_heads": 4, "seed": 15,
          "targets": ["q_proj", "kv_b_proj", "o_proj"],

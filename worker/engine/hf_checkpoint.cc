@@ -92,8 +92,47 @@ ParameterReader HfCheckpoint::Reader(const DecoderModel& model, uint64_t adapter
           << torch::IntArrayRef(spec.shape);
       return InvalidArgument(msg.str());
     }
-    return it->second->ReadFlatRange(spec.name, first, count, torch::kFloat32);
+    if (entry.dtype != torch::kFloat8_e4m3fn && entry.dtype != torch::kFloat8_e5m2)
+      return it->second->ReadFlatRange(spec.name, first, count, torch::kFloat32);
+    return DequantizedRange(spec, entry, *it->second, first, count);
   };
+}
+
+// An FP8 weight [rows, cols] and its weight_scale_inv [⌈rows/br⌉, ⌈cols/bc⌉]: element (i, j)
+// is its FP8 value times the scale of block (i / br, j / bc) — DeepSeek-V3's layout.
+StatusOr<torch::Tensor> HfCheckpoint::DequantizedRange(const ParamSpec& spec,
+                                                       const SafetensorsEntry& entry,
+                                                       const SafetensorsFile& file, int64_t first,
+                                                       int64_t count) const {
+  const int64_t br = config_.fp8_block_rows, bc = config_.fp8_block_cols;
+  if (br == 0)
+    return InvalidArgument(dir_ + ": tensor \"" + spec.name +
+                           "\" is stored in FP8 but config.json has no quantization_config");
+  const std::string suffix = ".weight";
+  const std::string scale_name =
+      spec.name.size() > suffix.size() &&
+              spec.name.compare(spec.name.size() - suffix.size(), suffix.size(), suffix) == 0
+          ? spec.name + "_scale_inv"
+          : "";
+  auto scale_file = by_name_.find(scale_name);
+  if (entry.shape.size() != 2 || scale_file == by_name_.end())
+    return InvalidArgument(dir_ + ": FP8 tensor \"" + spec.name +
+                           "\" needs a 2-D weight and its \"" + spec.name +
+                           "_scale_inv\"");
+  const int64_t rows = entry.shape[0], cols = entry.shape[1];
+  TIDAL_ASSIGN_OR_RETURN(torch::Tensor scales, scale_file->second->Read(scale_name, torch::kFloat32));
+  const std::vector<int64_t> grid = {(rows + br - 1) / br, (cols + bc - 1) / bc};
+  if (scales.sizes().vec() != grid) {
+    std::ostringstream msg;
+    msg << dir_ << ": \"" << scale_name << "\" has shape " << scales.sizes() << ", blocks of "
+        << br << " × " << bc << " over " << rows << " × " << cols << " need " << torch::IntArrayRef(grid);
+    return InvalidArgument(msg.str());
+  }
+  TIDAL_ASSIGN_OR_RETURN(torch::Tensor values,
+                         file.ReadFlatRange(spec.name, first, count, torch::kFloat32));
+  auto index = torch::arange(first, first + count, torch::kInt64);
+  auto block = index.div(cols, "floor").div(br, "floor") * grid[1] + index.remainder(cols).div(bc, "floor");
+  return values * scales.reshape({-1}).index_select(0, block);
 }
 
 std::optional<torch::ScalarType> HfCheckpoint::StoredDtype(const std::string& name) const {

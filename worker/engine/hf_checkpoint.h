@@ -32,7 +32,7 @@ class HfCheckpoint {
   const ModelConfig& config() const { return config_; }
   // Reads base weights from the shards; parameters not in the checkpoint that are LoRA
   // adapters get `model.InitialValue(spec, seed)`; a missing or mis-shaped base weight is an
-  // error naming it.
+  // error naming it. FP8 weights (DeepSeek-V3) are dequantized with their weight_scale_inv.
   ParameterReader Reader(const DecoderModel& model, uint64_t adapter_seed) const;
   // The dtype `name` is stored in, or nullopt when the checkpoint lacks it.
   std::optional<torch::ScalarType> StoredDtype(const std::string& name) const;
@@ -41,6 +41,9 @@ class HfCheckpoint {
   bool verified() const { return checksums_.has_value(); }
 
  private:
+  StatusOr<torch::Tensor> DequantizedRange(const ParamSpec& spec, const SafetensorsEntry& entry,
+                                           const SafetensorsFile& file, int64_t first,
+                                           int64_t count) const;
   std::unique_ptr<ModelFiles> source_;
   std::optional<ModelChecksums> checksums_;
   std::string dir_;

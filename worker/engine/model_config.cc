@@ -361,6 +361,35 @@ Status ParseRope(const nlohmann::json& json, ModelConfig& c) {
   return OkStatus();
 }
 
+// quantization_config: only DeepSeek-V3's block-scaled FP8 (dequantized on load; training runs
+// in the spec's precision), every key checked.
+Status ParseQuantization(const nlohmann::json& json, ModelConfig& c) {
+  if (!json.contains("quantization_config") || json["quantization_config"].is_null())
+    return OkStatus();
+  const nlohmann::json& q = json["quantization_config"];
+  const std::string where = "config.json: quantization_config";
+  if (!q.is_object()) return InvalidArgument(where + " must be an object");
+  if (q.value("quant_method", "") != "fp8")
+    return InvalidArgument(where + ".quant_method " + q.value("quant_method", nlohmann::json()).dump() +
+                           " is not supported (only \"fp8\": block-scaled FP8 weights, "
+                           "dequantized on load)");
+  c.fp8_block_rows = c.fp8_block_cols = 128;
+  for (const auto& [key, value] : q.items()) {
+    if (key == "quant_method" || key == "modules_to_not_convert") continue;
+    if (key == "fmt" && value == "e4m3") continue;
+    if (key == "activation_scheme" && value == "dynamic") continue;  // inference-only
+    if (key == "weight_block_size" && value.is_array() && value.size() == 2 &&
+        value[0].is_number_integer() && value[1].is_number_integer() && value[0].get<int64_t>() > 0 &&
+        value[1].get<int64_t>() > 0) {
+      c.fp8_block_rows = value[0].get<int64_t>();
+      c.fp8_block_cols = value[1].get<int64_t>();
+      continue;
+    }
+    return InvalidArgument(where + "." + key + " " + value.dump() + " is not supported");
+  }
+  return OkStatus();
+}
+
 // DeepSeek-V2/V3: MLA and MoE keys, with transformers' defaults where config.json leaves one
 // out. transformers' V2 router always scores with softmax (greedy or group-limited top-k);
 // its V3 router always uses sigmoid scores, the correction bias and group-limited choice
@@ -446,11 +475,6 @@ Status ParseDeepseek(const nlohmann::json& json, ModelConfig& c) {
                            " is not supported (only 1: every layer from first_k_dense_replace "
                            "on is a mixture of experts)");
   if (moe.topk_method == "greedy") moe.n_group = moe.topk_group = 1;
-  if (json.contains("quantization_config") && !json["quantization_config"].is_null())
-    return InvalidArgument(where("quantization_config") + " " +
-                           json["quantization_config"].dump() +
-                           " is not supported yet: FP8 block-scaled weights are not dequantized "
-                           "on load (convert the checkpoint to bf16 first)");
   // Read and not acted on, as transformers does not act on them: said in the log.
   if (json.contains("aux_loss_alpha") && json["aux_loss_alpha"].is_number() &&
       json["aux_loss_alpha"].get<double>() != 0)
@@ -536,6 +560,7 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
         if (id.is_number_integer()) c.eos_token_ids.push_back(id.get<int64_t>());
   }
   TIDAL_RETURN_IF_ERROR(ParseRope(json, c));
+  TIDAL_RETURN_IF_ERROR(ParseQuantization(json, c));
   if (IsDeepseek(c.model_type)) TIDAL_RETURN_IF_ERROR(ParseDeepseek(json, c));
   // Biases and norms, per family as transformers builds them.
   if (c.model_type == "qwen2") {

@@ -78,6 +78,9 @@ struct ModelConfig {
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
   MlaConfig mla;          // deepseek_v2 / deepseek_v3
   MoeConfig moe;
+  // quantization_config {quant_method: fp8, weight_block_size: [rows, cols]} (DeepSeek-V3/R1):
+  // FP8 weights with a weight_scale_inv per block, dequantized on load. 0: not quantized.
+  int64_t fp8_block_rows = 0, fp8_block_cols = 0;
   // Keys read and deliberately not acted on, as transformers does not (e.g. DeepSeek's
   // aux_loss_alpha): the engine logs each so that nothing is ignored silently.
   std::vector<std::string> notes;

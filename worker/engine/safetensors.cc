@@ -33,7 +33,7 @@ constexpr std::pair<const char*, torch::ScalarType> kDtypes[] = {
     {"F32", torch::kFloat32}, {"F16", torch::kFloat16}, {"BF16", torch::kBFloat16},
     {"F64", torch::kFloat64}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
     {"I16", torch::kInt16},   {"I8", torch::kInt8},     {"U8", torch::kUInt8},
-    {"BOOL", torch::kBool}};
+    {"BOOL", torch::kBool},   {"F8_E4M3", torch::kFloat8_e4m3fn}, {"F8_E5M2", torch::kFloat8_e5m2}};
 }  // namespace
 
 StatusOr<torch::ScalarType> ScalarTypeFromSafetensors(const std::string& dtype) {

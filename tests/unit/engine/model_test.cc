@@ -6,6 +6,7 @@
 #include "worker/engine/moe.h"
 
 #include <cmath>
+#include <fstream>
 
 #include <gtest/gtest.h>
 
@@ -262,8 +263,8 @@ TEST(ModelConfigTest, DeepseekConfigsAreReadAndUnsupportedRoutingIsRefusedByName
       {v3_json, {{"scoring_func", "softmax"}}, "scoring_func \"softmax\""},
       {v3_json, {{"n_group", 64}, {"topk_group", 4}}, "at least 2 experts per group"},
       {v3_json,
-       {{"quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}}}},
-       "quantization_config"},
+       {{"quantization_config", {{"quant_method", "fp8"}, {"fmt", "e5m2"}}}},
+       "quantization_config.fmt \"e5m2\" is not supported"},
   };
   for (const auto& [base, patch, expect] : refused) {
     auto bad = base;
@@ -455,6 +456,71 @@ TEST(MemoryPlanTest, BlockCountsAreTheModelsBlocksForEveryFamily) {
     }
     EXPECT_EQ(total, config.BaseParameterCount()) << config.model_type;
   }
+}
+
+}  // namespace
+}  // namespace tidal::engine
+
+namespace tidal::engine {
+namespace {
+
+// DeepSeek-V3's FP8 layout with blocks that do not divide the weight (192 rows, 128-blocks:
+// the last block row is partial, as in V3's kv_a_proj_with_mqa): any range dequantizes with the
+// scale of the block each element is in; a FP8 weight without its scale is refused by name.
+TEST(Fp8Test, PartialBlocksDequantizeWithTheirOwnScaleOverAnyRange) {
+  testing::TempDir dir;
+  ModelConfig config = *PresetModelConfig("tiny");  // hidden 192
+  DecoderModel model(config, LoraSpec{.target_modules = {}});
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& block : model.blocks())
+    for (const auto& p : block.params) named.emplace_back(p.name, model.InitialValue(p, 1));
+  const std::string q = "model.layers.0.self_attn.q_proj.weight";
+  torch::manual_seed(2);
+  auto w = torch::randn({192, 192});
+  auto fp8 = w.to(torch::kFloat8_e4m3fn);
+  auto scales = torch::rand({2, 2}) + 0.5;  // ⌈192/128⌉ = 2 block rows and columns
+  for (auto& [name, t] : named)
+    if (name == q) t = fp8;
+  named.emplace_back(q + "_scale_inv", scales);
+  ASSERT_TRUE(WriteHfDirectory(dir.path(), config, named, 1 << 30).ok());
+  auto json = nlohmann::json::parse(std::ifstream(dir.path() + "/config.json"));
+  json["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"},
+                                 {"activation_scheme", "dynamic"},
+                                 {"weight_block_size", {128, 128}}};
+  std::ofstream(dir.path() + "/config.json") << json.dump();
+
+  auto hf = HfCheckpoint::Open(dir.path());
+  ASSERT_TRUE(hf.ok()) << hf.status().message();
+  auto reader = (*hf)->Reader(model, 0);
+  const ParamSpec* spec = nullptr;
+  for (const auto& p : model.blocks()[1].params)
+    if (p.name == q) spec = &p;
+  ASSERT_NE(spec, nullptr);
+  const auto expected = (fp8.to(torch::kFloat32) *
+                         scales.repeat_interleave(128, 0).repeat_interleave(128, 1).narrow(0, 0, 192).narrow(1, 0, 192))
+                            .reshape({-1});
+  for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 192 * 192}, {127 * 192 + 100, 500},
+                              {150 * 192 + 130, 7000}}) {
+    auto got = reader(*spec, first, count);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    EXPECT_TRUE(torch::equal(*got, expected.narrow(0, first, count))) << first;
+  }
+
+  // The same weight without its scale, or without quantization_config: refused by name.
+  json.erase("quantization_config");
+  std::ofstream(dir.path() + "/config.json") << json.dump();
+  auto plain = HfCheckpoint::Open(dir.path());
+  ASSERT_TRUE(plain.ok());
+  auto refused = (*plain)->Reader(model, 0)(*spec, 0, 10);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("stored in FP8 but config.json has no "
+                                            "quantization_config"),
+            std::string::npos)
+      << refused.status().message();
+  json["quantization_config"] = {{"quant_method", "awq"}};
+  EXPECT_NE(ModelConfigFromHfJson(json).status().message().find(
+                "quantization_config.quant_method \"awq\" is not supported"),
+            std::string::npos);
 }
 
 }  // namespace
