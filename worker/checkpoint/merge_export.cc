@@ -94,7 +94,7 @@ StatusOr<MergeReport> ExportMerged(Repository& repo, std::optional<int64_t> step
         ++adapters_used;
       } else {
         TIDAL_ASSIGN_OR_RETURN(torch::Tensor t, read(p, 0, p.numel()));
-        named.emplace_back(p.name, t.reshape(p.shape));
+        named.emplace_back(p.name, t.reshape(p.shape).to(torch::kFloat32));
       }
     }
     for (auto& [name, tensor] : engine::MergeLora(named, lora)) {

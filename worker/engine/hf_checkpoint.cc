@@ -92,8 +92,9 @@ ParameterReader HfCheckpoint::Reader(const DecoderModel& model, uint64_t adapter
           << torch::IntArrayRef(spec.shape);
       return InvalidArgument(msg.str());
     }
+    // As stored (the loader converts once, into the compute dtype); FP8 dequantized in fp32.
     if (entry.dtype != torch::kFloat8_e4m3fn && entry.dtype != torch::kFloat8_e5m2)
-      return it->second->ReadFlatRange(spec.name, first, count, torch::kFloat32);
+      return it->second->ReadFlatRange(spec.name, first, count, entry.dtype);
     return DequantizedRange(spec, entry, *it->second, first, count);
   };
 }

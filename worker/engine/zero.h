@@ -35,7 +35,8 @@ struct ShardingOptions {
   torch::ScalarType compute_dtype = torch::kFloat32;
 };
 
-// Reads elements [first, first + count) of the row-major flattening of a parameter.
+// Reads elements [first, first + count) of the row-major flattening of a parameter, in any
+// dtype (Load converts into the parameter's).
 using ParameterReader =
     std::function<StatusOr<torch::Tensor>(const ParamSpec& spec, int64_t first, int64_t count)>;
 
