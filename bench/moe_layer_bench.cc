@@ -3,15 +3,15 @@
 // frozen as under LoRA, CPU fp32 — on the weights and tokens bench/moe_layer.py wrote, checked
 // against transformers' output and gradient before it is timed.
 //   moe_layer_bench DIR [--iters N] [--threads T]   → one JSON line
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <array>
 #include <fstream>
 #include <string>
 
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <nlohmann/json.hpp>
 
 #include "worker/engine/model_config.h"
 #include "worker/engine/moe.h"
@@ -29,8 +29,10 @@ int main(int argc, char** argv) {
   int iters = 5, threads = 0;
   for (int i = 2; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--iters") iters = std::atoi(argv[i + 1]);
-    else if (flag == "--threads") threads = std::atoi(argv[i + 1]);
+    if (flag == "--iters")
+      iters = std::atoi(argv[i + 1]);
+    else if (flag == "--threads")
+      threads = std::atoi(argv[i + 1]);
   }
   if (threads > 0) torch::set_num_threads(threads);
   auto config = ModelConfigFromHfJson(nlohmann::json::parse(std::ifstream(dir + "/config.json")));
@@ -74,21 +76,23 @@ int main(int argc, char** argv) {
   auto once = [&] {
     auto x = tokens.clone().requires_grad_(true);
     const MoeRouting routing = RouteTokens(moe, x, router, bias);
-    auto out = RunExperts(x, routing, moe.n_routed_experts, [&](int64_t e, const torch::Tensor& in) {
-      const auto& w = experts[static_cast<size_t>(e)];
-      return ExpertMlp(in, w[0], w[1], w[2]);
-    });
-    out = out + F::linear(F::silu(F::linear(x, shared_gate)) * F::linear(x, shared_up), shared_down);
+    auto out =
+        RunExperts(x, routing, moe.n_routed_experts, [&](int64_t e, const torch::Tensor& in) {
+          const auto& w = experts[static_cast<size_t>(e)];
+          return ExpertMlp(in, w[0], w[1], w[2]);
+        });
+    out =
+        out + F::linear(F::silu(F::linear(x, shared_gate)) * F::linear(x, shared_up), shared_down);
     out.sum().backward();
     return std::pair{out.detach(), x.grad()};
   };
   auto [out, grad] = once();
   auto expected_out = *(*reference)->Read("output", torch::kFloat32);
   auto expected_grad = *(*reference)->Read("grad", torch::kFloat32);
-  const double out_err = (out - expected_out).abs().max().item<double>() /
-                         expected_out.abs().max().item<double>();
-  const double grad_err = (grad - expected_grad).abs().max().item<double>() /
-                          expected_grad.abs().max().item<double>();
+  const double out_err =
+      (out - expected_out).abs().max().item<double>() / expected_out.abs().max().item<double>();
+  const double grad_err =
+      (grad - expected_grad).abs().max().item<double>() / expected_grad.abs().max().item<double>();
   if (out_err > 1e-4 || grad_err > 1e-4) {
     std::fprintf(stderr, "differs from transformers: output %.3g, gradient %.3g (relative)\n",
                  out_err, grad_err);

@@ -52,7 +52,7 @@ constexpr const char* kUsage =
 
 struct Args {
   std::string input, output, format = "messages", model, tokenizer, config, store, result, base_dir,
-      checksum_model;
+                             checksum_model;
   bool strict = false;
   int threads = 0;
   std::optional<uint64_t> inspect;
@@ -208,12 +208,13 @@ int main(int argc, char** argv) {
           if (now - last < std::chrono::seconds(2) && done < total) return;
           last = now;
           const double seconds = std::chrono::duration<double>(now - start).count();
-          tidal::LogInfo("checksumming model",
-                         {{"model", uri},
-                          {"bytes", done},
-                          {"total_bytes", total},
-                          {"percent", std::round(1000.0 * done / std::max<uint64_t>(total, 1)) / 10},
-                          {"mb_per_s", std::round(done / 1e6 / std::max(seconds, 1e-9))}});
+          tidal::LogInfo(
+              "checksumming model",
+              {{"model", uri},
+               {"bytes", done},
+               {"total_bytes", total},
+               {"percent", std::round(1000.0 * done / std::max<uint64_t>(total, 1)) / 10},
+               {"mb_per_s", std::round(done / 1e6 / std::max(seconds, 1e-9))}});
         });
     if (!sums.ok()) return Fail(sums.status());
     auto store = tidal::objstore::OpenObjectStore(uri, *s3);
@@ -223,13 +224,14 @@ int main(int argc, char** argv) {
       return Fail(put);
     uint64_t bytes = 0;
     for (const auto& [name, file] : sums->files) bytes += file.size;
-    std::printf("%s\n", nlohmann::json({{"checksums", (*files)->Describe(
-                                                          tidal::engine::ModelChecksums::kFileName)},
-                                        {"files", sums->files.size()},
-                                        {"bytes", bytes},
-                                        {"blockBytes", sums->block_bytes}})
-                            .dump()
-                            .c_str());
+    std::printf(
+        "%s\n",
+        nlohmann::json({{"checksums", (*files)->Describe(tidal::engine::ModelChecksums::kFileName)},
+                        {"files", sums->files.size()},
+                        {"bytes", bytes},
+                        {"blockBytes", sums->block_bytes}})
+            .dump()
+            .c_str());
     return 0;
   }
 

@@ -61,11 +61,12 @@ std::vector<Family> Families() {
   v3.model_type = "deepseek_v3", v3.mla.q_lora_rank = 48, v3.rope = RopeScaling{};
   v3.moe.topk_method = "noaux_tc", v3.moe.n_group = 4, v3.moe.topk_group = 2;
   v3.moe.n_shared_experts = 1, v3.moe.norm_topk_prob = true, v3.moe.routed_scaling_factor = 2.5;
-  return {{"Qwen2", qwen2},
-          {"Qwen3", qwen3},
-          {"Llama3", llama3},
-          {"DeepseekV2", v2, {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}},
-          {"DeepseekV3", v3, {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}}};
+  return {
+      {"Qwen2", qwen2},
+      {"Qwen3", qwen3},
+      {"Llama3", llama3},
+      {"DeepseekV2", v2, {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}},
+      {"DeepseekV3", v3, {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}}};
 }
 
 std::vector<double> Losses(const std::string& out) {
@@ -108,17 +109,9 @@ class FamilyTest : public ::testing::TestWithParam<Family> {
 
 TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersAndPeft) {
   const ModelConfig& config = GetParam().config;
-  // Random weights; norms, biases away from 1 and 0 so that they count.
-  DecoderModel plain(config, LoraSpec{.target_modules = {}});
-  torch::manual_seed(3);
-  std::vector<std::pair<std::string, torch::Tensor>> base;
-  for (const BlockSpec& block : plain.blocks())
-    for (const ParamSpec& p : block.params) {
-      torch::Tensor t = plain.InitialValue(p, 17);
-      if (p.shape.size() == 1) t = t + 0.1 * torch::randn(p.shape);
-      base.emplace_back(p.name, t);
-    }
-  ASSERT_TRUE(WriteHfDirectory(dir_ + "/base", config, base, 1'000'000'000).ok());
+  ASSERT_TRUE(
+      WriteHfDirectory(dir_ + "/base", config, testing::RandomBaseWeights(config), 1'000'000'000)
+          .ok());
 
   const std::vector<std::string>& targets = GetParam().targets;
   std::ofstream(dir_ + "/job.yaml")
@@ -139,8 +132,8 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
   ASSERT_EQ(one.exit_code, 0) << one.err;
   ASSERT_EQ(two.exit_code, 0) << two.err;
   // --dry-run's parameter bytes per rank are what each rank then allocated.
-  const ProcessResult plan =
-      RunProcess({TIDAL_TRAIN_BIN, "--config", dir_ + "/job.yaml", "--nproc", "2", "--dry-run"}, 60s);
+  const ProcessResult plan = RunProcess(
+      {TIDAL_TRAIN_BIN, "--config", dir_ + "/job.yaml", "--nproc", "2", "--dry-run"}, 60s);
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
   const auto planned = nlohmann::json::parse(plan.out);
   EXPECT_EQ(planned["params_total"], config.BaseParameterCount());

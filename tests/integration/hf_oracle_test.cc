@@ -1,12 +1,13 @@
 // The engine against the libraries our users trust: transformers' LlamaForCausalLM (RoPE
 // scaling llama3 / linear / yarn, biases, head_dim), Qwen2ForCausalLM, Qwen3ForCausalLM,
 // DeepseekV2ForCausalLM and DeepseekV3ForCausalLM (latent attention, experts: every token's
-// chosen experts must be transformers') with a PEFT LoRA adapter whose B is not zero (tests/hf/peft_case.py, the real packages from
-// tools/venv). The engine loads the base model transformers saved and the adapter PEFT saved,
-// and must give the same logits and loss (1e-5 relative) and, after one backward on the same
-// batch, the same gradient for every LoRA weight (1e-4 relative), at ZeRO stages 0 and 3
-// (where backward recomputes each block from gathered shards). The base is stored as transformers
-// stores it: fp32, bf16, fp16, one file or shards with an index.
+// chosen experts must be transformers') with a PEFT LoRA adapter whose B is not zero
+// (tests/hf/peft_case.py, the real packages from tools/venv). The engine loads the base model
+// transformers saved and the adapter PEFT saved, and must give the same logits and loss (1e-5
+// relative) and, after one backward on the same batch, the same gradient for every LoRA weight
+// (1e-4 relative), at ZeRO stages 0 and 3 (where backward recomputes each block from gathered
+// shards). The base is stored as transformers stores it: fp32, bf16, fp16, one file or shards with
+// an index.
 #include <filesystem>
 #include <fstream>
 #include <map>

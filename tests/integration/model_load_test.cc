@@ -52,17 +52,8 @@ class ModelLoadTest : public ::testing::Test {
     ASSERT_TRUE(s3.ok()) << s3.status().message();
     s3_ = *s3;
     // The directory on disk, as transformers would shard it (~0.4 MB shards).
-    DecoderModel plain(config_, LoraSpec{.target_modules = {}});
-    torch::manual_seed(3);
-    std::vector<std::pair<std::string, torch::Tensor>> weights;
-    for (const BlockSpec& block : plain.blocks())
-      for (const ParamSpec& p : block.params) {
-        torch::Tensor t = plain.InitialValue(p, 17);
-        if (p.shape.size() == 1) t = t + 0.1 * torch::randn(p.shape);
-        weights.emplace_back(p.name, t);
-      }
     local_ = dir_.path() + "/model";
-    ASSERT_TRUE(WriteHfDirectory(local_, config_, weights, 400'000).ok());
+    ASSERT_TRUE(WriteHfDirectory(local_, config_, testing::RandomBaseWeights(config_), 400'000).ok());
   }
 
   // tidal-prep --checksum-model on the local copy, then every file up to s3://models/<name>.
@@ -70,8 +61,8 @@ class ModelLoadTest : public ::testing::Test {
     if (checksums) {
       // Blocks of 16 KiB: the tiny model's tensors are a few tens of KiB, and a rank reads
       // whole blocks.
-      auto sum = RunProcess(
-          {TIDAL_PREP_BIN, "--checksum-model", local_, "--block-bytes", "16384"}, 120s);
+      auto sum =
+          RunProcess({TIDAL_PREP_BIN, "--checksum-model", local_, "--block-bytes", "16384"}, 120s);
       ASSERT_EQ(sum.exit_code, 0) << sum.err;
     }
     auto store = objstore::OpenObjectStore("s3://models/" + name, s3_);
@@ -167,8 +158,8 @@ TEST_F(ModelLoadTest, AFlippedByteInAWeightShardIsRefusedNamingTheFileBytesAndTe
       << "optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 4, microBatchSize: 1,"
       << " learningRate: 5.0e-3, maxSteps: 2, seed: 2}\n";
   for (const auto& [k, v] : env_) setenv(k.c_str(), v.c_str(), 1);
-  auto r = RunProcess({TIDAL_TRAIN_BIN, "--config", dir_.path() + "/job.yaml", "--nproc", "1"},
-                      300s);
+  auto r =
+      RunProcess({TIDAL_TRAIN_BIN, "--config", dir_.path() + "/job.yaml", "--nproc", "1"}, 300s);
   for (const auto& [k, v] : env_) unsetenv(k.c_str());
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("do not match their checksum"), std::string::npos) << r.err;
@@ -191,11 +182,10 @@ TEST_F(ModelLoadTest, TwoRanksTrainFromS3AsFromDiskEachReadingAboutHalf) {
     return dir_.path() + "/" + name;
   };
   for (const auto& [k, v] : env_) setenv(k.c_str(), v.c_str(), 1);
-  auto s3 = RunProcess({TIDAL_TRAIN_BIN, "--config", job("s3://models/v2", "s3.yaml"), "--nproc",
-                        "2"},
-                       300s);
-  auto disk = RunProcess({TIDAL_TRAIN_BIN, "--config", job(local_, "disk.yaml"), "--nproc", "2"},
-                         300s);
+  auto s3 = RunProcess(
+      {TIDAL_TRAIN_BIN, "--config", job("s3://models/v2", "s3.yaml"), "--nproc", "2"}, 300s);
+  auto disk =
+      RunProcess({TIDAL_TRAIN_BIN, "--config", job(local_, "disk.yaml"), "--nproc", "2"}, 300s);
   for (const auto& [k, v] : env_) unsetenv(k.c_str());
   ASSERT_EQ(s3.exit_code, 0) << s3.err;
   ASSERT_EQ(disk.exit_code, 0) << disk.err;
@@ -203,7 +193,8 @@ TEST_F(ModelLoadTest, TwoRanksTrainFromS3AsFromDiskEachReadingAboutHalf) {
     std::vector<double> l;
     std::istringstream in(out);
     for (std::string line; std::getline(in, line);)
-      if (auto j = nlohmann::json::parse(line, nullptr, false); !j.is_discarded() && j.contains("loss"))
+      if (auto j = nlohmann::json::parse(line, nullptr, false);
+          !j.is_discarded() && j.contains("loss"))
         l.push_back(j["loss"].get<double>());
     return l;
   };

@@ -123,8 +123,7 @@ class ObjectStoreModelFiles : public engine::ModelFiles {
   }
   StatusOr<std::string> Read(const std::string& name) override { return store_->Get(name); }
   StatusOr<uint64_t> Size(const std::string& name) override { return store_->Size(name); }
-  Status ReadRange(const std::string& name, uint64_t offset, uint64_t length,
-                   char* dest) override {
+  Status ReadRange(const std::string& name, uint64_t offset, uint64_t length, char* dest) override {
     return store_->GetRangeInto(name, offset, length, dest).WithContext(Describe(name));
   }
 

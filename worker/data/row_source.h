@@ -9,9 +9,9 @@
 #include <span>
 #include <vector>
 
-#include "worker/engine/model_files.h"
 #include "common/status.h"
 #include "worker/data/token_store_manifest.h"
+#include "worker/engine/model_files.h"
 
 namespace tidal::engine {
 struct TrainConfig;
@@ -56,7 +56,8 @@ class DataProvider {
   // s3:// prefixes by range.
   virtual StatusOr<std::unique_ptr<engine::ModelFiles>> OpenModel(const std::string& uri) {
     if (uri.find("://") != std::string::npos)
-      return InvalidArgument("spec.model.uri: " + uri + ": this data provider reads local paths only");
+      return InvalidArgument("spec.model.uri: " + uri +
+                             ": this data provider reads local paths only");
     return engine::LocalModelFiles(uri);
   }
 };

@@ -37,8 +37,8 @@ StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(std::unique_ptr<Model
   // Block checksums, when the directory has them: every read is then verified.
   auto sums = source.Read(ModelChecksums::kFileName);
   if (sums.ok()) {
-    TIDAL_ASSIGN_OR_RETURN(auto parsed, ModelChecksums::FromJson(
-                                            *sums, source.Describe(ModelChecksums::kFileName)));
+    TIDAL_ASSIGN_OR_RETURN(
+        auto parsed, ModelChecksums::FromJson(*sums, source.Describe(ModelChecksums::kFileName)));
     ckpt->checksums_ = std::move(parsed);
   } else if (sums.status().code() != StatusCode::kNotFound) {
     return sums.status();
@@ -54,10 +54,10 @@ StatusOr<std::unique_ptr<HfCheckpoint>> HfCheckpoint::Open(std::unique_ptr<Model
       sum = &it->second;
     }
     // A local directory without checksums is mapped; otherwise files are read by range.
-    auto file = local && !sum ? SafetensorsFile::Open(*local + "/" + name)
-                              : SafetensorsFile::Open(source, name, sum,
-                                                      ckpt->checksums_ ? ckpt->checksums_->block_bytes
-                                                                       : 0);
+    auto file = local && !sum
+                    ? SafetensorsFile::Open(*local + "/" + name)
+                    : SafetensorsFile::Open(source, name, sum,
+                                            ckpt->checksums_ ? ckpt->checksums_->block_bytes : 0);
     if (!file.ok()) return file.status();
     for (const auto& [tensor, entry] : (*file)->entries()) {
       if (ckpt->by_name_.count(tensor))
@@ -118,21 +118,22 @@ StatusOr<torch::Tensor> HfCheckpoint::DequantizedRange(const ParamSpec& spec,
   auto scale_file = by_name_.find(scale_name);
   if (entry.shape.size() != 2 || scale_file == by_name_.end())
     return InvalidArgument(dir_ + ": FP8 tensor \"" + spec.name +
-                           "\" needs a 2-D weight and its \"" + spec.name +
-                           "_scale_inv\"");
+                           "\" needs a 2-D weight and its \"" + spec.name + "_scale_inv\"");
   const int64_t rows = entry.shape[0], cols = entry.shape[1];
-  TIDAL_ASSIGN_OR_RETURN(torch::Tensor scales, scale_file->second->Read(scale_name, torch::kFloat32));
+  TIDAL_ASSIGN_OR_RETURN(torch::Tensor scales,
+                         scale_file->second->Read(scale_name, torch::kFloat32));
   const std::vector<int64_t> grid = {(rows + br - 1) / br, (cols + bc - 1) / bc};
   if (scales.sizes().vec() != grid) {
     std::ostringstream msg;
-    msg << dir_ << ": \"" << scale_name << "\" has shape " << scales.sizes() << ", blocks of "
-        << br << " × " << bc << " over " << rows << " × " << cols << " need " << torch::IntArrayRef(grid);
+    msg << dir_ << ": \"" << scale_name << "\" has shape " << scales.sizes() << ", blocks of " << br
+        << " × " << bc << " over " << rows << " × " << cols << " need " << torch::IntArrayRef(grid);
     return InvalidArgument(msg.str());
   }
   TIDAL_ASSIGN_OR_RETURN(torch::Tensor values,
                          file.ReadFlatRange(spec.name, first, count, torch::kFloat32));
   auto index = torch::arange(first, first + count, torch::kInt64);
-  auto block = index.div(cols, "floor").div(br, "floor") * grid[1] + index.remainder(cols).div(bc, "floor");
+  auto block =
+      index.div(cols, "floor").div(br, "floor") * grid[1] + index.remainder(cols).div(bc, "floor");
   return values * scales.reshape({-1}).index_select(0, block);
 }
 

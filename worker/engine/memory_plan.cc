@@ -82,10 +82,11 @@ MemoryPlan PlanMemory(const ModelConfig& model, const LoraSpec& lora, int zero_s
   int64_t mlp = tokens * model.intermediate_size * 4 * compute_bytes;
   if (model.moe.n_routed_experts > 0) {
     const int64_t routed = tokens * model.moe.num_experts_per_tok;
-    mlp = std::max(mlp, (routed * (h + 4 * model.moe.moe_intermediate_size) +
-                         tokens * model.moe.n_shared_experts * model.moe.moe_intermediate_size * 4) *
-                            compute_bytes +
-                            tokens * model.moe.n_routed_experts * 4 * 2);  // router scores
+    mlp =
+        std::max(mlp, (routed * (h + 4 * model.moe.moe_intermediate_size) +
+                       tokens * model.moe.n_shared_experts * model.moe.moe_intermediate_size * 4) *
+                              compute_bytes +
+                          tokens * model.moe.n_routed_experts * 4 * 2);  // router scores
   }
   const int64_t logits = tokens * model.vocab_size * 4 * 3;
   plan.activation_bytes = saved_inputs + std::max(attention + mlp, logits);

@@ -17,9 +17,20 @@ namespace F = torch::nn::functional;
 // The projections of a decoder layer. The id keys LoRA dropout masks, so the numbering is part
 // of the numerics: do not renumber. Routed expert e's gate/up/down are kExpert + 3e + 0/1/2.
 enum ModuleId : size_t {
-  kQ = 0, kK, kV, kO, kGate, kUp, kDown,  // dense families (and MLA's q_proj, o_proj)
-  kQA, kQB, kKVA, kKVB,                    // MLA
-  kSharedGate, kSharedUp, kSharedDown,     // MoE layers' shared experts
+  kQ = 0,
+  kK,
+  kV,
+  kO,
+  kGate,
+  kUp,
+  kDown,  // dense families (and MLA's q_proj, o_proj)
+  kQA,
+  kQB,
+  kKVA,
+  kKVB,  // MLA
+  kSharedGate,
+  kSharedUp,
+  kSharedDown,  // MoE layers' shared experts
   kExpert,
 };
 
@@ -118,8 +129,8 @@ DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
       add(path + ".weight", {out, in}, {ParamRole::kWeight, id});
       if (bias) add(path + ".bias", {out}, {ParamRole::kBias, id});
       // LoRA reaches what PEFT's target_modules reach: with experts, the attention only.
-      const bool adaptable =
-          !expert && id < kSharedGate && !(c.moe.n_routed_experts > 0 && id >= kGate && id <= kDown);
+      const bool adaptable = !expert && id < kSharedGate &&
+                             !(c.moe.n_routed_experts > 0 && id >= kGate && id <= kDown);
       if (adaptable && targeted(NameOf(id).target)) {
         block.params.push_back({layer + path + ".lora_A.weight", {lora_.rank, in}, true});
         roles.push_back({ParamRole::kLoraA, id});
@@ -311,18 +322,42 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
   for (size_t i = 0; i < p.size(); ++i) {
     const ParamRole& role = roles.at(i);
     switch (role.kind) {
-      case ParamRole::kInputNorm: input_norm = p[i]; break;
-      case ParamRole::kPostNorm: post_norm = p[i]; break;
-      case ParamRole::kQNorm: q_norm = p[i]; break;
-      case ParamRole::kKNorm: k_norm = p[i]; break;
-      case ParamRole::kQANorm: q_a_norm = p[i]; break;
-      case ParamRole::kKVANorm: kv_a_norm = p[i]; break;
-      case ParamRole::kRouter: router = p[i]; break;
-      case ParamRole::kRouterBias: router_bias = p[i]; break;
-      case ParamRole::kWeight: mods[role.module].weight = p[i]; break;
-      case ParamRole::kBias: mods[role.module].bias = p[i]; break;
-      case ParamRole::kLoraA: mods[role.module].lora_a = p[i]; break;
-      case ParamRole::kLoraB: mods[role.module].lora_b = p[i]; break;
+      case ParamRole::kInputNorm:
+        input_norm = p[i];
+        break;
+      case ParamRole::kPostNorm:
+        post_norm = p[i];
+        break;
+      case ParamRole::kQNorm:
+        q_norm = p[i];
+        break;
+      case ParamRole::kKNorm:
+        k_norm = p[i];
+        break;
+      case ParamRole::kQANorm:
+        q_a_norm = p[i];
+        break;
+      case ParamRole::kKVANorm:
+        kv_a_norm = p[i];
+        break;
+      case ParamRole::kRouter:
+        router = p[i];
+        break;
+      case ParamRole::kRouterBias:
+        router_bias = p[i];
+        break;
+      case ParamRole::kWeight:
+        mods[role.module].weight = p[i];
+        break;
+      case ParamRole::kBias:
+        mods[role.module].bias = p[i];
+        break;
+      case ParamRole::kLoraA:
+        mods[role.module].lora_a = p[i];
+        break;
+      case ParamRole::kLoraB:
+        mods[role.module].lora_b = p[i];
+        break;
     }
   }
   auto linear = [&](size_t m, const torch::Tensor& in) {
@@ -354,8 +389,8 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
   if (c.uses_mla()) {
     // Multi-head latent attention (transformers' DeepseekV2Attention / DeepseekV3Attention).
     const MlaConfig& m = c.mla;
-    auto q = m.q_lora_rank == 0 ? linear(kQ, h)
-                                : linear(kQB, RmsNorm(linear(kQA, h), q_a_norm, eps));
+    auto q =
+        m.q_lora_rank == 0 ? linear(kQ, h) : linear(kQB, RmsNorm(linear(kQA, h), q_a_norm, eps));
     q = q.view({batch, seq, heads, m.qk_head_dim()}).transpose(1, 2);
     auto q_nope = q.narrow(-1, 0, m.qk_nope_head_dim);
     auto q_rot = q.narrow(-1, m.qk_nope_head_dim, m.qk_rope_head_dim);
@@ -398,7 +433,8 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
   }
   auto hidden = x + linear(kO, attn);
   auto m = RmsNorm(hidden, post_norm, eps);
-  if (!c.IsMoeLayer(layer)) return hidden + linear(kDown, F::silu(linear(kGate, m)) * linear(kUp, m));
+  if (!c.IsMoeLayer(layer))
+    return hidden + linear(kDown, F::silu(linear(kGate, m)) * linear(kUp, m));
 
   // Mixture of experts: route each token, run every expert once over the tokens it got.
   const MoeConfig& moe = c.moe;
@@ -409,10 +445,11 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
     if (ctx.moe->keep_choices) ctx.moe->choices[layer] = std::get<0>(routing.experts.sort(1));
   }
   // Routed experts carry no adapter (see the constructor): plain weights.
-  auto routed = RunExperts(tokens, routing, moe.n_routed_experts, [&](int64_t e, const torch::Tensor& in) {
-    const size_t id = kExpert + 3 * static_cast<size_t>(e);
-    return ExpertMlp(in, mods.at(id).weight, mods.at(id + 1).weight, mods.at(id + 2).weight);
-  });
+  auto routed =
+      RunExperts(tokens, routing, moe.n_routed_experts, [&](int64_t e, const torch::Tensor& in) {
+        const size_t id = kExpert + 3 * static_cast<size_t>(e);
+        return ExpertMlp(in, mods.at(id).weight, mods.at(id + 1).weight, mods.at(id + 2).weight);
+      });
   auto out = routed.view_as(m);
   if (moe.n_shared_experts > 0)
     out = out + linear(kSharedDown, F::silu(linear(kSharedGate, m)) * linear(kSharedUp, m));

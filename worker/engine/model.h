@@ -2,9 +2,9 @@
 // (q/k/v bias), Qwen3 (per-head q/k RMSNorm) and DeepSeek-V2/V3 (multi-head latent attention,
 // mixture of experts with shared experts and group-limited routing): RMSNorm, RoPE, SwiGLU,
 // grouped-query or latent attention, tied or untied embeddings, with LoRA adapters, written as
-// plain functions over parameter tensors. The model knows nothing of sharding: it declares its parameters in
-// blocks (embedding, one per decoder layer, head) and computes one block from tensors it is
-// handed; worker/engine/zero.h decides where those tensors live (STYLE.md: parallelism is
+// plain functions over parameter tensors. The model knows nothing of sharding: it declares its
+// parameters in blocks (embedding, one per decoder layer, head) and computes one block from tensors
+// it is handed; worker/engine/zero.h decides where those tensors live (STYLE.md: parallelism is
 // applied to a plain model).
 #pragma once
 
@@ -95,9 +95,18 @@ class DecoderModel {
   // What each parameter of a decoder layer block is (layers differ: dense or MoE).
   struct ParamRole {
     enum Kind {
-      kInputNorm, kPostNorm, kQNorm, kKNorm, kQANorm, kKVANorm,  // RMSNorm weights
-      kRouter, kRouterBias,                                     // MoE gate, V3's correction
-      kWeight, kBias, kLoraA, kLoraB                            // of projection `module`
+      kInputNorm,
+      kPostNorm,
+      kQNorm,
+      kKNorm,
+      kQANorm,
+      kKVANorm,  // RMSNorm weights
+      kRouter,
+      kRouterBias,  // MoE gate, V3's correction
+      kWeight,
+      kBias,
+      kLoraA,
+      kLoraB  // of projection `module`
     } kind;
     size_t module = 0;  // a ModuleId (model.cc); also keys LoRA dropout masks
   };

@@ -112,19 +112,18 @@ Status ModelConfig::Validate() const {
     TIDAL_RETURN_IF_ERROR(positive("num_experts_per_tok", moe.num_experts_per_tok));
     TIDAL_RETURN_IF_ERROR(positive("moe_intermediate_size", moe.moe_intermediate_size));
     if (moe.n_shared_experts < 0) return InvalidArgument("n_shared_experts must be >= 0");
-    if (moe.first_k_dense_replace < 0)
-      return InvalidArgument("first_k_dense_replace must be >= 0");
+    if (moe.first_k_dense_replace < 0) return InvalidArgument("first_k_dense_replace must be >= 0");
     if (moe.num_experts_per_tok > moe.n_routed_experts)
       return InvalidArgument("num_experts_per_tok (" + std::to_string(moe.num_experts_per_tok) +
-                             ") exceeds n_routed_experts (" +
-                             std::to_string(moe.n_routed_experts) + ")");
+                             ") exceeds n_routed_experts (" + std::to_string(moe.n_routed_experts) +
+                             ")");
     if (moe.topk_method != "greedy") {
       TIDAL_RETURN_IF_ERROR(positive("n_group", moe.n_group));
       TIDAL_RETURN_IF_ERROR(positive("topk_group", moe.topk_group));
       if (moe.n_routed_experts % moe.n_group != 0)
         return InvalidArgument("n_routed_experts (" + std::to_string(moe.n_routed_experts) +
-                               ") must be a multiple of n_group (" +
-                               std::to_string(moe.n_group) + ")");
+                               ") must be a multiple of n_group (" + std::to_string(moe.n_group) +
+                               ")");
       if (moe.topk_group > moe.n_group)
         return InvalidArgument("topk_group (" + std::to_string(moe.topk_group) +
                                ") exceeds n_group (" + std::to_string(moe.n_group) + ")");
@@ -370,7 +369,8 @@ Status ParseQuantization(const nlohmann::json& json, ModelConfig& c) {
   const std::string where = "config.json: quantization_config";
   if (!q.is_object()) return InvalidArgument(where + " must be an object");
   if (q.value("quant_method", "") != "fp8")
-    return InvalidArgument(where + ".quant_method " + q.value("quant_method", nlohmann::json()).dump() +
+    return InvalidArgument(where + ".quant_method " +
+                           q.value("quant_method", nlohmann::json()).dump() +
                            " is not supported (only \"fp8\": block-scaled FP8 weights, "
                            "dequantized on load)");
   c.fp8_block_rows = c.fp8_block_cols = 128;
@@ -379,8 +379,8 @@ Status ParseQuantization(const nlohmann::json& json, ModelConfig& c) {
     if (key == "fmt" && value == "e4m3") continue;
     if (key == "activation_scheme" && value == "dynamic") continue;  // inference-only
     if (key == "weight_block_size" && value.is_array() && value.size() == 2 &&
-        value[0].is_number_integer() && value[1].is_number_integer() && value[0].get<int64_t>() > 0 &&
-        value[1].get<int64_t>() > 0) {
+        value[0].is_number_integer() && value[1].is_number_integer() &&
+        value[0].get<int64_t>() > 0 && value[1].get<int64_t>() > 0) {
       c.fp8_block_rows = value[0].get<int64_t>();
       c.fp8_block_cols = value[1].get<int64_t>();
       continue;
@@ -453,15 +453,16 @@ Status ParseDeepseek(const nlohmann::json& json, ModelConfig& c) {
     return json[key].is_string() ? json[key].get<std::string>() : json[key].dump();
   };
   if (auto method = string_key("topk_method")) {
-    const bool known = v3 ? *method == "noaux_tc"
-                          : (*method == "greedy" || *method == "group_limited_greedy");
+    const bool known =
+        v3 ? *method == "noaux_tc" : (*method == "greedy" || *method == "group_limited_greedy");
     if (!known)
-      return InvalidArgument(where("topk_method") + " \"" + *method + "\" is not supported for " +
-                             c.model_type + " (supported: " +
-                             (v3 ? "noaux_tc" : "greedy, group_limited_greedy") + ")");
+      return InvalidArgument(
+          where("topk_method") + " \"" + *method + "\" is not supported for " + c.model_type +
+          " (supported: " + (v3 ? "noaux_tc" : "greedy, group_limited_greedy") + ")");
     moe.topk_method = *method;
   }
-  if (auto scoring = string_key("scoring_func"); scoring && *scoring != (v3 ? "sigmoid" : "softmax"))
+  if (auto scoring = string_key("scoring_func");
+      scoring && *scoring != (v3 ? "sigmoid" : "softmax"))
     return InvalidArgument(where("scoring_func") + " \"" + *scoring + "\" is not supported for " +
                            c.model_type + " (supported: " + (v3 ? "sigmoid" : "softmax") + ")");
   if (!v3 && moe.norm_topk_prob)
@@ -601,9 +602,14 @@ StatusOr<ModelConfig> ModelConfigFromHfJson(const nlohmann::json& json) {
 }
 
 std::vector<std::string> PresetNames() {
-  return {
-      "tiny",          "small",           "1b", "7b", "r1-distill-qwen-7b", "r1-distill-llama-8b",
-      "r1-0528-qwen3-8b", "deepseek-v2-lite"};
+  return {"tiny",
+          "small",
+          "1b",
+          "7b",
+          "r1-distill-qwen-7b",
+          "r1-distill-llama-8b",
+          "r1-0528-qwen3-8b",
+          "deepseek-v2-lite"};
 }
 
 StatusOr<ModelConfig> PresetModelConfig(const std::string& name) {

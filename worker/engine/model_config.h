@@ -76,7 +76,7 @@ struct ModelConfig {
   // gate/up/down (Llama's mlp_bias).
   bool qkv_bias = false, o_bias = false, mlp_bias = false;
   bool qk_norm = false;  // Qwen3: RMSNorm over head_dim on q and k, before RoPE
-  MlaConfig mla;          // deepseek_v2 / deepseek_v3
+  MlaConfig mla;         // deepseek_v2 / deepseek_v3
   MoeConfig moe;
   // quantization_config {quant_method: fp8, weight_block_size: [rows, cols]} (DeepSeek-V3/R1):
   // FP8 weights with a weight_scale_inv per block, dequantized on load. 0: not quantized.

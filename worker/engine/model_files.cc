@@ -35,8 +35,7 @@ class LocalFiles : public ModelFiles {
       return NotFound(Describe(name) + ": " + std::strerror(errno));
     return static_cast<uint64_t>(st.st_size);
   }
-  Status ReadRange(const std::string& name, uint64_t offset, uint64_t length,
-                   char* dest) override {
+  Status ReadRange(const std::string& name, uint64_t offset, uint64_t length, char* dest) override {
     const std::string path = Describe(name);
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return NotFound(path + ": " + std::strerror(errno));
@@ -81,9 +80,8 @@ std::string ModelChecksums::ToJson() const {
     for (uint64_t h : file.blocks) blocks.push_back(Hex(h));
     list[name] = {{"size", file.size}, {"xxh3", blocks}};
   }
-  return nlohmann::json{{"format", "tidal-model-checksums/v1"},
-                        {"blockBytes", block_bytes},
-                        {"files", list}}
+  return nlohmann::json{
+      {"format", "tidal-model-checksums/v1"}, {"blockBytes", block_bytes}, {"files", list}}
       .dump(1);
 }
 
@@ -108,9 +106,9 @@ StatusOr<ModelChecksums> ModelChecksums::FromJson(std::string_view text, const s
     file.size = f["size"].get<uint64_t>();
     const uint64_t expected = (file.size + out.block_bytes - 1) / out.block_bytes;
     if (f["xxh3"].size() != expected)
-      return DataLoss(field + ".xxh3: " + std::to_string(f["xxh3"].size()) +
-                      " hashes, a file of " + std::to_string(file.size) + " bytes has " +
-                      std::to_string(expected) + " blocks");
+      return DataLoss(field + ".xxh3: " + std::to_string(f["xxh3"].size()) + " hashes, a file of " +
+                      std::to_string(file.size) + " bytes has " + std::to_string(expected) +
+                      " blocks");
     for (const auto& h : f["xxh3"]) {
       if (!h.is_string() || h.get<std::string>().size() != 16)
         return DataLoss(field + ".xxh3: hashes are 16 hex digits");

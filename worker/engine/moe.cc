@@ -45,8 +45,8 @@ MoeRouting RouteTokens(const MoeConfig& moe, const torch::Tensor& tokens,
   return out;
 }
 
-torch::Tensor RunExperts(const torch::Tensor& tokens, const MoeRouting& routing,
-                         int64_t n_experts, const ExpertFn& expert) {
+torch::Tensor RunExperts(const torch::Tensor& tokens, const MoeRouting& routing, int64_t n_experts,
+                         const ExpertFn& expert) {
   const int64_t k = routing.experts.size(1);
   torch::Tensor order, token_of;
   {

@@ -31,8 +31,8 @@ MoeRouting RouteTokens(const MoeConfig& moe, const torch::Tensor& tokens,
 // Σ_k weight · expert(token) per token: copies of the tokens sorted by expert, `expert(e, x)`
 // run once per expert that received any, the results weighted and added back per token.
 using ExpertFn = std::function<torch::Tensor(int64_t expert, const torch::Tensor& tokens)>;
-torch::Tensor RunExperts(const torch::Tensor& tokens, const MoeRouting& routing,
-                         int64_t n_experts, const ExpertFn& expert);
+torch::Tensor RunExperts(const torch::Tensor& tokens, const MoeRouting& routing, int64_t n_experts,
+                         const ExpertFn& expert);
 
 // One expert's SwiGLU, down(silu(gate(x)) · up(x)). When gate and up lie back to back in memory
 // (as ZeRO's flat block layout puts them) and are frozen, they are one [2·inter, hidden] matrix

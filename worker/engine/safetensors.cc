@@ -29,11 +29,18 @@ int64_t SafetensorsEntry::numel() const {
 
 namespace {
 // The dtypes of the safetensors format the engine reads and writes.
-constexpr std::pair<const char*, torch::ScalarType> kDtypes[] = {
-    {"F32", torch::kFloat32}, {"F16", torch::kFloat16}, {"BF16", torch::kBFloat16},
-    {"F64", torch::kFloat64}, {"I64", torch::kInt64},   {"I32", torch::kInt32},
-    {"I16", torch::kInt16},   {"I8", torch::kInt8},     {"U8", torch::kUInt8},
-    {"BOOL", torch::kBool},   {"F8_E4M3", torch::kFloat8_e4m3fn}, {"F8_E5M2", torch::kFloat8_e5m2}};
+constexpr std::pair<const char*, torch::ScalarType> kDtypes[] = {{"F32", torch::kFloat32},
+                                                                 {"F16", torch::kFloat16},
+                                                                 {"BF16", torch::kBFloat16},
+                                                                 {"F64", torch::kFloat64},
+                                                                 {"I64", torch::kInt64},
+                                                                 {"I32", torch::kInt32},
+                                                                 {"I16", torch::kInt16},
+                                                                 {"I8", torch::kInt8},
+                                                                 {"U8", torch::kUInt8},
+                                                                 {"BOOL", torch::kBool},
+                                                                 {"F8_E4M3", torch::kFloat8_e4m3fn},
+                                                                 {"F8_E5M2", torch::kFloat8_e5m2}};
 }  // namespace
 
 StatusOr<torch::ScalarType> ScalarTypeFromSafetensors(const std::string& dtype) {
@@ -76,9 +83,9 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
     return DataLoss(path + ": header length " + std::to_string(header_len) +
                     " exceeds the file size (truncated or not a safetensors file)");
   file->data_ = bytes + 8 + header_len;
-  TIDAL_RETURN_IF_ERROR(file->ParseHeader(std::string_view(reinterpret_cast<const char*>(bytes + 8),
-                                                           header_len),
-                                          file->size_ - 8 - header_len));
+  TIDAL_RETURN_IF_ERROR(
+      file->ParseHeader(std::string_view(reinterpret_cast<const char*>(bytes + 8), header_len),
+                        file->size_ - 8 - header_len));
   return file;
 }
 

@@ -66,7 +66,8 @@ class TrainerSession final : public Session {
     trainer_options.max_steps = options.max_steps;
     TIDAL_ASSIGN_OR_RETURN(trainer_options.data, OpenData(config, options, *comm));
     if (!config.model.uri.empty()) {
-      TIDAL_ASSIGN_OR_RETURN(trainer_options.model_files, options.data->OpenModel(config.model.uri));
+      TIDAL_ASSIGN_OR_RETURN(trainer_options.model_files,
+                             options.data->OpenModel(config.model.uri));
     }
     if (cuda) {
       // A pod's worker: 0, the GPU the container runtime gave it (CUDA_VISIBLE_DEVICES);

@@ -20,8 +20,9 @@ using spec::Section;
 // Every projection some supported family has, in PEFT's names; CheckLoraFitsModel then
 // refuses one the model at hand does not have.
 const std::set<std::string> kTargetModules = {
-    "q_proj",   "k_proj",  "v_proj",    "o_proj",   "gate_proj",          "up_proj",
-    "down_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"};
+    "q_proj",   "k_proj",    "v_proj",   "o_proj",   "gate_proj",
+    "up_proj",  "down_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+    "kv_b_proj"};
 // Sections of a TrainingJob spec that other components own (DESIGN.md §2).
 const std::set<std::string> kForeignSections = {"elastic",       "checkpoint", "anomaly",
                                                 "restartPolicy", "suspend",    "worker"};
@@ -69,9 +70,11 @@ Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model) {
     if (shapes.empty() && model.moe.n_routed_experts > 0 &&
         (m == "gate_proj" || m == "up_proj" || m == "down_proj"))
       return InvalidArgument(
-          "spec.lora.targetModules: " + m + " is not supported on a mixture-of-experts model "
+          "spec.lora.targetModules: " + m +
+          " is not supported on a mixture-of-experts model "
           "yet (PEFT maps it to the routed experts' fused parameters, which the engine does not "
-          "adapt); target the attention projections: " + [&] {
+          "adapt); target the attention projections: " +
+          [&] {
             std::string has;
             for (const auto& t : model.LoraTargets()) has += (has.empty() ? "" : ", ") + t;
             return has;
@@ -84,11 +87,11 @@ Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model) {
     }
     for (const auto& [out, in] : shapes)
       if (lora.rank > std::min(out, in))
-        return InvalidArgument("spec.lora.rank: " + std::to_string(lora.rank) +
-                               " exceeds the smaller side of " + m + " (" + std::to_string(out) +
-                               " × " + std::to_string(in) + ") in this model; use a rank <= " +
-                               std::to_string(std::min(out, in)) + " or leave " + m +
-                               " out of targetModules");
+        return InvalidArgument(
+            "spec.lora.rank: " + std::to_string(lora.rank) + " exceeds the smaller side of " + m +
+            " (" + std::to_string(out) + " × " + std::to_string(in) +
+            ") in this model; use a rank <= " + std::to_string(std::min(out, in)) + " or leave " +
+            m + " out of targetModules");
   }
   return OkStatus();
 }

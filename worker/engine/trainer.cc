@@ -86,12 +86,13 @@ Status Trainer::Initialize() {
   if (hf) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-    LogInfo("model loaded", {{"model", config_.model.uri},
-                             {"bytes_read", hf->BytesRead()},
-                             {"verified", hf->verified()},
-                             {"seconds", seconds},
-                             {"mb_per_s", std::round(hf->BytesRead() / 1e6 / std::max(seconds, 1e-9))},
-                             {"resident_param_bytes", params_->ResidentParameterBytes()}});
+    LogInfo("model loaded",
+            {{"model", config_.model.uri},
+             {"bytes_read", hf->BytesRead()},
+             {"verified", hf->verified()},
+             {"seconds", seconds},
+             {"mb_per_s", std::round(hf->BytesRead() / 1e6 / std::max(seconds, 1e-9))},
+             {"resident_param_bytes", params_->ResidentParameterBytes()}});
   }
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
   LogInfo("engine ready", {{"model_type", model_config.model_type},

@@ -249,7 +249,9 @@ TEST(ModelConfigTest, DeepseekConfigsAreReadAndUnsupportedRoutingIsRefusedByName
   EXPECT_EQ(v3->notes.size(), 1u);  // the multi-token-prediction layers are not loaded
 
   const std::vector<std::tuple<nlohmann::json, nlohmann::json, std::string>> refused = {
-      {lite, {{"topk_method", "noaux_tc"}}, "topk_method \"noaux_tc\" is not supported for deepseek_v2"},
+      {lite,
+       {{"topk_method", "noaux_tc"}},
+       "topk_method \"noaux_tc\" is not supported for deepseek_v2"},
       {lite, {{"scoring_func", "sigmoid"}}, "scoring_func \"sigmoid\""},
       {lite, {{"norm_topk_prob", true}}, "norm_topk_prob true is not supported for deepseek_v2"},
       {lite, {{"moe_layer_freq", 2}}, "moe_layer_freq 2"},
@@ -259,7 +261,9 @@ TEST(ModelConfigTest, DeepseekConfigsAreReadAndUnsupportedRoutingIsRefusedByName
       {lite, {{"num_experts_per_tok", 65}}, "num_experts_per_tok (65) exceeds n_routed_experts"},
       {lite, {{"topk_method", "group_limited_greedy"}, {"n_group", 7}}, "multiple of n_group (7)"},
       {lite, {{"rope_scaling", {{"type", "dynamic"}, {"factor", 2}}}}, "rope_type \"dynamic\""},
-      {v3_json, {{"topk_method", "greedy"}}, "topk_method \"greedy\" is not supported for deepseek_v3"},
+      {v3_json,
+       {{"topk_method", "greedy"}},
+       "topk_method \"greedy\" is not supported for deepseek_v3"},
       {v3_json, {{"scoring_func", "softmax"}}, "scoring_func \"softmax\""},
       {v3_json, {{"n_group", 64}, {"topk_group", 4}}, "at least 2 experts per group"},
       {v3_json,
@@ -449,7 +453,8 @@ TEST(MemoryPlanTest, BlockCountsAreTheModelsBlocksForEveryFamily) {
     int64_t total = 0;
     for (size_t b = 0; b < counts.size(); ++b) {
       int64_t frozen = 0, trainable = 0;
-      for (const ParamSpec& p : model.blocks()[b].params) (p.trainable ? trainable : frozen) += p.numel();
+      for (const ParamSpec& p : model.blocks()[b].params)
+        (p.trainable ? trainable : frozen) += p.numel();
       EXPECT_EQ(counts[b].frozen, frozen) << config.model_type << " block " << b;
       EXPECT_EQ(counts[b].trainable, trainable) << config.model_type << " block " << b;
       total += frozen;
@@ -484,7 +489,8 @@ TEST(Fp8Test, PartialBlocksDequantizeWithTheirOwnScaleOverAnyRange) {
   named.emplace_back(q + "_scale_inv", scales);
   ASSERT_TRUE(WriteHfDirectory(dir.path(), config, named, 1 << 30).ok());
   auto json = nlohmann::json::parse(std::ifstream(dir.path() + "/config.json"));
-  json["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"},
+  json["quantization_config"] = {{"quant_method", "fp8"},
+                                 {"fmt", "e4m3"},
                                  {"activation_scheme", "dynamic"},
                                  {"weight_block_size", {128, 128}}};
   std::ofstream(dir.path() + "/config.json") << json.dump();
@@ -496,10 +502,13 @@ TEST(Fp8Test, PartialBlocksDequantizeWithTheirOwnScaleOverAnyRange) {
   for (const auto& p : model.blocks()[1].params)
     if (p.name == q) spec = &p;
   ASSERT_NE(spec, nullptr);
-  const auto expected = (fp8.to(torch::kFloat32) *
-                         scales.repeat_interleave(128, 0).repeat_interleave(128, 1).narrow(0, 0, 192).narrow(1, 0, 192))
-                            .reshape({-1});
-  for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 192 * 192}, {127 * 192 + 100, 500},
+  const auto expected =
+      (fp8.to(torch::kFloat32) *
+       scales.repeat_interleave(128, 0).repeat_interleave(128, 1).narrow(0, 0, 192).narrow(1, 0,
+                                                                                           192))
+          .reshape({-1});
+  for (auto [first, count] : {std::pair<int64_t, int64_t>{0, 192 * 192},
+                              {127 * 192 + 100, 500},
                               {150 * 192 + 130, 7000}}) {
     auto got = reader(*spec, first, count);
     ASSERT_TRUE(got.ok()) << got.status().message();

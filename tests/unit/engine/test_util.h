@@ -14,6 +14,22 @@
 
 namespace tidal::engine::testing {
 
+// A base model of `config` with random weights — norms and biases moved away from 1 and 0 so
+// that they count — in HF names, for WriteHfDirectory.
+inline std::vector<std::pair<std::string, torch::Tensor>> RandomBaseWeights(
+    const ModelConfig& config) {
+  DecoderModel plain(config, LoraSpec{.target_modules = {}});
+  torch::manual_seed(3);
+  std::vector<std::pair<std::string, torch::Tensor>> weights;
+  for (const BlockSpec& block : plain.blocks())
+    for (const ParamSpec& p : block.params) {
+      torch::Tensor t = plain.InitialValue(p, 17);
+      if (p.shape.size() == 1) t = t + 0.1 * torch::randn(p.shape);
+      weights.emplace_back(p.name, t);
+    }
+  return weights;
+}
+
 inline std::string SampleData() {
   return std::string(TIDAL_SOURCE_DIR) + "/examples/data/sample.jsonl";
 }
