@@ -137,16 +137,12 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
   ASSERT_EQ(plan.exit_code, 0) << plan.err;
   const auto planned = nlohmann::json::parse(plan.out);
   EXPECT_EQ(planned["params_total"], config.BaseParameterCount());
-  int ranks = 0;
-  std::istringstream err(two.err);
-  for (std::string line; std::getline(err, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || j.value("msg", "") != "engine ready") continue;
-    ++ranks;
-    EXPECT_EQ(j["resident_param_bytes"], planned["per_rank_bytes"]["resident_params"]) << line;
-    EXPECT_EQ(j["params_trainable"], planned["params_trainable"]) << line;
+  const auto ready = testing::JsonLines(two.err, "engine ready");
+  EXPECT_EQ(ready.size(), 2u) << two.err;
+  for (const auto& j : ready) {
+    EXPECT_EQ(j["resident_param_bytes"], planned["per_rank_bytes"]["resident_params"]) << j;
+    EXPECT_EQ(j["params_trainable"], planned["params_trainable"]) << j;
   }
-  EXPECT_EQ(ranks, 2) << two.err;
   const std::vector<double> a = Losses(one.out), b = Losses(two.out);
   ASSERT_EQ(a.size(), 5u) << one.out;
   ASSERT_EQ(b.size(), a.size()) << two.out;

@@ -53,7 +53,8 @@ class ModelLoadTest : public ::testing::Test {
     s3_ = *s3;
     // The directory on disk, as transformers would shard it (~0.4 MB shards).
     local_ = dir_.path() + "/model";
-    ASSERT_TRUE(WriteHfDirectory(local_, config_, testing::RandomBaseWeights(config_), 400'000).ok());
+    ASSERT_TRUE(
+        WriteHfDirectory(local_, config_, testing::RandomBaseWeights(config_), 400'000).ok());
   }
 
   // tidal-prep --checksum-model on the local copy, then every file up to s3://models/<name>.
@@ -73,6 +74,14 @@ class ModelLoadTest : public ::testing::Test {
       bytes << in.rdbuf();
       ASSERT_TRUE((*store)->Put(entry.path().filename().string(), bytes.str()).ok());
     }
+  }
+
+  // The bytes of the local copy's safetensors shards.
+  uint64_t WeightBytes() const {
+    uint64_t bytes = 0;
+    for (const auto& e : fs::directory_iterator(local_))
+      if (e.path().extension() == ".safetensors") bytes += fs::file_size(e.path());
+    return bytes;
   }
 
   StatusOr<std::unique_ptr<HfCheckpoint>> OpenOnS3(const std::string& name) {
@@ -112,9 +121,7 @@ TEST_F(ModelLoadTest, AModelOnS3GivesTheLogitsOfTheSameDirectoryOnDiskVerifiedBy
   ASSERT_TRUE(actual.ok()) << actual.status().message();
   EXPECT_TRUE(torch::equal(*actual, *expected));
   // Every weight byte was fetched once, give or take the checksum blocks at tensor edges.
-  uint64_t weights = 0;
-  for (const auto& e : fs::directory_iterator(local_))
-    if (e.path().extension() == ".safetensors") weights += fs::file_size(e.path());
+  const uint64_t weights = WeightBytes();
   EXPECT_GE((*on_s3)->BytesRead(), weights * 9 / 10);
   EXPECT_LE((*on_s3)->BytesRead(), weights * 2);
 }
@@ -189,32 +196,22 @@ TEST_F(ModelLoadTest, TwoRanksTrainFromS3AsFromDiskEachReadingAboutHalf) {
   for (const auto& [k, v] : env_) unsetenv(k.c_str());
   ASSERT_EQ(s3.exit_code, 0) << s3.err;
   ASSERT_EQ(disk.exit_code, 0) << disk.err;
-  auto losses = [](const std::string& out) {
+  const auto losses = [](const std::string& out) {
     std::vector<double> l;
-    std::istringstream in(out);
-    for (std::string line; std::getline(in, line);)
-      if (auto j = nlohmann::json::parse(line, nullptr, false);
-          !j.is_discarded() && j.contains("loss"))
-        l.push_back(j["loss"].get<double>());
+    for (const auto& j : testing::JsonLines(out, "")) l.push_back(j["loss"].get<double>());
     return l;
   };
   EXPECT_EQ(losses(s3.out), losses(disk.out));
   ASSERT_EQ(losses(s3.out).size(), 3u);
-  uint64_t weights = 0;
-  for (const auto& e : fs::directory_iterator(local_))
-    if (e.path().extension() == ".safetensors") weights += fs::file_size(e.path());
-  int ranks = 0;
-  std::istringstream err(s3.err);
-  for (std::string line; std::getline(err, line);) {
-    auto j = nlohmann::json::parse(line, nullptr, false);
-    if (j.is_discarded() || j.value("msg", "") != "model loaded") continue;
-    ++ranks;
-    EXPECT_TRUE(j["verified"].get<bool>()) << line;
+  const uint64_t weights = WeightBytes();
+  const auto loaded = testing::JsonLines(s3.err, "model loaded");
+  EXPECT_EQ(loaded.size(), 2u) << s3.err;
+  for (const auto& j : loaded) {
+    EXPECT_TRUE(j["verified"].get<bool>()) << j;
     const auto read = j["bytes_read"].get<uint64_t>();
-    EXPECT_GT(read, weights / 4) << line;
-    EXPECT_LT(read, weights * 3 / 4) << line;  // about half, not the whole model
+    EXPECT_GT(read, weights / 4) << j;
+    EXPECT_LT(read, weights * 3 / 4) << j;  // about half, not the whole model
   }
-  EXPECT_EQ(ranks, 2) << s3.err;
 }
 
 }  // namespace

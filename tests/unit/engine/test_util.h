@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -28,6 +29,19 @@ inline std::vector<std::pair<std::string, torch::Tensor>> RandomBaseWeights(
       weights.emplace_back(p.name, t);
     }
   return weights;
+}
+
+// The JSON log lines of a process's output whose "msg" is `msg` (e.g. each rank's "engine
+// ready"), or, with `msg` empty, its step lines (those with a "loss").
+inline std::vector<nlohmann::json> JsonLines(const std::string& text, const std::string& msg) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) continue;
+    if (msg.empty() ? j.contains("loss") : j.value("msg", "") == msg) lines.push_back(j);
+  }
+  return lines;
 }
 
 inline std::string SampleData() {
