@@ -79,7 +79,14 @@ TEST_P(HfOracleTest, LogitsLossAndLoraGradientsEqualTransformersWithPeft) {
   lora.rank = adapter_config_.at("r").get<int64_t>();
   lora.alpha = adapter_config_.at("lora_alpha").get<double>();
   lora.dropout = 0;
-  lora.target_modules = adapter_config_.at("target_modules").get<std::vector<std::string>>();
+  if (adapter_config_.at("target_modules").is_array())
+    lora.target_modules = adapter_config_.at("target_modules").get<std::vector<std::string>>();
+  // A MoE model's expert targets, which PEFT turned into its fused target_parameters.
+  const nlohmann::json& parameters = adapter_config_.at("target_parameters");
+  for (const auto& p : parameters.is_array() ? parameters : nlohmann::json::array()) {
+    if (p == "gate_up_proj") lora.target_modules.insert(lora.target_modules.end(), {"gate_proj", "up_proj"});
+    if (p == "down_proj") lora.target_modules.push_back("down_proj");
+  }
   DecoderModel model((*hf)->config(), lora);
   auto comm = MakeSingleRankComm();
   ShardedParameters params(model, *comm, {stage, torch::kCPU, torch::kFloat32});
@@ -92,7 +99,8 @@ TEST_P(HfOracleTest, LogitsLossAndLoraGradientsEqualTransformersWithPeft) {
                   .Load([&](const ParamSpec& spec, int64_t first,
                             int64_t count) -> StatusOr<torch::Tensor> {
                     if (!spec.trainable) return base(spec, first, count);
-                    const std::string peft = checkpoint::PeftTensorName(spec.name);
+                    const std::string peft =
+                        checkpoint::PeftTensorName(spec.name, lora.target_modules);
                     used.insert(peft);
                     return adapter_->ReadFlatRange(peft, first, count, torch::kFloat32);
                   })
@@ -140,7 +148,9 @@ TEST_P(HfOracleTest, LogitsLossAndLoraGradientsEqualTransformersWithPeft) {
     const torch::Tensor& flat = grad_by_key[block.key];
     for (const auto& p : block.params) {
       auto actual = flat.narrow(0, p.offset - block.optimizer_lo, p.numel).view(p.shape);
-      auto expected = Expected("grad." + p.name);
+      // peft_case.py names a gradient by PEFT's key less "base_model.model.".
+      const std::string key = checkpoint::PeftTensorName(p.name, lora.target_modules);
+      auto expected = Expected("grad." + key.substr(std::string("base_model.model.").size()));
       ASSERT_TRUE(expected.defined()) << p.name;
       EXPECT_LE(RelativeError(actual, expected), 1e-4) << p.name;
       ++compared;
@@ -213,9 +223,11 @@ const OracleCase kCases[] = {
     {"Qwen3Bias", R"({"family": "qwen3", "attention_bias": true, "tie": true, "seed": 11})"},
     // DeepSeek-V2-Lite's design: no q latent, greedy softmax routing over 8 experts (2 per
     // token) + 2 shared from layer 1 on, yarn RoPE whose mscale_all_dim scales the softmax.
+    // gate/up/down_proj: PEFT adapts the routed experts' fused parameters (gate_up at rank 2r).
     {"DeepseekV2LiteGreedy",
      R"({"family": "deepseek_v2", "kv_heads": 4, "layers": 3, "seed": 12,
-         "targets": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+         "targets": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj",
+                     "up_proj", "down_proj"],
          "rope": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
                   "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1},
          "deepseek": {"q_lora_rank": null, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
@@ -226,7 +238,8 @@ const OracleCase kCases[] = {
     {"DeepseekV2GroupLimited",
      R"({"family": "deepseek_v2", "kv_heads": 4, "tie": true, "attention_bias": true,
          "mlp_bias": true, "seed": 13,
-         "targets": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+         "targets": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+                     "gate_proj", "up_proj"],
          "deepseek": {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
                       "qk_rope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 8,
                       "num_experts_per_tok": 3, "n_shared_experts": 1,
@@ -237,7 +250,8 @@ const OracleCase kCases[] = {
     // renormalised weights scaled by 2.5.
     {"DeepseekV3NoauxTc",
      R"({"family": "deepseek_v3", "kv_heads": 4, "layers": 3, "seed": 14,
-         "targets": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"],
+         "targets": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+                     "down_proj"],
          "deepseek": {"q_lora_rank": 24, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
                       "qk_rope_head_dim": 8, "v_head_dim": 12, "n_routed_experts": 8,
                       "num_experts_per_tok": 2, "n_shared_experts": 1,

@@ -97,12 +97,12 @@ StatusOr<MergeReport> ExportMerged(Repository& repo, std::optional<int64_t> step
         named.emplace_back(p.name, t.reshape(p.shape).to(torch::kFloat32));
       }
     }
-    for (auto& [name, tensor] : engine::MergeLora(named, lora)) {
-      const size_t dot = name.rfind('.');  // "<module>.weight" → "<module>.lora_A.weight"
-      report.merged += adapter_by_name.count(name.substr(0, dot) + ".lora_A.weight");
+    std::vector<std::string> adapted;
+    for (auto& [name, tensor] : engine::MergeLora(named, lora, &adapted)) {
       report.bytes += static_cast<uint64_t>(tensor.numel()) * torch::elementSize(dtype);
       merged.emplace_back(name, tensor.to(dtype));
     }
+    report.merged += static_cast<int64_t>(adapted.size());
   }
   if (adapters_used != adapter.size())
     return FailedPrecondition(StepDirectory(manifest.step) + ": " +

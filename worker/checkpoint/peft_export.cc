@@ -28,6 +28,20 @@ std::string TargetModule(const std::string& name, size_t suffix_size) {
   return dot == std::string::npos ? module : module.substr(dot + 1);
 }
 
+bool Targets(const AdapterInfo& info, const std::string& module) {
+  return std::find(info.target_modules.begin(), info.target_modules.end(), module) !=
+         info.target_modules.end();
+}
+
+// The routed experts' fused adapters: "<layer>.mlp.experts.<gate_up_proj|down_proj>.lora_*".
+constexpr char kExperts[] = ".mlp.experts.";
+bool IsExpertsAdapter(const std::string& name) {
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos) return false;
+  const std::string rest = name.substr(at + sizeof(kExperts) - 1);
+  return rest.rfind("gate_up_proj.lora_", 0) == 0 || rest.rfind("down_proj.lora_", 0) == 0;
+}
+
 }  // namespace
 
 json AdapterInfoJson(const AdapterInfo& info) {
@@ -39,6 +53,7 @@ json AdapterInfoJson(const AdapterInfo& info) {
           {"loraAlpha", info.alpha},
           {"loraDropout", info.dropout},
           {"targetModules", info.target_modules},
+          {"routedExperts", info.routed_experts},
           {"baseModel", std::move(base)}};
 }
 
@@ -74,6 +89,11 @@ StatusOr<AdapterInfo> AdapterInfoFromTrainerState(const json& state) {
       return InvalidArgument(where + ".targetModules: expected non-empty strings");
     info.target_modules.push_back(t.get<std::string>());
   }
+  if (const json* experts = field("routedExperts")) {  // absent before MoE adapters: dense
+    if (!experts->is_number_integer() || experts->get<int64_t>() < 0)
+      return InvalidArgument(where + ".routedExperts: expected a non-negative integer");
+    info.routed_experts = experts->get<int64_t>();
+  }
   const json* base = field("baseModel");
   if (!base || !base->is_object())
     return InvalidArgument(where + ".baseModel: expected an object with uri or preset");
@@ -103,15 +123,24 @@ StatusOr<std::vector<NamedTensor>> ReadAdapterTensors(Repository& repo, const Ma
       return FailedPrecondition(where + t.name +
                                 ": not a LoRA weight; PEFT export covers LoRA adapters only");
     const std::string module = TargetModule(t.name, a ? sizeof(kLoraA) - 1 : sizeof(kLoraB) - 1);
-    if (std::find(info.target_modules.begin(), info.target_modules.end(), module) ==
-        info.target_modules.end())
+    // The routed experts' gate_up_proj adapter stands for gate_proj and up_proj, at rank 2r
+    // per expert; their down_proj at r per expert.
+    const bool experts = info.routed_experts > 0 && IsExpertsAdapter(t.name);
+    const bool gate_up = experts && module == "gate_up_proj";
+    const bool targeted = gate_up ? Targets(info, "gate_proj") && Targets(info, "up_proj")
+                                  : Targets(info, module);
+    if (!targeted)
       return FailedPrecondition(where + t.name + ": module \"" + module +
                                 "\" is not among the adapter's target modules");
-    const bool shaped = t.shape.size() == 2 && t.shape[a ? 0 : 1] == info.rank;
+    const int64_t rank = info.rank * (gate_up ? 2 : 1) * (experts ? info.routed_experts : 1);
+    const bool shaped = t.shape.size() == 2 && t.shape[a ? 0 : 1] == rank;
     if (!shaped)
-      return FailedPrecondition(where + t.name + ": expected a 2-D " +
-                                (a ? "[r, in_features]" : "[out_features, r]") +
-                                " tensor with r = " + std::to_string(info.rank));
+      return FailedPrecondition(
+          where + t.name + ": expected a 2-D " + (a ? "[r, in_features]" : "[out_features, r]") +
+          " tensor with r = " + std::to_string(rank) +
+          (experts ? " (rank " + std::to_string(info.rank) + (gate_up ? " × 2" : "") + " × " +
+                         std::to_string(info.routed_experts) + " routed experts)"
+                   : ""));
     halves[t.name.substr(0, t.name.size() - sizeof(kLoraA) + 1)] += a ? 1 : 2;
     TIDAL_ASSIGN_OR_RETURN(std::string bytes, repo.ReadTensor(manifest, t.name, 0, t.numel()));
     out.push_back({t.name, t.dtype, t.shape, std::move(bytes)});
@@ -124,7 +153,20 @@ StatusOr<std::vector<NamedTensor>> ReadAdapterTensors(Repository& repo, const Ma
   return out;  // manifest tensors are sorted by name
 }
 
-std::string PeftTensorName(const std::string& name) { return "base_model.model." + name; }
+std::string PeftTensorName(const std::string& name,
+                           const std::vector<std::string>& target_modules) {
+  const std::string prefix = "base_model.model.";
+  const size_t at = name.find(kExperts);
+  if (at == std::string::npos || !IsExpertsAdapter(name)) return prefix + name;
+  const std::string experts = name.substr(0, at + sizeof(kExperts) - 1);  // "...mlp.experts."
+  std::string rest = name.substr(experts.size());                         // "down_proj.lora_A…"
+  const std::string parameter = rest.substr(0, rest.find('.'));
+  rest = rest.substr(parameter.size() + 1);
+  const bool down_wraps =
+      std::find(target_modules.begin(), target_modules.end(), "down_proj") != target_modules.end();
+  if (parameter == "gate_up_proj" && down_wraps) return prefix + experts + "base_layer." + rest;
+  return prefix + experts + rest;
+}
 
 json PeftAdapterConfig(const AdapterInfo& info,
                        const std::optional<std::string>& base_model_name_or_path) {
@@ -136,6 +178,28 @@ json PeftAdapterConfig(const AdapterInfo& info,
   // lora_alpha is an int in PEFT's LoraConfig; keep a fractional one as it is.
   json alpha = info.alpha;
   if (std::floor(info.alpha) == info.alpha) alpha = static_cast<int64_t>(info.alpha);
+  // With routed experts, gate/up/down_proj are PEFT's target_parameters on the experts' fused
+  // parameters (what PEFT's own conversion of those names makes, so PEFT loads it as it is).
+  json target_modules = json::array(), target_parameters = nullptr;
+  json rank_pattern = json::object(), alpha_pattern = json::object();
+  for (const std::string& m : info.target_modules) {
+    const bool expert = info.routed_experts > 0 &&
+                        (m == "gate_proj" || m == "up_proj" || m == "down_proj");
+    if (!expert) target_modules.push_back(m);
+  }
+  if (info.routed_experts > 0) {
+    if (Targets(info, "gate_proj") && Targets(info, "up_proj")) {
+      target_parameters = json::array({"gate_up_proj"});
+      rank_pattern[".*\\.gate_up_proj"] = 2 * info.rank;
+      alpha_pattern[".*\\.gate_up_proj"] = alpha.is_number_integer()
+                                                ? json(2 * alpha.get<int64_t>())
+                                                : json(2 * info.alpha);
+    }
+    if (Targets(info, "down_proj")) {
+      if (target_parameters.is_null()) target_parameters = json::array();
+      target_parameters.push_back("down_proj");
+    }
+  }
   return {{"peft_type", "LORA"},
           {"task_type", "CAUSAL_LM"},
           {"base_model_name_or_path", base},
@@ -144,7 +208,8 @@ json PeftAdapterConfig(const AdapterInfo& info,
           {"r", info.rank},
           {"lora_alpha", alpha},
           {"lora_dropout", info.dropout},
-          {"target_modules", info.target_modules},
+          {"target_modules", target_modules.empty() ? json(nullptr) : target_modules},
+          {"target_parameters", target_parameters},
           {"bias", "none"},
           {"fan_in_fan_out", false},
           {"use_rslora", false},
@@ -153,15 +218,17 @@ json PeftAdapterConfig(const AdapterInfo& info,
           {"modules_to_save", nullptr},
           {"layers_to_transform", nullptr},
           {"layers_pattern", nullptr},
-          {"rank_pattern", json::object()},
-          {"alpha_pattern", json::object()}};
+          {"rank_pattern", rank_pattern},
+          {"alpha_pattern", alpha_pattern}};
 }
 
-StatusOr<std::string> PeftAdapterWeights(const std::vector<NamedTensor>& tensors, int64_t step) {
+StatusOr<std::string> PeftAdapterWeights(const std::vector<NamedTensor>& tensors,
+                                         const AdapterInfo& info, int64_t step) {
   std::vector<safetensors::TensorHeader> headers;
   uint64_t data = 0;
   for (const NamedTensor& t : tensors) {
-    headers.push_back({PeftTensorName(t.name), t.dtype, t.shape, t.bytes.size()});
+    headers.push_back({PeftTensorName(t.name, info.target_modules), t.dtype, t.shape,
+                       t.bytes.size()});
     data += t.bytes.size();
   }
   TIDAL_ASSIGN_OR_RETURN(
@@ -185,7 +252,7 @@ StatusOr<PeftExport> ExportPeftAdapter(Repository& repo, std::optional<int64_t> 
   TIDAL_ASSIGN_OR_RETURN(AdapterInfo info, AdapterInfoFromTrainerState(state));
   TIDAL_ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors,
                          ReadAdapterTensors(repo, manifest, info));
-  TIDAL_ASSIGN_OR_RETURN(std::string weights, PeftAdapterWeights(tensors, manifest.step));
+  TIDAL_ASSIGN_OR_RETURN(std::string weights, PeftAdapterWeights(tensors, info, manifest.step));
   // Weights first: a reader that finds the config finds the weights it describes.
   TIDAL_RETURN_IF_ERROR(out.Put(prefix + kAdapterWeightsFile, weights));
   TIDAL_RETURN_IF_ERROR(out.Put(prefix + kAdapterConfigFile,

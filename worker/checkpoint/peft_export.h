@@ -2,6 +2,7 @@
 // (DESIGN.md §5 "final/"), without LibTorch:
 //
 //   adapter_model.safetensors  "base_model.model.<HF name>" → lora_A [r, in] / lora_B [out, r]
+//                              (routed experts: [r · experts, in] / [out, r · experts])
 //   adapter_config.json        peft_type LORA, task_type CAUSAL_LM, r, lora_alpha, lora_dropout,
 //                              target_modules, base_model_name_or_path, ...
 //
@@ -38,6 +39,9 @@ struct AdapterInfo {
   std::string base_uri;     // spec.model.uri: an HF directory
   std::string base_preset;  // or spec.model.preset, random-initialised from base_init_seed
   uint64_t base_init_seed = 0;
+  // The base model's routed experts (0: dense). With experts, gate_proj/up_proj/down_proj name
+  // the routed experts' fused parameters, as PEFT (0.21, transformers 5) targets them.
+  int64_t routed_experts = 0;
 };
 nlohmann::json AdapterInfoJson(const AdapterInfo& info);
 // From trainer_state.json (the whole object); errors name the field.
@@ -57,14 +61,20 @@ struct NamedTensor {
 StatusOr<std::vector<NamedTensor>> ReadAdapterTensors(Repository& repo, const Manifest& manifest,
                                                       const AdapterInfo& info);
 
-// "model.layers.0.self_attn.q_proj.lora_A.weight" → "base_model.model.model.layers.0..."
-std::string PeftTensorName(const std::string& name);
+// "model.layers.0.self_attn.q_proj.lora_A.weight" → "base_model.model.model.layers.0...". The
+// routed experts' adapters ("<layer>.mlp.experts.gate_up_proj.lora_A.weight", "...down_proj...")
+// sit where PEFT's nested ParamWrappers put them: on the experts module itself for the outer
+// one (down_proj when targeted), through "base_layer" for gate_up_proj wrapped inside it.
+std::string PeftTensorName(const std::string& name, const std::vector<std::string>& target_modules);
 
 // adapter_config.json; `base_model_name_or_path` defaults to info.base_uri (null for a preset).
+// With routed experts, their targets are PEFT's target_parameters (gate_up_proj at rank and
+// alpha doubled through rank_pattern / alpha_pattern, as PEFT converts them).
 nlohmann::json PeftAdapterConfig(const AdapterInfo& info,
                                  const std::optional<std::string>& base_model_name_or_path = {});
 // The bytes of adapter_model.safetensors.
-StatusOr<std::string> PeftAdapterWeights(const std::vector<NamedTensor>& tensors, int64_t step);
+StatusOr<std::string> PeftAdapterWeights(const std::vector<NamedTensor>& tensors,
+                                         const AdapterInfo& info, int64_t step);
 
 struct PeftExport {
   int64_t step = 0;

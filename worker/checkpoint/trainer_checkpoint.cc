@@ -34,9 +34,11 @@ std::string NowRfc3339() {
   return buf;
 }
 
-AdapterInfo AdapterInfoOf(const engine::TrainConfig& c) {
-  return {c.lora.rank, c.lora.alpha,   c.lora.dropout,   c.lora.target_modules,
-          c.model.uri, c.model.preset, c.model.init_seed};
+AdapterInfo AdapterInfoOf(const engine::Trainer& trainer) {
+  const engine::TrainConfig& c = trainer.config();
+  return {c.lora.rank,    c.lora.alpha,       c.lora.dropout,
+          c.lora.target_modules, c.model.uri, c.model.preset,
+          c.model.init_seed, trainer.model().config().moe.n_routed_experts};
 }
 
 std::string_view Bytes(const torch::Tensor& t) {
@@ -223,7 +225,7 @@ StatusOr<SaveCapture> CaptureForSave(Trainer& trainer, CheckpointKind kind) {
   if (c.rank == 0) {
     json state = trainer.StateJson();
     state["kind"] = KindName(kind);
-    state["adapter"] = AdapterInfoJson(AdapterInfoOf(trainer.config()));
+    state["adapter"] = AdapterInfoJson(AdapterInfoOf(trainer));
     c.trainer_state = std::move(state);
   }
   return c;

@@ -10,13 +10,25 @@ std::vector<BlockCounts> BlockParameterCounts(const ModelConfig& model, const Lo
   const int64_t h = model.hidden_size;
   std::vector<BlockCounts> blocks;
   blocks.push_back({model.vocab_size * h, 0});
-  // LoRA per layer: r · (in + out) for each targeted projection the layer has.
+  // LoRA per layer: r · (in + out) for each targeted projection the layer has. A MoE layer's
+  // routed experts hold one adapter per fused parameter, rank r per expert (2r for gate_up).
+  const bool moe = model.moe.n_routed_experts > 0;
   auto adapters = [&](int64_t layer) {
     int64_t n = 0;
     for (const std::string& m : lora.target_modules) {
       const bool mlp = m == "gate_proj" || m == "up_proj" || m == "down_proj";
-      if (mlp && model.IsMoeLayer(layer)) continue;
+      if (mlp && moe) continue;
       for (const auto& [out, in] : model.ProjectionShapes(m)) n += lora.rank * (out + in);
+    }
+    if (moe && model.IsMoeLayer(layer)) {
+      const int64_t experts = model.moe.n_routed_experts, h = model.hidden_size,
+                    inter = model.moe.moe_intermediate_size;
+      const auto targeted = [&](const char* m) {
+        return std::find(lora.target_modules.begin(), lora.target_modules.end(), m) !=
+               lora.target_modules.end();
+      };
+      if (targeted("gate_proj")) n += 2 * lora.rank * experts * (h + 2 * inter);
+      if (targeted("down_proj")) n += lora.rank * experts * (inter + h);
     }
     return n;
   };

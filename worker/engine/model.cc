@@ -5,6 +5,7 @@
 #include <array>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "worker/engine/moe.h"
 #include "worker/engine/torch_compat.h"
@@ -30,7 +31,9 @@ enum ModuleId : size_t {
   kKVB,  // MLA
   kSharedGate,
   kSharedUp,
-  kSharedDown,  // MoE layers' shared experts
+  kSharedDown,     // MoE layers' shared experts
+  kExpertsGateUp,  // the routed experts' adapters, all experts in one (as PEFT's ParamWrapper)
+  kExpertsDown,
   kExpert,
 };
 
@@ -128,7 +131,8 @@ DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
                  : NameOf(id).path;
       add(path + ".weight", {out, in}, {ParamRole::kWeight, id});
       if (bias) add(path + ".bias", {out}, {ParamRole::kBias, id});
-      // LoRA reaches what PEFT's target_modules reach: with experts, the attention only.
+      // LoRA reaches what PEFT's target_modules reach: with experts, gate/up/down_proj name
+      // the routed experts (below), not the dense layers' or the shared experts' MLPs.
       const bool adaptable = !expert && id < kSharedGate &&
                              !(c.moe.n_routed_experts > 0 && id >= kGate && id <= kDown);
       if (adaptable && targeted(NameOf(id).target)) {
@@ -181,6 +185,22 @@ DecoderModel::DecoderModel(ModelConfig config, LoraSpec lora)
         projection(kExpert + 3 * e + 1, inter, h, false);
         projection(kExpert + 3 * e + 2, h, inter, false);
       }
+      // The routed experts' adapters, laid out as PEFT's ParamWrapper over transformers'
+      // fused [experts, out, in] parameters: A [rank · experts, in] is expert-major (expert
+      // e's rows e·rank …), B [out, rank · experts] rank-major (expert e's columns j·experts +
+      // e). gate and up are one [2·inter, hidden] parameter with rank 2r (and alpha 2α, so the
+      // same scale).
+      auto experts_adapter = [&](size_t id, const std::string& name, int64_t rank, int64_t out,
+                                 int64_t in) {
+        const std::string path = layer + "mlp.experts." + name;
+        block.params.push_back({path + ".lora_A.weight", {rank * experts, in}, true});
+        roles.push_back({ParamRole::kLoraA, id});
+        block.params.push_back({path + ".lora_B.weight", {out, rank * experts}, true});
+        roles.push_back({ParamRole::kLoraB, id});
+      };
+      if (targeted("gate_proj") && targeted("up_proj"))
+        experts_adapter(kExpertsGateUp, "gate_up_proj", 2 * lora_.rank, 2 * inter, h);
+      if (targeted("down_proj")) experts_adapter(kExpertsDown, "down_proj", lora_.rank, h, inter);
       if (moe.n_shared_experts > 0) {
         const int64_t shared = inter * moe.n_shared_experts;
         const bool bias = c.mlp_bias && c.model_type == "deepseek_v2";
@@ -444,12 +464,28 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
     ctx.moe->expert_tokens[layer] = routing.expert_tokens;
     if (ctx.moe->keep_choices) ctx.moe->choices[layer] = std::get<0>(routing.experts.sort(1));
   }
-  // Routed experts carry no adapter (see the constructor): plain weights.
-  auto routed =
-      RunExperts(tokens, routing, moe.n_routed_experts, [&](int64_t e, const torch::Tensor& in) {
-        const size_t id = kExpert + 3 * static_cast<size_t>(e);
-        return ExpertMlp(in, mods.at(id).weight, mods.at(id + 1).weight, mods.at(id + 2).weight);
-      });
+  // The routed experts' adapters, when targeted, as per-expert stacks: A [experts, r, in] and
+  // B [experts, out, r] (the constructor's layout; one reordering copy of B per forward).
+  const int64_t experts = moe.n_routed_experts;
+  torch::Tensor gate_up_a, gate_up_b, down_a, down_b;
+  auto stacks = [&](size_t id, torch::Tensor& a, torch::Tensor& b) {
+    auto it = mods.find(id);
+    if (it == mods.end()) return;
+    a = it->second.lora_a.view({experts, -1, it->second.lora_a.size(1)});
+    b = it->second.lora_b.view({it->second.lora_b.size(0), -1, experts})
+            .permute({2, 0, 1})
+            .contiguous();
+  };
+  stacks(kExpertsGateUp, gate_up_a, gate_up_b);
+  stacks(kExpertsDown, down_a, down_b);
+  auto routed = RunExperts(tokens, routing, experts, [&](int64_t e, const torch::Tensor& in) {
+    const size_t id = kExpert + 3 * static_cast<size_t>(e);
+    ExpertLora lora;
+    lora.scale = lora_scale_;
+    if (gate_up_a.defined()) lora.gate_up_a = gate_up_a[e], lora.gate_up_b = gate_up_b[e];
+    if (down_a.defined()) lora.down_a = down_a[e], lora.down_b = down_b[e];
+    return ExpertMlp(in, mods.at(id).weight, mods.at(id + 1).weight, mods.at(id + 2).weight, lora);
+  });
   auto out = routed.view_as(m);
   if (moe.n_shared_experts > 0)
     out = out + linear(kSharedDown, F::silu(linear(kSharedGate, m)) * linear(kSharedUp, m));
@@ -457,19 +493,57 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> MergeLora(
-    const std::vector<std::pair<std::string, torch::Tensor>>& named, const LoraSpec& lora) {
+    const std::vector<std::pair<std::string, torch::Tensor>>& named, const LoraSpec& lora,
+    std::vector<std::string>* adapted) {
   std::map<std::string, torch::Tensor> by_name(named.begin(), named.end());
   const double scale = lora.alpha / static_cast<double>(lora.rank);
   std::vector<std::pair<std::string, torch::Tensor>> merged;
-  const std::string kA = ".lora_A.weight", kB = ".lora_B.weight";
+  const std::string kA = ".lora_A.weight", kB = ".lora_B.weight", kExperts = ".mlp.experts.";
+  // B · A in fp32: the adapter's whole delta, or routed expert `expert`'s rows of it (PEFT's
+  // ParamWrapper layout, see the constructor) when `experts` > 0.
+  auto delta = [&](const std::string& adapter, int64_t experts,
+                   int64_t expert) -> std::optional<torch::Tensor> {
+    auto a = by_name.find(adapter + kA), b = by_name.find(adapter + kB);
+    if (a == by_name.end() || b == by_name.end()) return std::nullopt;
+    auto a32 = a->second.to(torch::kFloat32), b32 = b->second.to(torch::kFloat32);
+    if (experts == 0) return torch::matmul(b32, a32) * scale;
+    auto a_e = a32.view({experts, -1, a32.size(1)})[expert];
+    auto b_e = b32.view({b32.size(0), -1, experts}).select(2, expert);
+    return torch::matmul(b_e, a_e) * scale;
+  };
+  int64_t experts = 0;  // from the shape of the routed experts' adapters, if any
+  for (const auto& [name, t] : named) {
+    if (name.find(kExperts + "down_proj" + kA) != std::string::npos)
+      experts = t.size(0) / lora.rank;
+    if (name.find(kExperts + "gate_up_proj" + kA) != std::string::npos)
+      experts = t.size(0) / (2 * lora.rank);
+  }
   for (const auto& [name, tensor] : named) {
     if (name.find(".lora_") != std::string::npos) continue;
-    torch::Tensor out = tensor;
     const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
-    auto a = by_name.find(prefix + kA), b = by_name.find(prefix + kB);
-    if (a != by_name.end() && b != by_name.end()) {
-      auto delta = torch::matmul(b->second.to(torch::kFloat32), a->second.to(torch::kFloat32));
-      out = (tensor.to(torch::kFloat32) + delta * scale).to(tensor.scalar_type());
+    std::optional<torch::Tensor> d = delta(prefix, 0, 0);
+    // "<layer>.mlp.experts.<e>.<gate|up|down>_proj": the expert's share of the fused adapters.
+    const size_t at = prefix.find(kExperts);
+    if (!d && experts > 0 && at != std::string::npos) {
+      const std::string rest = prefix.substr(at + kExperts.size());
+      const size_t dot = rest.find('.');
+      const std::string projection = dot == std::string::npos ? "" : rest.substr(dot + 1);
+      const std::string layer = prefix.substr(0, at) + kExperts;
+      if (dot != std::string::npos && dot > 0 &&
+          rest.find_first_not_of("0123456789") == dot) {
+        const int64_t e = std::stoll(rest.substr(0, dot));
+        if (projection == "down_proj") {
+          d = delta(layer + "down_proj", experts, e);
+        } else if (projection == "gate_proj" || projection == "up_proj") {
+          d = delta(layer + "gate_up_proj", experts, e);
+          if (d) d = d->chunk(2, 0)[projection == "gate_proj" ? 0 : 1];
+        }
+      }
+    }
+    torch::Tensor out = tensor;
+    if (d) {
+      out = (tensor.to(torch::kFloat32) + *d).to(tensor.scalar_type());
+      if (adapted) adapted->push_back(name);
     }
     merged.emplace_back(name, out);
   }

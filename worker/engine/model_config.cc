@@ -244,10 +244,9 @@ std::vector<std::pair<int64_t, int64_t>> ModelConfig::ProjectionShapes(
   if (module == "gate_proj" || module == "up_proj" || module == "down_proj") {
     // With experts, PEFT (0.21, on transformers 5) takes these names to mean the routed
     // experts' fused gate_up_proj / down_proj parameters — not the dense layers' or the
-    // shared experts' Linear modules — which the engine does not adapt yet.
-    if (moe.n_routed_experts > 0) return {};
-    return {module == "down_proj" ? std::pair{h, intermediate_size}
-                                  : std::pair{intermediate_size, h}};
+    // shared experts' Linear modules: each expert's projection is the shape that counts.
+    const int64_t inter = moe.n_routed_experts > 0 ? moe.moe_intermediate_size : intermediate_size;
+    return {module == "down_proj" ? std::pair{h, inter} : std::pair{inter, h}};
   }
   if (uses_mla()) {
     const int64_t heads = num_attention_heads, q_out = heads * mla.qk_head_dim();

@@ -112,9 +112,9 @@ struct ModelConfig {
   Status Validate() const;
   nlohmann::json ToHfJson() const;
   // (out, in) features of the projections named `module` that LoRA can target (q_proj …
-  // down_proj; q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj under MLA; not
-  // gate/up/down_proj in a model with experts, see the .cc); empty for a name this model does
-  // not have or cannot adapt.
+  // down_proj; q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj under MLA; in a model
+  // with experts, gate/up/down_proj are each routed expert's, see the .cc); empty for a name
+  // this model does not have.
   std::vector<std::pair<int64_t, int64_t>> ProjectionShapes(const std::string& module) const;
   // The projections LoRA can target in this model, in PEFT's names.
   std::vector<std::string> LoraTargets() const;

@@ -71,17 +71,29 @@ torch::Tensor RunExperts(const torch::Tensor& tokens, const MoeRouting& routing,
 }
 
 torch::Tensor ExpertMlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
-                        const torch::Tensor& down) {
+                        const torch::Tensor& down, const ExpertLora& lora) {
   namespace F = torch::nn::functional;
   const bool adjacent = !gate.requires_grad() && !up.requires_grad() && gate.is_contiguous() &&
                         up.is_contiguous() && gate.dim() == 2 && up.sizes() == gate.sizes() &&
                         gate.scalar_type() == up.scalar_type() &&
                         gate.storage().is_alias_of(up.storage()) &&
                         up.storage_offset() == gate.storage_offset() + gate.numel();
-  if (!adjacent) return F::linear(F::silu(F::linear(x, gate)) * F::linear(x, up), down);
-  auto both = gate.as_strided({2 * gate.size(0), gate.size(1)}, {gate.size(1), 1});
-  auto halves = F::linear(x, both).chunk(2, -1);
-  return F::linear(F::silu(halves[0]) * halves[1], down);
+  torch::Tensor g, u;
+  if (adjacent) {
+    auto both = gate.as_strided({2 * gate.size(0), gate.size(1)}, {gate.size(1), 1});
+    auto halves = F::linear(x, both).chunk(2, -1);
+    g = halves[0], u = halves[1];
+  } else {
+    g = F::linear(x, gate), u = F::linear(x, up);
+  }
+  if (lora.gate_up_a.defined()) {
+    auto delta = (F::linear(F::linear(x, lora.gate_up_a), lora.gate_up_b) * lora.scale).chunk(2, -1);
+    g = g + delta[0], u = u + delta[1];
+  }
+  auto hidden = F::silu(g) * u;
+  auto out = F::linear(hidden, down);
+  if (!lora.down_a.defined()) return out;
+  return out + F::linear(F::linear(hidden, lora.down_a), lora.down_b) * lora.scale;
 }
 
 }  // namespace tidal::engine

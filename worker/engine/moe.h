@@ -34,10 +34,18 @@ using ExpertFn = std::function<torch::Tensor(int64_t expert, const torch::Tensor
 torch::Tensor RunExperts(const torch::Tensor& tokens, const MoeRouting& routing, int64_t n_experts,
                          const ExpertFn& expert);
 
-// One expert's SwiGLU, down(silu(gate(x)) · up(x)). When gate and up lie back to back in memory
-// (as ZeRO's flat block layout puts them) and are frozen, they are one [2·inter, hidden] matrix
-// and one GEMM.
+// One expert's LoRA adapters, when targeted: gate_up_a [2r, hidden] and gate_up_b [2·inter, 2r]
+// adapt gate and up as one fused projection (gate's outputs first), down_a [r, inter] and
+// down_b [hidden, r] the down projection; each delta is scaled by `scale`.
+struct ExpertLora {
+  torch::Tensor gate_up_a, gate_up_b, down_a, down_b;
+  double scale = 1;
+};
+
+// One expert's SwiGLU, down(silu(gate(x)) · up(x)), plus its adapters' terms. When gate and up
+// lie back to back in memory (as ZeRO's flat block layout puts them) and are frozen, they are
+// one [2·inter, hidden] matrix and one GEMM.
 torch::Tensor ExpertMlp(const torch::Tensor& x, const torch::Tensor& gate, const torch::Tensor& up,
-                        const torch::Tensor& down);
+                        const torch::Tensor& down, const ExpertLora& lora = {});
 
 }  // namespace tidal::engine

@@ -65,20 +65,25 @@ Status TrainConfig::ValidateForWorldSize(int world_size) const {
 }
 
 Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model) {
+  auto targeted = [&](const char* m) {
+    return std::find(lora.target_modules.begin(), lora.target_modules.end(), m) !=
+           lora.target_modules.end();
+  };
+  if (model.moe.n_routed_experts > 0) {
+    // The routed experts' adapters as PEFT makes them (ParamWrapper on transformers 5's fused
+    // gate_up_proj / down_proj): gate and up are one parameter, and no dropout.
+    if (targeted("gate_proj") != targeted("up_proj"))
+      return InvalidArgument(
+          "spec.lora.targetModules: gate_proj and up_proj of a mixture-of-experts model are one "
+          "fused parameter of the routed experts (gate_up_proj); list both or neither");
+    if (lora.dropout > 0 && (targeted("gate_proj") || targeted("down_proj")))
+      return InvalidArgument(
+          "spec.lora.dropout: " + std::to_string(lora.dropout) +
+          " — the routed experts' adapters (gate_proj/up_proj/down_proj on a mixture-of-experts "
+          "model) take no dropout, as in PEFT; set 0 or target the attention only");
+  }
   for (const std::string& m : lora.target_modules) {
     const auto shapes = model.ProjectionShapes(m);
-    if (shapes.empty() && model.moe.n_routed_experts > 0 &&
-        (m == "gate_proj" || m == "up_proj" || m == "down_proj"))
-      return InvalidArgument(
-          "spec.lora.targetModules: " + m +
-          " is not supported on a mixture-of-experts model "
-          "yet (PEFT maps it to the routed experts' fused parameters, which the engine does not "
-          "adapt); target the attention projections: " +
-          [&] {
-            std::string has;
-            for (const auto& t : model.LoraTargets()) has += (has.empty() ? "" : ", ") + t;
-            return has;
-          }());
     if (shapes.empty()) {
       std::string has;
       for (const auto& t : model.LoraTargets()) has += (has.empty() ? "" : ", ") + t;
