@@ -65,7 +65,11 @@ std::vector<Family> Families() {
       {"Qwen2", qwen2},
       {"Qwen3", qwen3},
       {"Llama3", llama3},
-      {"DeepseekV2", v2, {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}},
+      // With experts, gate/up/down_proj adapt the routed experts (PEFT's target_parameters).
+      {"DeepseekV2",
+       v2,
+       {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj",
+        "down_proj"}},
       {"DeepseekV3", v3, {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}}};
 }
 
@@ -180,8 +184,9 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
                   .Load([&](const ParamSpec& spec, int64_t first,
                             int64_t count) -> StatusOr<torch::Tensor> {
                     if (!spec.trainable) return base_reader(spec, first, count);
-                    return (*adapter)->ReadFlatRange(checkpoint::PeftTensorName(spec.name), first,
-                                                     count, torch::kFloat32);
+                    return (*adapter)->ReadFlatRange(
+                        checkpoint::PeftTensorName(spec.name, targets), first, count,
+                        torch::kFloat32);
                   })
                   .ok());
   const torch::Tensor tokens = torch::randint(0, 256, {2, 24}, torch::kInt64);

@@ -78,7 +78,7 @@ Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model) {
           "fused parameter of the routed experts (gate_up_proj); list both or neither");
     if (lora.dropout > 0 && (targeted("gate_proj") || targeted("down_proj")))
       return InvalidArgument(
-          "spec.lora.dropout: " + std::to_string(lora.dropout) +
+          "spec.lora.dropout: " + json(lora.dropout).dump() +
           " — the routed experts' adapters (gate_proj/up_proj/down_proj on a mixture-of-experts "
           "model) take no dropout, as in PEFT; set 0 or target the attention only");
   }

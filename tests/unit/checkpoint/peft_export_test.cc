@@ -89,6 +89,7 @@ TEST(AdapterInfoTest, RoundTripsThroughTrainerState) {
   info.base_uri.clear();
   info.base_preset = "tiny";
   info.base_init_seed = 7;
+  info.routed_experts = 64;
   auto back = AdapterInfoFromTrainerState({{"adapter", AdapterInfoJson(info)}});
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->rank, 2);
@@ -98,6 +99,11 @@ TEST(AdapterInfoTest, RoundTripsThroughTrainerState) {
   EXPECT_EQ(back->base_preset, "tiny");
   EXPECT_EQ(back->base_uri, "");
   EXPECT_EQ(back->base_init_seed, 7u);
+  EXPECT_EQ(back->routed_experts, 64);
+  // A record from before mixture-of-experts adapters: a dense model.
+  json old_record = AdapterInfoJson(info);
+  old_record.erase("routedExperts");
+  EXPECT_EQ(AdapterInfoFromTrainerState({{"adapter", old_record}})->routed_experts, 0);
 }
 
 TEST(AdapterInfoTest, EachBadFieldIsRefusedByName) {
@@ -118,6 +124,8 @@ TEST(AdapterInfoTest, EachBadFieldIsRefusedByName) {
       {"baseModel", {{"uri", "/a"}, {"preset", "tiny"}}, "expected exactly one of uri and preset"},
       {"baseModel", json::object(), "expected exactly one of uri and preset"},
       {"baseModel", {{"preset", "tiny"}, {"initSeed", -1}}, "baseModel.initSeed: expected a non"},
+      {"routedExperts", -8, "adapter.routedExperts: expected a non-negative integer"},
+      {"routedExperts", "8", "adapter.routedExperts: expected a non-negative integer"},
   };
   for (const Case& c : cases) {
     json bad = good;
@@ -158,8 +166,83 @@ TEST(PeftConfigTest, NamesTheFieldsPeftsLoraConfigReads) {
 }
 
 TEST(PeftConfigTest, TensorNamesGetPeftsTwoWrapperPrefixes) {
-  EXPECT_EQ(PeftTensorName("model.layers.0.self_attn.q_proj.lora_A.weight"),
+  EXPECT_EQ(PeftTensorName("model.layers.0.self_attn.q_proj.lora_A.weight", {"q_proj"}),
             "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight");
+}
+
+// PEFT wraps the experts module once per targeted parameter, gate_up_proj first (innermost):
+// the outer wrapper's adapter is on the module, the inner one's behind "base_layer".
+TEST(PeftConfigTest, RoutedExpertAdaptersAreNamedAsPeftsNestedParamWrappers) {
+  const std::string gate_up = "model.layers.1.mlp.experts.gate_up_proj.lora_A.weight",
+                    down = "model.layers.1.mlp.experts.down_proj.lora_B.weight";
+  const std::vector<std::string> all = {"q_proj", "gate_proj", "up_proj", "down_proj"};
+  EXPECT_EQ(PeftTensorName(gate_up, all),
+            "base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight");
+  EXPECT_EQ(PeftTensorName(down, all), "base_model.model.model.layers.1.mlp.experts.lora_B.weight");
+  EXPECT_EQ(PeftTensorName(gate_up, {"gate_proj", "up_proj"}),
+            "base_model.model.model.layers.1.mlp.experts.lora_A.weight");
+  // A dense layer's or a shared expert's projection keeps its own name.
+  EXPECT_EQ(PeftTensorName("model.layers.1.mlp.shared_experts.down_proj.lora_A.weight", all),
+            "base_model.model.model.layers.1.mlp.shared_experts.down_proj.lora_A.weight");
+}
+
+// What PEFT's own conversion of gate/up/down_proj on transformers 5 writes: target_parameters,
+// and gate_up_proj at twice the rank and alpha (the same scale).
+TEST(PeftConfigTest, RoutedExpertTargetsBecomeTargetParametersWithGateUpAtDoubleRank) {
+  AdapterInfo info = Info();
+  info.routed_experts = 8;
+  info.target_modules = {"q_proj", "gate_proj", "up_proj", "down_proj"};
+  json config = PeftAdapterConfig(info);
+  EXPECT_EQ(config["target_modules"], json({"q_proj"}));
+  EXPECT_EQ(config["target_parameters"], json({"gate_up_proj", "down_proj"}));
+  EXPECT_EQ(config["rank_pattern"], json({{".*\\.gate_up_proj", 4}}));
+  EXPECT_EQ(config["alpha_pattern"], json({{".*\\.gate_up_proj", 8}}));
+  info.target_modules = {"down_proj"};
+  config = PeftAdapterConfig(info);
+  EXPECT_TRUE(config["target_modules"].is_null());
+  EXPECT_EQ(config["target_parameters"], json({"down_proj"}));
+  EXPECT_EQ(config["rank_pattern"], json::object());
+  // Dense: the names are modules, as before.
+  info.routed_experts = 0;
+  config = PeftAdapterConfig(info);
+  EXPECT_EQ(config["target_modules"], json({"down_proj"}));
+  EXPECT_TRUE(config["target_parameters"].is_null());
+}
+
+TEST_F(PeftExportTest, RoutedExpertAdaptersExportAtRankTimesExpertsAndAWrongShapeIsRefused) {
+  AdapterInfo info = Info();  // r = 2
+  info.routed_experts = 3;
+  info.target_modules = {"gate_proj", "up_proj", "down_proj"};
+  // hidden 4, moe_intermediate_size 2: gate_up [2r·E = 12, 4] / [4, 12]; down [6, 2] / [4, 6].
+  const std::vector<Tensor> experts = {
+      {"model.layers.1.mlp.experts.down_proj.lora_A.weight", {6, 2}, Floats(12, 1)},
+      {"model.layers.1.mlp.experts.down_proj.lora_B.weight", {4, 6}, Floats(24, 2)},
+      {"model.layers.1.mlp.experts.gate_up_proj.lora_A.weight", {12, 4}, Floats(48, 3)},
+      {"model.layers.1.mlp.experts.gate_up_proj.lora_B.weight", {4, 12}, Floats(48, 4)}};
+  Save(repo_, 5, experts, State(info));
+  auto exported = ExportPeftAdapter(repo_, std::nullopt, out_, "");
+  ASSERT_TRUE(exported.ok()) << exported.status().message();
+  EXPECT_EQ(exported->tensors, 4u);
+  const std::string& file = out_.objects_.at("adapter_model.safetensors");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(file[i]);
+  json header = json::parse(file.substr(8, header_len));
+  EXPECT_EQ(header["base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight"]["shape"],
+            json({12, 4}));
+  EXPECT_EQ(header["base_model.model.model.layers.1.mlp.experts.lora_A.weight"]["shape"],
+            json({6, 2}));
+
+  auto wrong = experts;  // gate_up at rank r·E, as if it were one projection
+  wrong[2] = {"model.layers.1.mlp.experts.gate_up_proj.lora_A.weight", {6, 4}, Floats(24, 3)};
+  wrong[3] = {"model.layers.1.mlp.experts.gate_up_proj.lora_B.weight", {4, 6}, Floats(24, 4)};
+  Save(repo_, 9, wrong, State(info));
+  auto refused = ExportPeftAdapter(repo_, 9, out_, "");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("gate_up_proj.lora_A.weight: expected a 2-D [r, "
+                                            "in_features] tensor with r = 12 (rank 2 × 2 × 3 "
+                                            "routed experts)"),
+            std::string::npos)
+      << refused.status().message();
 }
 
 TEST_F(PeftExportTest, WritesWholeTensorsUnderPeftNamesAndLeavesTheOptimizerOut) {
@@ -180,7 +263,7 @@ TEST_F(PeftExportTest, WritesWholeTensorsUnderPeftNamesAndLeavesTheOptimizerOut)
   EXPECT_EQ(header.size(), 5u);  // four tensors and the metadata: no optimizer moments
   const std::string data = file.substr(8 + header_len);
   for (const Tensor& t : AdapterTensors()) {
-    const json& entry = header.at(PeftTensorName(t.name));
+    const json& entry = header.at(PeftTensorName(t.name, Info().target_modules));
     EXPECT_EQ(entry["dtype"], "F32");
     EXPECT_EQ(entry["shape"], json(t.shape));
     const uint64_t begin = entry["data_offsets"][0], end = entry["data_offsets"][1];

@@ -219,21 +219,41 @@ TEST(ModelConfigTest, DeepseekConfigsAreReadAndUnsupportedRoutingIsRefusedByName
   using Shapes = std::vector<std::pair<int64_t, int64_t>>;
   EXPECT_EQ(c->ProjectionShapes("kv_b_proj"), (Shapes{{16 * 256, 512}}));
   EXPECT_EQ(c->LoraTargets(),
-            (std::vector<std::string>{"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}));
+            (std::vector<std::string>{"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj",
+                                      "gate_proj", "up_proj", "down_proj"}));
+  // With experts, gate/up/down_proj are each routed expert's (PEFT's target_parameters).
+  EXPECT_EQ(c->ProjectionShapes("down_proj"), (Shapes{{2048, 1408}}));
   LoraSpec lora;  // the default targets name k_proj and v_proj, which MLA does not have
   auto refused_targets = CheckLoraFitsModel(lora, *c);
   ASSERT_FALSE(refused_targets.ok());
   EXPECT_NE(refused_targets.message().find("k_proj is not a module of this deepseek_v2 model"),
             std::string::npos)
       << refused_targets.message();
-  lora.target_modules = {"q_proj", "gate_proj"};  // PEFT would adapt the routed experts
+  lora.target_modules = {"q_proj", "gate_proj"};  // one half of the experts' fused gate_up_proj
   refused_targets = CheckLoraFitsModel(lora, *c);
   ASSERT_FALSE(refused_targets.ok());
-  EXPECT_NE(refused_targets.message().find("gate_proj is not supported on a mixture-of-experts"),
+  EXPECT_NE(refused_targets.message().find(
+                "spec.lora.targetModules: gate_proj and up_proj of a mixture-of-experts model"),
             std::string::npos)
       << refused_targets.message();
+  lora.target_modules = {"q_proj", "gate_proj", "up_proj", "down_proj"};
+  lora.dropout = 0.1;  // PEFT's ParamWrapper takes none
+  refused_targets = CheckLoraFitsModel(lora, *c);
+  ASSERT_FALSE(refused_targets.ok());
+  EXPECT_NE(refused_targets.message().find("spec.lora.dropout: 0.1"), std::string::npos)
+      << refused_targets.message();
   lora.target_modules = {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
+  EXPECT_TRUE(CheckLoraFitsModel(lora, *c).ok());  // attention-only adapters take dropout
+  lora.dropout = 0;
+  lora.target_modules = {"q_proj", "gate_proj", "up_proj", "down_proj"};
   EXPECT_TRUE(CheckLoraFitsModel(lora, *c).ok());
+  lora.rank = 1409;  // more than an expert's down_proj has (2048 × 1408)
+  refused_targets = CheckLoraFitsModel(lora, *c);
+  ASSERT_FALSE(refused_targets.ok());
+  EXPECT_NE(refused_targets.message().find("spec.lora.rank: 1409 exceeds the smaller side of "
+                                           "gate_proj (1408 × 2048)"),
+            std::string::npos)
+      << refused_targets.message();
 
   auto v3_json = lite;
   v3_json.merge_patch(nlohmann::json::parse(R"({"model_type": "deepseek_v3",
