@@ -184,9 +184,8 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
                   .Load([&](const ParamSpec& spec, int64_t first,
                             int64_t count) -> StatusOr<torch::Tensor> {
                     if (!spec.trainable) return base_reader(spec, first, count);
-                    return (*adapter)->ReadFlatRange(
-                        checkpoint::PeftTensorName(spec.name, targets), first, count,
-                        torch::kFloat32);
+                    return (*adapter)->ReadFlatRange(checkpoint::PeftTensorName(spec.name, targets),
+                                                     first, count, torch::kFloat32);
                   })
                   .ok());
   const torch::Tensor tokens = torch::randint(0, 256, {2, 24}, torch::kInt64);

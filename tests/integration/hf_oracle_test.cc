@@ -84,7 +84,8 @@ TEST_P(HfOracleTest, LogitsLossAndLoraGradientsEqualTransformersWithPeft) {
   // A MoE model's expert targets, which PEFT turned into its fused target_parameters.
   const nlohmann::json& parameters = adapter_config_.at("target_parameters");
   for (const auto& p : parameters.is_array() ? parameters : nlohmann::json::array()) {
-    if (p == "gate_up_proj") lora.target_modules.insert(lora.target_modules.end(), {"gate_proj", "up_proj"});
+    if (p == "gate_up_proj")
+      lora.target_modules.insert(lora.target_modules.end(), {"gate_proj", "up_proj"});
     if (p == "down_proj") lora.target_modules.push_back("down_proj");
   }
   DecoderModel model((*hf)->config(), lora);

@@ -127,8 +127,8 @@ StatusOr<std::vector<NamedTensor>> ReadAdapterTensors(Repository& repo, const Ma
     // per expert; their down_proj at r per expert.
     const bool experts = info.routed_experts > 0 && IsExpertsAdapter(t.name);
     const bool gate_up = experts && module == "gate_up_proj";
-    const bool targeted = gate_up ? Targets(info, "gate_proj") && Targets(info, "up_proj")
-                                  : Targets(info, module);
+    const bool targeted =
+        gate_up ? Targets(info, "gate_proj") && Targets(info, "up_proj") : Targets(info, module);
     if (!targeted)
       return FailedPrecondition(where + t.name + ": module \"" + module +
                                 "\" is not among the adapter's target modules");
@@ -183,17 +183,16 @@ json PeftAdapterConfig(const AdapterInfo& info,
   json target_modules = json::array(), target_parameters = nullptr;
   json rank_pattern = json::object(), alpha_pattern = json::object();
   for (const std::string& m : info.target_modules) {
-    const bool expert = info.routed_experts > 0 &&
-                        (m == "gate_proj" || m == "up_proj" || m == "down_proj");
+    const bool expert =
+        info.routed_experts > 0 && (m == "gate_proj" || m == "up_proj" || m == "down_proj");
     if (!expert) target_modules.push_back(m);
   }
   if (info.routed_experts > 0) {
     if (Targets(info, "gate_proj") && Targets(info, "up_proj")) {
       target_parameters = json::array({"gate_up_proj"});
       rank_pattern[".*\\.gate_up_proj"] = 2 * info.rank;
-      alpha_pattern[".*\\.gate_up_proj"] = alpha.is_number_integer()
-                                                ? json(2 * alpha.get<int64_t>())
-                                                : json(2 * info.alpha);
+      alpha_pattern[".*\\.gate_up_proj"] =
+          alpha.is_number_integer() ? json(2 * alpha.get<int64_t>()) : json(2 * info.alpha);
     }
     if (Targets(info, "down_proj")) {
       if (target_parameters.is_null()) target_parameters = json::array();
@@ -227,8 +226,8 @@ StatusOr<std::string> PeftAdapterWeights(const std::vector<NamedTensor>& tensors
   std::vector<safetensors::TensorHeader> headers;
   uint64_t data = 0;
   for (const NamedTensor& t : tensors) {
-    headers.push_back({PeftTensorName(t.name, info.target_modules), t.dtype, t.shape,
-                       t.bytes.size()});
+    headers.push_back(
+        {PeftTensorName(t.name, info.target_modules), t.dtype, t.shape, t.bytes.size()});
     data += t.bytes.size();
   }
   TIDAL_ASSIGN_OR_RETURN(

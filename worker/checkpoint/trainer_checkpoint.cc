@@ -36,8 +36,9 @@ std::string NowRfc3339() {
 
 AdapterInfo AdapterInfoOf(const engine::Trainer& trainer) {
   const engine::TrainConfig& c = trainer.config();
-  return {c.lora.rank,    c.lora.alpha,       c.lora.dropout,
-          c.lora.target_modules, c.model.uri, c.model.preset,
+  return {c.lora.rank,       c.lora.alpha,
+          c.lora.dropout,    c.lora.target_modules,
+          c.model.uri,       c.model.preset,
           c.model.init_seed, trainer.model().config().moe.n_routed_experts};
 }
 

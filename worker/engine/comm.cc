@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -86,6 +87,17 @@ Status Guard(const char* what, int rank, Fn&& fn) {
   }
 }
 
+// LibTorch's FlightRecorder (one per process, on by default: TORCH_FR_BUFFER_SIZE=2000) records
+// every gloo collective at enqueue, inserting the group into a std::map *before* taking its own
+// mutex (torch 2.11, FlightRecorderDetail.hpp). Groups of one process — ranks run as threads,
+// as the engine's tests do — enqueueing at once corrupt that map: a rare SIGSEGV in
+// _Rb_tree_insert_and_rebalance (reproduced under gdb). Gloo enqueues take this lock; the wait
+// stays outside it, since a collective's peers may be threads of this process.
+std::mutex& GlooEnqueueMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+
 class ProcessGroupComm final : public Comm {
  public:
   ProcessGroupComm(c10::intrusive_ptr<c10d::Store> store, c10::intrusive_ptr<c10d::Backend> pg,
@@ -106,7 +118,7 @@ class ProcessGroupComm final : public Comm {
     TIDAL_RETURN_IF_ERROR(Check("all_reduce", t));
     return Guard("all_reduce", rank_, [&] {
       std::vector<torch::Tensor> ts{t};
-      pg_->allreduce(ts)->wait();
+      EnqueueAndWait([&] { return pg_->allreduce(ts); });
     });
   }
 
@@ -116,8 +128,9 @@ class ProcessGroupComm final : public Comm {
                       " elements, expected " + std::to_string(shard.numel() * world_));
     TIDAL_RETURN_IF_ERROR(Check("all_gather", shard));
     TIDAL_RETURN_IF_ERROR(Check("all_gather", full));
-    return Guard("all_gather", rank_,
-                 [&] { pg_->_allgather_base(full, const_cast<torch::Tensor&>(shard))->wait(); });
+    return Guard("all_gather", rank_, [&] {
+      EnqueueAndWait([&] { return pg_->_allgather_base(full, const_cast<torch::Tensor&>(shard)); });
+    });
   }
 
   Status ReduceScatterSum(const torch::Tensor& full, torch::Tensor& shard) override {
@@ -127,7 +140,8 @@ class ProcessGroupComm final : public Comm {
     TIDAL_RETURN_IF_ERROR(Check("reduce_scatter", full));
     TIDAL_RETURN_IF_ERROR(Check("reduce_scatter", shard));
     return Guard("reduce_scatter", rank_, [&] {
-      pg_->_reduce_scatter_base(shard, const_cast<torch::Tensor&>(full))->wait();
+      EnqueueAndWait(
+          [&] { return pg_->_reduce_scatter_base(shard, const_cast<torch::Tensor&>(full)); });
     });
   }
 
@@ -137,15 +151,27 @@ class ProcessGroupComm final : public Comm {
       std::vector<torch::Tensor> ts{t};
       c10d::BroadcastOptions opts;
       opts.rootRank = root;
-      pg_->broadcast(ts, opts)->wait();
+      EnqueueAndWait([&] { return pg_->broadcast(ts, opts); });
     });
   }
 
   Status Barrier() override {
-    return Guard("barrier", rank_, [&] { pg_->barrier()->wait(); });
+    return Guard("barrier", rank_, [&] { EnqueueAndWait([&] { return pg_->barrier(); }); });
   }
 
  private:
+  // Starts a collective (under GlooEnqueueMutex for gloo) and waits for it outside the lock.
+  template <typename Enqueue>
+  void EnqueueAndWait(Enqueue&& enqueue) {
+    c10::intrusive_ptr<c10d::Work> work;
+    if (nccl_) {
+      work = enqueue();
+    } else {
+      std::lock_guard<std::mutex> lock(GlooEnqueueMutex());
+      work = enqueue();
+    }
+    work->wait();
+  }
   Status Check(const char* what, const torch::Tensor& t) const {
     return CheckTensor(what, t, device_, backend());
   }

@@ -529,8 +529,7 @@ std::vector<std::pair<std::string, torch::Tensor>> MergeLora(
       const size_t dot = rest.find('.');
       const std::string projection = dot == std::string::npos ? "" : rest.substr(dot + 1);
       const std::string layer = prefix.substr(0, at) + kExperts;
-      if (dot != std::string::npos && dot > 0 &&
-          rest.find_first_not_of("0123456789") == dot) {
+      if (dot != std::string::npos && dot > 0 && rest.find_first_not_of("0123456789") == dot) {
         const int64_t e = std::stoll(rest.substr(0, dot));
         if (projection == "down_proj") {
           d = delta(layer + "down_proj", experts, e);

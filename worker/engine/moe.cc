@@ -87,7 +87,8 @@ torch::Tensor ExpertMlp(const torch::Tensor& x, const torch::Tensor& gate, const
     g = F::linear(x, gate), u = F::linear(x, up);
   }
   if (lora.gate_up_a.defined()) {
-    auto delta = (F::linear(F::linear(x, lora.gate_up_a), lora.gate_up_b) * lora.scale).chunk(2, -1);
+    auto delta =
+        (F::linear(F::linear(x, lora.gate_up_a), lora.gate_up_b) * lora.scale).chunk(2, -1);
     g = g + delta[0], u = u + delta[1];
   }
   auto hidden = F::silu(g) * u;

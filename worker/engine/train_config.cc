@@ -29,6 +29,8 @@ const std::set<std::string> kForeignSections = {"elastic",       "checkpoint", "
 
 }  // namespace
 
+const std::set<std::string>& LoraTargetNames() { return kTargetModules; }
+
 StatusOr<std::string> LocalPathFromUri(const std::string& uri, const std::string& base_dir,
                                        const std::string& field) {
   std::string path = uri;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -105,6 +106,8 @@ struct ModelConfig;
 // memory but no capacity: the update B·A cannot have a higher rank. Refused naming
 // spec.lora.rank and the module, before anything is allocated.
 Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model);
+// Every spec.lora.targetModules name some supported family has (what the CRD's enum lists).
+const std::set<std::string>& LoraTargetNames();
 
 // The data's tokenizer fits the model: no id at or beyond config.json's vocab_size, no more
 // ids than the embedding table, BOS/EOS as config.json has them. Errors name both sides.

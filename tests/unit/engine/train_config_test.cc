@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "common/yaml_json.h"
+#include "worker/engine/model_config.h"
 
 namespace tidal::engine {
 namespace {
@@ -167,6 +170,22 @@ TEST(TrainConfigTest, TopLevelGarbageIsRefused) {
   EXPECT_NE(ErrorOf("model: {preset: tiny}\ndataset: {uri: x.jsonl}\nmodle: {}\n")
                 .find("spec.modle: unknown field"),
             std::string::npos);
+}
+
+// The CRD's schema is what kubectl and the API server check a TrainingJob against: it must
+// accept every LoRA target and preset the engine knows (DeepSeek's latent-attention
+// projections included) and nothing the engine would refuse later.
+TEST(TrainConfigTest, CrdSchemaListsExactlyTheLoraTargetsAndPresetsTheEngineKnows) {
+  auto crd = ReadYamlFile(std::string(TIDAL_SOURCE_DIR) + "/crds/tidal.dev_trainingjobs.yaml");
+  ASSERT_TRUE(crd.ok()) << crd.status().message();
+  const nlohmann::json& spec = (*crd)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+                                     ["properties"]["spec"]["properties"];
+  const auto targets =
+      spec["lora"]["properties"]["targetModules"]["items"]["enum"].get<std::set<std::string>>();
+  EXPECT_EQ(targets, LoraTargetNames());
+  const auto presets = spec["model"]["properties"]["preset"]["enum"].get<std::set<std::string>>();
+  const auto names = PresetNames();
+  EXPECT_EQ(presets, std::set<std::string>(names.begin(), names.end()));
 }
 
 }  // namespace
