@@ -3,7 +3,8 @@
 # rank reads only its share of the weights — by range, verified against tidal.checksums.json —
 # and its bytes read, time and throughput (the "model loaded" log line) are set against `dd` of
 # the same files in the same run (both from the page cache once the files were written; the
-# machine's disk is not measured here). Default: a Llama-shaped 0.9 B model in bf16 (~1.8 GB,
+# machine's disk is not measured here), and each rank's peak host memory (VmHWM) with what the
+# load added to it, as a fraction of the model. Default: a Llama-shaped 0.9 B model in bf16 (~1.8 GB,
 # shards of 500 MB), written by bench/model_load.py.
 #   bench/model_load.sh [BUILD_DIR]        (RANKS=4 HIDDEN=2048 LAYERS=16)
 set -euo pipefail
@@ -73,4 +74,13 @@ for l in loads:
     print(f"rank: read {l['bytes_read'] / 1e6:.0f} MB = {l['bytes_read'] / total:.3f} of the model "
           f"({total / 1e6:.0f} MB) in {l['seconds']:.2f} s, {rate:.0f} MB/s verified "
           f"= {rate / dd_rate:.2f} × dd ({dd_rate:.0f} MB/s), resident {l['resident_param_bytes'] / 1e6:.0f} MB")
+    # Host memory while loading: the rank's peak RSS, and what the load added to the process.
+    if l["peak_rss_bytes"] < 0 or l["rss_before_load_bytes"] < 0:
+        print("  host memory: not readable here (/proc/self/status)")
+        continue
+    grown = l["peak_rss_bytes"] - l["rss_before_load_bytes"]
+    since = "during the load" if l["peak_rss_since_load"] else "of the process (peak not reset)"
+    print(f"  host memory: peak RSS {since} {l['peak_rss_bytes'] / 1e6:.0f} MB, "
+          f"{grown / 1e6:.0f} MB above the {l['rss_before_load_bytes'] / 1e6:.0f} MB before it "
+          f"= {grown / total:.3f} of the model")
 PY

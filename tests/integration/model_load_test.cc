@@ -211,6 +211,11 @@ TEST_F(ModelLoadTest, TwoRanksTrainFromS3AsFromDiskEachReadingAboutHalf) {
     const auto read = j["bytes_read"].get<uint64_t>();
     EXPECT_GT(read, weights / 4) << j;
     EXPECT_LT(read, weights * 3 / 4) << j;  // about half, not the whole model
+    // Host memory as the kernel counts it is reported, the peak restarted for the load (the
+    // figures themselves: bench/model_load.sh, on a model large enough to show them).
+    EXPECT_GT(j["rss_before_load_bytes"].get<int64_t>(), 0) << j;
+    EXPECT_GT(j["peak_rss_bytes"].get<int64_t>(), 0) << j;
+    EXPECT_TRUE(j["peak_rss_since_load"].get<bool>()) << j;
   }
 }
 

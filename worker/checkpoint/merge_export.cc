@@ -63,6 +63,9 @@ StatusOr<MergeReport> ExportMerged(Repository& repo, std::optional<int64_t> step
   lora.alpha = info.alpha;
   lora.dropout = info.dropout;
   lora.target_modules = info.target_modules;
+  // The adapter's targets against this base (gate without up on a model with experts, a rank
+  // above a projection's side, a module it lacks): refused here, not merged into nothing.
+  TIDAL_RETURN_IF_ERROR(engine::CheckLoraFitsModel(lora, config));
   engine::DecoderModel model(config, lora);
   engine::ParameterReader read = hf ? hf->Reader(model, info.base_init_seed)
                                     : engine::RandomInitReader(model, info.base_init_seed);
@@ -98,7 +101,10 @@ StatusOr<MergeReport> ExportMerged(Repository& repo, std::optional<int64_t> step
       }
     }
     std::vector<std::string> adapted;
-    for (auto& [name, tensor] : engine::MergeLora(named, lora, &adapted)) {
+    TIDAL_ASSIGN_OR_RETURN(
+        auto block_merged,
+        engine::MergeLora(named, lora, config.moe.n_routed_experts, &adapted));
+    for (auto& [name, tensor] : block_merged) {
       report.bytes += static_cast<uint64_t>(tensor.numel()) * torch::elementSize(dtype);
       merged.emplace_back(name, tensor.to(dtype));
     }

@@ -15,8 +15,9 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-// The projections of a decoder layer. The id keys LoRA dropout masks, so the numbering is part
-// of the numerics: do not renumber. Routed expert e's gate/up/down are kExpert + 3e + 0/1/2.
+// The projections of a decoder layer. The id keys LoRA dropout masks, so the numbering up to
+// kSharedDown is part of the numerics: do not renumber it. Routed expert e's gate/up/down are
+// kExpert + 3e + 0/1/2 (never adapted one by one, so never masked: their ids may move).
 enum ModuleId : size_t {
   kQ = 0,
   kK,
@@ -464,26 +465,30 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
     ctx.moe->expert_tokens[layer] = routing.expert_tokens;
     if (ctx.moe->keep_choices) ctx.moe->choices[layer] = std::get<0>(routing.experts.sort(1));
   }
-  // The routed experts' adapters, when targeted, as per-expert stacks: A [experts, r, in] and
-  // B [experts, out, r] (the constructor's layout; one reordering copy of B per forward).
+  // The routed experts' adapters, when targeted, cut per expert: A [r, in] and B [out, r] from
+  // the constructor's layout (one reordering copy of B per forward). One unbind each — its
+  // backward is one stack — not an index per expert, whose backwards would each fill a zero
+  // tensor of the whole adapter (E² work over a layer's experts).
   const int64_t experts = moe.n_routed_experts;
-  torch::Tensor gate_up_a, gate_up_b, down_a, down_b;
-  auto stacks = [&](size_t id, torch::Tensor& a, torch::Tensor& b) {
+  std::vector<torch::Tensor> gate_up_a, gate_up_b, down_a, down_b;
+  auto per_expert = [&](size_t id, std::vector<torch::Tensor>& a, std::vector<torch::Tensor>& b) {
     auto it = mods.find(id);
     if (it == mods.end()) return;
-    a = it->second.lora_a.view({experts, -1, it->second.lora_a.size(1)});
-    b = it->second.lora_b.view({it->second.lora_b.size(0), -1, experts})
+    a = it->second.lora_a.reshape({experts, -1, it->second.lora_a.size(1)}).unbind(0);
+    b = it->second.lora_b.reshape({it->second.lora_b.size(0), -1, experts})
             .permute({2, 0, 1})
-            .contiguous();
+            .contiguous()
+            .unbind(0);
   };
-  stacks(kExpertsGateUp, gate_up_a, gate_up_b);
-  stacks(kExpertsDown, down_a, down_b);
+  per_expert(kExpertsGateUp, gate_up_a, gate_up_b);
+  per_expert(kExpertsDown, down_a, down_b);
   auto routed = RunExperts(tokens, routing, experts, [&](int64_t e, const torch::Tensor& in) {
     const size_t id = kExpert + 3 * static_cast<size_t>(e);
+    const auto i = static_cast<size_t>(e);
     ExpertLora lora;
     lora.scale = lora_scale_;
-    if (gate_up_a.defined()) lora.gate_up_a = gate_up_a[e], lora.gate_up_b = gate_up_b[e];
-    if (down_a.defined()) lora.down_a = down_a[e], lora.down_b = down_b[e];
+    if (!gate_up_a.empty()) lora.gate_up_a = gate_up_a[i], lora.gate_up_b = gate_up_b[i];
+    if (!down_a.empty()) lora.down_a = down_a[i], lora.down_b = down_b[i];
     return ExpertMlp(in, mods.at(id).weight, mods.at(id + 1).weight, mods.at(id + 2).weight, lora);
   });
   auto out = routed.view_as(m);
@@ -492,49 +497,54 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
   return hidden + out;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>> MergeLora(
+StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> MergeLora(
     const std::vector<std::pair<std::string, torch::Tensor>>& named, const LoraSpec& lora,
-    std::vector<std::string>* adapted) {
+    int64_t routed_experts, std::vector<std::string>* adapted) {
+  if (lora.rank < 1) return InvalidArgument("merge: LoRA rank must be positive");
   std::map<std::string, torch::Tensor> by_name(named.begin(), named.end());
   const double scale = lora.alpha / static_cast<double>(lora.rank);
   std::vector<std::pair<std::string, torch::Tensor>> merged;
   const std::string kA = ".lora_A.weight", kB = ".lora_B.weight", kExperts = ".mlp.experts.";
-  // B · A in fp32: the adapter's whole delta, or routed expert `expert`'s rows of it (PEFT's
-  // ParamWrapper layout, see the constructor) when `experts` > 0.
-  auto delta = [&](const std::string& adapter, int64_t experts,
-                   int64_t expert) -> std::optional<torch::Tensor> {
+  // (alpha / r) · B · A in fp32: the adapter's whole delta, or with `experts` its rows for
+  // routed expert `expert` (PEFT's ParamWrapper layout, see the constructor: A [rank · experts,
+  // in] expert-major, B [out, rank · experts] rank-major).
+  auto delta = [&](const std::string& adapter, int64_t rank, int64_t experts,
+                   int64_t expert) -> StatusOr<std::optional<torch::Tensor>> {
     auto a = by_name.find(adapter + kA), b = by_name.find(adapter + kB);
-    if (a == by_name.end() || b == by_name.end()) return std::nullopt;
+    if (a == by_name.end() || b == by_name.end()) return std::optional<torch::Tensor>();
     auto a32 = a->second.to(torch::kFloat32), b32 = b->second.to(torch::kFloat32);
-    if (experts == 0) return torch::matmul(b32, a32) * scale;
-    auto a_e = a32.view({experts, -1, a32.size(1)})[expert];
-    auto b_e = b32.view({b32.size(0), -1, experts}).select(2, expert);
-    return torch::matmul(b_e, a_e) * scale;
+    if (a32.dim() != 2 || b32.dim() != 2 || a32.size(0) != rank * experts ||
+        b32.size(1) != rank * experts)
+      return InvalidArgument("merge: " + adapter + " adapter is not [" +
+                             std::to_string(rank * experts) + ", in] / [out, " +
+                             std::to_string(rank * experts) + "]");
+    if (experts == 1) return std::optional<torch::Tensor>(torch::matmul(b32, a32) * scale);
+    auto a_e = a32.view({experts, rank, a32.size(1)})[expert];
+    auto b_e = b32.view({b32.size(0), rank, experts}).select(2, expert);
+    return std::optional<torch::Tensor>(torch::matmul(b_e, a_e) * scale);
   };
-  int64_t experts = 0;  // from the shape of the routed experts' adapters, if any
-  for (const auto& [name, t] : named) {
-    if (name.find(kExperts + "down_proj" + kA) != std::string::npos)
-      experts = t.size(0) / lora.rank;
-    if (name.find(kExperts + "gate_up_proj" + kA) != std::string::npos)
-      experts = t.size(0) / (2 * lora.rank);
-  }
   for (const auto& [name, tensor] : named) {
     if (name.find(".lora_") != std::string::npos) continue;
     const std::string prefix = name.substr(0, name.size() - std::string(".weight").size());
-    std::optional<torch::Tensor> d = delta(prefix, 0, 0);
+    TIDAL_ASSIGN_OR_RETURN(std::optional<torch::Tensor> d, delta(prefix, lora.rank, 1, 0));
     // "<layer>.mlp.experts.<e>.<gate|up|down>_proj": the expert's share of the fused adapters.
     const size_t at = prefix.find(kExperts);
-    if (!d && experts > 0 && at != std::string::npos) {
+    if (!d && routed_experts > 0 && at != std::string::npos) {
       const std::string rest = prefix.substr(at + kExperts.size());
       const size_t dot = rest.find('.');
-      const std::string projection = dot == std::string::npos ? "" : rest.substr(dot + 1);
       const std::string layer = prefix.substr(0, at) + kExperts;
-      if (dot != std::string::npos && dot > 0 && rest.find_first_not_of("0123456789") == dot) {
+      if (dot != std::string::npos && dot > 0 && dot <= 9 &&
+          rest.find_first_not_of("0123456789") == dot) {
         const int64_t e = std::stoll(rest.substr(0, dot));
+        const std::string projection = rest.substr(dot + 1);
+        if (e >= routed_experts)
+          return InvalidArgument("merge: " + name + " names expert " + std::to_string(e) +
+                                 " of " + std::to_string(routed_experts));
         if (projection == "down_proj") {
-          d = delta(layer + "down_proj", experts, e);
+          TIDAL_ASSIGN_OR_RETURN(d, delta(layer + "down_proj", lora.rank, routed_experts, e));
         } else if (projection == "gate_proj" || projection == "up_proj") {
-          d = delta(layer + "gate_up_proj", experts, e);
+          TIDAL_ASSIGN_OR_RETURN(d,
+                                 delta(layer + "gate_up_proj", 2 * lora.rank, routed_experts, e));
           if (d) d = d->chunk(2, 0)[projection == "gate_proj" ? 0 : 1];
         }
       }

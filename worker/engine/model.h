@@ -117,13 +117,14 @@ class DecoderModel {
   std::vector<BlockSpec> blocks_;
 };
 
-// Folds every adapter into its base weight: W' = W + (alpha / r) · B · A; a routed expert's
-// gate/up/down weight takes its expert's slice of the experts' fused adapters. `named` maps HF
-// names to full tensors; returns the base weights (adapter entries removed). `adapted`, when
-// set, receives the names of the weights an adapter changed.
-std::vector<std::pair<std::string, torch::Tensor>> MergeLora(
+// Folds every adapter into its base weight: W' = W + (alpha / r) · B · A; with
+// `routed_experts` > 0, a routed expert's gate/up/down weight takes its expert's slice of the
+// experts' fused adapters. `named` maps HF names to full tensors; returns the base weights
+// (adapter entries removed), or InvalidArgument for an adapter whose shape does not fit.
+// `adapted`, when set, receives the names of the weights an adapter changed.
+StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> MergeLora(
     const std::vector<std::pair<std::string, torch::Tensor>>& named, const LoraSpec& lora,
-    std::vector<std::string>* adapted = nullptr);
+    int64_t routed_experts = 0, std::vector<std::string>* adapted = nullptr);
 
 // 64-bit mixing (splitmix64 finaliser) for deriving seeds from keys.
 uint64_t MixSeed(uint64_t a, uint64_t b);

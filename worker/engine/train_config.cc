@@ -85,7 +85,12 @@ Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model) {
           "model) take no dropout, as in PEFT; set 0 or target the attention only");
   }
   for (const std::string& m : lora.target_modules) {
-    const auto shapes = model.ProjectionShapes(m);
+    auto shapes = model.ProjectionShapes(m);
+    // The routed experts' gate and up are one [2·inter, hidden] adapter at rank 2r.
+    const bool fused = model.moe.n_routed_experts > 0 && (m == "gate_proj" || m == "up_proj");
+    const int64_t rank = fused ? 2 * lora.rank : lora.rank;
+    const std::string what = fused ? "the routed experts' gate_up_proj (gate_proj + up_proj)" : m;
+    if (fused && !shapes.empty()) shapes = {{2 * shapes[0].first, shapes[0].second}};
     if (shapes.empty()) {
       std::string has;
       for (const auto& t : model.LoraTargets()) has += (has.empty() ? "" : ", ") + t;
@@ -93,12 +98,14 @@ Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model) {
                              model.model_type + " model (its projections: " + has + ")");
     }
     for (const auto& [out, in] : shapes)
-      if (lora.rank > std::min(out, in))
+      if (rank > std::min(out, in))
         return InvalidArgument(
-            "spec.lora.rank: " + std::to_string(lora.rank) + " exceeds the smaller side of " + m +
-            " (" + std::to_string(out) + " × " + std::to_string(in) +
-            ") in this model; use a rank <= " + std::to_string(std::min(out, in)) + " or leave " +
-            m + " out of targetModules");
+            "spec.lora.rank: " + std::to_string(lora.rank) +
+            (fused ? " (" + std::to_string(rank) + " fused)" : std::string()) +
+            " exceeds the smaller side of " + what + " (" + std::to_string(out) + " × " +
+            std::to_string(in) + ") in this model; use a rank <= " +
+            std::to_string(std::min(out, in) / (fused ? 2 : 1)) + " or leave " + m +
+            " out of targetModules");
   }
   return OkStatus();
 }

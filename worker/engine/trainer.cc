@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/log.h"
+#include "common/process_memory.h"
 #include "worker/engine/hf_checkpoint.h"
 
 namespace tidal::engine {
@@ -81,9 +82,29 @@ Status Trainer::Initialize() {
       *model_, *comm_, ShardingOptions{opt.zero_stage, options_.device, dtype});
   const uint64_t init_seed = config_.model.init_seed;
   const auto load_start = std::chrono::steady_clock::now();
-  TIDAL_RETURN_IF_ERROR(
-      params_->Load(hf ? hf->Reader(*model_, init_seed) : RandomInitReader(*model_, init_seed)));
+  // The load's own peak host memory: the kernel's peak restarted here (data preparation and an
+  // earlier generation of this process do not count).
+  const bool peak_reset = ResetPeakRss();
+  const std::optional<ProcessMemory> before_load = ReadProcessMemory();
+  // A large model takes minutes: a progress line every 5 s (share loaded, bytes read, ETA).
+  auto last_progress = load_start;
+  auto progress = [&](int64_t loaded, int64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_progress < std::chrono::seconds(5) || loaded >= total) return;
+    last_progress = now;
+    const double seconds = std::chrono::duration<double>(now - load_start).count();
+    const double share = static_cast<double>(loaded) / static_cast<double>(total);
+    nlohmann::json fields = {{"model", hf ? config_.model.uri : config_.model.preset},
+                             {"loaded", std::round(share * 1000) / 1000},
+                             {"seconds", std::round(seconds)},
+                             {"eta_s", std::round(seconds * (1 - share) / share)}};
+    if (hf) fields["bytes_read"] = hf->BytesRead();
+    LogInfo("loading model", fields);
+  };
+  TIDAL_RETURN_IF_ERROR(params_->Load(
+      hf ? hf->Reader(*model_, init_seed) : RandomInitReader(*model_, init_seed), progress));
   if (hf) {
+    const std::optional<ProcessMemory> after_load = ReadProcessMemory();
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
     LogInfo("model loaded",
@@ -92,7 +113,13 @@ Status Trainer::Initialize() {
              {"verified", hf->verified()},
              {"seconds", seconds},
              {"mb_per_s", std::round(hf->BytesRead() / 1e6 / std::max(seconds, 1e-9))},
-             {"resident_param_bytes", params_->ResidentParameterBytes()}});
+             {"resident_param_bytes", params_->ResidentParameterBytes()},
+             // Host memory: the process before the load, and its peak since then when the
+             // reset worked (the load's transient buffers included) — what a rank held while
+             // loading; -1 if unknown.
+             {"rss_before_load_bytes", before_load ? before_load->rss_bytes : -1},
+             {"peak_rss_bytes", after_load ? after_load->peak_rss_bytes : -1},
+             {"peak_rss_since_load", peak_reset}});
   }
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
   LogInfo("engine ready", {{"model_type", model_config.model_type},

@@ -138,18 +138,30 @@ ShardedParameters::ShardedParameters(const DecoderModel& model, Comm& comm, Shar
 
 ShardedParameters::~ShardedParameters() = default;
 
-Status ShardedParameters::Load(const ParameterReader& read) {
+Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& progress) {
   torch::NoGradGuard no_grad;
   const int64_t world = comm_.world_size(), rank = comm_.rank();
+  // What this rank keeps of each parameter: [begin, end) of its flat buffer, and their sum.
+  const int64_t stage = options_.stage;
+  auto kept_range = [&](const Flat& flat, size_t k, const ParamSpec& p) {
+    const int64_t lo = stage == 3 ? rank * (flat.padded / world) : 0, hi = lo + flat.data.numel();
+    return std::pair{std::max(lo, flat.offset[k]), std::min(hi, flat.offset[k] + p.numel())};
+  };
+  int64_t total = 0, loaded = 0;
+  for (size_t b = 0; b < blocks_.size(); ++b)
+    for (const Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable})
+      for (size_t k = 0; k < flat->param_index.size(); ++k) {
+        const auto [begin, end] =
+            kept_range(*flat, k, model_.blocks()[b].params[flat->param_index[k]]);
+        total += std::max<int64_t>(0, end - begin);
+      }
   for (size_t b = 0; b < blocks_.size(); ++b) {
     const BlockSpec& spec = model_.blocks()[b];
     for (Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable}) {
-      const int64_t kept = flat->data.numel();
-      const int64_t lo = options_.stage == 3 ? rank * (flat->padded / world) : 0, hi = lo + kept;
+      const int64_t lo = stage == 3 ? rank * (flat->padded / world) : 0;
       for (size_t k = 0; k < flat->param_index.size(); ++k) {
         const ParamSpec& p = spec.params[flat->param_index[k]];
-        const int64_t begin = std::max(lo, flat->offset[k]);
-        const int64_t end = std::min(hi, flat->offset[k] + p.numel());
+        const auto [begin, end] = kept_range(*flat, k, p);
         if (begin >= end) continue;
         auto values = read(p, begin - flat->offset[k], end - begin);
         if (!values.ok()) return values.status();
@@ -157,6 +169,8 @@ Status ShardedParameters::Load(const ParameterReader& read) {
           return Internal("reader returned " + std::to_string(values->numel()) + " elements for " +
                           p.name + ", expected " + std::to_string(end - begin));
         flat->data.narrow(0, begin - lo, end - begin).copy_(values->reshape({-1}));
+        loaded += end - begin;
+        if (progress) progress(loaded, total);
       }
     }
   }

@@ -73,7 +73,10 @@ class ShardedParameters {
   ~ShardedParameters();
 
   // Fills this rank's share of every parameter. Each rank reads only the ranges it keeps.
-  Status Load(const ParameterReader& read);
+  // `progress`, when set, is called after each read with the elements loaded so far and the
+  // elements this rank will load in all.
+  using LoadProgress = std::function<void(int64_t loaded, int64_t total)>;
+  Status Load(const ParameterReader& read, const LoadProgress& progress = {});
 
   // Runs the whole model on one micro-batch. With ctx.targets: the summed token loss (fp32
   // scalar, differentiable w.r.t. the trainable weights); without: logits.

@@ -103,7 +103,9 @@ TEST(AdapterInfoTest, RoundTripsThroughTrainerState) {
   // A record from before mixture-of-experts adapters: a dense model.
   json old_record = AdapterInfoJson(info);
   old_record.erase("routedExperts");
-  EXPECT_EQ(AdapterInfoFromTrainerState({{"adapter", old_record}})->routed_experts, 0);
+  auto dense = AdapterInfoFromTrainerState({{"adapter", old_record}});
+  ASSERT_TRUE(dense.ok()) << dense.status().message();
+  EXPECT_EQ(dense->routed_experts, 0);
 }
 
 TEST(AdapterInfoTest, EachBadFieldIsRefusedByName) {

@@ -247,11 +247,23 @@ TEST(ModelConfigTest, DeepseekConfigsAreReadAndUnsupportedRoutingIsRefusedByName
   lora.dropout = 0;
   lora.target_modules = {"q_proj", "gate_proj", "up_proj", "down_proj"};
   EXPECT_TRUE(CheckLoraFitsModel(lora, *c).ok());
+  lora.rank = 1025;  // fits each expert's gate (1408 × 2048), not the fused gate_up at 2r
+  refused_targets = CheckLoraFitsModel(lora, *c);
+  ASSERT_FALSE(refused_targets.ok());
+  EXPECT_NE(refused_targets.message().find(
+                "spec.lora.rank: 1025 (2050 fused) exceeds the smaller side of the routed experts' "
+                "gate_up_proj (gate_proj + up_proj) (2816 × 2048) in this model; use a rank <= "
+                "1024"),
+            std::string::npos)
+      << refused_targets.message();
+  lora.rank = 1024;
+  EXPECT_TRUE(CheckLoraFitsModel(lora, *c).ok());
+  lora.target_modules = {"down_proj"};
   lora.rank = 1409;  // more than an expert's down_proj has (2048 × 1408)
   refused_targets = CheckLoraFitsModel(lora, *c);
   ASSERT_FALSE(refused_targets.ok());
   EXPECT_NE(refused_targets.message().find("spec.lora.rank: 1409 exceeds the smaller side of "
-                                           "gate_proj (1408 × 2048)"),
+                                           "down_proj (2048 × 1408)"),
             std::string::npos)
       << refused_targets.message();
 
@@ -375,8 +387,9 @@ TEST(ModelTest, OutputsAtAPositionDoNotDependOnLaterTokens) {
   EXPECT_FALSE(torch::allclose(a.narrow(1, 12, 4), b.narrow(1, 12, 4)));
 }
 
-TEST(ModelTest, MergedLoraWeightsReproduceTheAdaptedModel) {
-  DecoderModel model(Tiny(), Lora());
+// Merges `lora` on `config` and checks the merged plain model against the adapted one.
+void ExpectMergeReproducesTheAdaptedModel(const ModelConfig& config, const LoraSpec& lora) {
+  DecoderModel model(config, lora);
   auto comm = MakeSingleRankComm();
   ShardedParameters adapted(model, *comm, {0, torch::kCPU, torch::kFloat32});
   // Non-zero B so that the adapters matter.
@@ -392,11 +405,15 @@ TEST(ModelTest, MergedLoraWeightsReproduceTheAdaptedModel) {
   auto tokens = torch::randint(0, 256, {2, 20}, torch::kInt64);
   auto expected = Logits(adapted, model, tokens);
 
-  auto merged = MergeLora(*adapted.GatherFull(), model.lora());
-  std::map<std::string, torch::Tensor> by_name(merged.begin(), merged.end());
-  LoraSpec none = Lora();
+  std::vector<std::string> changed;
+  auto merged =
+      MergeLora(*adapted.GatherFull(), model.lora(), config.moe.n_routed_experts, &changed);
+  ASSERT_TRUE(merged.ok()) << merged.status().message();
+  EXPECT_FALSE(changed.empty());
+  std::map<std::string, torch::Tensor> by_name(merged->begin(), merged->end());
+  LoraSpec none = lora;
   none.target_modules.clear();
-  DecoderModel plain(Tiny(), none);
+  DecoderModel plain(config, none);
   ShardedParameters merged_params(plain, *comm, {0, torch::kCPU, torch::kFloat32});
   ASSERT_TRUE(merged_params
                   .Load([&](const ParamSpec& spec, int64_t first,
@@ -411,6 +428,44 @@ TEST(ModelTest, MergedLoraWeightsReproduceTheAdaptedModel) {
   EXPECT_FALSE(torch::allclose(Logits(base_only, plain, tokens), expected, 1e-4, 1e-5));
   EXPECT_TRUE(torch::allclose(actual, expected, 1e-4, 1e-5))
       << (actual - expected).abs().max().item<double>();
+}
+
+TEST(ModelTest, MergedLoraWeightsReproduceTheAdaptedModel) {
+  ExpectMergeReproducesTheAdaptedModel(Tiny(), Lora());
+}
+
+// Each routed expert's weights take its slice of the experts' fused adapters (gate_up at rank
+// 2r: gate's rows first), whichever of them are targeted.
+TEST(ModelTest, MergedExpertAdaptersReproduceTheAdaptedMixtureOfExperts) {
+  ModelConfig v2 = Tiny(false);
+  v2.model_type = "deepseek_v2", v2.num_key_value_heads = v2.num_attention_heads;
+  v2.mla = {0, 32, 16, 16, 24, true};
+  v2.moe.n_routed_experts = 4, v2.moe.num_experts_per_tok = 2, v2.moe.n_shared_experts = 1;
+  v2.moe.moe_intermediate_size = 32, v2.moe.first_k_dense_replace = 1;
+  for (const std::vector<std::string>& targets :
+       {std::vector<std::string>{"q_proj", "gate_proj", "up_proj", "down_proj"},
+        std::vector<std::string>{"gate_proj", "up_proj"}, std::vector<std::string>{"down_proj"}}) {
+    SCOPED_TRACE(nlohmann::json(targets).dump());
+    LoraSpec lora = Lora();
+    lora.dropout = 0;
+    lora.target_modules = targets;
+    ASSERT_TRUE(CheckLoraFitsModel(lora, v2).ok());
+    ExpectMergeReproducesTheAdaptedModel(v2, lora);
+  }
+}
+
+// A fused experts' adapter whose shape does not fit the experts is refused, not sliced wrong.
+TEST(ModelTest, MergeRefusesAnExpertsAdapterOfTheWrongShape) {
+  LoraSpec lora = Lora();  // rank 4
+  const std::vector<std::pair<std::string, torch::Tensor>> named = {
+      {"model.layers.1.mlp.experts.0.down_proj.weight", torch::zeros({8, 16})},
+      {"model.layers.1.mlp.experts.down_proj.lora_A.weight", torch::zeros({12, 16})},
+      {"model.layers.1.mlp.experts.down_proj.lora_B.weight", torch::zeros({8, 12})}};
+  auto merged = MergeLora(named, lora, /*routed_experts=*/4);  // rank · experts is 16, not 12
+  ASSERT_FALSE(merged.ok());
+  EXPECT_NE(merged.status().message().find("down_proj adapter is not [16, in] / [out, 16]"),
+            std::string::npos)
+      << merged.status().message();
 }
 
 }  // namespace
@@ -462,8 +517,9 @@ TEST(MemoryPlanTest, BlockCountsAreTheModelsBlocksForEveryFamily) {
   const std::vector<std::pair<ModelConfig, std::vector<std::string>>> cases = {
       {tiny, {"q_proj", "v_proj", "down_proj"}},
       {qwen3, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}},
-      {v2, {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}},
-      {v3, {"q_a_proj", "q_b_proj", "kv_b_proj"}},
+      {v2, {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj",
+            "down_proj"}},
+      {v3, {"q_a_proj", "q_b_proj", "kv_b_proj", "down_proj"}},
   };
   for (const auto& [config, targets] : cases) {
     LoraSpec lora{.rank = 4, .target_modules = targets};

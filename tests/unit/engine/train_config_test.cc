@@ -178,12 +178,17 @@ TEST(TrainConfigTest, TopLevelGarbageIsRefused) {
 TEST(TrainConfigTest, CrdSchemaListsExactlyTheLoraTargetsAndPresetsTheEngineKnows) {
   auto crd = ReadYamlFile(std::string(TIDAL_SOURCE_DIR) + "/crds/tidal.dev_trainingjobs.yaml");
   ASSERT_TRUE(crd.ok()) << crd.status().message();
-  const nlohmann::json& spec = (*crd)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-                                     ["properties"]["spec"]["properties"];
-  const auto targets =
-      spec["lora"]["properties"]["targetModules"]["items"]["enum"].get<std::set<std::string>>();
-  EXPECT_EQ(targets, LoraTargetNames());
-  const auto presets = spec["model"]["properties"]["preset"]["enum"].get<std::set<std::string>>();
+  using Pointer = nlohmann::json::json_pointer;
+  const Pointer spec("/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties");
+  const Pointer targets_at = spec / Pointer("/lora/properties/targetModules/items/enum");
+  const Pointer presets_at = spec / Pointer("/model/properties/preset/enum");
+  ASSERT_TRUE(crd->contains(targets_at) && crd->contains(presets_at));
+  EXPECT_EQ(crd->at(targets_at).get<std::set<std::string>>(), LoraTargetNames());
+  // And every name some family can adapt is one the engine accepts.
+  for (const char* preset : {"tiny", "r1-0528-qwen3-8b", "deepseek-v2-lite"})
+    for (const std::string& t : PresetModelConfig(preset)->LoraTargets())
+      EXPECT_TRUE(LoraTargetNames().count(t)) << preset << ": " << t;
+  const auto presets = crd->at(presets_at).get<std::set<std::string>>();
   const auto names = PresetNames();
   EXPECT_EQ(presets, std::set<std::string>(names.begin(), names.end()));
 }

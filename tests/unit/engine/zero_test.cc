@@ -54,7 +54,29 @@ TEST(ZeroTest, Stage3GathersBackExactlyWhatWasLoadedAndComputesTheSameLogits) {
   auto expected_logits = Logits(reference, model, tokens);
   RunRanks(3, [&](Comm& comm) {  // 3 does not divide most sizes: padding is exercised
     ShardedParameters sharded(model, comm, {3, torch::kCPU, torch::kFloat32});
-    ASSERT_TRUE(sharded.Load(RandomInitReader(model, 9)).ok());
+    // Progress counts this rank's elements: rising, ending at its total; the totals of the ranks
+    // add up to the model.
+    int64_t last = 0, total = 0, calls = 0;
+    const bool monotonic = [&] {
+      bool rising = true;
+      EXPECT_TRUE(sharded
+                      .Load(RandomInitReader(model, 9),
+                            [&](int64_t loaded, int64_t of) {
+                              rising = rising && loaded > last && (total == 0 || of == total);
+                              last = loaded, total = of, ++calls;
+                            })
+                      .ok());
+      return rising;
+    }();
+    EXPECT_TRUE(monotonic);
+    EXPECT_GT(calls, 1);
+    EXPECT_EQ(last, total);
+    int64_t params = 0;
+    for (const BlockSpec& block : model.blocks())
+      for (const ParamSpec& p : block.params) params += p.numel();
+    std::vector<int64_t> all_ranks{total};  // the ranks' shares add up to the whole model
+    ASSERT_TRUE(comm.AllReduceSumHost(all_ranks).ok());
+    EXPECT_EQ(all_ranks[0], params);
     auto gathered = sharded.GatherFull();
     ASSERT_TRUE(gathered.ok());
     ASSERT_EQ(gathered->size(), expected.size());

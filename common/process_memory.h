@@ -1,0 +1,23 @@
+// common/process_memory.h — this process's resident memory as the kernel counts it
+// (/proc/self/status: VmRSS now, VmHWM its peak so far), for logs and benchmarks that must show
+// what a phase held in host memory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+namespace tidal {
+
+struct ProcessMemory {
+  int64_t rss_bytes = 0;       // resident now (anonymous, file-backed and shared pages)
+  int64_t peak_rss_bytes = 0;  // the most ever resident at once
+};
+
+// nullopt where /proc/self/status cannot be read or lacks the fields (not Linux).
+std::optional<ProcessMemory> ReadProcessMemory();
+
+// Starts the peak over from the current resident size (writes 5 to /proc/self/clear_refs,
+// Linux ≥ 4.0), so that a later peak_rss_bytes is one phase's; false where that is refused.
+bool ResetPeakRss();
+
+}  // namespace tidal
