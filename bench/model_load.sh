@@ -80,7 +80,8 @@ for l in loads:
         continue
     grown = l["peak_rss_bytes"] - l["rss_before_load_bytes"]
     since = "during the load" if l["peak_rss_since_load"] else "of the process (peak not reset)"
-    print(f"  host memory: peak RSS {since} {l['peak_rss_bytes'] / 1e6:.0f} MB, "
-          f"{grown / 1e6:.0f} MB above the {l['rss_before_load_bytes'] / 1e6:.0f} MB before it "
-          f"= {grown / total:.3f} of the model")
+    print(f"  host memory: peak RSS {since} {l['peak_rss_bytes'] / 1e6:.0f} MB "
+          f"= {l['peak_rss_bytes'] / total:.2f} of the model; the load (ZeRO slices + read "
+          f"buffers) {grown / 1e6:.0f} MB above the process's {l['rss_before_load_bytes'] / 1e6:.0f}"
+          f" MB before it = {grown / total:.3f} of the model")
 PY

@@ -101,9 +101,8 @@ StatusOr<MergeReport> ExportMerged(Repository& repo, std::optional<int64_t> step
       }
     }
     std::vector<std::string> adapted;
-    TIDAL_ASSIGN_OR_RETURN(
-        auto block_merged,
-        engine::MergeLora(named, lora, config.moe.n_routed_experts, &adapted));
+    TIDAL_ASSIGN_OR_RETURN(auto block_merged,
+                           engine::MergeLora(named, lora, config.moe.n_routed_experts, &adapted));
     for (auto& [name, tensor] : block_merged) {
       report.bytes += static_cast<uint64_t>(tensor.numel()) * torch::elementSize(dtype);
       merged.emplace_back(name, tensor.to(dtype));

@@ -538,8 +538,8 @@ StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> MergeLora(
         const int64_t e = std::stoll(rest.substr(0, dot));
         const std::string projection = rest.substr(dot + 1);
         if (e >= routed_experts)
-          return InvalidArgument("merge: " + name + " names expert " + std::to_string(e) +
-                                 " of " + std::to_string(routed_experts));
+          return InvalidArgument("merge: " + name + " names expert " + std::to_string(e) + " of " +
+                                 std::to_string(routed_experts));
         if (projection == "down_proj") {
           TIDAL_ASSIGN_OR_RETURN(d, delta(layer + "down_proj", lora.rank, routed_experts, e));
         } else if (projection == "gate_proj" || projection == "up_proj") {

@@ -99,13 +99,12 @@ Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model) {
     }
     for (const auto& [out, in] : shapes)
       if (rank > std::min(out, in))
-        return InvalidArgument(
-            "spec.lora.rank: " + std::to_string(lora.rank) +
-            (fused ? " (" + std::to_string(rank) + " fused)" : std::string()) +
-            " exceeds the smaller side of " + what + " (" + std::to_string(out) + " × " +
-            std::to_string(in) + ") in this model; use a rank <= " +
-            std::to_string(std::min(out, in) / (fused ? 2 : 1)) + " or leave " + m +
-            " out of targetModules");
+        return InvalidArgument("spec.lora.rank: " + std::to_string(lora.rank) +
+                               (fused ? " (" + std::to_string(rank) + " fused)" : std::string()) +
+                               " exceeds the smaller side of " + what + " (" + std::to_string(out) +
+                               " × " + std::to_string(in) + ") in this model; use a rank <= " +
+                               std::to_string(std::min(out, in) / (fused ? 2 : 1)) + " or leave " +
+                               m + " out of targetModules");
   }
   return OkStatus();
 }

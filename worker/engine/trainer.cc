@@ -78,14 +78,15 @@ Status Trainer::Initialize() {
   data_ = std::move(options_.data);
   TIDAL_RETURN_IF_ERROR(CheckJobFitsModel(config_, model_config, data_->manifest().tokenizer));
   model_ = std::make_unique<DecoderModel>(model_config, config_.lora);
+  // The load's own host memory — this rank's ZeRO slices and the reads' buffers: the kernel's
+  // peak restarted here (data preparation and an earlier generation of this process do not
+  // count).
+  const bool peak_reset = ResetPeakRss();
+  const std::optional<ProcessMemory> before_load = ReadProcessMemory();
   params_ = std::make_unique<ShardedParameters>(
       *model_, *comm_, ShardingOptions{opt.zero_stage, options_.device, dtype});
   const uint64_t init_seed = config_.model.init_seed;
   const auto load_start = std::chrono::steady_clock::now();
-  // The load's own peak host memory: the kernel's peak restarted here (data preparation and an
-  // earlier generation of this process do not count).
-  const bool peak_reset = ResetPeakRss();
-  const std::optional<ProcessMemory> before_load = ReadProcessMemory();
   // A large model takes minutes: a progress line every 5 s (share loaded, bytes read, ETA).
   auto last_progress = load_start;
   auto progress = [&](int64_t loaded, int64_t total) {
@@ -114,8 +115,8 @@ Status Trainer::Initialize() {
              {"seconds", seconds},
              {"mb_per_s", std::round(hf->BytesRead() / 1e6 / std::max(seconds, 1e-9))},
              {"resident_param_bytes", params_->ResidentParameterBytes()},
-             // Host memory: the process before the load, and its peak since then when the
-             // reset worked (the load's transient buffers included) — what a rank held while
+             // Host memory: the process before its slices were allocated, and its peak since
+             // then when the reset worked (slices and read buffers) — what a rank held while
              // loading; -1 if unknown.
              {"rss_before_load_bytes", before_load ? before_load->rss_bytes : -1},
              {"peak_rss_bytes", after_load ? after_load->peak_rss_bytes : -1},

@@ -517,8 +517,9 @@ TEST(MemoryPlanTest, BlockCountsAreTheModelsBlocksForEveryFamily) {
   const std::vector<std::pair<ModelConfig, std::vector<std::string>>> cases = {
       {tiny, {"q_proj", "v_proj", "down_proj"}},
       {qwen3, {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}},
-      {v2, {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj",
-            "down_proj"}},
+      {v2,
+       {"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj",
+        "down_proj"}},
       {v3, {"q_a_proj", "q_b_proj", "kv_b_proj", "down_proj"}},
   };
   for (const auto& [config, targets] : cases) {
