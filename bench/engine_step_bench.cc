@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -60,6 +61,7 @@ int main(int argc, char** argv) {
   int64_t batch = 4, seq = 128, steps = 10, warmup = 2, rank = 16;
   int threads = 0;
   int stage = 0;
+  std::string hf_config_out;  // set: write the preset's config.json there and exit
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) {
@@ -92,10 +94,23 @@ int main(int argc, char** argv) {
       targets = SplitComma(value);
     else if (flag == "--data")
       data = value;
+    else if (flag == "--hf-config-out")
+      hf_config_out = value;
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
     }
+  }
+  if (!hf_config_out.empty()) {
+    // The preset as transformers builds it (bench/hf_reference_step.py --config): one source
+    // of the shapes both sides time.
+    auto model = PresetModelConfig(preset);
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s\n", model.status().message().c_str());
+      return 2;
+    }
+    std::ofstream(hf_config_out) << model->ToHfJson().dump(2) << "\n";
+    return 0;
   }
   if (device_name != "cpu" && device_name != "cuda") {
     std::fprintf(stderr, "--device: expected cpu or cuda, got %s\n", device_name.c_str());
@@ -162,6 +177,7 @@ int main(int argc, char** argv) {
                          {"seconds_per_step", median},
                          {"tokens_per_s", static_cast<double>(batch * seq) / median},
                          {"base_params", model.BaseParameterCount()},
+                         {"active_params", model.ActiveParameterCount()},
                          {"layers", model.num_hidden_layers},
                          {"hidden", model.hidden_size},
                          {"trainable_params", (*trainer)->parameters().TrainableParameterCount()},

@@ -12,13 +12,18 @@
 # carry ["out/gpu-bench"]. The host's own torch (2.11, CUDA 13), transformers and peft are used:
 # the engine binary loads the host's libtorch, so both sides run the same LibTorch.
 #
-# Configs (CONFIGS="1b 7b" by default), each bf16, sequence 2048, LoRA r=64 on q/k/v/o, ZeRO-0:
-#   1b   the 1b preset (TinyLlama-1.1B shape), batch 4
-#   7b   the 7b preset (deepseek-llm-7b shape), batch 2
-#   tiny fp32, sequence 128, batch 4 (the CPU check: DEVICE=cpu CONFIGS=tiny bench/gpu.sh run)
+# Configs (CONFIGS="1b 7b r1q7b v2lite" by default), each bf16, sequence 2048, LoRA r=64 on the
+# attention projections, ZeRO-0; transformers builds each from the preset's config.json as the
+# engine writes it (engine_step_bench --hf-config-out), so both time the same shape:
+#   1b      the 1b preset (TinyLlama-1.1B shape), batch 4
+#   7b      the 7b preset (deepseek-llm-7b shape), batch 2
+#   r1q7b   r1-distill-qwen-7b (Qwen2: q/k/v bias), batch 2
+#   v2lite  deepseek-v2-lite (latent attention, 64 experts), batch 2, LoRA on q/kv_a/kv_b/o
+#   tiny    fp32, sequence 128, batch 4 (the CPU check: DEVICE=cpu CONFIGS=tiny bench/gpu.sh run)
 # MFU counts model FLOPs per token as 4·N (forward, and backward to the activations: the base
 # weights are frozen, so no weight gradients) + 12·L·seq·d (attention scores and values, forward
-# and backward), against PEAK_TFLOPS (989: H100/H200 SXM, dense bf16).
+# and backward), N the parameters a token's compute uses (a MoE's active ones), against
+# PEAK_TFLOPS (989: H100/H200 SXM, dense bf16).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -63,33 +68,45 @@ PY
 )
   export LD_LIBRARY_PATH="$libs:$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   local steps=${STEPS:-5} warmup=${WARMUP:-2} results=()
-  for config in ${CONFIGS:-1b 7b}; do
-    local args=()
+  local configs
+  configs=$(mktemp -d)
+  for config in ${CONFIGS:-1b 7b r1q7b v2lite}; do
+    local args=() targets=q_proj,k_proj,v_proj,o_proj preset
     case $config in
       1b) args=(--preset 1b --precision bf16 --seq 2048 --batch 4 --rank 64) ;;
       7b) args=(--preset 7b --precision bf16 --seq 2048 --batch 2 --rank 64) ;;
+      r1q7b) args=(--preset r1-distill-qwen-7b --precision bf16 --seq 2048 --batch 2 --rank 64) ;;
+      v2lite)
+        args=(--preset deepseek-v2-lite --precision bf16 --seq 2048 --batch 2 --rank 64)
+        targets=q_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj ;;
       tiny) args=(--preset tiny --precision fp32 --seq 128 --batch 4 --rank 64) ;;
-      *) echo "gpu.sh: unknown config $config (1b, 7b, tiny)" >&2; exit 2 ;;
+      *) echo "gpu.sh: unknown config $config (1b, 7b, r1q7b, v2lite, tiny)" >&2; exit 2 ;;
     esac
-    args+=(--device "$device" --targets q_proj,k_proj,v_proj,o_proj --steps "$steps"
-           --warmup "$warmup")
+    preset=${args[1]}
+    "$bundle/engine_step_bench" --preset "$preset" --hf-config-out "$configs/$preset.json"
+    args+=(--device "$device" --targets "$targets" --steps "$steps" --warmup "$warmup")
     [[ -n "${THREADS:-}" ]] && args+=(--threads "$THREADS")
     echo "gpu.sh: $config: engine" >&2
     results+=("$("$bundle/engine_step_bench" "${args[@]}" \
                  --data "$root/examples/data/sample.jsonl")")
     echo "gpu.sh: $config: transformers + peft" >&2
-    results+=("$("$python" "$here/hf_reference_step.py" "${args[@]}")")
+    results+=("$("$python" "$here/hf_reference_step.py" --config "$configs/$preset.json" \
+                 "${args[@]}")")
   done
+  rm -rf "$configs"
   "$python" - "${PEAK_TFLOPS:-989}" "${results[@]}" <<'PY'
 import json, sys
 peak = float(sys.argv[1]) * 1e12
 rows = [json.loads(l) for l in sys.argv[2:]]
+# The engine's row of each config says how many parameters a token uses (a MoE's active ones).
+active = {r["preset"]: r["active_params"] for r in rows if "active_params" in r}
 def mfu(r):
-    flops_per_token = 4 * r["base_params"] + 12 * r["layers"] * r["seq"] * r["hidden"]
+    n = active.get(r["preset"], r["base_params"])
+    flops_per_token = 4 * n + 12 * r["layers"] * r["seq"] * r["hidden"]
     return r["tokens_per_s"] * flops_per_token / peak
-print(f"{'config':<6} {'impl':<18} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} {'step s':>8}")
+print(f"{'config':<20} {'impl':<18} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} {'step s':>8}")
 for r in rows:
-    print(f"{r['preset']:<6} {r['impl']:<18} {r['tokens_per_s']:>10.0f} {mfu(r):>7.1%} "
+    print(f"{r['preset']:<20} {r['impl']:<18} {r['tokens_per_s']:>10.0f} {mfu(r):>7.1%} "
           f"{r['peak_bytes'] / 2**30:>9.2f} {r['seconds_per_step']:>8.3f}")
 for e, p in zip(rows[0::2], rows[1::2]):
     print(json.dumps({"config": e["preset"], "device": e["device"],

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""The baseline users compare Tidal with: transformers' LlamaForCausalLM with a PEFT LoRA
-adapter and torch.optim.AdamW, one training step timed the way bench/engine_step_bench times
-the engine's (same preset shape, batch, sequence, precision, LoRA rank and targets, dropout 0,
-gradient clipping, same thread count on CPU). Random weights: nothing is downloaded.
+"""The baseline users compare Tidal with: transformers' model of the same shape (Llama, Qwen2,
+Qwen3, DeepSeek-V2/V3: built from the config.json that `engine_step_bench --hf-config-out`
+writes for the preset) with a PEFT LoRA adapter and torch.optim.AdamW, one training step timed
+the way bench/engine_step_bench times the engine's (same batch, sequence, precision, LoRA rank
+and targets, dropout 0, gradient clipping, same thread count on CPU). Random weights: nothing is
+downloaded.
 
-  tools/venv/bin/python3 bench/hf_reference_step.py --preset tiny --batch 4 --seq 128 \\
-      [--device cpu|cuda] [--precision fp32|bf16] [--rank 16] [--targets q_proj,v_proj]
+  tools/venv/bin/python3 bench/hf_reference_step.py --config CONFIG_JSON --preset NAME \\
+      --batch 4 --seq 128 [--device cpu|cuda] [--precision fp32|bf16] [--rank 16] \\
+      [--targets q_proj,v_proj]
 
 Prints one JSON line with the same fields as engine_step_bench."""
 import argparse
@@ -16,29 +19,15 @@ import time
 
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
-# Keep in step with worker/engine/model_config.cc (PresetModelConfig).
-PRESETS = {
-    "tiny": dict(vocab_size=512, hidden_size=192, intermediate_size=512, num_hidden_layers=4,
-                 num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=True,
-                 rms_norm_eps=1e-6, max_position_embeddings=1024),
-    "small": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                  num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=True,
-                  rms_norm_eps=1e-6, max_position_embeddings=2048),
-    "1b": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-               num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False,
-               rms_norm_eps=1e-5, max_position_embeddings=2048),
-    "7b": dict(vocab_size=102400, hidden_size=4096, intermediate_size=11008,
-               num_hidden_layers=30, num_attention_heads=32, num_key_value_heads=32,
-               tie_word_embeddings=False, rms_norm_eps=1e-6, max_position_embeddings=4096),
-}
 ALL_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--config", required=True, help="the preset's config.json")
+    p.add_argument("--preset", default="tiny", help="its name, for the output line")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--steps", type=int, default=10)
@@ -54,10 +43,12 @@ def main():
     device = torch.device(a.device)
     dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
     attn = "sdpa"
-    config = LlamaConfig(**PRESETS[a.preset], attn_implementation=attn)
+    fields = json.load(open(a.config))
+    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config._attn_implementation = attn
     torch.manual_seed(0)
     with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation=attn).to(dtype)
     targets = a.targets.split(",")
     model = get_peft_model(model, LoraConfig(r=a.rank, lora_alpha=2 * a.rank, lora_dropout=0.0,
                                              target_modules=targets, task_type="CAUSAL_LM"))

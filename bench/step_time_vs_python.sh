@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step time of the engine against the same model + LoRA in Python as users run it:
-# transformers' LlamaForCausalLM with a PEFT adapter and torch.optim.AdamW
-# (bench/hf_reference_step.py), on tools/venv's torch, whose LibTorch the engine links. CPU,
+# transformers' model of the preset's shape (from the config.json the engine writes for it) with a
+# PEFT adapter and torch.optim.AdamW (bench/hf_reference_step.py), on tools/venv's torch, whose LibTorch the engine links. CPU,
 # one rank, fp32, same batch, LoRA r=16 on all seven projections, same thread count. The two run
 # alternately, ROUNDS times, and the ratio of the medians is printed: engine / python (< 1:
 # engine faster).
@@ -12,15 +12,18 @@ build=${1:-$here/../build}
 rounds=${ROUNDS:-3}
 threads=${THREADS:-$(nproc)}
 python=$here/../tools/venv/bin/python3
+configs=$(mktemp -d)
+trap 'rm -rf "$configs"' EXIT
 for preset in ${PRESETS:-tiny small}; do
   case $preset in
     tiny) args=(--batch 4 --seq 128 --steps 8) ;;
     small) args=(--batch 2 --seq 128 --steps 3 --warmup 1) ;;
   esac
   engine=() reference=()
+  "$build/bench/engine_step_bench" --preset "$preset" --hf-config-out "$configs/$preset.json"
   for ((i = 0; i < rounds; i++)); do
     engine+=("$("$build/bench/engine_step_bench" --preset "$preset" --threads "$threads" "${args[@]}" 2>/dev/null)")
-    reference+=("$("$python" "$here/hf_reference_step.py" --preset "$preset" --threads "$threads" "${args[@]}")")
+    reference+=("$("$python" "$here/hf_reference_step.py" --config "$configs/$preset.json" --preset "$preset" --threads "$threads" "${args[@]}")")
   done
   "$python" - "$preset" "${engine[@]}" "${reference[@]}" <<'PY'
 import json, statistics, sys
