@@ -40,8 +40,9 @@ manifests: deps
 
 # The product: `tidal local` with the operator, a TrainingJob that grows 2 -> 4 GPUs when its
 # schedule window opens and shrinks back when it closes, watched with kubectl (tools/demo.sh).
-# Builds only what the demo runs: the operator with `tidal local`, and the worker it starts.
-DEMO_TARGETS = tidal tidal-worker
+# Builds only what the demo runs: the operator with `tidal local`, the worker it starts and the
+# data phase's tidal-prep (the prep pod tokenizes the dataset before the job trains).
+DEMO_TARGETS = tidal tidal-worker tidal-prep
 demo: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(DEMO_TARGETS)
 	tools/demo.sh $(BUILD_DIR)
