@@ -5,7 +5,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps configure build test unit integration e2e manifests demo demo-train bench bench-gpu-pack bench-kube bench-checkpoint bench-operator format clean
+.PHONY: all deps configure build test sanitize tsan fuzz unit integration e2e manifests demo demo-train bench bench-gpu-pack bench-kube bench-checkpoint bench-operator format clean
 
 all: build
 
@@ -21,9 +21,25 @@ configure: deps $(BUILD_DIR)/build.ninja
 build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Every test: unit and integration (ctest labels), incremental build first.
+# Every test (unit, integration and e2e ctest labels), incremental build first; then every test
+# that needs no LibTorch once more under AddressSanitizer + UBSan (`make sanitize`).
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 1200 $(CTEST_ARGS)
+	tools/sanitize.sh address
+
+# AddressSanitizer + LeakSanitizer + UBSan over the tests without LibTorch (build-asan/).
+sanitize: deps
+	tools/sanitize.sh address $(CTEST_ARGS)
+
+# ThreadSanitizer over the tests of the concurrent code (build-tsan/; tools/sanitize.sh says which).
+tsan: deps
+	tools/sanitize.sh thread $(CTEST_ARGS)
+
+# libFuzzer over every parser of user or network input (fuzz/), FUZZ_SECONDS each (clang,
+# build-fuzz/); what it learns stays in out/fuzz/. A finding exits 1 naming the input.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	tools/fuzz.sh $(FUZZ_SECONDS)
 
 unit: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -L unit $(CTEST_ARGS)
@@ -85,4 +101,4 @@ format:
 	find common operator worker tests bench -name '*.cc' -o -name '*.h' | xargs clang-format -i
 
 clean:
-	rm -rf $(BUILD_DIR) out
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz out

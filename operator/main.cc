@@ -1,5 +1,6 @@
 // operator/main.cc — the `tidal` command. Subcommands:
 //   tidal local [--data DIR] [--port P] [--nodes K] [--gpus N] [--image I=EXE] [--no-operator]
+//               [--keep-logs]
 //               [--operator-metrics-address ADDR] [--audit-log PATH]
 //       the local cluster, running the operator (and installing the CRD) unless --no-operator
 //   tidal operator [--kubeconfig PATH] [--namespace NS] [--default-checkpoint-root URI]
@@ -42,6 +43,8 @@ int Usage(const char* why) {
                "  --operator-metrics-address HOST:PORT  the operator's /metrics (default\n"
                "               127.0.0.1:0, a free port: written to DIR/operator-metrics-port)\n"
                "  --audit-log PATH  append each API request to PATH as an audit.k8s.io/v1 Event\n"
+               "  --keep-logs  keep every container run's output, after its pod is gone too,\n"
+               "               under DIR/logs-archive/<namespace>/<pod>/\n"
                "       tidal operator [--kubeconfig PATH] [--namespace NS] [--no-leader-elect]\n"
                "                      [--default-checkpoint-root URI] [--install-crd]\n"
                "                      [--lease-namespace NS] [--metrics-address HOST:PORT]\n"
@@ -72,6 +75,10 @@ int RunLocal(int argc, char** argv) {
     std::string flag = argv[i];
     if (flag == "--no-operator") {
       run_operator = false;
+      continue;
+    }
+    if (flag == "--keep-logs") {
+      options.keep_logs = true;
       continue;
     }
     if (i + 1 >= argc) return Usage(("missing value for " + flag).c_str());
@@ -229,8 +236,8 @@ int main(int argc, char** raw_argv) {
   // "--flag=value" is read as "--flag value", as Go's flag package (and so kubectl) reads it:
   // manifests and the Helm chart write it that way. A switch takes =true (on) or =false (off);
   // any other value stays attached, and the parser calls it an unknown flag.
-  static const std::set<std::string> kSwitches = {"--no-operator", "--no-leader-elect",
-                                                  "--install-crd"};
+  static const std::set<std::string> kSwitches = {"--no-operator", "--keep-logs",
+                                                  "--no-leader-elect", "--install-crd"};
   std::vector<std::string> args;
   for (int i = 0; i < argc; ++i) {
     std::string a = raw_argv[i];

@@ -145,6 +145,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(ClusterOptions optio
   kubelet.images = std::move(images);
   kubelet.api_port = cluster->port();
   kubelet.initial_backoff = options.crash_backoff;
+  kubelet.keep_logs = options.keep_logs;
   for (int i = 0; i < options.nodes; ++i) {
     std::string name = "tidal-node-" + std::to_string(i);
     kubelet.nodes.push_back({name,

@@ -532,6 +532,11 @@ void ProcessKubelet::StartContainer(PodRuntime& runtime, const json& pod, const 
   fs::create_directories(launch.working_dir, ec);
   std::string log = LogPath(options_.data_dir, runtime.ns, runtime.name, c.name);
   fs::create_directories(fs::path(log).parent_path(), ec);
+  if (options_.keep_logs && fs::exists(log)) {
+    KeepLog(log, runtime.ns, runtime.name, c.name);
+    // A new file, not the archived one truncated (the rename below makes one too).
+    if (!c.ever_started) fs::remove(log, ec);
+  }
   if (c.ever_started && fs::exists(log)) fs::rename(log, log + ".previous", ec);
   int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
   int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -882,9 +887,35 @@ void ProcessKubelet::Forget(const std::string& uid) {
   bool reused = false;
   for (const auto& [other_uid, other] : pods_)
     reused = reused || (other_uid != uid && other->ns == runtime.ns && other->name == runtime.name);
-  if (!reused) fs::remove_all(options_.data_dir + "/logs/" + runtime.ns + "/" + runtime.name, ec);
+  if (!reused) {
+    const std::string logs = options_.data_dir + "/logs/" + runtime.ns + "/" + runtime.name;
+    if (options_.keep_logs)
+      for (const Container& c : runtime.containers)
+        KeepLog(LogPath(options_.data_dir, runtime.ns, runtime.name, c.name), runtime.ns,
+                runtime.name, c.name);
+    fs::remove_all(logs, ec);
+  }
   Log("info", "pod gone", {{"pod", runtime.ns + "/" + runtime.name}, {"uid", uid}});
   pods_.erase(it);
+}
+
+void ProcessKubelet::KeepLog(const std::string& log, const std::string& ns, const std::string& pod,
+                             const std::string& container) {
+  std::error_code ec;
+  if (!fs::exists(log, ec)) return;
+  const fs::path dir = fs::path(options_.data_dir) / "logs-archive" / ns / pod;
+  fs::create_directories(dir, ec);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  for (int n = 0; n < 1000; ++n) {
+    const fs::path kept =
+        dir / (container + "-" + std::to_string(ms) + "-" + std::to_string(n) + ".log");
+    if (::link(log.c_str(), kept.c_str()) == 0) return;
+    if (errno != EEXIST) break;
+  }
+  Log("warn", "cannot keep a container log",
+      {{"pod", ns + "/" + pod}, {"container", container}, {"error", std::strerror(errno)}});
 }
 
 std::string ProcessKubelet::AllocateIp() {

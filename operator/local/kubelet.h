@@ -39,6 +39,11 @@ struct KubeletOptions {
   std::chrono::milliseconds initial_backoff{std::chrono::seconds(10)};  // CrashLoopBackOff start
   std::chrono::milliseconds max_backoff{std::chrono::minutes(5)};
   std::chrono::milliseconds resync{200};
+  // Keep the output of every container run: before a log is replaced (a restart, a new pod of
+  // the same name) or removed with its pod, it is linked under
+  // DIR/logs-archive/<ns>/<pod>/<container>-<unix ms>-<n>.log, and a process still writing to it
+  // goes on writing there (`tidal local --keep-logs`; what a cluster's log shipper keeps).
+  bool keep_logs = false;
 };
 
 class ProcessKubelet {
@@ -74,6 +79,9 @@ class ProcessKubelet {
   void Probe(PodRuntime& runtime, const nlohmann::json& pod);
   void WriteStatus(const nlohmann::json& pod, PodRuntime& runtime);
   void Forget(const std::string& uid);
+  // With keep_logs: links `log` (of `container` of pod ns/name) into the archive.
+  void KeepLog(const std::string& log, const std::string& ns, const std::string& pod,
+               const std::string& container);
   // The lowest loopback address no pod holds (ips_in_use_, gathered by the pass), taken.
   std::string AllocateIp();
 

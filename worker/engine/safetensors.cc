@@ -15,12 +15,6 @@
 
 namespace tidal::engine {
 
-namespace {
-// The format caps the header at 100 MB (safetensors' own limit), which also bounds what a
-// garbled length field can make us allocate.
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-}  // namespace
-
 int64_t SafetensorsEntry::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;  // Open() refused shapes whose product overflows
@@ -69,19 +63,17 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::stri
   file->size_ = static_cast<size_t>(st.st_size);
   if (file->size_ < 8) {
     ::close(fd);
-    return DataLoss(path + ": file is " + std::to_string(file->size_) +
-                    " bytes, too short for a safetensors header");
+    return safetensors::HeaderLength({}, file->size_, path).status();
   }
   void* map = ::mmap(nullptr, file->size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) return Internal(path + ": mmap failed: " + std::strerror(errno));
   file->map_ = map;
   const auto* bytes = static_cast<const uint8_t*>(map);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
-  if (header_len > kMaxHeaderBytes || header_len > file->size_ - 8)
-    return DataLoss(path + ": header length " + std::to_string(header_len) +
-                    " exceeds the file size (truncated or not a safetensors file)");
+  TIDAL_ASSIGN_OR_RETURN(
+      uint64_t header_len,
+      safetensors::HeaderLength(std::string_view(reinterpret_cast<const char*>(bytes), 8),
+                                file->size_, path));
   file->data_ = bytes + 8 + header_len;
   TIDAL_RETURN_IF_ERROR(
       file->ParseHeader(std::string_view(reinterpret_cast<const char*>(bytes + 8), header_len),
@@ -105,16 +97,11 @@ StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
     return DataLoss(path + ": " + std::to_string(size) + " bytes, " + ModelChecksums::kFileName +
                     " says " + std::to_string(checksums->size) +
                     " (the file changed after its checksums were taken)");
-  if (size < 8)
-    return DataLoss(path + ": file is " + std::to_string(size) +
-                    " bytes, too short for a safetensors header");
+  if (size < 8) return safetensors::HeaderLength({}, size, path).status();
   char length[8];
   TIDAL_RETURN_IF_ERROR(file->ReadBytes(0, 8, length));
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(length[i]);
-  if (header_len > kMaxHeaderBytes || header_len > size - 8)
-    return DataLoss(path + ": header length " + std::to_string(header_len) +
-                    " exceeds the file size (truncated or not a safetensors file)");
+  TIDAL_ASSIGN_OR_RETURN(uint64_t header_len,
+                         safetensors::HeaderLength(std::string_view(length, 8), size, path));
   std::string header(header_len, '\0');
   TIDAL_RETURN_IF_ERROR(file->ReadBytes(8, header_len, header.data()));
   file->data_offset_ = 8 + header_len;
@@ -157,57 +144,17 @@ Status SafetensorsFile::ReadBytes(uint64_t offset, uint64_t length, char* dest) 
 }
 
 Status SafetensorsFile::ParseHeader(std::string_view header_bytes, uint64_t data_size) {
-  SafetensorsFile* file = this;
-  const std::string& path = path_;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(header_bytes.begin(), header_bytes.end());
-  } catch (const nlohmann::json::exception& e) {
-    return DataLoss(path + ": header is not valid JSON: " + e.what());
-  }
-  if (!header.is_object()) return DataLoss(path + ": header must be a JSON object");
-  std::vector<std::pair<uint64_t, uint64_t>> ranges;
-  for (const auto& [name, info] : header.items()) {
-    if (name == "__metadata__") {
-      file->metadata_ = info;
-      continue;
-    }
-    const std::string where = path + ": tensor \"" + name + "\"";
-    if (!info.is_object() || !info.contains("dtype") || !info.contains("shape") ||
-        !info.contains("data_offsets") || !info["dtype"].is_string() || !info["shape"].is_array() ||
-        !info["data_offsets"].is_array() || info["data_offsets"].size() != 2)
-      return DataLoss(where + ": entry needs dtype, shape and data_offsets [begin, end]");
+  TIDAL_ASSIGN_OR_RETURN(safetensors::ParsedHeader header,
+                         safetensors::ParseHeader(header_bytes, data_size, path_));
+  metadata_ = std::move(header.metadata);
+  for (auto& [name, parsed] : header.tensors) {
     SafetensorsEntry entry;
-    auto dtype = ScalarTypeFromSafetensors(info["dtype"].get<std::string>());
-    if (!dtype.ok()) return DataLoss(where + ": " + dtype.status().message());
-    entry.dtype = *dtype;
-    for (const auto& d : info["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0)
-        return DataLoss(where + ": shape must be non-negative integers");
-      entry.shape.push_back(d.get<int64_t>());
-    }
-    // The byte size must be computed without overflow: a crafted shape such as [2^61 + 1]
-    // would otherwise wrap to a small number that passes the bounds check below.
-    uint64_t expected = c10::elementSize(entry.dtype);
-    for (int64_t d : entry.shape)
-      if (__builtin_mul_overflow(expected, static_cast<uint64_t>(d), &expected) ||
-          expected > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        return DataLoss(where + ": shape is too large");
-    for (const auto& o : info["data_offsets"])
-      if (!o.is_number_unsigned()) return DataLoss(where + ": data_offsets must be unsigned");
-    entry.begin = info["data_offsets"][0].get<uint64_t>();
-    entry.end = info["data_offsets"][1].get<uint64_t>();
-    if (entry.end < entry.begin || entry.end > data_size || entry.end - entry.begin != expected)
-      return DataLoss(where + ": data_offsets [" + std::to_string(entry.begin) + ", " +
-                      std::to_string(entry.end) + ") do not hold " + std::to_string(expected) +
-                      " bytes inside the " + std::to_string(data_size) + "-byte data section");
-    ranges.emplace_back(entry.begin, entry.end);
-    file->entries_.emplace(name, std::move(entry));
+    TIDAL_ASSIGN_OR_RETURN(entry.dtype, ScalarTypeFromSafetensors(parsed.dtype));
+    entry.shape = std::move(parsed.shape);
+    entry.begin = parsed.begin;
+    entry.end = parsed.end;
+    entries_.emplace(name, std::move(entry));
   }
-  std::sort(ranges.begin(), ranges.end());
-  for (size_t i = 1; i < ranges.size(); ++i)
-    if (ranges[i].first < ranges[i - 1].second)
-      return DataLoss(path + ": tensors overlap in the data section");
   return OkStatus();
 }
 

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <regex>
+#include <set>
 
 #include "tests/e2e/local/kubectl_fixture.h"
 
@@ -36,6 +38,14 @@ class KubeletTest : public KubectlTest {
     return ss.str();
   }
   static bool Alive(pid_t pid) { return ::kill(pid, 0) == 0; }
+  static bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(100ms);
+    }
+    return true;
+  }
   bool WaitGone(pid_t pid, std::chrono::milliseconds timeout) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (Alive(pid) && std::chrono::steady_clock::now() < deadline)
@@ -286,6 +296,79 @@ TEST_F(KubeletTest, UnknownImagesAndMissingSecretsAreReportedAsWaitingReasons) {
                       return Ok({"logs", "needs-secret"}) == "token=t0k3n\n";
                     }),
             "needs-secret");
+}
+
+// `tidal local --keep-logs`: the output of every container run stays readable after a restart
+// replaced it and after its pod, and a same-named successor, are gone (what the chaos driver
+// reads each generation's steps from).
+class KeptLogsTest : public KubeletTest {
+ protected:
+  std::vector<std::string> ExtraClusterArgs() override {
+    auto args = KubeletTest::ExtraClusterArgs();
+    args.push_back("--keep-logs");
+    return args;
+  }
+  // Every kept log of pod `name`, concatenated in file-name order (<container>-<ms>-<n>).
+  std::vector<std::string> Kept(const std::string& name) {
+    std::vector<std::string> out;
+    const fs::path dir = dir_ / "data" / "logs-archive" / "default" / name;
+    if (!fs::exists(dir)) return out;
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) {
+      std::ifstream in(f);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      out.push_back(ss.str());
+    }
+    return out;
+  }
+};
+
+TEST_F(KeptLogsTest, EveryRunsOutputOutlivesItsRestartItsPodAndASameNamedSuccessor) {
+  // Fails twice, then succeeds: three runs.
+  Ok({"apply", "-f",
+      Pod("crashy", "n=$(cat /work/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /work/n; "
+                    "echo run $n; test $n -ge 3",
+          "  restartPolicy: OnFailure\n")});
+  ASSERT_EQ(WaitFor({"pod", "crashy"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Succeeded"; }),
+            "Succeeded");
+  Ok({"delete", "pod", "crashy", "--wait=true"});
+  constexpr int kRuns = 3;
+  // The successor's own output is its log; each earlier run's is kept, whole, once.
+  Ok({"apply", "-f", Pod("crashy", "echo successor; sleep 30", "  restartPolicy: Never\n")});
+  EXPECT_EQ(WaitFor({"pod", "crashy"}, "{.status.phase}",
+                    [&](const std::string& phase) {
+                      return phase == "Running" && Kubectl({"logs", "crashy"}).out == "successor\n";
+                    }),
+            "Running");
+  std::vector<std::string> kept = Kept("crashy");
+  ASSERT_EQ(kept.size(), static_cast<size_t>(kRuns)) << ::testing::PrintToString(kept);
+  std::set<std::string> seen(kept.begin(), kept.end());
+  for (int run = 1; run <= kRuns; ++run)
+    EXPECT_EQ(seen.count("run " + std::to_string(run) + "\n"), 1u) << "run " << run;
+  Ok({"delete", "pod", "crashy", "--grace-period=0", "--wait=true"});
+  // The kubelet lets go of the pod on its next pass after the API did.
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        kept = Kept("crashy");
+        return std::count(kept.begin(), kept.end(), "successor\n") == 1;
+      },
+      10s))
+      << ::testing::PrintToString(kept);
+}
+
+TEST_F(KubeletTest, WithoutKeepLogsThePodsLogsGoWithIt) {
+  Ok({"apply", "-f", Pod("brief", "echo bye", "  restartPolicy: Never\n")});
+  EXPECT_EQ(WaitFor({"pod", "brief"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Succeeded"; }),
+            "Succeeded");
+  Ok({"delete", "pod", "brief", "--wait=true"});
+  EXPECT_TRUE(WaitUntil([&] { return !fs::exists(dir_ / "data" / "logs" / "default" / "brief"); },
+                        10s));
+  EXPECT_FALSE(fs::exists(dir_ / "data" / "logs-archive"));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/safetensors_header.h"
 #include "tests/unit/engine/test_util.h"
 
 namespace tidal::engine {
@@ -94,6 +95,28 @@ TEST(SafetensorsTest, ShapeWhoseByteSizeOverflowsIsRefused) {
   ASSERT_FALSE(file.ok());
   EXPECT_NE(file.status().message().find("too large"), std::string::npos)
       << file.status().message();
+}
+
+// The header parser (common/, no LibTorch) and the engine agree on every dtype: what the
+// parser accepts maps to a tensor type of the same element size, and what the engine writes
+// the parser accepts.
+TEST(SafetensorsTest, EveryDtypeTheHeaderParserAcceptsIsATensorTypeOfTheSameSize) {
+  const torch::ScalarType types[] = {torch::kFloat64, torch::kFloat32, torch::kFloat16,
+                                     torch::kBFloat16, torch::kInt64,  torch::kInt32,
+                                     torch::kInt16,   torch::kInt8,    torch::kUInt8,
+                                     torch::kBool,    torch::kFloat8_e4m3fn, torch::kFloat8_e5m2};
+  for (torch::ScalarType type : types) {
+    auto name = SafetensorsDtypeName(type);
+    ASSERT_TRUE(name.ok()) << name.status().message();
+    auto bytes = safetensors::DtypeBytes(*name);
+    ASSERT_TRUE(bytes.has_value()) << *name;
+    EXPECT_EQ(*bytes, c10::elementSize(type)) << *name;
+    auto back = ScalarTypeFromSafetensors(*name);
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    EXPECT_EQ(*back, type) << *name;
+  }
+  for (const char* name : {"U16", "U32", "U64", "F8_E8M0", "f32", ""})
+    EXPECT_FALSE(safetensors::DtypeBytes(name).has_value()) << name;
 }
 
 }  // namespace

@@ -1,0 +1,26 @@
+// A TrainingJob's spec (operator/api/training_job.h) from arbitrary YAML or JSON, the way a
+// user's manifest reaches the operator: every violation is an InvalidArgument naming
+// "spec.<field>", never a crash; an accepted spec has somewhere to run.
+#include <string>
+
+#include "common/yaml_json.h"
+#include "fuzz/fuzz_input.h"
+#include "operator/api/training_job.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace tidal;
+  auto doc = ParseYaml(std::string(fuzz::Text(data, size)));
+  if (!doc.ok()) return 0;
+  const nlohmann::json& spec = doc->is_object() && doc->contains("spec") ? (*doc)["spec"] : *doc;
+  auto parsed = api::ParseTrainingJobSpec(spec);
+  if (!parsed.ok()) {
+    if (parsed.status().message().find("spec.") == std::string::npos)
+      fuzz::Violated("training_job_spec",
+                     "a refusal names no spec field: " + parsed.status().message());
+    return 0;
+  }
+  if (parsed->elastic.min_gpus > parsed->elastic.max_gpus)
+    fuzz::Violated("training_job_spec", "minGPUs above maxGPUs accepted");
+  (void)parsed->AllowedGpuCounts();
+  return 0;
+}
