@@ -72,6 +72,31 @@ std::string HostHeader(const http::Origin& o) {
 
 std::string EncodeKey(std::string_view key) { return sigv4::UriEncode(key, true); }
 
+std::string MultipartEtag(const std::vector<std::string>& part_etags) {
+  std::string digests;
+  for (std::string_view etag : part_etags) {
+    if (etag.size() != 34 || etag.front() != '"' || etag.back() != '"') return "";
+    for (size_t i = 1; i < 33; i += 2) {
+      auto nibble = [](char c) {
+        return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      };
+      const int hi = nibble(etag[i]), lo = nibble(etag[i + 1]);
+      if (hi < 0 || lo < 0) return "";
+      digests.push_back(static_cast<char>(hi * 16 + lo));
+    }
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_Digest(digests.data(), digests.size(), digest, &len, EVP_md5(), nullptr);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (unsigned int i = 0; i < len; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 15]);
+  }
+  return out + "-" + std::to_string(part_etags.size()) + "\"";
+}
+
 std::string ContentMd5(std::string_view body) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;

@@ -37,6 +37,10 @@ std::string HostHeader(const http::Origin& origin);
 std::string EncodeKey(std::string_view key);
 // Base64 of the body's MD5, for Content-MD5.
 std::string ContentMd5(std::string_view body);
+// The ETag S3 gives an object made by CompleteMultipartUpload of parts with `part_etags` (as
+// UploadPart answered them, quotes included): the MD5 of their MD5s, "-<count>", quoted.
+// Empty when an ETag is not a quoted hex MD5 (a server that does not compute them this way).
+std::string MultipartEtag(const std::vector<std::string>& part_etags);
 
 struct ByteRange {
   uint64_t first = 0;

@@ -164,7 +164,7 @@ double S3Store::Uniform() {
 StatusOr<http::Response> S3Store::Call(http::Client& client,
                                        const std::function<http::Request()>& build,
                                        const std::string& what, const std::string& key,
-                                       bool ok_body_may_be_error) {
+                                       bool ok_body_may_be_error, std::string* error_code) {
   for (int attempt = 1;; ++attempt) {
     http::Request request = build();
     s3::Sign(request, {options_.access_key_id, options_.secret_access_key, options_.session_token},
@@ -173,6 +173,7 @@ StatusOr<http::Response> S3Store::Call(http::Client& client,
     StatusOr<http::Response> response = client.Send(std::move(request));
     Status failure;
     bool retryable = false;
+    std::string code;
     if (!response.ok()) {
       // No answer. The transport reports a peer that hung up as NotFound, which here would read
       // as "no such object": it is Unavailable.
@@ -182,7 +183,6 @@ StatusOr<http::Response> S3Store::Call(http::Client& client,
           "s3: " + what + ": " + transport.message());
       retryable = s3::IsRetryableTransportError(transport);
     } else {
-      std::string code;
       bool success = response->status / 100 == 2;
       if (success && ok_body_may_be_error) {
         code = s3::ErrorCode(response->body);
@@ -194,6 +194,7 @@ StatusOr<http::Response> S3Store::Call(http::Client& client,
       retryable = s3::IsRetryableAnswer(response->status, code);
     }
     if (!retryable || attempt >= retry_.max_attempts) {
+      if (error_code) *error_code = code;
       if (attempt == 1) return failure;
       return Status(failure.code(),
                     failure.message() + " (after " + std::to_string(attempt) + " attempts)");
@@ -298,10 +299,26 @@ Status S3Store::PutMultipart(const std::string& key, std::string_view data) {
   for (std::thread& t : threads) t.join();
   if (!first_error.ok()) return fail(first_error);
 
+  std::string code;
   auto done = Call(
       *client_,
       [&] { return s3::CompleteMultipartUpload(endpoint_, bucket_, full, upload_id, completed); },
-      "complete multipart upload of " + uri, key, /*ok_body_may_be_error=*/true);
+      "complete multipart upload of " + uri, key, /*ok_body_may_be_error=*/true, &code);
+  if (!done.ok() && code == "NoSuchUpload") {
+    // S3 applied an earlier attempt whose answer was lost (a reset connection, a 5xx from a
+    // proxy), and the retry finds the upload gone. The object is ours when it carries the ETag
+    // S3 gives exactly these parts; anything else (none, another writer's) is the failure.
+    std::vector<std::string> etags;
+    for (const s3::CompletedPart& part : completed) etags.push_back(part.etag);
+    const std::string expected = s3::MultipartEtag(etags);
+    auto head = Call(
+        *client_, [&] { return s3::HeadObject(endpoint_, bucket_, full); }, "HEAD " + uri, key);
+    if (!expected.empty() && head.ok() && head->headers.Get("etag") == expected) {
+      LogInfo("s3: a multipart upload's completion answer was lost; the object is there",
+              {{"uri", uri}, {"upload_id", upload_id}, {"etag", expected}});
+      return OkStatus();
+    }
+  }
   if (!done.ok()) return fail(done.status());
   return OkStatus();
 }

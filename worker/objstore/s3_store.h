@@ -53,10 +53,12 @@ class S3Store final : public ObjectStore {
 
   // Sends what `build` makes (signed afresh for each attempt) until it succeeds, fails for
   // good, or max_attempts are spent. `ok_body_may_be_error`: a 2xx whose body is an <Error>
-  // is a failure (CompleteMultipartUpload).
+  // is a failure (CompleteMultipartUpload). `error_code`, when given, receives S3's error code
+  // of the final failure ("" for none, or no answer).
   StatusOr<http::Response> Call(http::Client& client, const std::function<http::Request()>& build,
                                 const std::string& what, const std::string& key,
-                                bool ok_body_may_be_error = false);
+                                bool ok_body_may_be_error = false,
+                                std::string* error_code = nullptr);
   Status PutMultipart(const std::string& key, std::string_view data);
   // Best effort; the error, if any, is returned for the caller to mention.
   Status AbortUpload(const std::string& key, const std::string& upload_id);

@@ -21,9 +21,11 @@ bool HopByHop(const std::string& name) {
 
 }  // namespace
 
-std::unique_ptr<FaultProxy> FaultProxy::Start(int upstream_port, Rule rule) {
+std::unique_ptr<FaultProxy> FaultProxy::Start(int upstream_port, Rule rule,
+                                              AnswerRule answer_rule) {
   std::unique_ptr<FaultProxy> proxy(new FaultProxy());
   proxy->rule_ = std::move(rule);
+  proxy->answer_rule_ = std::move(answer_rule);
   http::ClientOptions client_options;
   client_options.origin = {"http", "127.0.0.1", upstream_port};
   client_options.max_response_bytes = kMaxBody;
@@ -119,6 +121,14 @@ void FaultProxy::Handle(const http::Request& request, http::ResponseWriter& writ
   for (const auto& [name, value] : answer->headers.entries())
     if (!HopByHop(name)) response.headers.Add(name, value);
   response.body = std::move(answer->body);
+  if (answer_rule_) {
+    std::optional<http::Response> replaced;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      replaced = answer_rule_(request, response);
+    }
+    if (replaced) response = std::move(*replaced);
+  }
   writer.Send(std::move(response)).ok();
 }
 

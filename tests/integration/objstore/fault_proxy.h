@@ -2,7 +2,8 @@
 // test server that records every request, checks each body against its Content-MD5 and
 // x-amz-content-sha256 headers (the server checks neither), and lets a test answer chosen requests
 // itself to inject the failures a real S3 produces: 503 SlowDown, 500 InternalError on one
-// part, 403, an error inside a 200. Everything else goes to the server unchanged.
+// part, 403, an error inside a 200, or replace the answer of a request the server did carry
+// out (a lost answer). Everything else goes to the server unchanged.
 #pragma once
 
 #include <functional>
@@ -23,8 +24,14 @@ class FaultProxy {
   // request in arrival order (under a lock: rules may keep counters).
   using Rule = std::function<std::optional<http::Response>(const http::Request&)>;
 
+  // Called with what the server answered a forwarded request: a response to send instead (the
+  // server has acted, the client hears otherwise — a lost answer), or nullopt to pass it on.
+  using AnswerRule =
+      std::function<std::optional<http::Response>(const http::Request&, const http::Response&)>;
+
   // Forwards to http://127.0.0.1:<upstream_port>.
-  static std::unique_ptr<FaultProxy> Start(int upstream_port, Rule rule = nullptr);
+  static std::unique_ptr<FaultProxy> Start(int upstream_port, Rule rule = nullptr,
+                                           AnswerRule answer_rule = nullptr);
   ~FaultProxy();
 
   std::string endpoint() const;
@@ -42,6 +49,7 @@ class FaultProxy {
   void Handle(const http::Request& request, http::ResponseWriter& writer);
 
   Rule rule_;
+  AnswerRule answer_rule_;
   std::unique_ptr<http::Client> upstream_;
   std::unique_ptr<http::Server> server_;
   mutable std::mutex mu_;

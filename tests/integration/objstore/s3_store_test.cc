@@ -37,8 +37,9 @@ class S3StoreTest : public ::testing::Test {
     ASSERT_TRUE(server_);
   }
   // A store reaching the server through a proxy applying `rule`.
-  std::unique_ptr<ObjectStore> ThroughProxy(FaultProxy::Rule rule, int max_attempts = 5) {
-    proxy_ = FaultProxy::Start(server_->port(), std::move(rule));
+  std::unique_ptr<ObjectStore> ThroughProxy(FaultProxy::Rule rule, int max_attempts = 5,
+                                            FaultProxy::AnswerRule answer_rule = nullptr) {
+    proxy_ = FaultProxy::Start(server_->port(), std::move(rule), std::move(answer_rule));
     if (!proxy_) return nullptr;
     S3Options options = S3TestOptions(*server_, proxy_->endpoint());
     options.max_attempts = max_attempts;
@@ -173,6 +174,60 @@ TEST_F(S3StoreTest, ErrorInsideA200CompleteIsRetried) {
   TIDAL_ASSERT_OK(store->Put("big", data));
   EXPECT_EQ(Count("POST /ckpt/run/big?uploadId="), 2u);
   EXPECT_TRUE(store->Get("big").value() == data);
+}
+
+// S3 completes the upload but its answer is lost on the way (a proxy's 500, a reset): the retry
+// finds no upload (NoSuchUpload, as MinIO and Ceph answer; moto answers 200 again, so the proxy
+// answers the retry as they do), and the object S3 made of exactly these parts is the success
+// it is — not a failed Put that left an object behind.
+TEST_F(S3StoreTest, ACompletionWhoseAnswerIsLostAfterS3AppliedItIsASuccess) {
+  auto complete = [](const http::Request& r) {
+    return r.method == "POST" && r.target.find("uploadId=") != std::string::npos;
+  };
+  bool lost_once = false;
+  auto store = ThroughProxy(
+      [&](const http::Request& r) {
+        std::optional<http::Response> answer;
+        if (complete(r) && lost_once)
+          answer = FaultProxy::S3Error(404, "NoSuchUpload", "The specified upload does not exist.");
+        return answer;
+      },
+      5,
+      [&](const http::Request& r, const http::Response&) {
+        std::optional<http::Response> answer;
+        if (complete(r) && !lost_once) {
+          lost_once = true;
+          answer = FaultProxy::S3Error(500, "InternalError", "the proxy lost the answer");
+        }
+        return answer;
+      });
+  ASSERT_TRUE(store);
+  const std::string data = TestBytes(11 * kMiB, 17);
+  TIDAL_ASSERT_OK(store->Put("big", data));
+  EXPECT_EQ(Count("POST /ckpt/run/big?uploadId="), 2u);
+  EXPECT_EQ(Count("HEAD /ckpt/run/big"), 1u);
+  EXPECT_EQ(Count("DELETE /ckpt/run/big?uploadId="), 0u) << "a completed upload was aborted";
+  EXPECT_TRUE(store->Get("big").value() == data);
+}
+
+// The same NoSuchUpload without an object of these parts behind it (the upload was aborted,
+// or another writer's object is there) stays a failure.
+TEST_F(S3StoreTest, NoSuchUploadWithoutTheObjectOfThesePartsIsAFailure) {
+  int completes = 0;
+  auto store = ThroughProxy([&](const http::Request& r) {
+    std::optional<http::Response> answer;
+    if (r.method == "POST" && r.target.find("uploadId=") != std::string::npos)
+      answer = ++completes == 1
+                   ? FaultProxy::S3Error(500, "InternalError", "not forwarded")
+                   : FaultProxy::S3Error(404, "NoSuchUpload", "The specified upload does not exist.");
+    return answer;
+  });
+  ASSERT_TRUE(store);
+  TIDAL_ASSERT_OK(store->Put("big", "another writer's object"));
+  Status s = store->Put("big", TestBytes(11 * kMiB, 19));
+  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_NE(s.message().find("NoSuchUpload"), std::string::npos) << s.message();
+  EXPECT_EQ(store->Get("big").value(), "another writer's object");
 }
 
 TEST_F(S3StoreTest, ConnectionFailuresAreRetriedThenReported) {
