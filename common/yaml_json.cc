@@ -1,11 +1,16 @@
 // common/yaml_json.cc — yaml-cpp adapter; its exceptions become Status here.
 #include "common/yaml_json.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <sstream>
 
 #include <yaml-cpp/yaml.h>
+
+#include "common/utf8.h"
 
 namespace tidal {
 namespace {
@@ -70,6 +75,18 @@ StatusOr<nlohmann::json> Convert(const YAML::Node& node, const std::string& path
 }  // namespace
 
 StatusOr<nlohmann::json> ParseYaml(const std::string& text) {
+  // YAML is Unicode; yaml-cpp passes ill-formed bytes through into strings, which JSON cannot
+  // hold (found by fuzz/training_job_spec_fuzz.cc: a refusal quoting one ended the process).
+  if (std::optional<size_t> bad = FirstInvalidUtf8(text)) {
+    const size_t newline = *bad == 0 ? std::string::npos : text.rfind('\n', *bad - 1);
+    const size_t line_start = newline == std::string::npos ? 0 : newline + 1;
+    const size_t line = 1 + std::count(text.begin(), text.begin() + *bad, '\n');
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned char>(text[*bad]));
+    return InvalidArgument("invalid YAML at line " + std::to_string(line) + ", column " +
+                           std::to_string(*bad - line_start + 1) + ": " + byte +
+                           " is not UTF-8 (expected UTF-8 text)");
+  }
   try {
     return Convert(YAML::Load(text), "");
   } catch (const YAML::Exception& e) {

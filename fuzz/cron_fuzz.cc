@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!cron.ok()) return 0;
   static const char* const kZones[] = {"UTC", "Europe/Berlin", "America/New_York",
                                        "Australia/Lord_Howe", "Asia/Kathmandu"};
-  const std::string tz = kZones[fields[1].empty() ? 0 : fields[1][0] % 5];
+  const std::string tz = kZones[fields[1].empty() ? 0 : static_cast<uint8_t>(fields[1][0]) % 5];
   int64_t offset = 0;
   for (char c : fields[2].substr(0, 4)) offset = offset * 256 + static_cast<uint8_t>(c);
   const auto now = std::chrono::system_clock::time_point(std::chrono::seconds(1577836800)) +

@@ -1,6 +1,7 @@
 // A TrainingJob's spec (operator/api/training_job.h) from arbitrary YAML or JSON, the way a
 // user's manifest reaches the operator: every violation is an InvalidArgument naming
 // "spec.<field>", never a crash; an accepted spec has somewhere to run.
+#include <sstream>
 #include <string>
 
 #include "common/yaml_json.h"
@@ -14,9 +15,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const nlohmann::json& spec = doc->is_object() && doc->contains("spec") ? (*doc)["spec"] : *doc;
   auto parsed = api::ParseTrainingJobSpec(spec);
   if (!parsed.ok()) {
-    if (parsed.status().message().find("spec.") == std::string::npos)
-      fuzz::Violated("training_job_spec",
-                     "a refusal names no spec field: " + parsed.status().message());
+    // One violation per line, each naming its field: "spec.<path>: ..." (or "spec: ...").
+    std::istringstream lines(parsed.status().message());
+    std::string line;
+    while (std::getline(lines, line))
+      if (line.rfind("spec", 0) != 0)
+        fuzz::Violated("training_job_spec", "a refusal names no spec field: " + line);
     return 0;
   }
   if (parsed->elastic.min_gpus > parsed->elastic.max_gpus)

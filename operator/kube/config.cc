@@ -24,8 +24,8 @@ const nlohmann::json* FindNamed(const nlohmann::json& list, const std::string& n
                                 const char* field) {
   if (!list.is_array()) return nullptr;
   for (const auto& entry : list)
-    if (entry.is_object() && entry.value("name", "") == name && entry.contains(field) &&
-        entry[field].is_object())
+    if (entry.is_object() && entry.contains("name") && entry["name"] == name &&
+        entry.contains(field) && entry[field].is_object())
       return &entry[field];
   return nullptr;
 }
@@ -47,6 +47,18 @@ StatusOr<std::string> DataOrFile(const nlohmann::json& obj, const std::string& f
   return std::string();
 }
 
+// A string field: "" when absent or null (a key with no value in YAML), InvalidArgument naming
+// it when it holds another type.
+StatusOr<std::string> StringField(const nlohmann::json& obj, const char* key,
+                                  const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return std::string();
+  if (!it->is_string())
+    return InvalidArgument("kubeconfig " + where + "." + key + ": expected a string, got " +
+                           it->type_name());
+  return it->get<std::string>();
+}
+
 const nlohmann::json& Field(const nlohmann::json& obj, const char* key) {
   static const nlohmann::json kNull;
   auto it = obj.find(key);
@@ -66,23 +78,33 @@ StatusOr<Connection> LoadKubeconfig(const std::string& path, const std::string& 
   if (!parsed.ok()) return InvalidArgument("kubeconfig " + path + ": " + parsed.status().message());
   const nlohmann::json& cfg = *parsed;
   if (!cfg.is_object()) return InvalidArgument("kubeconfig " + path + ": expected a mapping");
-  std::string name = context_name.empty() ? cfg.value("current-context", "") : context_name;
+  std::string name = context_name;
+  if (name.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(name, StringField(cfg, "current-context", path));
+  }
   if (name.empty()) return InvalidArgument("kubeconfig " + path + ": current-context is not set");
   const nlohmann::json* context = FindNamed(Field(cfg, "contexts"), name, "context");
   if (!context)
     return InvalidArgument("kubeconfig " + path + ": no context named \"" + name + "\"");
-  std::string cluster_name = context->value("cluster", "");
-  std::string user_name = context->value("user", "");
+  const std::string context_where = "contexts[" + name + "]";
+  TIDAL_ASSIGN_OR_RETURN(std::string cluster_name, StringField(*context, "cluster", context_where));
+  TIDAL_ASSIGN_OR_RETURN(std::string user_name, StringField(*context, "user", context_where));
   const nlohmann::json* cluster = FindNamed(Field(cfg, "clusters"), cluster_name, "cluster");
   if (!cluster)
     return InvalidArgument("kubeconfig " + path + ": context \"" + name + "\" names cluster \"" +
                            cluster_name + "\", which is not defined");
   std::filesystem::path base = std::filesystem::path(path).parent_path();
   Connection c;
-  c.server = cluster->value("server", "");
+  const std::string cluster_where = "clusters[" + cluster_name + "]";
+  TIDAL_ASSIGN_OR_RETURN(c.server, StringField(*cluster, "server", cluster_where));
   if (c.server.empty())
     return InvalidArgument("kubeconfig clusters[" + cluster_name + "].server: required");
-  if (cluster->value("insecure-skip-tls-verify", false))
+  const nlohmann::json& skip_verify = Field(*cluster, "insecure-skip-tls-verify");
+  if (!skip_verify.is_null() && !skip_verify.is_boolean())
+    return InvalidArgument("kubeconfig " + cluster_where +
+                           ".insecure-skip-tls-verify: expected true or false, got " +
+                           skip_verify.type_name());
+  if (skip_verify.is_boolean() && skip_verify.get<bool>())
     return InvalidArgument("kubeconfig clusters[" + cluster_name +
                            "].insecure-skip-tls-verify: not supported; give certificate-authority "
                            "instead (TLS is always verified)");
@@ -91,12 +113,14 @@ StatusOr<Connection> LoadKubeconfig(const std::string& path, const std::string& 
   if (c.server.rfind("https://", 0) == 0 && c.ca_pem.empty())
     return InvalidArgument("kubeconfig clusters[" + cluster_name +
                            "]: an https server needs certificate-authority(-data)");
-  c.namespace_ = context->value("namespace", "default");
+  TIDAL_ASSIGN_OR_RETURN(c.namespace_, StringField(*context, "namespace", context_where));
+  if (c.namespace_.empty()) c.namespace_ = "default";
   if (const nlohmann::json* user = FindNamed(Field(cfg, "users"), user_name, "user")) {
     std::string where = "users[" + user_name + "]";
-    c.token = user->value("token", "");
-    if (c.token.empty() && user->contains("tokenFile")) {
-      TIDAL_ASSIGN_OR_RETURN(c.token, ReadText(user->value("tokenFile", ""), where + ".tokenFile"));
+    TIDAL_ASSIGN_OR_RETURN(c.token, StringField(*user, "token", where));
+    TIDAL_ASSIGN_OR_RETURN(std::string token_file, StringField(*user, "tokenFile", where));
+    if (c.token.empty() && !token_file.empty()) {
+      TIDAL_ASSIGN_OR_RETURN(c.token, ReadText(token_file, where + ".tokenFile"));
       c.token = Trimmed(c.token);
     }
     TIDAL_ASSIGN_OR_RETURN(c.client_cert_pem, DataOrFile(*user, "client-certificate", base, where));

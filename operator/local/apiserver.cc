@@ -27,7 +27,9 @@ http::Response JsonResponse(int code, const json& body) {
   r.status = code;
   r.headers.Set("Content-Type", "application/json");
   r.headers.Set("Cache-Control", "no-cache, private");
-  r.body = body.dump();
+  // Bytes from the request (a path segment, a field) may be invalid UTF-8 and end up in an
+  // error's message: they are replaced with U+FFFD, as Go's encoder does for kube-apiserver.
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
   return r;
 }
 
@@ -418,7 +420,7 @@ class RequestContext {
                     std::time(nullptr));
         first_table = false;
       }
-      return w_.WriteChunk(event.dump() + "\n").ok();
+      return w_.WriteChunk(event.dump(-1, ' ', false, json::error_handler_t::replace) + "\n").ok();
     };
     std::string want_ns = r.namespaced ? ns : "";
     if (rv_text.empty() || rv == 0) {

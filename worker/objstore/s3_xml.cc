@@ -181,6 +181,11 @@ std::string XmlEscape(std::string_view text) {
       case '\'':
         out += "&apos;";
         break;
+      case '\r':
+        // A literal CR would reach the server as LF (XML's end-of-line handling): a key with one
+        // would name another object. (Found by fuzz/s3_xml_fuzz.cc.)
+        out += "&#13;";
+        break;
       default:
         out.push_back(c);
     }

@@ -52,7 +52,8 @@ struct DeleteFailure {
 };
 StatusOr<std::vector<DeleteFailure>> ParseDeleteResult(std::string_view xml);
 
-// Escapes &, <, >, " and ' for element text.
+// Escapes &, <, >, ", ' and CR for element text (CR as a character reference: XML turns a
+// literal one into LF).
 std::string XmlEscape(std::string_view text);
 
 }  // namespace tidal::objstore::s3

@@ -57,6 +57,53 @@ contexts:
   EXPECT_EQ(c->namespace_, "ml");
 }
 
+// Found by fuzz/kubeconfig_fuzz.cc: a key written with no value is null in YAML, and one of
+// another type (a number, a list) used to end the process with an uncaught type_error.
+TEST_F(ConfigTest, NullOrMistypedFieldsAreRefusedNamingTheFieldNotACrash) {
+  const std::string base =
+      "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+      "users: [{name: u, user: {token: t}}]\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"current-context:\ncontexts: [{name: x, context: {cluster: c}}]\n",
+       "current-context is not set"},
+      {"current-context: [x]\ncontexts: [{name: x, context: {cluster: c}}]\n",
+       "current-context: expected a string, got array"},
+      {"current-context: x\ncontexts: [{name: x, context: {cluster: 5, user: u}}]\n",
+       "contexts[x].cluster: expected a string, got number"},
+      {"current-context: x\ncontexts: [{name: x, context: {cluster: c, namespace: {a: 1}}}]\n",
+       "contexts[x].namespace: expected a string, got object"},
+      {"current-context: x\ncontexts: [{name: 7, context: {cluster: c}}]\n",
+       "no context named \"x\""},
+  };
+  for (const auto& [text, want] : cases) {
+    auto c = LoadKubeconfig(Write("config", base + text));
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find(want), std::string::npos)
+        << text << "\n" << c.status().message();
+  }
+  const std::pair<std::string, std::string> fields[] = {
+      {"clusters: [{name: c, cluster: {server: 7}}]\n", "clusters[c].server: expected a string"},
+      {"clusters: [{name: c, cluster: {server: 'http://a', insecure-skip-tls-verify: yes please}}]\n",
+       "clusters[c].insecure-skip-tls-verify: expected true or false"},
+      {"clusters: [{name: c, cluster: {server: 'http://a'}}]\nusers: [{name: u, user: {token: [1]}}]\n",
+       "users[u].token: expected a string"},
+  };
+  for (const auto& [text, want] : fields) {
+    auto c = LoadKubeconfig(
+        Write("config", text + "current-context: x\ncontexts: [{name: x, context: {cluster: c, "
+                               "user: u}}]\n"));
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_NE(c.status().message().find(want), std::string::npos)
+        << text << "\n" << c.status().message();
+  }
+  // Null is "not given": a null namespace is the default one.
+  auto c = LoadKubeconfig(Write(
+      "config", base + "current-context: x\ncontexts: [{name: x, context: {cluster: c, user: u, "
+                       "namespace: null}}]\n"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->namespace_, "default");
+}
+
 TEST_F(ConfigTest, BadKubeconfigsNameWhatIsWrong) {
   auto message = [&](const std::string& text) {
     return LoadKubeconfig(Write("bad", text)).status().message();

@@ -132,5 +132,14 @@ TEST(S3Xml, EscapesTextForRequestBodies) {
   EXPECT_EQ(XmlEscape("plain/key ü"), "plain/key ü");
 }
 
+// Found by fuzz/s3_xml_fuzz.cc: a CR in a key went out literally and came back as LF (XML's
+// end-of-line handling), so a multi-object delete would have named another key.
+TEST(S3Xml, AKeyWithACarriageReturnSurvivesEscapingAndParsing) {
+  const std::string key = "run/step-1\r\nb\rc";
+  auto parsed = ParseError("<Error><Code>X</Code><Key>" + XmlEscape(key) + "</Key></Error>");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->key, key);
+}
+
 }  // namespace
 }  // namespace tidal::objstore::s3

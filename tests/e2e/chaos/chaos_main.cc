@@ -1,0 +1,966 @@
+// tests/e2e/chaos/chaos_main.cc — tidal-chaos: a seeded fault-injection soak of a real elastic
+// job, with its invariants checked from the API, the workers' own step records and the store
+// (docs/reliability.md). One program for the 3-minute e2e test and the 30-minute bench:
+//
+//   tidal_chaos --seed N --duration SECONDS [--steps N] [--mean-gap SECONDS] [--dir DIR]
+//               [--faults kind,kind,...] [--json PATH]
+//
+// It starts an S3-protocol server (moto) behind a fault proxy, `tidal local --keep-logs` with
+// 4 GPUs, two operator replicas with leader election, and one TrainingJob (2-4 workers, ZeRO-3,
+// full checkpoints every 5 steps to s3://). From the seed it injects, at exponential intervals,
+// faults of these kinds until --duration is over, then lets the job finish:
+//   worker      kill -9 of a worker process
+//   operator    kill -9 of an operator replica (the standby takes the lease), restarted 1-3 s on
+//   cluster     kill -9 of `tidal local` (its pods' processes die with it), restarted on its data
+//   scale       a storm of 3-6 `kubectl scale` to 2, 3 or 4 GPUs
+//   window      a schedule window that opens now and closes at the next minute
+//   pending     a pod holding 2 GPUs for 10-30 s, so a scale-up stays Pending
+//   s3          5-20 s of throttling (503), server errors (500), slow answers, or answers lost
+//               after the server acted
+//   corrupt     a flipped byte in the newest checkpoint, then a worker killed to make the job
+//               load it
+// Invariants, each violation printed as it is found:
+//   - two generations never train at once (their step records' time spans are disjoint);
+//   - every step of the job is in the final record, none lost between generations, and every
+//     time a step was trained (recomputed ones too) its loss equals an unperturbed reference
+//     run of the same spec to 1e-5;
+//   - a generation never trains a step twice;
+//   - `latest` never names a checkpoint whose manifest or shards are missing or short;
+//   - every phase change the API showed is one the lifecycle table allows, the generation never
+//     goes back, no Recovered without a WorkerFailed before it, one Succeeded at the end;
+//   - nothing leaks: no pod after the job is deleted, no process of the run after shutdown, no
+//     temporary file in the cluster's directory.
+// It ends with a table per fault kind (injected, survived, seconds to training again
+// min/median/max) and the totals; exit 0 only with zero violations and a job that succeeded.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "operator/planner/lifecycle.h"
+#include "tests/integration/objstore/fault_proxy.h"
+#include "tests/integration/objstore/s3_server.h"
+#include "tests/integration/process.h"
+#include "worker/objstore/object_store.h"
+
+namespace tidal::chaos {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+using testing::Process;
+using testing::RunProcess;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kJob = "chaos";
+constexpr const char* kBucket = "chaos";
+const std::vector<std::string> kAllFaults = {"worker", "operator", "cluster", "scale",
+                                             "window", "pending",  "s3",      "corrupt"};
+
+double WallNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string Trimmed(std::string_view text) {
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  return std::string(text);
+}
+
+std::string ReadFile(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+struct Options {
+  uint64_t seed = 1;
+  int duration_s = 180;
+  int steps = 0;  // 0: sized from the duration
+  double mean_gap_s = 10;
+  std::string dir;
+  std::vector<std::string> faults = kAllFaults;
+  std::string json_path;
+};
+
+struct Fault {
+  std::string kind, detail;
+  double wall = 0;            // when injected (seconds since the epoch)
+  int64_t step_before = 0;    // the highest step any generation had recorded by then
+  std::optional<double> back;  // seconds until a step beyond step_before was recorded
+};
+
+struct StepLine {
+  double ts = 0;
+  int64_t generation = 0, step = 0;
+  double loss = 0;
+};
+
+// The state the status watch saw.
+struct Observed {
+  std::string phase;
+  int64_t generation = 0;
+};
+
+class Driver {
+ public:
+  explicit Driver(Options options)
+      : o_(std::move(options)), rng_(o_.seed), proxy_rng_(o_.seed ^ 0x9e3779b97f4a7c15ull) {}
+  int Run();
+
+ private:
+  // Setup and teardown.
+  bool Start();
+  bool StartCluster();
+  void StartOperator(int which);
+  bool Shutdown();
+  // kubectl against the cluster.
+  testing::ProcessResult Kubectl(std::vector<std::string> args,
+                                 std::chrono::milliseconds timeout = 60s);
+  std::string WriteFile(const std::string& name, const std::string& text);
+  std::string JobYaml(bool with_store) const;
+  std::map<int64_t, double> Reference();
+  // Faults.
+  void Inject(const std::string& kind);
+  std::vector<pid_t> WorkerPids();
+  bool KillAWorker(std::string& detail);
+  std::optional<http::Response> S3Rule(const http::Request& request);
+  std::optional<http::Response> S3AnswerRule(const http::Request& request);
+  void RunDue(bool all);
+  // Monitors.
+  void WatchStatus();
+  void WatchStore();
+  void Violation(const std::string& what);
+  // The record.
+  std::vector<StepLine> StepLines();
+  void CheckRecord(const std::map<int64_t, double>& reference);
+  void CheckEvents();
+  void CheckLeaks();
+  void PrintTable();
+  template <typename T>
+  T Pick(const std::vector<T>& from) {
+    return from[std::uniform_int_distribution<size_t>(0, from.size() - 1)(rng_)];
+  }
+  double Uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng_); }
+
+  Options o_;
+  std::mt19937_64 rng_;        // the fault schedule (the driver's thread)
+  std::mt19937_64 proxy_rng_;  // the proxy's draws (its rules run one request at a time)
+  fs::path dir_;
+  std::unique_ptr<testing::S3Server> s3_;
+  std::unique_ptr<testing::FaultProxy> proxy_;
+  std::unique_ptr<objstore::ObjectStore> store_;  // straight to the server, past the proxy
+  std::unique_ptr<Process> cluster_;
+  std::unique_ptr<Process> operators_[2];  // null while killed, until restarted
+  std::atomic<bool> stop_{false};
+  std::thread status_thread_, store_thread_;
+
+  // The proxy's current fault, set by Inject and read by its rules (under mu_).
+  std::mutex mu_;
+  std::string s3_mode_;
+  double s3_until_ = 0;
+  std::vector<std::pair<double, std::function<void()>>> due_;  // undo actions, by wall time
+  std::vector<Fault> faults_;
+  std::vector<std::string> violations_;
+  std::vector<Observed> observed_;
+  int64_t max_step_seen_ = 0;  // from status, for faults' step_before
+  int s3_injected_ = 0;
+  int64_t recomputed_ = 0, generations_ = 0;
+  std::atomic<int> latest_reads_{0};  // the store monitor's reads of a `latest`
+  json final_status_;
+  std::map<std::string, int> event_reasons_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Setup.
+
+testing::ProcessResult Driver::Kubectl(std::vector<std::string> args,
+                                       std::chrono::milliseconds timeout) {
+  std::vector<std::string> argv = {KUBECTL_BIN,
+                                   "--kubeconfig=" + (dir_ / "cluster" / "kubeconfig").string(),
+                                   "--cache-dir=" + (dir_ / "kube-cache").string(),
+                                   "--request-timeout=20s"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunProcess(argv, timeout);
+}
+
+std::string Driver::WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = (dir_ / name).string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The job: as tests/e2e/local/operator_fixture.h's tiny one, on s3:// through the proxy. Its
+// losses do not depend on the world size (the global batch is fixed), so one reference run at 2
+// ranks is the truth for every generation.
+std::string Driver::JobYaml(bool with_store) const {
+  std::ostringstream y;
+  y << "apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: " << kJob
+    << "}\nspec:\n"
+    << "  model: {preset: tiny, seed: 3}\n"
+    << "  dataset: {uri: " << TIDAL_SOURCE_DIR
+    << "/examples/data/sample.jsonl, format: text, maxSeqLen: 32}\n"
+    << "  lora: {rank: 4, alpha: 8, dropout: 0.1, targetModules: [q_proj, v_proj]}\n"
+    << "  optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 8, microBatchSize: 2,"
+    << " learningRate: 2.0e-3, warmup: {steps: 5, adaptive: true}, maxSteps: " << o_.steps
+    << ", seed: 1}\n"
+    << "  elastic: {minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 30}\n";
+  if (with_store) {
+    y << "  checkpoint: {uri: \"s3://" << kBucket << "/ckpt\", credentialsSecret: chaos-s3,"
+      << " fullEverySteps: 5, snapshotEverySteps: 0, keep: 3}\n"
+      << "  restartPolicy: {maxRestarts: 1000, backoffSeconds: 1}\n"
+      << "  worker: {env: [{name: TIDAL_INTRA_OP_THREADS, value: \"1\"}]}\n";
+  }
+  return y.str();
+}
+
+bool Driver::StartCluster() {
+  const std::string log = (dir_ / "tidal-local.log").string();
+  cluster_ = std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + log, TIDAL_BIN, "local", "--data",
+      (dir_ / "cluster").string(), "--no-operator", "--keep-logs", "--gpus", "4",
+      "--crash-backoff-ms", "500"});
+  return cluster_->WaitForOutput(
+      [](const std::string& out) { return out.find("export KUBECONFIG=") != std::string::npos; },
+      60s);
+}
+
+void Driver::StartOperator(int which) {
+  const std::string name = which == 0 ? "operator-a" : "operator-b";
+  const std::string log = (dir_ / (name + ".log")).string();
+  operators_[which] = std::make_unique<Process>(std::vector<std::string>{
+      "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + log, TIDAL_BIN, "operator", "--kubeconfig",
+      (dir_ / "cluster" / "kubeconfig").string(), "--install-crd", "--lease-namespace",
+      "kube-system", "--metrics-address", "127.0.0.1:0"});
+}
+
+std::map<int64_t, double> Driver::Reference() {
+  const std::string manifest = WriteFile("reference.yaml", JobYaml(false));
+  auto r = RunProcess({TIDAL_TRAIN_BIN, "--config", manifest, "--nproc", "2"}, 1800s);
+  std::map<int64_t, double> losses;
+  std::istringstream in(r.out);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("step") && j.contains("loss"))
+      losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  }
+  if (r.exit_code != 0 || static_cast<int>(losses.size()) != o_.steps) {
+    std::cerr << "tidal-chaos: the reference run failed (exit " << r.exit_code << ", "
+              << losses.size() << " steps): " << r.err.substr(0, 2000) << "\n";
+    return {};
+  }
+  return losses;
+}
+
+bool Driver::Start() {
+  fs::create_directories(dir_);
+  s3_ = testing::S3Server::Start(kBucket);
+  if (!s3_) return false;
+  proxy_ = testing::FaultProxy::Start(
+      s3_->port(), [this](const http::Request& r) { return S3Rule(r); },
+      [this](const http::Request& r, const http::Response&) { return S3AnswerRule(r); });
+  if (!proxy_) return false;
+  objstore::S3Options direct;
+  direct.endpoint = s3_->endpoint();
+  direct.access_key_id = s3_->access_key();
+  direct.secret_access_key = s3_->secret_key();
+  direct.path_style = true;
+  auto store = objstore::OpenObjectStore(std::string("s3://") + kBucket + "/ckpt", direct);
+  if (!store.ok()) {
+    std::cerr << "tidal-chaos: " << store.status().ToString() << "\n";
+    return false;
+  }
+  store_ = std::move(*store);
+  if (!StartCluster()) {
+    std::cerr << "tidal-chaos: tidal local did not start; see " << (dir_ / "tidal-local.log")
+              << "\n";
+    return false;
+  }
+  StartOperator(0);
+  StartOperator(1);
+  const auto deadline = Clock::now() + 60s;
+  while (Kubectl({"get", "crd", "trainingjobs.tidal.dev"}).exit_code != 0) {
+    if (Clock::now() > deadline) {
+      std::cerr << "tidal-chaos: the operators installed no CRD\n";
+      return false;
+    }
+    std::this_thread::sleep_for(500ms);
+  }
+  auto secret = Kubectl({"create", "secret", "generic", "chaos-s3",
+                         "--from-literal=AWS_ACCESS_KEY_ID=" + s3_->access_key(),
+                         "--from-literal=AWS_SECRET_ACCESS_KEY=" + s3_->secret_key(),
+                         "--from-literal=AWS_ENDPOINT_URL=" + proxy_->endpoint(),
+                         "--from-literal=AWS_REGION=us-east-1",
+                         "--from-literal=TIDAL_S3_ADDRESSING=path"});
+  if (secret.exit_code != 0) {
+    std::cerr << "tidal-chaos: " << secret.err << "\n";
+    return false;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Faults.
+
+std::vector<pid_t> Driver::WorkerPids() {
+  std::vector<pid_t> pids;
+  const std::string marker = (dir_ / "cluster").string();
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::string cmdline = ReadFile(entry.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find("tidal-worker") != std::string::npos &&
+        cmdline.find(marker) != std::string::npos)
+      pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+bool Driver::KillAWorker(std::string& detail) {
+  const auto pids = WorkerPids();
+  if (pids.empty()) return false;
+  const pid_t pid = Pick(pids);
+  ::kill(pid, SIGKILL);
+  detail = "kill -9 worker pid " + std::to_string(pid) + " of " + std::to_string(pids.size());
+  return true;
+}
+
+std::optional<http::Response> Driver::S3Rule(const http::Request&) {
+  std::string mode;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (WallNow() < s3_until_) mode = s3_mode_;
+  }
+  if (mode.empty() || mode == "lost") return std::nullopt;
+  // One draw per request; the proxy calls its rules one request at a time.
+  const double u = std::uniform_real_distribution<double>(0, 1)(proxy_rng_);
+  if (mode == "throttle" && u < 0.5)
+    return testing::FaultProxy::S3Error(503, "SlowDown", "Please reduce your request rate.");
+  if (mode == "error" && u < 0.3)
+    return testing::FaultProxy::S3Error(500, "InternalError", "We encountered an internal error.");
+  if (mode == "slow") std::this_thread::sleep_for(std::chrono::milliseconds(200 + int(u * 800)));
+  return std::nullopt;
+}
+
+std::optional<http::Response> Driver::S3AnswerRule(const http::Request& request) {
+  std::string mode;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (WallNow() < s3_until_) mode = s3_mode_;
+  }
+  // The server did it; the client hears a 500 and must find out (a retried PUT or DELETE is
+  // idempotent, a retried multipart completion may find its upload gone).
+  if (mode == "lost" && request.method != "GET" && request.method != "HEAD" &&
+      std::uniform_real_distribution<double>(0, 1)(proxy_rng_) < 0.3)
+    return testing::FaultProxy::S3Error(500, "InternalError", "the answer was lost");
+  return std::nullopt;
+}
+
+void Driver::Inject(const std::string& kind) {
+  Fault f;
+  f.kind = kind;
+  f.wall = WallNow();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    f.step_before = max_step_seen_;
+  }
+  if (kind == "worker") {
+    if (!KillAWorker(f.detail)) return;  // none running now: not injected
+  } else if (kind == "operator") {
+    int which = static_cast<int>(rng_() % 2);
+    if (!operators_[which]) which = 1 - which;
+    if (!operators_[which]) return;  // both are down for now: not injected
+    ::kill(operators_[which]->pid(), SIGKILL);
+    operators_[which]->Wait(10s);
+    operators_[which].reset();
+    const double after = Uniform(1, 3);
+    f.detail = std::string("kill -9 operator-") + (which == 0 ? "a" : "b") + ", back after " +
+               std::to_string(after).substr(0, 3) + " s";
+    std::lock_guard<std::mutex> lock(mu_);
+    due_.push_back({WallNow() + after, [this, which] { StartOperator(which); }});
+  } else if (kind == "cluster") {
+    ::kill(cluster_->pid(), SIGKILL);
+    cluster_->Wait(10s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500 + rng_() % 1500));
+    if (!StartCluster()) Violation("tidal local did not come back on its data directory");
+    f.detail = "kill -9 tidal local, restarted";
+  } else if (kind == "scale") {
+    const int n = 3 + static_cast<int>(rng_() % 4);
+    for (int i = 0; i < n; ++i) {
+      const int gpus = 2 + static_cast<int>(rng_() % 3);
+      Kubectl({"scale", "tj", kJob, "--replicas=" + std::to_string(gpus)});
+      f.detail += (f.detail.empty() ? "kubectl scale to " : ", ") + std::to_string(gpus);
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng_() % 300));
+    }
+  } else if (kind == "window") {
+    // Open from this minute (UTC, the job's zone) to the next: it opens at once and closes
+    // within a minute. Manual replicas, if any, would override it: they are cleared.
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    const int m = utc.tm_min, next = (m + 1) % 60, h = utc.tm_hour;
+    const int next_h = m == 59 ? (h + 1) % 24 : h;
+    json patch = {{"spec",
+                   {{"replicas", nullptr},
+                    {"elastic",
+                     {{"schedule",
+                       {{{"name", "chaos"},
+                         {"start", std::to_string(m) + " " + std::to_string(h) + " * * *"},
+                         {"end", std::to_string(next) + " " + std::to_string(next_h) + " * * *"},
+                         {"gpus", 4}}}}}}}}};
+    Kubectl({"patch", "tj", kJob, "--type=merge", "-p", patch.dump()});
+    f.detail = "window " + patch["spec"]["elastic"]["schedule"][0]["start"].get<std::string>() +
+               " to " + patch["spec"]["elastic"]["schedule"][0]["end"].get<std::string>();
+  } else if (kind == "pending") {
+    const std::string name = "hog-" + std::to_string(faults_.size());
+    const std::string pod = WriteFile(
+        name + ".yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: " + name +
+                            "}\nspec:\n  restartPolicy: Never\n  containers:\n  - name: main\n"
+                            "    image: busybox\n    command: [sleep, '600']\n"
+                            "    resources: {limits: {nvidia.com/gpu: 2}}\n");
+    Kubectl({"apply", "-f", pod});
+    const double hold = Uniform(10, 30);
+    f.detail = "a pod holds 2 GPUs for " + std::to_string(int(hold)) + " s";
+    std::lock_guard<std::mutex> lock(mu_);
+    due_.push_back({WallNow() + hold, [this, name] {
+                      Kubectl({"delete", "pod", name, "--grace-period=0", "--wait=false"});
+                    }});
+  } else if (kind == "s3") {
+    const std::string mode = Pick<std::string>({"throttle", "error", "slow", "lost"});
+    const double hold = Uniform(5, 20);
+    f.detail = mode + " for " + std::to_string(int(hold)) + " s";
+    std::lock_guard<std::mutex> lock(mu_);
+    s3_mode_ = mode;
+    s3_until_ = WallNow() + hold;
+    ++s3_injected_;
+  } else if (kind == "corrupt") {
+    auto latest = store_->Get("latest");
+    if (!latest.ok()) return;  // nothing committed yet
+    const std::string dir = Trimmed(*latest);
+    auto objects = store_->List(dir + "/shard-");
+    if (!objects.ok() || objects->empty()) return;
+    const std::string key = Pick(*objects).key;
+    auto bytes = store_->Get(key);
+    if (!bytes.ok() || bytes->size() < 16) return;
+    const size_t at = bytes->size() - 1 - rng_() % 8;  // in the data, past the header
+    (*bytes)[at] = static_cast<char>((*bytes)[at] ^ 0x5a);
+    if (!store_->Put(key, *bytes).ok()) return;
+    std::string killed;
+    KillAWorker(killed);
+    f.detail = "flipped byte " + std::to_string(at) + " of " + key + "; " + killed;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  faults_.push_back(std::move(f));
+  std::cout << "[" << faults_.size() << "] " << faults_.back().kind << ": "
+            << faults_.back().detail << std::endl;
+}
+
+void Driver::RunDue(bool all) {
+  std::vector<std::function<void()>> run;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const double now = WallNow();
+    for (auto it = due_.begin(); it != due_.end();) {
+      if (all || it->first <= now) {
+        run.push_back(std::move(it->second));
+        it = due_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& action : run) action();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Monitors.
+
+void Driver::Violation(const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  violations_.push_back(what);
+  std::cout << "VIOLATION: " << what << std::endl;
+}
+
+// Every change of the job's status, from a `kubectl get -w` (restarted when the cluster is):
+// the phase changes against the lifecycle table, the generation never going back.
+void Driver::WatchStatus() {
+  const auto allowed = [](const std::string& from, const std::string& to) {
+    if (from == to) return true;
+    for (planner::Phase a : planner::AllPhases()) {
+      if (from != planner::PhaseName(a)) continue;
+      for (planner::Event e : planner::AllEvents()) {
+        auto next = planner::Transition(a, e);
+        if (next.ok() && to == planner::PhaseName(*next)) return true;
+      }
+    }
+    return false;
+  };
+  while (!stop_) {
+    Process watch({KUBECTL_BIN, "--kubeconfig=" + (dir_ / "cluster" / "kubeconfig").string(),
+                   "--cache-dir=" + (dir_ / "kube-cache").string(), "get", "tj", kJob, "-w",
+                   "-o",
+                   "jsonpath={.status.phase} {.status.generation} {.status.step}{\"\\n\"}"});
+    size_t seen = 0;
+    bool continuous = false;  // the first line after a (re)start may skip phases
+    while (!stop_) {
+      std::string out;
+      const bool alive = !watch.WaitForOutput(
+          [&](const std::string& s) {
+            out = s;
+            return stop_ || s.find('\n', seen) != std::string::npos;
+          },
+          1s);
+      size_t nl;
+      while ((nl = out.find('\n', seen)) != std::string::npos) {
+        std::istringstream line(out.substr(seen, nl - seen));
+        seen = nl + 1;
+        Observed now;
+        int64_t step = 0;
+        line >> now.phase >> now.generation >> step;
+        if (now.phase.empty()) continue;
+        std::lock_guard<std::mutex> lock(mu_);
+        max_step_seen_ = std::max(max_step_seen_, step);
+        if (!observed_.empty()) {
+          const Observed& before = observed_.back();
+          std::vector<std::string> found;
+          if (continuous && !allowed(before.phase, now.phase))
+            found.push_back("status.phase went " + before.phase + " -> " + now.phase +
+                            ", which the lifecycle table does not allow");
+          if (now.generation < before.generation)
+            found.push_back("status.generation went back from " +
+                            std::to_string(before.generation) + " to " +
+                            std::to_string(now.generation));
+          for (const std::string& v : found) {
+            violations_.push_back(v);
+            std::cout << "VIOLATION: " << v << std::endl;
+          }
+        }
+        observed_.push_back(now);
+        continuous = true;
+      }
+      // WaitForOutput returns false while the watch lives and nothing new came; a dead watch
+      // (the cluster was killed) returns at once: restart it.
+      siginfo_t info{};
+      if (waitid(P_PID, watch.pid(), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid == watch.pid())
+        break;
+      (void)alive;
+    }
+    watch.Wait(2s);
+    if (!stop_) std::this_thread::sleep_for(500ms);
+  }
+}
+
+// `latest`, read straight from the server: the checkpoint it names has its manifest and every
+// shard the manifest lists, at the size it lists. (A checkpoint pruned between the reads shows
+// as `latest` having moved on, and is read again.)
+void Driver::WatchStore() {
+  while (!stop_) {
+    std::this_thread::sleep_for(300ms);
+    auto latest = store_->Get("latest");
+    if (!latest.ok()) continue;
+    const std::string dir = Trimmed(*latest);
+    ++latest_reads_;
+    std::string problem;
+    auto manifest = store_->Get(dir + "/manifest.json");
+    if (!manifest.ok()) {
+      problem = "has no manifest.json (" + manifest.status().message() + ")";
+    } else {
+      json m = json::parse(*manifest, nullptr, false);
+      if (m.is_discarded() || !m.contains("shards")) {
+        problem = "has a manifest.json that is not one";
+      } else {
+        for (const auto& shard : m["shards"]) {
+          auto size = store_->Size(dir + "/" + shard.value("file", ""));
+          if (!size.ok() || *size != shard.value("size", uint64_t{0})) {
+            problem = "lists " + shard.value("file", std::string()) + " of " +
+                      std::to_string(shard.value("size", uint64_t{0})) + " bytes, " +
+                      (size.ok() ? "stored with " + std::to_string(*size) : "not stored");
+            break;
+          }
+        }
+      }
+    }
+    if (problem.empty()) continue;
+    auto again = store_->Get("latest");
+    if (again.ok() && Trimmed(*again) != dir) continue;  // moved on meanwhile
+    Violation("latest names " + dir + ", which " + problem);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The record.
+
+// Rank 0's step lines of every container run of the job's workers: the live logs and the kept
+// ones (each file once: a kept log is a hard link).
+std::vector<StepLine> Driver::StepLines() {
+  std::vector<StepLine> lines;
+  std::set<std::pair<dev_t, ino_t>> read;
+  for (const char* root : {"logs", "logs-archive"}) {
+    const fs::path base = dir_ / "cluster" / root / "default";
+    if (!fs::exists(base)) continue;
+    for (const auto& entry : fs::recursive_directory_iterator(base)) {
+      if (!entry.is_regular_file() || entry.path().extension() != ".log") continue;
+      if (entry.path().filename().string().rfind("worker", 0) != 0) continue;
+      struct stat st {};
+      if (::stat(entry.path().c_str(), &st) != 0 || !read.insert({st.st_dev, st.st_ino}).second)
+        continue;
+      std::ifstream in(entry.path());
+      std::string text;
+      while (std::getline(in, text)) {
+        json j = json::parse(text, nullptr, false);
+        if (j.is_discarded() || !j.is_object() || j.value("msg", "") != "step" ||
+            j.value("job", "") != kJob)
+          continue;
+        lines.push_back({j.value("ts", 0.0), j.value("generation", int64_t{0}),
+                         j.value("step", int64_t{0}), j.value("loss", 0.0)});
+      }
+    }
+  }
+  std::sort(lines.begin(), lines.end(),
+            [](const StepLine& a, const StepLine& b) { return a.ts < b.ts; });
+  return lines;
+}
+
+void Driver::CheckRecord(const std::map<int64_t, double>& reference) {
+  const std::vector<StepLine> lines = StepLines();
+  std::map<int64_t, std::vector<const StepLine*>> by_generation;
+  std::map<int64_t, int> times_trained;
+  for (const StepLine& l : lines) {
+    by_generation[l.generation].push_back(&l);
+    ++times_trained[l.step];
+    auto want = reference.find(l.step);
+    if (want == reference.end()) {
+      Violation("generation " + std::to_string(l.generation) + " trained step " +
+                std::to_string(l.step) + ", which the job does not have");
+    } else if (std::abs(l.loss - want->second) > 1e-5 * std::max(1.0, std::abs(want->second))) {
+      Violation("step " + std::to_string(l.step) + " of generation " +
+                std::to_string(l.generation) + " has loss " + std::to_string(l.loss) +
+                ", the reference " + std::to_string(want->second));
+    }
+  }
+  // Within a generation, steps only go forward; between generations, no overlap in time and no
+  // gap in steps.
+  struct Span {
+    int64_t generation;
+    double first_ts, last_ts;
+    int64_t first_step, last_step;
+  };
+  std::vector<Span> spans;
+  for (const auto& [generation, ls] : by_generation) {
+    for (size_t i = 1; i < ls.size(); ++i)
+      if (ls[i]->step <= ls[i - 1]->step)
+        Violation("generation " + std::to_string(generation) + " trained step " +
+                  std::to_string(ls[i]->step) + " after step " + std::to_string(ls[i - 1]->step));
+    spans.push_back({generation, ls.front()->ts, ls.back()->ts, ls.front()->step, ls.back()->step});
+  }
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return a.first_ts < b.first_ts; });
+  for (size_t i = 1; i < spans.size(); ++i) {
+    const Span &a = spans[i - 1], &b = spans[i];
+    if (b.first_ts <= a.last_ts)
+      Violation("generations " + std::to_string(a.generation) + " and " +
+                std::to_string(b.generation) + " trained at once (" +
+                std::to_string(b.first_ts - a.last_ts) + " s of overlap)");
+    if (b.first_step > a.last_step + 1)
+      Violation("steps " + std::to_string(a.last_step + 1) + "-" +
+                std::to_string(b.first_step - 1) + " were lost between generations " +
+                std::to_string(a.generation) + " and " + std::to_string(b.generation));
+  }
+  for (const auto& [step, loss] : reference)
+    if (!times_trained.count(step)) Violation("step " + std::to_string(step) + " was never trained");
+  int64_t recomputed = 0;
+  for (const auto& [step, n] : times_trained) recomputed += n - 1;
+  std::cout << "record: " << lines.size() << " step records in " << spans.size()
+            << " generations, " << recomputed << " steps recomputed" << std::endl;
+  recomputed_ = recomputed;
+  generations_ = static_cast<int64_t>(spans.size());
+
+  // Time to training again: from each fault to the first record beyond where the job was.
+  for (Fault& f : faults_)
+    for (const StepLine& l : lines)
+      if (l.ts > f.wall && l.step > f.step_before) {
+        f.back = l.ts - f.wall;
+        break;
+      }
+}
+
+// The job's Events against what happened: no recovery without a failure before it, and the job
+// succeeded once.
+void Driver::CheckEvents() {
+  auto r = Kubectl({"get", "events", "--field-selector", std::string("involvedObject.name=") + kJob,
+                    "-o", "json"});
+  json events = json::parse(r.out, nullptr, false);
+  if (events.is_discarded() || !events.contains("items")) {
+    Violation("kubectl get events gave no list: " + r.err);
+    return;
+  }
+  std::vector<std::pair<std::string, std::string>> ordered;  // (time, reason)
+  for (const auto& e : events["items"]) {
+    std::string when = e.value("lastTimestamp", "");
+    if (when.empty() && e.contains("eventTime") && e["eventTime"].is_string())
+      when = e["eventTime"].get<std::string>();
+    const std::string reason = e.value("reason", "");
+    event_reasons_[reason] += e.value("count", 1);
+    ordered.emplace_back(when, reason);
+  }
+  if (event_reasons_["Recovered"] > event_reasons_["WorkerFailed"])
+    Violation(std::to_string(event_reasons_["Recovered"]) + " Recovered events for " +
+              std::to_string(event_reasons_["WorkerFailed"]) + " WorkerFailed");
+  if (event_reasons_["Succeeded"] != 1)
+    Violation(std::to_string(event_reasons_["Succeeded"]) + " Succeeded events, expected 1");
+  if (event_reasons_["RestartsExhausted"] > 0) Violation("the job ran out of restarts");
+}
+
+// Nothing of the run may outlive it: pods once the job is deleted, processes once the cluster
+// and the operators are stopped, temporary files in the cluster's directory.
+void Driver::CheckLeaks() {
+  const auto pods = [&] {
+    return Kubectl({"get", "pods", "-l", std::string("tidal.dev/job=") + kJob, "-o", "name"}).out;
+  };
+  Kubectl({"delete", "tj", kJob, "--wait=true", "--timeout=120s"}, 150s);
+  const auto deadline = Clock::now() + 60s;
+  std::string left;
+  while (!(left = pods()).empty() && Clock::now() < deadline) std::this_thread::sleep_for(500ms);
+  if (!left.empty()) Violation("pods left after the job was deleted: " + left);
+}
+
+bool Driver::Shutdown() {
+  stop_ = true;
+  if (status_thread_.joinable()) status_thread_.join();
+  if (store_thread_.joinable()) store_thread_.join();
+  RunDue(/*all=*/true);
+  for (auto& op : operators_)
+    if (op) {
+      ::kill(op->pid(), SIGTERM);
+      op->Wait(30s);
+      op.reset();
+    }
+  if (cluster_) {
+    ::kill(cluster_->pid(), SIGTERM);
+    cluster_->Wait(60s);
+    cluster_.reset();
+  }
+  // Everything the cluster ran had the cluster's directory on its command line.
+  const std::string marker = (dir_ / "cluster").string();
+  std::this_thread::sleep_for(1s);
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
+    std::string cmdline = ReadFile(entry.path() / "cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(marker) != std::string::npos && std::stoi(name) != ::getpid())
+      Violation("process " + name + " outlived the run: " + cmdline.substr(0, 200));
+  }
+  for (const auto& entry : fs::recursive_directory_iterator(dir_ / "cluster")) {
+    const std::string file = entry.path().filename();
+    if (entry.is_regular_file() &&
+        (file.find(".tmp") != std::string::npos || file.rfind(".tidal-tmp", 0) == 0))
+      Violation("temporary file left behind: " + entry.path().string());
+  }
+  return true;
+}
+
+void Driver::PrintTable() {
+  struct Row {
+    int injected = 0, survived = 0;
+    std::vector<double> back;
+  };
+  std::map<std::string, Row> rows;
+  for (const Fault& f : faults_) {
+    Row& r = rows[f.kind];
+    ++r.injected;
+    if (f.back) {
+      ++r.survived;
+      r.back.push_back(*f.back);
+    }
+  }
+  const auto fmt = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f", v);
+    return std::string(b);
+  };
+  std::printf("\n%-10s %9s %9s   %s\n", "fault", "injected", "survived",
+              "seconds to training again (min / median / max)");
+  for (auto& [kind, r] : rows) {
+    std::sort(r.back.begin(), r.back.end());
+    std::string back = r.back.empty() ? "-"
+                                      : fmt(r.back.front()) + " / " + fmt(r.back[r.back.size() / 2]) +
+                                            " / " + fmt(r.back.back());
+    std::printf("%-10s %9d %9d   %s\n", kind.c_str(), r.injected, r.survived, back.c_str());
+  }
+  std::printf("\nseed %llu, %d steps, %lld generations, %lld steps recomputed, %zu faults, "
+              "%zu invariant violations; final phase %s at step %lld\n",
+              static_cast<unsigned long long>(o_.seed), o_.steps,
+              static_cast<long long>(generations_), static_cast<long long>(recomputed_),
+              faults_.size(), violations_.size(),
+              final_status_.value("phase", std::string("?")).c_str(),
+              static_cast<long long>(final_status_.value("step", int64_t{-1})));
+  std::string reasons;
+  for (const auto& [reason, n] : event_reasons_) reasons += " " + reason + "=" + std::to_string(n);
+  std::printf("events:%s\n", reasons.c_str());
+  if (!o_.json_path.empty()) {
+    json report = {{"seed", o_.seed},       {"steps", o_.steps},
+                   {"generations", generations_}, {"recomputed", recomputed_},
+                   {"violations", violations_}, {"events", event_reasons_},
+                   {"faults", json::array()}};
+    for (const Fault& f : faults_)
+      report["faults"].push_back({{"kind", f.kind},
+                                  {"detail", f.detail},
+                                  {"seconds_to_training", f.back ? json(*f.back) : json(nullptr)}});
+    std::ofstream(o_.json_path) << report.dump(2) << "\n";
+  }
+}
+
+int Driver::Run() {
+  dir_ = o_.dir.empty() ? fs::temp_directory_path() /
+                              ("tidal-chaos-" + std::to_string(::getpid()))
+                        : fs::path(o_.dir);
+  std::cout << "tidal-chaos: seed " << o_.seed << ", " << o_.duration_s << " s of faults ("
+            << o_.mean_gap_s << " s apart on average), " << o_.steps << " steps, in " << dir_
+            << std::endl;
+  if (!Start()) return 2;
+  const auto reference = Reference();
+  if (reference.empty()) return 2;
+  std::cout << "reference: " << reference.size() << " steps trained undisturbed" << std::endl;
+  const std::string manifest = WriteFile("job.yaml", JobYaml(true));
+  if (Kubectl({"apply", "-f", manifest}).exit_code != 0) {
+    std::cerr << "tidal-chaos: kubectl apply failed\n";
+    return 2;
+  }
+  status_thread_ = std::thread([this] { WatchStatus(); });
+  store_thread_ = std::thread([this] { WatchStore(); });
+
+  // Faults until the duration is over or the job is done.
+  const auto fault_end = Clock::now() + std::chrono::seconds(o_.duration_s);
+  std::exponential_distribution<double> gap(1.0 / o_.mean_gap_s);
+  auto next = Clock::now() + std::chrono::milliseconds(static_cast<int>(gap(rng_) * 1000));
+  const auto phase = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return observed_.empty() ? std::string() : observed_.back().phase;
+  };
+  const auto near_end = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return max_step_seen_ >= o_.steps - 5;  // a fault after the last step tests nothing
+  };
+  while (Clock::now() < fault_end && phase() != "Succeeded" && phase() != "Failed" &&
+         !near_end()) {
+    RunDue(false);
+    if (Clock::now() >= next) {
+      Inject(Pick(o_.faults));
+      next = Clock::now() + std::chrono::milliseconds(static_cast<int>(gap(rng_) * 1000));
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  RunDue(/*all=*/true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s3_until_ = 0;
+  }
+  std::cout << "faults over; waiting for the job to finish" << std::endl;
+  const auto finish_deadline = Clock::now() + std::chrono::seconds(300 + o_.steps);
+  while (phase() != "Succeeded" && phase() != "Failed" && Clock::now() < finish_deadline)
+    std::this_thread::sleep_for(500ms);
+  final_status_ = json::parse(Kubectl({"get", "tj", kJob, "-o", "jsonpath={.status}"}).out,
+                              nullptr, false);
+  if (final_status_.is_discarded()) final_status_ = json::object();
+  if (final_status_.value("phase", "") != "Succeeded" ||
+      final_status_.value("step", int64_t{0}) != o_.steps)
+    Violation("the job did not succeed at step " + std::to_string(o_.steps) + ": status " +
+              final_status_.dump());
+  if (latest_reads_ == 0)
+    Violation("the store monitor never found a `latest` under s3://" + std::string(kBucket) +
+              "/ckpt: it checked nothing");
+  CheckEvents();
+  CheckLeaks();
+  Shutdown();
+  CheckRecord(reference);
+  PrintTable();
+  if (violations_.empty() && o_.dir.empty()) fs::remove_all(dir_);
+  if (!violations_.empty()) std::cout << "the run is kept in " << dir_ << std::endl;
+  return violations_.empty() ? 0 : 1;
+}
+
+int Usage(const std::string& why) {
+  std::cerr << "tidal_chaos: " << why
+            << "\nusage: tidal_chaos [--seed N] [--duration SECONDS] [--steps N]\n"
+               "                   [--mean-gap SECONDS] [--dir DIR] [--faults k,k,...]\n"
+               "                   [--json PATH]\n"
+               "  fault kinds: worker operator cluster scale window pending s3 corrupt\n";
+  return 2;
+}
+
+}  // namespace
+}  // namespace tidal::chaos
+
+int main(int argc, char** argv) {
+  using namespace tidal::chaos;
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) return Usage("missing value for " + flag);
+    const std::string value = argv[++i];
+    try {
+      if (flag == "--seed") {
+        o.seed = std::stoull(value);
+      } else if (flag == "--duration") {
+        o.duration_s = std::stoi(value);
+      } else if (flag == "--steps") {
+        o.steps = std::stoi(value);
+      } else if (flag == "--mean-gap") {
+        o.mean_gap_s = std::stod(value);
+      } else if (flag == "--dir") {
+        o.dir = value;
+      } else if (flag == "--json") {
+        o.json_path = value;
+      } else if (flag == "--faults") {
+        o.faults.clear();
+        std::stringstream ss(value);
+        std::string kind;
+        while (std::getline(ss, kind, ','))
+          if (std::find(kAllFaults.begin(), kAllFaults.end(), kind) == kAllFaults.end())
+            return Usage("--faults: unknown kind \"" + kind + "\"");
+          else
+            o.faults.push_back(kind);
+        if (o.faults.empty()) return Usage("--faults: expected at least one kind");
+      } else {
+        return Usage("unknown flag " + flag);
+      }
+    } catch (const std::exception&) {
+      return Usage(flag + ": \"" + value + "\" is not a number");
+    }
+  }
+  if (o.duration_s < 1) return Usage("--duration: expected at least 1 second");
+  if (o.mean_gap_s <= 0) return Usage("--mean-gap: expected a positive number of seconds");
+  // About 4 steps a second on 2 cores between faults: the job outlasts the faults.
+  if (o.steps == 0) o.steps = std::max(100, o.duration_s * 3);
+  if (o.steps < 10) return Usage("--steps: expected at least 10");
+  return Driver(std::move(o)).Run();
+}
