@@ -4,6 +4,7 @@
 // by the engine's and the operator's spec parsing.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <set>
@@ -36,7 +37,8 @@ class Section {
   ~Section() {
     if (!node_) return;
     for (const auto& [key, value] : node_->items())
-      if (!known_.count(key)) Error(key, "unknown field");
+      if (!known_.count(key))
+        errors_.push_back((key.empty() ? path_ + "[\"\"]" : FieldPath(key)) + ": unknown field");
   }
   bool present() const { return node_ != nullptr; }
   const nlohmann::json* node() const { return node_; }
@@ -44,7 +46,7 @@ class Section {
   void Known(const std::string& key) { known_.insert(key); }
 
   void Error(const std::string& key, const std::string& what) {
-    errors_.push_back((key.empty() ? path_ : path_ + "." + key) + ": " + what);
+    errors_.push_back(FieldPath(key) + ": " + what);
   }
 
   const nlohmann::json* Field(const std::string& key) {
@@ -123,6 +125,18 @@ class Section {
     } else {
       return std::to_string(v);
     }
+  }
+  // path.key, or path["key"] (JSON-quoted) for a key that is not plain printable ASCII: the
+  // errors stay one per line, each starting with its path, whatever keys a document holds
+  // (found by fuzz/training_job_spec_fuzz.cc: a key with a newline in it split its line).
+  std::string FieldPath(const std::string& key) const {
+    if (key.empty()) return path_;
+    const bool plain = std::all_of(key.begin(), key.end(), [](unsigned char c) {
+      return c > 0x20 && c < 0x7f && c != '"';
+    });
+    if (plain) return path_ + "." + key;
+    return path_ + "[" +
+           nlohmann::json(key).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) + "]";
   }
   std::string path_;
   const nlohmann::json* node_ = nullptr;

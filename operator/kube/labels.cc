@@ -145,7 +145,13 @@ class Parser {
         req.op = op.text == "in" ? LabelRequirement::kIn : LabelRequirement::kNotIn;
         Next();
         if (Next().kind != Token::kOpen) return Error("expected '(' after " + op.text);
-        if (Peek().kind == Token::kClose) return Error("the values of in/notin must not be empty");
+        if (Peek().kind == Token::kClose) {
+          // "()" is the one empty value, as apimachinery reads it (and prints {""}): found by
+          // fuzz/kube_wire_fuzz.cc, since "(,)" parsed and printed as "()", which did not.
+          Next();
+          req.values.push_back("");
+          return req;
+        }
         for (;;) {
           TIDAL_ASSIGN_OR_RETURN(std::string value, Value(true));
           req.values.push_back(std::move(value));

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <sstream>
+
 #include "common/yaml_json.h"
 
 namespace tidal::api {
@@ -85,6 +87,27 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
     EXPECT_NE(parsed.status().message().find(c.expect), std::string::npos)
         << c.pointer << " → " << parsed.status().message();
   }
+}
+
+// One violation per line, each starting with its field, whatever the keys: one that is not
+// plain ASCII is quoted. (Found by fuzz/training_job_spec_fuzz.cc: a key with a newline split
+// its line, and the second half named no field.)
+TEST(TrainingJobSpecTest, UnknownKeysWithOddCharactersAreQuotedOnTheirOwnLine) {
+  json spec = Example();
+  spec["optimization"]["lr\nrate"] = 1;
+  spec["elastic"][""] = 2;
+  spec["lora"]["r\u00e4nk"] = 3;
+  auto parsed = ParseTrainingJobSpec(spec);
+  ASSERT_FALSE(parsed.ok());
+  const std::string message = parsed.status().message();
+  EXPECT_NE(message.find("spec.optimization[\"lr\\nrate\"]: unknown field"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("spec.elastic[\"\"]: unknown field"), std::string::npos) << message;
+  EXPECT_NE(message.find("spec.lora[\"r\\u00e4nk\"]: unknown field"), std::string::npos)
+      << message;
+  std::istringstream lines(message);
+  std::string line;
+  while (std::getline(lines, line)) EXPECT_EQ(line.rfind("spec", 0), 0u) << line;
 }
 
 TEST(TrainingJobSpecTest, EveryViolationIsReportedTogether) {

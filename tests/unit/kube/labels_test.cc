@@ -42,7 +42,7 @@ TEST(LabelSelector, NegationsMatchObjectsWithoutTheKey) {
 }
 
 TEST(LabelSelector, RefusesMalformedSelectorsNamingThem) {
-  for (const char* bad : {"app=", "=worker", "app in ()", "app in (a", "app is (a)", "app=worker,",
+  for (const char* bad : {"app=", "=worker", "app in (a", "app is (a)", "app=worker,",
                           "a b", "Bad_Prefix/x=y", "app=-worker", "!", "app ! x"}) {
     auto s = LabelSelector::Parse(bad);
     if (std::string(bad) == "app=") {
@@ -53,6 +53,25 @@ TEST(LabelSelector, RefusesMalformedSelectorsNamingThem) {
     EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(s.status().message().find(bad), std::string::npos) << s.status().message();
   }
+}
+
+// apimachinery reads "()" as the one empty value and prints {""} that way; "(,)" is the same
+// set. (Found by fuzz/kube_wire_fuzz.cc: "(,)" parsed, printed as "()", which was refused.)
+TEST(LabelSelector, EmptyParenthesesAreTheEmptyValueAsApimachineryReadsThem) {
+  for (const char* text : {"app in ()", "app in (,)"}) {
+    auto s = LabelSelector::Parse(text);
+    ASSERT_TRUE(s.ok()) << text << ": " << s.status().message();
+    EXPECT_EQ(s->ToString(), "app in ()") << text;
+    EXPECT_TRUE(s->Matches(nlohmann::json{{"app", ""}})) << text;
+    EXPECT_FALSE(s->Matches(nlohmann::json{{"app", "x"}})) << text;
+    auto again = LabelSelector::Parse(s->ToString());
+    ASSERT_TRUE(again.ok()) << again.status().message();
+    EXPECT_EQ(again->requirements(), s->requirements());
+  }
+  auto notin = LabelSelector::Parse("app notin ()");
+  ASSERT_TRUE(notin.ok());
+  EXPECT_TRUE(notin->Matches(nlohmann::json{{"app", "x"}}));
+  EXPECT_FALSE(notin->Matches(nlohmann::json{{"app", ""}}));
 }
 
 TEST(LabelSelector, CanonicalStringRoundTrips) {
