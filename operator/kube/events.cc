@@ -203,7 +203,7 @@ CorrelatedEvent EventCorrelator::Correlate(const EventRecord& r) {
 
   // 3. Spam filter: a token bucket per source and object (client-go
   //    EventSourceObjectSpamFilter). The count above still includes what it drops.
-  if (options_.spam_burst > 0) {
+  if (options_.spam_burst > 0 && !options_.unfiltered_reasons.count(r.reason)) {
     const Clock::Duration interval = options_.spam_refill_interval;
     const std::string spam_key = SpamKey(r);
     Bucket* bucket = spam_.Find(spam_key);

@@ -22,6 +22,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -70,6 +71,10 @@ struct CorrelatorOptions {
   int aggregate_max_events = 10;                   // defaultAggregateMaxEvents
   int spam_burst = 25;                             // defaultSpamBurst; ≤ 0 disables the filter
   std::chrono::seconds spam_refill_interval{300};  // defaultSpamQPS = 1/300
+  // Reasons the spam filter never drops (nor counts): an object's once-only events, such as the
+  // one that closes its story, which a busy life (many rescales, recoveries) would otherwise
+  // lose. Not in client-go, where every reason shares the bucket.
+  std::set<std::string> unfiltered_reasons;
 };
 
 // What to send for one record.

@@ -27,7 +27,8 @@
 //   - a generation never trains a step twice;
 //   - `latest` never names a checkpoint whose manifest or shards are missing or short;
 //   - every phase change the API showed is one the lifecycle table allows, the generation never
-//     goes back, no Recovered without a WorkerFailed before it, one Succeeded at the end;
+//     goes back, one Succeeded Event, no RestartsExhausted, and at the end no condition that
+//     says the job is unwell;
 //   - nothing leaks: no pod after the job is deleted, no process of the run after shutdown, no
 //     temporary file in the cluster's directory.
 // It ends with a table per fault kind (injected, survived, seconds to training again
@@ -712,8 +713,9 @@ void Driver::CheckRecord(const std::map<int64_t, double>& reference) {
       }
 }
 
-// The job's Events against what happened: no recovery without a failure before it, and the job
-// succeeded once.
+// The job's Events against what happened: it succeeded, once, and never ran out of restarts.
+// (Other reasons may be thinned by the spam filter, as client-go's is; the operator exempts
+// its once-only ones.)
 void Driver::CheckEvents() {
   auto r = Kubectl({"get", "events", "--field-selector", std::string("involvedObject.name=") + kJob,
                     "-o", "json"});
@@ -722,18 +724,7 @@ void Driver::CheckEvents() {
     Violation("kubectl get events gave no list: " + r.err);
     return;
   }
-  std::vector<std::pair<std::string, std::string>> ordered;  // (time, reason)
-  for (const auto& e : events["items"]) {
-    std::string when = e.value("lastTimestamp", "");
-    if (when.empty() && e.contains("eventTime") && e["eventTime"].is_string())
-      when = e["eventTime"].get<std::string>();
-    const std::string reason = e.value("reason", "");
-    event_reasons_[reason] += e.value("count", 1);
-    ordered.emplace_back(when, reason);
-  }
-  if (event_reasons_["Recovered"] > event_reasons_["WorkerFailed"])
-    Violation(std::to_string(event_reasons_["Recovered"]) + " Recovered events for " +
-              std::to_string(event_reasons_["WorkerFailed"]) + " WorkerFailed");
+  for (const auto& e : events["items"]) event_reasons_[e.value("reason", "")] += e.value("count", 1);
   if (event_reasons_["Succeeded"] != 1)
     Violation(std::to_string(event_reasons_["Succeeded"]) + " Succeeded events, expected 1");
   if (event_reasons_["RestartsExhausted"] > 0) Violation("the job ran out of restarts");
@@ -895,6 +886,14 @@ int Driver::Run() {
       final_status_.value("step", int64_t{0}) != o_.steps)
     Violation("the job did not succeed at step " + std::to_string(o_.steps) + ": status " +
               final_status_.dump());
+  // A job that succeeded is not left marked unwell.
+  if (final_status_.contains("conditions") && final_status_["conditions"].is_array())
+    for (const json& c : final_status_["conditions"]) {
+      const std::string type = c.value("type", ""), reason = c.value("reason", "");
+      if (reason == "InvalidSpec" || reason == "ReconcileError" ||
+          (type == "LossAnomaly" && c.value("status", "") == "True"))
+        Violation("the finished job still has condition " + c.dump());
+    }
   if (latest_reads_ == 0)
     Violation("the store monitor never found a `latest` under s3://" + std::string(kBucket) +
               "/ckpt: it checked nothing");

@@ -139,6 +139,20 @@ TEST(EventCorrelator, SpamFilterAllowsABurstOf25PerObjectThenOnePerFiveMinutes) 
   EXPECT_EQ(c.Correlate(At(302s, "m0")).action, CorrelatedEvent::kSkip);
 }
 
+// The operator's once-only reasons (manager.cc: Succeeded, ...) pass an exhausted bucket and
+// take nothing from it.
+TEST(EventCorrelator, UnfilteredReasonsPassAnExhaustedSpamFilter) {
+  CorrelatorOptions o;
+  o.unfiltered_reasons = {"Succeeded"};
+  EventCorrelator c({"tidal-operator", ""}, o);
+  for (int i = 0; i < 30; ++i) c.Correlate(At(std::chrono::milliseconds(i), "m" + std::to_string(i)));
+  EXPECT_EQ(c.Correlate(At(100ms, "m40")).action, CorrelatedEvent::kSkip) << "the bucket is empty";
+  EXPECT_EQ(c.Correlate(At(100ms, "trained to step 540", "Succeeded")).action,
+            CorrelatedEvent::kCreate);
+  EXPECT_NE(c.Correlate(At(301s, "m41")).action, CorrelatedEvent::kSkip)
+      << "the Succeeded took no token: the one refilled is there";
+}
+
 TEST(EventCorrelator, CachesAreBoundedLru) {
   CorrelatorOptions o = NoSpamFilter();
   o.cache_size = 2;
