@@ -3,7 +3,8 @@
 # (tests/e2e/chaos/chaos_main.cc, the program the 3-minute e2e test runs) once per seed, each
 # with MINUTES_EACH minutes of faults of every kind (default 10; seeds default 11 12 13: 30
 # minutes in all), then one table of the runs together: faults injected and survived by kind,
-# seconds to training again (min / median / max), steps recomputed, invariant violations.
+# seconds to training again (min / median / max), steps recomputed, invariant violations. The
+# reference run (the same spec undisturbed) is trained once and kept in out/chaos.
 # Each run's table and report stay in out/chaos/seed-N.{log,json}; the run directory of a seed
 # with a violation is kept (its path is printed). Exit 1 if any run had a violation.
 set -euo pipefail
@@ -21,7 +22,7 @@ mkdir -p "$root/out/chaos"
 failed=0
 for seed in "${seeds[@]}"; do
   echo "== seed $seed: $minutes minutes of faults"
-  if ! "$chaos" --seed "$seed" --duration $((minutes * 60)) \
+  if ! "$chaos" --seed "$seed" --duration $((minutes * 60)) --reference-cache "$root/out/chaos" \
       --json "$root/out/chaos/seed-$seed.json" | tee "$root/out/chaos/seed-$seed.log"; then
     failed=1
   fi

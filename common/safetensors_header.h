@@ -60,7 +60,7 @@ inline constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // The bytes of one element of each dtype the project reads and writes; nullopt for another.
 inline std::optional<uint64_t> DtypeBytes(std::string_view dtype) {
   static constexpr std::pair<std::string_view, uint64_t> kSizes[] = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2},   {"I64", 8},     {"I32", 4},
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},     {"I32", 4},
       {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
   for (const auto& [name, bytes] : kSizes)
     if (name == dtype) return bytes;

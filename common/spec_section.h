@@ -131,9 +131,8 @@ class Section {
   // (found by fuzz/training_job_spec_fuzz.cc: a key with a newline in it split its line).
   std::string FieldPath(const std::string& key) const {
     if (key.empty()) return path_;
-    const bool plain = std::all_of(key.begin(), key.end(), [](unsigned char c) {
-      return c > 0x20 && c < 0x7f && c != '"';
-    });
+    const bool plain = std::all_of(
+        key.begin(), key.end(), [](unsigned char c) { return c > 0x20 && c < 0x7f && c != '"'; });
     if (plain) return path_ + "." + key;
     return path_ + "[" +
            nlohmann::json(key).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace) + "]";

@@ -17,8 +17,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::string head = http::SerializeRequestHead(request);
     head.resize(head.size() - 2);  // the blank line that ends a head is not part of it
     if (!http::ParseRequestHead(head, again).ok() || again.method != request.method ||
-        again.target != request.target ||
-        again.headers.entries() != request.headers.entries())
+        again.target != request.target || again.headers.entries() != request.headers.entries())
       fuzz::Violated("http", "a parsed request head does not survive serializing");
   }
   http::Response response;

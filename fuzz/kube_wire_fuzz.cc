@@ -21,7 +21,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)labels->Matches(nlohmann::json{{"app", "tidal"}, {"tier", ""}});
   }
   auto field = local::ParseFieldSelector(fields[2]);
-  if (field.ok())
-    (void)local::Matches(*field, {{"metadata", {{"name", "a"}, {"namespace", "b"}}}});
+  if (field.ok()) (void)local::Matches(*field, {{"metadata", {{"name", "a"}, {"namespace", "b"}}}});
   return 0;
 }

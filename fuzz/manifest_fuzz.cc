@@ -16,8 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const nlohmann::json written = checkpoint::ToJson(*manifest);
   auto again = checkpoint::ManifestFromJson(written);
   if (!again.ok())
-    fuzz::Violated("manifest", "ToJson of an accepted manifest is refused: " +
-                                   again.status().message());
+    fuzz::Violated("manifest",
+                   "ToJson of an accepted manifest is refused: " + again.status().message());
   if (checkpoint::ToJson(*again) != written)
     fuzz::Violated("manifest", "ToJson does not round-trip");
   for (const checkpoint::TensorEntry& tensor : manifest->tensors) {
@@ -30,7 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (const auto& s : manifest->shards)
           if (s.file == range.file) shard = &s;
         if (!shard) fuzz::Violated("manifest", "a read names no shard of the manifest");
-        if (range.fetch_offset > shard->size || range.fetch_length > shard->size - range.fetch_offset)
+        if (range.fetch_offset > shard->size ||
+            range.fetch_length > shard->size - range.fetch_offset)
           fuzz::Violated("manifest", "a read goes past the end of its shard");
         if (range.skip > range.fetch_length || range.length > range.fetch_length - range.skip)
           fuzz::Violated("manifest", "the wanted bytes are not inside the fetched ones");

@@ -104,8 +104,7 @@ StatusOr<std::unique_ptr<Manager>> Manager::Start(ManagerOptions options) {
   recorder.source = {"tidal-operator", identity};
   // A job's last word is never lost to the spam filter, however busy its life was (the chaos
   // soak found a Succeeded dropped after 28 events in 3 minutes).
-  recorder.correlator.unfiltered_reasons = {"Succeeded", "RestartsExhausted",
-                                            "ConfigurationError"};
+  recorder.correlator.unfiltered_reasons = {"Succeeded", "RestartsExhausted", "ConfigurationError"};
   state->recorder = std::make_unique<kube::EventRecorder>(*state->client, recorder);
   State* raw = state.get();
   if (!state->options.leader_elect) {

@@ -3,7 +3,7 @@
 // (docs/reliability.md). One program for the 3-minute e2e test and the 30-minute bench:
 //
 //   tidal_chaos --seed N --duration SECONDS [--steps N] [--mean-gap SECONDS] [--dir DIR]
-//               [--faults kind,kind,...] [--json PATH]
+//               [--faults kind,kind,...] [--json PATH] [--reference-cache DIR]
 //
 // It starts an S3-protocol server (moto) behind a fault proxy, `tidal local --keep-logs` with
 // 4 GPUs, two operator replicas with leader election, and one TrainingJob (2-4 workers, ZeRO-3,
@@ -86,8 +86,10 @@ double WallNow() {
 }
 
 std::string Trimmed(std::string_view text) {
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.remove_suffix(1);
-  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) text.remove_prefix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())))
+    text.remove_suffix(1);
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())))
+    text.remove_prefix(1);
   return std::string(text);
 }
 
@@ -107,12 +109,13 @@ struct Options {
   std::string dir;
   std::vector<std::string> faults = kAllFaults;
   std::string json_path;
+  std::string reference_cache;  // a directory; empty: train the reference every run
 };
 
 struct Fault {
   std::string kind, detail;
-  double wall = 0;            // when injected (seconds since the epoch)
-  int64_t step_before = 0;    // the highest step any generation had recorded by then
+  double wall = 0;             // when injected (seconds since the epoch)
+  int64_t step_before = 0;     // the highest step any generation had recorded by then
   std::optional<double> back;  // seconds until a step beyond step_before was recorded
 };
 
@@ -167,7 +170,9 @@ class Driver {
   T Pick(const std::vector<T>& from) {
     return from[std::uniform_int_distribution<size_t>(0, from.size() - 1)(rng_)];
   }
-  double Uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng_); }
+  double Uniform(double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng_);
+  }
 
   Options o_;
   std::mt19937_64 rng_;        // the fault schedule (the driver's thread)
@@ -202,10 +207,9 @@ class Driver {
 
 testing::ProcessResult Driver::Kubectl(std::vector<std::string> args,
                                        std::chrono::milliseconds timeout) {
-  std::vector<std::string> argv = {KUBECTL_BIN,
-                                   "--kubeconfig=" + (dir_ / "cluster" / "kubeconfig").string(),
-                                   "--cache-dir=" + (dir_ / "kube-cache").string(),
-                                   "--request-timeout=20s"};
+  std::vector<std::string> argv = {
+      KUBECTL_BIN, "--kubeconfig=" + (dir_ / "cluster" / "kubeconfig").string(),
+      "--cache-dir=" + (dir_ / "kube-cache").string(), "--request-timeout=20s"};
   argv.insert(argv.end(), args.begin(), args.end());
   return RunProcess(argv, timeout);
 }
@@ -242,10 +246,10 @@ std::string Driver::JobYaml(bool with_store) const {
 
 bool Driver::StartCluster() {
   const std::string log = (dir_ / "tidal-local.log").string();
-  cluster_ = std::make_unique<Process>(std::vector<std::string>{
-      "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + log, TIDAL_BIN, "local", "--data",
-      (dir_ / "cluster").string(), "--no-operator", "--keep-logs", "--gpus", "4",
-      "--crash-backoff-ms", "500"});
+  cluster_ = std::make_unique<Process>(
+      std::vector<std::string>{"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + log, TIDAL_BIN, "local",
+                               "--data", (dir_ / "cluster").string(), "--no-operator",
+                               "--keep-logs", "--gpus", "4", "--crash-backoff-ms", "500"});
   return cluster_->WaitForOutput(
       [](const std::string& out) { return out.find("export KUBECONFIG=") != std::string::npos; },
       60s);
@@ -260,22 +264,44 @@ void Driver::StartOperator(int which) {
       "kube-system", "--metrics-address", "127.0.0.1:0"});
 }
 
+// The per-step losses of tidal-train's undisturbed run of the job's spec. With
+// --reference-cache, kept there under a key of the spec and the tidal-train binary (its size
+// and time), so a soak of several seeds trains the reference once.
 std::map<int64_t, double> Driver::Reference() {
-  const std::string manifest = WriteFile("reference.yaml", JobYaml(false));
-  auto r = RunProcess({TIDAL_TRAIN_BIN, "--config", manifest, "--nproc", "2"}, 1800s);
-  std::map<int64_t, double> losses;
-  std::istringstream in(r.out);
-  std::string line;
-  while (std::getline(in, line)) {
-    auto j = json::parse(line, nullptr, false);
-    if (!j.is_discarded() && j.is_object() && j.contains("step") && j.contains("loss"))
-      losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  const std::string yaml = JobYaml(false);
+  const std::string manifest = WriteFile("reference.yaml", yaml);
+  const auto parse = [](const std::string& text) {
+    std::map<int64_t, double> losses;
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = json::parse(line, nullptr, false);
+      if (!j.is_discarded() && j.is_object() && j.contains("step") && j.contains("loss"))
+        losses[j["step"].get<int64_t>()] = j["loss"].get<double>();
+    }
+    return losses;
+  };
+  fs::path cached;
+  if (!o_.reference_cache.empty()) {
+    std::error_code ec;
+    const auto size = fs::file_size(TIDAL_TRAIN_BIN, ec);
+    const auto time = fs::last_write_time(TIDAL_TRAIN_BIN, ec).time_since_epoch().count();
+    char key[32];
+    std::snprintf(key, sizeof key, "%016zx",
+                  std::hash<std::string>{}(yaml + std::to_string(size) + std::to_string(time)));
+    fs::create_directories(o_.reference_cache, ec);
+    cached = fs::path(o_.reference_cache) / ("reference-" + std::string(key) + ".jsonl");
+    auto losses = parse(ReadFile(cached));
+    if (static_cast<int>(losses.size()) == o_.steps) return losses;
   }
+  auto r = RunProcess({TIDAL_TRAIN_BIN, "--config", manifest, "--nproc", "2"}, 1800s);
+  auto losses = parse(r.out);
   if (r.exit_code != 0 || static_cast<int>(losses.size()) != o_.steps) {
     std::cerr << "tidal-chaos: the reference run failed (exit " << r.exit_code << ", "
               << losses.size() << " steps): " << r.err.substr(0, 2000) << "\n";
     return {};
   }
+  if (!cached.empty()) std::ofstream(cached) << r.out;
   return losses;
 }
 
@@ -313,12 +339,12 @@ bool Driver::Start() {
     }
     std::this_thread::sleep_for(500ms);
   }
-  auto secret = Kubectl({"create", "secret", "generic", "chaos-s3",
-                         "--from-literal=AWS_ACCESS_KEY_ID=" + s3_->access_key(),
-                         "--from-literal=AWS_SECRET_ACCESS_KEY=" + s3_->secret_key(),
-                         "--from-literal=AWS_ENDPOINT_URL=" + proxy_->endpoint(),
-                         "--from-literal=AWS_REGION=us-east-1",
-                         "--from-literal=TIDAL_S3_ADDRESSING=path"});
+  auto secret =
+      Kubectl({"create", "secret", "generic", "chaos-s3",
+               "--from-literal=AWS_ACCESS_KEY_ID=" + s3_->access_key(),
+               "--from-literal=AWS_SECRET_ACCESS_KEY=" + s3_->secret_key(),
+               "--from-literal=AWS_ENDPOINT_URL=" + proxy_->endpoint(),
+               "--from-literal=AWS_REGION=us-east-1", "--from-literal=TIDAL_S3_ADDRESSING=path"});
   if (secret.exit_code != 0) {
     std::cerr << "tidal-chaos: " << secret.err << "\n";
     return false;
@@ -479,8 +505,8 @@ void Driver::Inject(const std::string& kind) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   faults_.push_back(std::move(f));
-  std::cout << "[" << faults_.size() << "] " << faults_.back().kind << ": "
-            << faults_.back().detail << std::endl;
+  std::cout << "[" << faults_.size() << "] " << faults_.back().kind << ": " << faults_.back().detail
+            << std::endl;
 }
 
 void Driver::RunDue(bool all) {
@@ -525,8 +551,7 @@ void Driver::WatchStatus() {
   };
   while (!stop_) {
     Process watch({KUBECTL_BIN, "--kubeconfig=" + (dir_ / "cluster" / "kubeconfig").string(),
-                   "--cache-dir=" + (dir_ / "kube-cache").string(), "get", "tj", kJob, "-w",
-                   "-o",
+                   "--cache-dir=" + (dir_ / "kube-cache").string(), "get", "tj", kJob, "-w", "-o",
                    "jsonpath={.status.phase} {.status.generation} {.status.step}{\"\\n\"}"});
     size_t seen = 0;
     bool continuous = false;  // the first line after a (re)start may skip phases
@@ -696,11 +721,12 @@ void Driver::CheckRecord(const std::map<int64_t, double>& reference) {
                 std::to_string(a.generation) + " and " + std::to_string(b.generation));
   }
   for (const auto& [step, loss] : reference)
-    if (!times_trained.count(step)) Violation("step " + std::to_string(step) + " was never trained");
+    if (!times_trained.count(step))
+      Violation("step " + std::to_string(step) + " was never trained");
   int64_t recomputed = 0;
   for (const auto& [step, n] : times_trained) recomputed += n - 1;
-  std::cout << "record: " << lines.size() << " step records in " << spans.size()
-            << " generations, " << recomputed << " steps recomputed" << std::endl;
+  std::cout << "record: " << lines.size() << " step records in " << spans.size() << " generations, "
+            << recomputed << " steps recomputed" << std::endl;
   recomputed_ = recomputed;
   generations_ = static_cast<int64_t>(spans.size());
 
@@ -724,7 +750,8 @@ void Driver::CheckEvents() {
     Violation("kubectl get events gave no list: " + r.err);
     return;
   }
-  for (const auto& e : events["items"]) event_reasons_[e.value("reason", "")] += e.value("count", 1);
+  for (const auto& e : events["items"])
+    event_reasons_[e.value("reason", "")] += e.value("count", 1);
   if (event_reasons_["Succeeded"] != 1)
     Violation(std::to_string(event_reasons_["Succeeded"]) + " Succeeded events, expected 1");
   if (event_reasons_["RestartsExhausted"] > 0) Violation("the job ran out of restarts");
@@ -802,26 +829,27 @@ void Driver::PrintTable() {
               "seconds to training again (min / median / max)");
   for (auto& [kind, r] : rows) {
     std::sort(r.back.begin(), r.back.end());
-    std::string back = r.back.empty() ? "-"
-                                      : fmt(r.back.front()) + " / " + fmt(r.back[r.back.size() / 2]) +
-                                            " / " + fmt(r.back.back());
+    std::string back = r.back.empty()
+                           ? "-"
+                           : fmt(r.back.front()) + " / " + fmt(r.back[r.back.size() / 2]) + " / " +
+                                 fmt(r.back.back());
     std::printf("%-10s %9d %9d   %s\n", kind.c_str(), r.injected, r.survived, back.c_str());
   }
-  std::printf("\nseed %llu, %d steps, %lld generations, %lld steps recomputed, %zu faults, "
-              "%zu invariant violations; final phase %s at step %lld\n",
-              static_cast<unsigned long long>(o_.seed), o_.steps,
-              static_cast<long long>(generations_), static_cast<long long>(recomputed_),
-              faults_.size(), violations_.size(),
-              final_status_.value("phase", std::string("?")).c_str(),
-              static_cast<long long>(final_status_.value("step", int64_t{-1})));
+  std::printf(
+      "\nseed %llu, %d steps, %lld generations, %lld steps recomputed, %zu faults, "
+      "%zu invariant violations; final phase %s at step %lld\n",
+      static_cast<unsigned long long>(o_.seed), o_.steps, static_cast<long long>(generations_),
+      static_cast<long long>(recomputed_), faults_.size(), violations_.size(),
+      final_status_.value("phase", std::string("?")).c_str(),
+      static_cast<long long>(final_status_.value("step", int64_t{-1})));
   std::string reasons;
   for (const auto& [reason, n] : event_reasons_) reasons += " " + reason + "=" + std::to_string(n);
   std::printf("events:%s\n", reasons.c_str());
   if (!o_.json_path.empty()) {
-    json report = {{"seed", o_.seed},       {"steps", o_.steps},
-                   {"generations", generations_}, {"recomputed", recomputed_},
-                   {"violations", violations_}, {"events", event_reasons_},
-                   {"faults", json::array()}};
+    json report = {
+        {"seed", o_.seed},           {"steps", o_.steps},         {"generations", generations_},
+        {"recomputed", recomputed_}, {"violations", violations_}, {"events", event_reasons_},
+        {"faults", json::array()}};
     for (const Fault& f : faults_)
       report["faults"].push_back({{"kind", f.kind},
                                   {"detail", f.detail},
@@ -831,8 +859,7 @@ void Driver::PrintTable() {
 }
 
 int Driver::Run() {
-  dir_ = o_.dir.empty() ? fs::temp_directory_path() /
-                              ("tidal-chaos-" + std::to_string(::getpid()))
+  dir_ = o_.dir.empty() ? fs::temp_directory_path() / ("tidal-chaos-" + std::to_string(::getpid()))
                         : fs::path(o_.dir);
   std::cout << "tidal-chaos: seed " << o_.seed << ", " << o_.duration_s << " s of faults ("
             << o_.mean_gap_s << " s apart on average), " << o_.steps << " steps, in " << dir_
@@ -861,8 +888,7 @@ int Driver::Run() {
     std::lock_guard<std::mutex> lock(mu_);
     return max_step_seen_ >= o_.steps - 5;  // a fault after the last step tests nothing
   };
-  while (Clock::now() < fault_end && phase() != "Succeeded" && phase() != "Failed" &&
-         !near_end()) {
+  while (Clock::now() < fault_end && phase() != "Succeeded" && phase() != "Failed" && !near_end()) {
     RunDue(false);
     if (Clock::now() >= next) {
       Inject(Pick(o_.faults));
@@ -879,8 +905,8 @@ int Driver::Run() {
   const auto finish_deadline = Clock::now() + std::chrono::seconds(300 + o_.steps);
   while (phase() != "Succeeded" && phase() != "Failed" && Clock::now() < finish_deadline)
     std::this_thread::sleep_for(500ms);
-  final_status_ = json::parse(Kubectl({"get", "tj", kJob, "-o", "jsonpath={.status}"}).out,
-                              nullptr, false);
+  final_status_ =
+      json::parse(Kubectl({"get", "tj", kJob, "-o", "jsonpath={.status}"}).out, nullptr, false);
   if (final_status_.is_discarded()) final_status_ = json::object();
   if (final_status_.value("phase", "") != "Succeeded" ||
       final_status_.value("step", int64_t{0}) != o_.steps)
@@ -911,7 +937,7 @@ int Usage(const std::string& why) {
   std::cerr << "tidal_chaos: " << why
             << "\nusage: tidal_chaos [--seed N] [--duration SECONDS] [--steps N]\n"
                "                   [--mean-gap SECONDS] [--dir DIR] [--faults k,k,...]\n"
-               "                   [--json PATH]\n"
+               "                   [--json PATH] [--reference-cache DIR]\n"
                "  fault kinds: worker operator cluster scale window pending s3 corrupt\n";
   return 2;
 }
@@ -939,6 +965,8 @@ int main(int argc, char** argv) {
         o.dir = value;
       } else if (flag == "--json") {
         o.json_path = value;
+      } else if (flag == "--reference-cache") {
+        o.reference_cache = value;
       } else if (flag == "--faults") {
         o.faults.clear();
         std::stringstream ss(value);

@@ -19,10 +19,9 @@ namespace {
 using namespace std::chrono_literals;
 
 TEST(ChaosTest, ThreeMinutesOfSeededFaultsOfEveryKindBreakNoInvariant) {
-  const std::string report =
-      (std::filesystem::temp_directory_path() / ("tidal-chaos-" + std::to_string(::getpid()) +
-                                                 ".json"))
-          .string();
+  const std::string report = (std::filesystem::temp_directory_path() /
+                              ("tidal-chaos-" + std::to_string(::getpid()) + ".json"))
+                                 .string();
   ProcessResult r =
       RunProcess({TIDAL_CHAOS_BIN, "--seed", "1", "--duration", "180", "--json", report}, 1100s);
   std::cout << r.out;

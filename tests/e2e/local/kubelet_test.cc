@@ -329,8 +329,9 @@ class KeptLogsTest : public KubeletTest {
 TEST_F(KeptLogsTest, EveryRunsOutputOutlivesItsRestartItsPodAndASameNamedSuccessor) {
   // Fails twice, then succeeds: three runs.
   Ok({"apply", "-f",
-      Pod("crashy", "n=$(cat /work/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /work/n; "
-                    "echo run $n; test $n -ge 3",
+      Pod("crashy",
+          "n=$(cat /work/n 2>/dev/null || echo 0); n=$((n+1)); echo $n > /work/n; "
+          "echo run $n; test $n -ge 3",
           "  restartPolicy: OnFailure\n")});
   ASSERT_EQ(WaitFor({"pod", "crashy"}, "{.status.phase}",
                     [](const std::string& s) { return s == "Succeeded"; }),
@@ -366,8 +367,8 @@ TEST_F(KubeletTest, WithoutKeepLogsThePodsLogsGoWithIt) {
                     [](const std::string& s) { return s == "Succeeded"; }),
             "Succeeded");
   Ok({"delete", "pod", "brief", "--wait=true"});
-  EXPECT_TRUE(WaitUntil([&] { return !fs::exists(dir_ / "data" / "logs" / "default" / "brief"); },
-                        10s));
+  EXPECT_TRUE(
+      WaitUntil([&] { return !fs::exists(dir_ / "data" / "logs" / "default" / "brief"); }, 10s));
   EXPECT_FALSE(fs::exists(dir_ / "data" / "logs-archive"));
 }
 

@@ -217,9 +217,9 @@ TEST_F(S3StoreTest, NoSuchUploadWithoutTheObjectOfThesePartsIsAFailure) {
   auto store = ThroughProxy([&](const http::Request& r) {
     std::optional<http::Response> answer;
     if (r.method == "POST" && r.target.find("uploadId=") != std::string::npos)
-      answer = ++completes == 1
-                   ? FaultProxy::S3Error(500, "InternalError", "not forwarded")
-                   : FaultProxy::S3Error(404, "NoSuchUpload", "The specified upload does not exist.");
+      answer = ++completes == 1 ? FaultProxy::S3Error(500, "InternalError", "not forwarded")
+                                : FaultProxy::S3Error(404, "NoSuchUpload",
+                                                      "The specified upload does not exist.");
     return answer;
   });
   ASSERT_TRUE(store);

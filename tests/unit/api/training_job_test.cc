@@ -103,8 +103,7 @@ TEST(TrainingJobSpecTest, UnknownKeysWithOddCharactersAreQuotedOnTheirOwnLine) {
   EXPECT_NE(message.find("spec.optimization[\"lr\\nrate\"]: unknown field"), std::string::npos)
       << message;
   EXPECT_NE(message.find("spec.elastic[\"\"]: unknown field"), std::string::npos) << message;
-  EXPECT_NE(message.find("spec.lora[\"r\\u00e4nk\"]: unknown field"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("spec.lora[\"r\\u00e4nk\"]: unknown field"), std::string::npos) << message;
   std::istringstream lines(message);
   std::string line;
   while (std::getline(lines, line)) EXPECT_EQ(line.rfind("spec", 0), 0u) << line;

@@ -31,8 +31,9 @@ TEST(YamlJsonTest, GarbledYamlIsAnErrorNamingTheLine) {
 // Found by fuzz/training_job_spec_fuzz.cc: bytes that are not UTF-8 passed through into
 // strings JSON cannot hold, and a refusal that quoted one ended the process.
 TEST(YamlJsonTest, BytesThatAreNotUtf8AreRefusedNamingLineAndColumn) {
-  auto j = ParseYaml("# caf\xc3\xa9 is fine\nmetadata:\n  name: b\xc2"
-                     "d\n");
+  auto j = ParseYaml(
+      "# caf\xc3\xa9 is fine\nmetadata:\n  name: b\xc2"
+      "d\n");
   ASSERT_FALSE(j.ok());
   EXPECT_EQ(j.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(j.status().message().find("line 3, column 10: 0xC2 is not UTF-8"), std::string::npos)
@@ -44,21 +45,21 @@ TEST(YamlJsonTest, BytesThatAreNotUtf8AreRefusedNamingLineAndColumn) {
 
 TEST(Utf8Test, FirstInvalidUtf8FindsEveryIllFormedSequence) {
   EXPECT_EQ(FirstInvalidUtf8("plain ascii"), std::nullopt);
-  EXPECT_EQ(FirstInvalidUtf8("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf"),
-            std::nullopt);
+  EXPECT_EQ(FirstInvalidUtf8("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf"), std::nullopt);
   const std::pair<std::string, size_t> bad[] = {
-      {"a\x80", 1},              // a continuation byte alone
-      {"ab\xc0\x80", 2},         // overlong NUL
-      {"\xc1\xbf", 0},           // overlong
-      {"\xe0\x80\x80", 0},       // overlong three-byte
-      {"x\xed\xa0\x80", 1},      // a surrogate
-      {"\xf0\x80\x80\x80", 0},   // overlong four-byte
-      {"\xf4\x90\x80\x80", 0},   // above U+10FFFF
-      {"\xf5\x80\x80\x80", 0},   // no such lead byte
-      {"ok\xe2\x82", 2},         // truncated at the end
-      {"\xe2\x28\xa1", 0},       // a broken continuation
+      {"a\x80", 1},             // a continuation byte alone
+      {"ab\xc0\x80", 2},        // overlong NUL
+      {"\xc1\xbf", 0},          // overlong
+      {"\xe0\x80\x80", 0},      // overlong three-byte
+      {"x\xed\xa0\x80", 1},     // a surrogate
+      {"\xf0\x80\x80\x80", 0},  // overlong four-byte
+      {"\xf4\x90\x80\x80", 0},  // above U+10FFFF
+      {"\xf5\x80\x80\x80", 0},  // no such lead byte
+      {"ok\xe2\x82", 2},        // truncated at the end
+      {"\xe2\x28\xa1", 0},      // a broken continuation
   };
-  for (const auto& [text, at] : bad) EXPECT_EQ(FirstInvalidUtf8(text), at) << ::testing::PrintToString(text);
+  for (const auto& [text, at] : bad)
+    EXPECT_EQ(FirstInvalidUtf8(text), at) << ::testing::PrintToString(text);
 }
 
 TEST(YamlJsonTest, MissingFileIsNotFound) {

@@ -101,10 +101,10 @@ TEST(SafetensorsTest, ShapeWhoseByteSizeOverflowsIsRefused) {
 // parser accepts maps to a tensor type of the same element size, and what the engine writes
 // the parser accepts.
 TEST(SafetensorsTest, EveryDtypeTheHeaderParserAcceptsIsATensorTypeOfTheSameSize) {
-  const torch::ScalarType types[] = {torch::kFloat64, torch::kFloat32, torch::kFloat16,
-                                     torch::kBFloat16, torch::kInt64,  torch::kInt32,
-                                     torch::kInt16,   torch::kInt8,    torch::kUInt8,
-                                     torch::kBool,    torch::kFloat8_e4m3fn, torch::kFloat8_e5m2};
+  const torch::ScalarType types[] = {torch::kFloat64,  torch::kFloat32,       torch::kFloat16,
+                                     torch::kBFloat16, torch::kInt64,         torch::kInt32,
+                                     torch::kInt16,    torch::kInt8,          torch::kUInt8,
+                                     torch::kBool,     torch::kFloat8_e4m3fn, torch::kFloat8_e5m2};
   for (torch::ScalarType type : types) {
     auto name = SafetensorsDtypeName(type);
     ASSERT_TRUE(name.ok()) << name.status().message();

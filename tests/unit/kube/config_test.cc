@@ -78,14 +78,16 @@ TEST_F(ConfigTest, NullOrMistypedFieldsAreRefusedNamingTheFieldNotACrash) {
   for (const auto& [text, want] : cases) {
     auto c = LoadKubeconfig(Write("config", base + text));
     ASSERT_FALSE(c.ok()) << text;
-    EXPECT_NE(c.status().message().find(want), std::string::npos)
-        << text << "\n" << c.status().message();
+    EXPECT_NE(c.status().message().find(want), std::string::npos) << text << "\n"
+                                                                  << c.status().message();
   }
   const std::pair<std::string, std::string> fields[] = {
       {"clusters: [{name: c, cluster: {server: 7}}]\n", "clusters[c].server: expected a string"},
-      {"clusters: [{name: c, cluster: {server: 'http://a', insecure-skip-tls-verify: yes please}}]\n",
+      {"clusters: [{name: c, cluster: {server: 'http://a', insecure-skip-tls-verify: yes "
+       "please}}]\n",
        "clusters[c].insecure-skip-tls-verify: expected true or false"},
-      {"clusters: [{name: c, cluster: {server: 'http://a'}}]\nusers: [{name: u, user: {token: [1]}}]\n",
+      {"clusters: [{name: c, cluster: {server: 'http://a'}}]\nusers: [{name: u, user: {token: "
+       "[1]}}]\n",
        "users[u].token: expected a string"},
   };
   for (const auto& [text, want] : fields) {
@@ -93,8 +95,8 @@ TEST_F(ConfigTest, NullOrMistypedFieldsAreRefusedNamingTheFieldNotACrash) {
         Write("config", text + "current-context: x\ncontexts: [{name: x, context: {cluster: c, "
                                "user: u}}]\n"));
     ASSERT_FALSE(c.ok()) << text;
-    EXPECT_NE(c.status().message().find(want), std::string::npos)
-        << text << "\n" << c.status().message();
+    EXPECT_NE(c.status().message().find(want), std::string::npos) << text << "\n"
+                                                                  << c.status().message();
   }
   // Null is "not given": a null namespace is the default one.
   auto c = LoadKubeconfig(Write(

@@ -145,7 +145,8 @@ TEST(EventCorrelator, UnfilteredReasonsPassAnExhaustedSpamFilter) {
   CorrelatorOptions o;
   o.unfiltered_reasons = {"Succeeded"};
   EventCorrelator c({"tidal-operator", ""}, o);
-  for (int i = 0; i < 30; ++i) c.Correlate(At(std::chrono::milliseconds(i), "m" + std::to_string(i)));
+  for (int i = 0; i < 30; ++i)
+    c.Correlate(At(std::chrono::milliseconds(i), "m" + std::to_string(i)));
   EXPECT_EQ(c.Correlate(At(100ms, "m40")).action, CorrelatedEvent::kSkip) << "the bucket is empty";
   EXPECT_EQ(c.Correlate(At(100ms, "trained to step 540", "Succeeded")).action,
             CorrelatedEvent::kCreate);

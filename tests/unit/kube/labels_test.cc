@@ -42,8 +42,8 @@ TEST(LabelSelector, NegationsMatchObjectsWithoutTheKey) {
 }
 
 TEST(LabelSelector, RefusesMalformedSelectorsNamingThem) {
-  for (const char* bad : {"app=", "=worker", "app in (a", "app is (a)", "app=worker,",
-                          "a b", "Bad_Prefix/x=y", "app=-worker", "!", "app ! x"}) {
+  for (const char* bad : {"app=", "=worker", "app in (a", "app is (a)", "app=worker,", "a b",
+                          "Bad_Prefix/x=y", "app=-worker", "!", "app ! x"}) {
     auto s = LabelSelector::Parse(bad);
     if (std::string(bad) == "app=") {
       EXPECT_TRUE(s.ok()) << "k= selects the empty value";

@@ -156,8 +156,8 @@ TEST(S3ErrorStatus, NoSuchBucketIsNotFoundNamingTheBucket) {
 // S3's ETag of a multipart object: the MD5 of the parts' binary MD5s, "-<parts>" (values from
 // Python's hashlib for parts "part one" and "part two").
 TEST(S3MultipartEtag, IsTheMd5OfThePartMd5sWithThePartCount) {
-  EXPECT_EQ(MultipartEtag({"\"3303e12af474ca11d85ed2966a932992\"",
-                           "\"3ea4e15b91a17dc76052c56cfcdf67a2\""}),
+  EXPECT_EQ(MultipartEtag(
+                {"\"3303e12af474ca11d85ed2966a932992\"", "\"3ea4e15b91a17dc76052c56cfcdf67a2\""}),
             "\"0732917abc3288784e318ac0aab1757a-2\"");
   EXPECT_EQ(MultipartEtag({"3303e12af474ca11d85ed2966a932992"}), "") << "unquoted";
   EXPECT_EQ(MultipartEtag({"\"3303e12af474ca11d85ed2966a93299Z\""}), "") << "not hex";
