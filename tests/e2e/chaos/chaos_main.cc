@@ -15,7 +15,8 @@
 //   scale       a storm of 3-6 `kubectl scale` to 2, 3 or 4 GPUs
 //   window      a schedule window that opens now and closes at the next minute
 //   pending     a pod holding 2 GPUs for 10-30 s, so a scale-up stays Pending
-//   s3          5-20 s of throttling (503), server errors (500), slow answers, or answers lost
+//   s3          5-20 s of throttling (503), server errors (500), slow answers, connections
+//               reset before the server saw the request, or answers lost (a 500 or a reset)
 //               after the server acted
 //   corrupt     a flipped byte in the newest checkpoint, then a worker killed to make the job
 //               load it
@@ -197,6 +198,7 @@ class Driver {
   int64_t max_step_seen_ = 0;  // from status, for faults' step_before
   int s3_injected_ = 0;
   int64_t recomputed_ = 0, generations_ = 0;
+  double start_wall_ = WallNow();
   std::atomic<int> latest_reads_{0};  // the store monitor's reads of a `latest`
   json final_status_;
   std::map<std::string, int> event_reasons_;
@@ -392,6 +394,7 @@ std::optional<http::Response> Driver::S3Rule(const http::Request&) {
     return testing::FaultProxy::S3Error(503, "SlowDown", "Please reduce your request rate.");
   if (mode == "error" && u < 0.3)
     return testing::FaultProxy::S3Error(500, "InternalError", "We encountered an internal error.");
+  if (mode == "reset" && u < 0.3) return testing::FaultProxy::HangUp();
   if (mode == "slow") std::this_thread::sleep_for(std::chrono::milliseconds(200 + int(u * 800)));
   return std::nullopt;
 }
@@ -404,9 +407,10 @@ std::optional<http::Response> Driver::S3AnswerRule(const http::Request& request)
   }
   // The server did it; the client hears a 500 and must find out (a retried PUT or DELETE is
   // idempotent, a retried multipart completion may find its upload gone).
-  if (mode == "lost" && request.method != "GET" && request.method != "HEAD" &&
-      std::uniform_real_distribution<double>(0, 1)(proxy_rng_) < 0.3)
-    return testing::FaultProxy::S3Error(500, "InternalError", "the answer was lost");
+  if (mode != "lost" || request.method == "GET" || request.method == "HEAD") return std::nullopt;
+  const double u = std::uniform_real_distribution<double>(0, 1)(proxy_rng_);
+  if (u < 0.15) return testing::FaultProxy::HangUp();
+  if (u < 0.3) return testing::FaultProxy::S3Error(500, "InternalError", "the answer was lost");
   return std::nullopt;
 }
 
@@ -480,7 +484,7 @@ void Driver::Inject(const std::string& kind) {
                       Kubectl({"delete", "pod", name, "--grace-period=0", "--wait=false"});
                     }});
   } else if (kind == "s3") {
-    const std::string mode = Pick<std::string>({"throttle", "error", "slow", "lost"});
+    const std::string mode = Pick<std::string>({"throttle", "error", "slow", "reset", "lost"});
     const double hold = Uniform(5, 20);
     f.detail = mode + " for " + std::to_string(int(hold)) + " s";
     std::lock_guard<std::mutex> lock(mu_);
@@ -877,6 +881,7 @@ int Driver::Run() {
   store_thread_ = std::thread([this] { WatchStore(); });
 
   // Faults until the duration is over or the job is done.
+  start_wall_ = WallNow();
   const auto fault_end = Clock::now() + std::chrono::seconds(o_.duration_s);
   std::exponential_distribution<double> gap(1.0 / o_.mean_gap_s);
   auto next = Clock::now() + std::chrono::milliseconds(static_cast<int>(gap(rng_) * 1000));

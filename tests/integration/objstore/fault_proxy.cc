@@ -102,8 +102,8 @@ void FaultProxy::Handle(const http::Request& request, http::ResponseWriter& writ
     if (rule_) injected = rule_(request);
   }
   if (injected) {
-    writer.Send(*injected).ok();
-    return;
+    if (injected->status != 0) writer.Send(*injected).ok();
+    return;  // status 0: HangUp, returning unanswered closes the connection
   }
   http::Request forward;
   forward.method = request.method;
@@ -127,7 +127,10 @@ void FaultProxy::Handle(const http::Request& request, http::ResponseWriter& writ
       std::lock_guard<std::mutex> lock(mu_);
       replaced = answer_rule_(request, response);
     }
-    if (replaced) response = std::move(*replaced);
+    if (replaced) {
+      if (replaced->status == 0) return;  // HangUp after the server acted
+      response = std::move(*replaced);
+    }
   }
   writer.Send(std::move(response)).ok();
 }

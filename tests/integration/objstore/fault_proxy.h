@@ -43,6 +43,13 @@ class FaultProxy {
 
   // An S3 error answer.
   static http::Response S3Error(int status, const std::string& code, const std::string& message);
+  // What a rule returns to close the connection without an answer (a reset, a dropped
+  // connection): the client sees the connection end where the answer should be.
+  static http::Response HangUp() {
+    http::Response r;
+    r.status = 0;
+    return r;
+  }
 
  private:
   FaultProxy() = default;
