@@ -4,6 +4,7 @@
 //
 //   tidal_chaos --seed N --duration SECONDS [--steps N] [--mean-gap SECONDS] [--dir DIR]
 //               [--faults kind,kind,...] [--json PATH] [--reference-cache DIR]
+//               [--worker EXE]   (pods of tidal-worker run EXE: to show a planted bug caught)
 //
 // It starts an S3-protocol server (moto) behind a fault proxy, `tidal local --keep-logs` with
 // 4 GPUs, two operator replicas with leader election, and one TrainingJob (2-4 workers, ZeRO-3,
@@ -111,6 +112,7 @@ struct Options {
   std::vector<std::string> faults = kAllFaults;
   std::string json_path;
   std::string reference_cache;  // a directory; empty: train the reference every run
+  std::string worker;           // another tidal-worker executable (a planted bug's)
 };
 
 struct Fault {
@@ -248,10 +250,12 @@ std::string Driver::JobYaml(bool with_store) const {
 
 bool Driver::StartCluster() {
   const std::string log = (dir_ / "tidal-local.log").string();
-  cluster_ = std::make_unique<Process>(
-      std::vector<std::string>{"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + log, TIDAL_BIN, "local",
-                               "--data", (dir_ / "cluster").string(), "--no-operator",
-                               "--keep-logs", "--gpus", "4", "--crash-backoff-ms", "500"});
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + log, TIDAL_BIN,
+                                   "local", "--data", (dir_ / "cluster").string(),
+                                   "--no-operator", "--keep-logs", "--gpus", "4",
+                                   "--crash-backoff-ms", "500"};
+  if (!o_.worker.empty()) argv.insert(argv.end(), {"--image", "tidal-worker=" + o_.worker});
+  cluster_ = std::make_unique<Process>(argv);
   return cluster_->WaitForOutput(
       [](const std::string& out) { return out.find("export KUBECONFIG=") != std::string::npos; },
       60s);
@@ -942,7 +946,7 @@ int Usage(const std::string& why) {
   std::cerr << "tidal_chaos: " << why
             << "\nusage: tidal_chaos [--seed N] [--duration SECONDS] [--steps N]\n"
                "                   [--mean-gap SECONDS] [--dir DIR] [--faults k,k,...]\n"
-               "                   [--json PATH] [--reference-cache DIR]\n"
+               "                   [--json PATH] [--reference-cache DIR] [--worker EXE]\n"
                "  fault kinds: worker operator cluster scale window pending s3 corrupt\n";
   return 2;
 }
@@ -972,6 +976,8 @@ int main(int argc, char** argv) {
         o.json_path = value;
       } else if (flag == "--reference-cache") {
         o.reference_cache = value;
+      } else if (flag == "--worker") {
+        o.worker = value;
       } else if (flag == "--faults") {
         o.faults.clear();
         std::stringstream ss(value);
