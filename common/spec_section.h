@@ -20,6 +20,21 @@ inline std::string TypeName(const nlohmann::json& j) {
   return j.is_null() ? "null" : j.type_name();
 }
 
+// One violation per line: line breaks inside one (a quoted value that holds them) are written
+// as \n and \r, so a reader can split the message back into its violations.
+inline std::string OneLine(const std::string& error) {
+  std::string out;
+  for (char c : error) {
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else
+      out.push_back(c);
+  }
+  return out;
+}
+
 class Section {
  public:
   Section(const nlohmann::json& parent, const std::string& key, const std::string& path,
@@ -46,7 +61,7 @@ class Section {
   void Known(const std::string& key) { known_.insert(key); }
 
   void Error(const std::string& key, const std::string& what) {
-    errors_.push_back(FieldPath(key) + ": " + what);
+    errors_.push_back(OneLine(FieldPath(key) + ": " + what));
   }
 
   const nlohmann::json* Field(const std::string& key) {

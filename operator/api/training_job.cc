@@ -268,7 +268,7 @@ StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const json& spec) {
   CheckSizes(j, errors);
   if (!errors.empty()) {
     std::string message;
-    for (const std::string& e : errors) message += (message.empty() ? "" : "\n") + e;
+    for (const std::string& e : errors) message += (message.empty() ? "" : "\n") + spec::OneLine(e);
     return InvalidArgument(message);
   }
   return j;

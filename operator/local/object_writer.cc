@@ -10,6 +10,7 @@
 #include "common/yaml_json.h"
 #include "operator/kube/meta_time.h"
 #include "operator/kube/request.h"
+#include "operator/local/json_fields.h"
 #include "operator/local/schema.h"
 
 namespace tidal::local {
@@ -205,8 +206,16 @@ ApiResult ObjectWriter::Create(const ResourceInfo& r, const std::string& ns, jso
 ApiResult ObjectWriter::CreateLocked(const ResourceInfo& r, const std::string& ns, json body,
                                      const WriteOptions& options) {
   if (!body.is_object()) return ApiResult::Error(BadRequest("the body must be a JSON object"));
-  std::string api_version = body.value("apiVersion", r.api_version());
-  std::string kind = body.value("kind", r.kind);
+  // (Found by fuzz/apiserver_fuzz.cc: a YAML body whose second `kind:` held a mapping answered
+  // 500, from value() throwing on the type.)
+  for (const char* field : {"apiVersion", "kind"})
+    if (body.contains(field) && !body[field].is_string() && !body[field].is_null())
+      return ApiResult::Error(
+          BadRequest(std::string(field) + ": expected a string, got " + body[field].type_name()));
+  std::string api_version = StringField(body, "apiVersion");
+  if (api_version.empty()) api_version = r.api_version();
+  std::string kind = StringField(body, "kind");
+  if (kind.empty()) kind = r.kind;
   if (api_version != r.api_version())
     return ApiResult::Error(BadRequest("the API version in the data (" + api_version +
                                        ") does not match the expected API version (" +

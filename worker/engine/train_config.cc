@@ -134,7 +134,7 @@ StatusOr<TrainConfig> TrainConfigFromJson(const json& input, const std::string& 
   if (!errors.empty()) {
     std::string message = "invalid config (" + std::to_string(errors.size()) + " problem" +
                           (errors.size() > 1 ? "s" : "") + "):";
-    for (const auto& e : errors) message += "\n  " + e;
+    for (const auto& e : errors) message += "\n  " + spec::OneLine(e);
     return InvalidArgument(message);
   }
   return c;

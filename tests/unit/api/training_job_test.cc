@@ -89,14 +89,16 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
   }
 }
 
-// One violation per line, each starting with its field, whatever the keys: one that is not
-// plain ASCII is quoted. (Found by fuzz/training_job_spec_fuzz.cc: a key with a newline split
-// its line, and the second half named no field.)
+// One violation per line, each starting with its field, whatever the keys and values: a key
+// that is not plain ASCII is quoted, a line break inside a violation is written \n. (Found by
+// fuzz/training_job_spec_fuzz.cc: a key, then a value, with a newline split its line.)
 TEST(TrainingJobSpecTest, UnknownKeysWithOddCharactersAreQuotedOnTheirOwnLine) {
   json spec = Example();
   spec["optimization"]["lr\nrate"] = 1;
   spec["elastic"][""] = 2;
   spec["lora"]["r\u00e4nk"] = 3;
+  // A value with a line break in it, quoted by its refusal, stays on its line too.
+  spec["worker"]["imagePullPolicy"] = "Never\nAlways";
   auto parsed = ParseTrainingJobSpec(spec);
   ASSERT_FALSE(parsed.ok());
   const std::string message = parsed.status().message();
@@ -104,6 +106,7 @@ TEST(TrainingJobSpecTest, UnknownKeysWithOddCharactersAreQuotedOnTheirOwnLine) {
       << message;
   EXPECT_NE(message.find("spec.elastic[\"\"]: unknown field"), std::string::npos) << message;
   EXPECT_NE(message.find("spec.lora[\"r\\u00e4nk\"]: unknown field"), std::string::npos) << message;
+  EXPECT_NE(message.find("got \"Never\\nAlways\""), std::string::npos) << message;
   std::istringstream lines(message);
   std::string line;
   while (std::getline(lines, line)) EXPECT_EQ(line.rfind("spec", 0), 0u) << line;
