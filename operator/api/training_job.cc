@@ -268,7 +268,10 @@ StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const json& spec) {
   CheckSizes(j, errors);
   if (!errors.empty()) {
     std::string message;
-    for (const std::string& e : errors) message += (message.empty() ? "" : "\n") + spec::OneLine(e);
+    for (const std::string& e : errors) {
+      if (!message.empty()) message += '\n';
+      message += spec::OneLine(e);
+    }
     return InvalidArgument(message);
   }
   return j;
