@@ -31,6 +31,7 @@ fi
 cmake --build "$build" -j "$(nproc)" --target "${targets[@]/%/_fuzz}"
 
 mkdir -p out/fuzz
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 run_one() {
   local t=$1 seconds=$2 build=$3
   local dir=out/fuzz/$t

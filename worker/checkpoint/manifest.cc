@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <type_traits>
 
 #include "common/safetensors_header.h"
 
@@ -33,16 +35,54 @@ bool IsHex16(const std::string& s) {
                                        [](char c) { return std::isxdigit(c) && !std::isupper(c); });
 }
 
+// `value` as a T, exactly: an integer field takes only a JSON integer within T's range (a
+// float such as 6e58 converted by get<T>() is undefined behaviour, and 1.5 would become 1: found
+// by fuzz/manifest_fuzz.cc), a list only elements that convert.
+template <typename T>
+bool Convert(const json& value, T& out) {
+  if constexpr (std::is_integral_v<T>) {
+    if (!value.is_number_integer()) return false;
+    if (value.is_number_unsigned()) {
+      const uint64_t v = value.get<uint64_t>();
+      if (v > static_cast<uint64_t>(std::numeric_limits<T>::max())) return false;
+      out = static_cast<T>(v);
+      return true;
+    }
+    const int64_t v = value.get<int64_t>();
+    if constexpr (std::is_unsigned_v<T>) {
+      if (v < 0) return false;
+      if (static_cast<uint64_t>(v) > static_cast<uint64_t>(std::numeric_limits<T>::max()))
+        return false;
+    } else {
+      if (v < static_cast<int64_t>(std::numeric_limits<T>::min()) ||
+          v > static_cast<int64_t>(std::numeric_limits<T>::max()))
+        return false;
+    }
+    out = static_cast<T>(v);
+    return true;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!value.is_string()) return false;
+    out = value.get<std::string>();
+    return true;
+  } else {  // a std::vector of one of the above
+    if (!value.is_array()) return false;
+    T list;
+    for (const json& element : value) {
+      typename T::value_type item;
+      if (!Convert(element, item)) return false;
+      list.push_back(std::move(item));
+    }
+    out = std::move(list);
+    return true;
+  }
+}
+
 // Reads a required field of `type`, naming it on failure.
 template <typename T>
 Status Require(const json& object, const std::string& path, const char* key, T& out) {
   auto it = object.find(key);
   if (it == object.end()) return InvalidArgument(path + key + ": required");
-  try {
-    out = it->get<T>();
-  } catch (const json::exception&) {
-    return InvalidArgument(path + key + ": wrong type");
-  }
+  if (!Convert(*it, out)) return InvalidArgument(path + key + ": wrong type or out of range");
   return OkStatus();
 }
 

@@ -188,6 +188,18 @@ TEST(ManifestTest, InvalidManifestsAreRefusedNamingTheField) {
   EXPECT_EQ(refused([](json& j) { std::swap(j["tensors"][0], j["tensors"][1]); }),
             "tensors[1].name: tensors must be sorted by name, without repeats");
   EXPECT_EQ(ManifestFromJson(json::array()).status().message(), "manifest: expected a JSON object");
+  // Numbers are integers within their field's range, never converted: a float (fuzz/
+  // manifest_fuzz.cc found 6e58 converted to an unsigned, which is undefined behaviour) or a
+  // fraction would otherwise be truncated into a different offset.
+  EXPECT_EQ(refused([](json& j) { j["shards"][0]["size"] = 6.13556e+58; }),
+            "shards[0].size: wrong type or out of range");
+  EXPECT_EQ(refused([](json& j) { j["step"] = 1.5; }), "step: wrong type or out of range");
+  EXPECT_EQ(refused([](json& j) { j["worldSize"] = 4294967296ll; }),
+            "worldSize: wrong type or out of range");
+  EXPECT_EQ(refused([](json& j) { j["tensors"][0]["pieces"][0]["offset"] = -8; }),
+            "tensors[0].pieces[0].offset: wrong type or out of range");
+  EXPECT_EQ(refused([](json& j) { j["tensors"][0]["shape"] = {2.5}; }),
+            "tensors[0].shape: wrong type or out of range");
 }
 
 TEST(ManifestTest, ShardsThatDisagreeOrCarryBadPiecesAreRefusedAtSave) {
