@@ -377,10 +377,14 @@ std::vector<pid_t> Driver::WorkerPids() {
     const std::string name = entry.path().filename();
     if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
     std::string cmdline = ReadFile(entry.path() / "cmdline");
+    // The executable is tidal-worker (--worker's too: `tidal local`, whose command line names
+    // that file, is not a worker), and the pod's files under the run's cluster are its
+    // arguments.
+    const std::string exe = fs::path(cmdline.substr(0, cmdline.find('\0'))).filename();
+    const std::string wanted =
+        o_.worker.empty() ? "tidal-worker" : fs::path(o_.worker).filename().string();
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find("tidal-worker") != std::string::npos &&
-        cmdline.find(marker) != std::string::npos)
-      pids.push_back(std::stoi(name));
+    if (exe == wanted && cmdline.find(marker) != std::string::npos) pids.push_back(std::stoi(name));
   }
   return pids;
 }
@@ -527,8 +531,8 @@ void Driver::Inject(const std::string& kind) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   faults_.push_back(std::move(f));
-  std::cout << "[" << faults_.size() << "] " << faults_.back().kind << ": " << faults_.back().detail
-            << std::endl;
+  std::cout << "[" << faults_.size() << "] +" << static_cast<int>(faults_.back().wall - start_wall_)
+            << " s " << faults_.back().kind << ": " << faults_.back().detail << std::endl;
 }
 
 void Driver::RunDue(bool all) {
