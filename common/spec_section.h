@@ -80,11 +80,11 @@ class Section {
   void Int(const std::string& key, int64_t& out) {
     if (const nlohmann::json* v = Field(key)) {
       if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX})
-        Error(key, "expected an integer below 2^63, got " + v->dump());
+        Error(key, "expected an integer below 2^63, got " + Dump(*v));
       else if (v->is_number_integer())
         out = v->get<int64_t>();
       else
-        Error(key, "expected an integer, got " + v->dump());
+        Error(key, "expected an integer, got " + Dump(*v));
     }
   }
   void Number(const std::string& key, double& out) {
@@ -92,7 +92,7 @@ class Section {
       if (v->is_number())
         out = v->get<double>();
       else
-        Error(key, "expected a number, got " + v->dump());
+        Error(key, "expected a number, got " + Dump(*v));
     }
   }
   void Bool(const std::string& key, bool& out) {
@@ -100,7 +100,7 @@ class Section {
       if (v->is_boolean())
         out = v->get<bool>();
       else
-        Error(key, "expected true or false, got " + v->dump());
+        Error(key, "expected true or false, got " + Dump(*v));
     }
   }
   void Seed(const std::string& key, uint64_t& out) {
@@ -140,6 +140,11 @@ class Section {
     } else {
       return std::to_string(v);
     }
+  }
+  // A value as JSON for a refusal; bytes that are not UTF-8 (which no parser should hand
+  // over, but a refusal must never throw) become U+FFFD.
+  static std::string Dump(const nlohmann::json& v) {
+    return v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
   // path.key, or path["key"] (JSON-quoted) for a key that is not plain printable ASCII: the
   // errors stay one per line, each starting with its path, whatever keys a document holds

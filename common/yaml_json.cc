@@ -45,6 +45,11 @@ StatusOr<nlohmann::json> Convert(const YAML::Node& node, const std::string& path
     case YAML::NodeType::Undefined:
       return nlohmann::json(nullptr);
     case YAML::NodeType::Scalar:
+      // The text was UTF-8, but yaml-cpp writes an escape such as "\N" (U+0085) as one raw
+      // byte (found by fuzz/training_job_spec_fuzz.cc).
+      if (FirstInvalidUtf8(node.Scalar()))
+        return InvalidArgument((path.empty() ? std::string("the document") : path) +
+                               ": an escape sequence that yields no UTF-8 text");
       if (node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str")
         return nlohmann::json(node.Scalar());  // quoted: always a string
       return PlainScalar(node.Scalar());
@@ -62,6 +67,9 @@ StatusOr<nlohmann::json> Convert(const YAML::Node& node, const std::string& path
         if (!kv.first.IsScalar())
           return InvalidArgument(path + ": mapping keys must be plain strings");
         const std::string key = kv.first.Scalar();
+        if (FirstInvalidUtf8(key))
+          return InvalidArgument((path.empty() ? std::string("the document") : path) +
+                                 ": a key with an escape sequence that yields no UTF-8 text");
         const std::string child = path.empty() ? key : path + "." + key;
         TIDAL_ASSIGN_OR_RETURN(auto value, Convert(kv.second, child));
         out[key] = std::move(value);

@@ -166,6 +166,11 @@ StatusOr<std::vector<ResourceInfo>> Registry::ResourcesOfCrd(const nlohmann::jso
     std::string at = "spec.versions[" + std::to_string(i) + "]";
     if (!v.is_object() || StringAt(v, "name").empty())
       return InvalidArgument(at + ".name: Required value");
+    // (Found by fuzz/apiserver_fuzz.cc: `served: truE`, a string, answered 500.)
+    for (const char* flag : {"served", "storage"})
+      if (v.contains(flag) && !v[flag].is_boolean())
+        return InvalidArgument(at + "." + flag + ": Invalid value: " + v[flag].type_name() +
+                               ": must be a boolean");
     if (v.value("storage", false)) ++storage;
     if (!v.value("served", false)) continue;
     ResourceInfo r;

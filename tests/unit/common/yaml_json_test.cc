@@ -43,6 +43,20 @@ TEST(YamlJsonTest, BytesThatAreNotUtf8AreRefusedNamingLineAndColumn) {
   EXPECT_EQ((*fine)["name"], "\xf0\x9f\x98\x80 caf\xc3\xa9");
 }
 
+// yaml-cpp decodes "\N" (U+0085) and "\x85" to one raw byte, not UTF-8: refused naming where.
+TEST(YamlJsonTest, EscapesThatYieldNoUtf8AreRefusedNamingTheField) {
+  for (const char* text : {"spec:\n  name: \"a\\Nb\"\n", "spec:\n  name: \"a\\x85\"\n"}) {
+    auto j = ParseYaml(text);
+    if (j.ok()) {
+      // A yaml-cpp that encodes them right gives U+0085 as UTF-8.
+      EXPECT_EQ(FirstInvalidUtf8((*j)["spec"]["name"].get<std::string>()), std::nullopt) << text;
+      continue;
+    }
+    EXPECT_NE(j.status().message().find("spec.name: an escape sequence"), std::string::npos)
+        << j.status().message();
+  }
+}
+
 TEST(Utf8Test, FirstInvalidUtf8FindsEveryIllFormedSequence) {
   EXPECT_EQ(FirstInvalidUtf8("plain ascii"), std::nullopt);
   EXPECT_EQ(FirstInvalidUtf8("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf"), std::nullopt);
