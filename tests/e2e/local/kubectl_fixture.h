@@ -66,6 +66,15 @@ class KubectlTest : public ::testing::Test {
     EXPECT_EQ(r.exit_code, 0) << "kubectl " << ::testing::PrintToString(args) << "\n" << r.err;
     return r.out;
   }
+  // Polls `done` twice a second until it holds or `timeout` passes.
+  static bool WaitUntilTrue(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(500ms);
+    }
+    return true;
+  }
   std::string WriteFile(const std::string& name, const std::string& text) {
     std::string path = (dir_ / name).string();
     std::ofstream(path) << text;

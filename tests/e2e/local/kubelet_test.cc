@@ -38,14 +38,6 @@ class KubeletTest : public KubectlTest {
     return ss.str();
   }
   static bool Alive(pid_t pid) { return ::kill(pid, 0) == 0; }
-  static bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!done()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(100ms);
-    }
-    return true;
-  }
   bool WaitGone(pid_t pid, std::chrono::milliseconds timeout) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (Alive(pid) && std::chrono::steady_clock::now() < deadline)
@@ -352,7 +344,7 @@ TEST_F(KeptLogsTest, EveryRunsOutputOutlivesItsRestartItsPodAndASameNamedSuccess
     EXPECT_EQ(seen.count("run " + std::to_string(run) + "\n"), 1u) << "run " << run;
   Ok({"delete", "pod", "crashy", "--grace-period=0", "--wait=true"});
   // The kubelet lets go of the pod on its next pass after the API did.
-  EXPECT_TRUE(WaitUntil(
+  EXPECT_TRUE(WaitUntilTrue(
       [&] {
         kept = Kept("crashy");
         return std::count(kept.begin(), kept.end(), "successor\n") == 1;
@@ -367,8 +359,8 @@ TEST_F(KubeletTest, WithoutKeepLogsThePodsLogsGoWithIt) {
                     [](const std::string& s) { return s == "Succeeded"; }),
             "Succeeded");
   Ok({"delete", "pod", "brief", "--wait=true"});
-  EXPECT_TRUE(
-      WaitUntil([&] { return !fs::exists(dir_ / "data" / "logs" / "default" / "brief"); }, 10s));
+  EXPECT_TRUE(WaitUntilTrue(
+      [&] { return !fs::exists(dir_ / "data" / "logs" / "default" / "brief"); }, 10s));
   EXPECT_FALSE(fs::exists(dir_ / "data" / "logs-archive"));
 }
 

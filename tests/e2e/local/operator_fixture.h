@@ -122,15 +122,6 @@ class OperatorTest : public KubectlTest {
     EXPECT_TRUE(text.ok()) << pod << " at " << ip << ": " << text.status().ToString();
     return text.ok() ? *text : "";
   }
-  // Polls `done` twice a second until it holds or `timeout` passes.
-  static bool WaitUntilTrue(const std::function<bool()>& done, std::chrono::seconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!done()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(500ms);
-    }
-    return true;
-  }
   // The job's worker pods (not the data phase's prep pod).
   int PodCount(const std::string& job) {
     std::string out =
