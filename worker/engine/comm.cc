@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -231,6 +232,57 @@ bool WaitUntilListening(const std::string& host, int port,
   return listening;
 }
 
+// A listening TCP socket bound to host:port (port 0: the kernel picks), for the store.
+// SO_REUSEADDR as c10d sets it: a generation reuses the port of one eight generations back,
+// whose connections may still be in TIME_WAIT.
+StatusOr<int> ListenOn(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* res = nullptr;
+  const std::string where = host + ":" + std::to_string(port);
+  if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0)
+    return Unavailable("cannot start the rendezvous store on " + where + ": " + gai_strerror(rc));
+  std::string error = "no address";
+  int fd = -1;
+  for (addrinfo* ai = res; ai && fd < 0; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      error = std::strerror(errno);
+      continue;
+    }
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+      error = std::strerror(errno);
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(res);
+  if (fd < 0) return Unavailable("cannot start the rendezvous store on " + where + ": " + error);
+  return fd;
+}
+
+// After a failed TCPStore construction the listening socket may or may not have been closed
+// by it; close it only while the number still names a socket listening on our port, so a
+// descriptor another thread opened since is never touched.
+void CloseIfStillBound(int fd, int port) {
+  sockaddr_storage addr{};
+  socklen_t len = sizeof(addr);
+  int listening = 0;
+  socklen_t opt_len = sizeof(listening);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return;
+  if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &opt_len) != 0 || !listening) return;
+  int bound = 0;
+  if (addr.ss_family == AF_INET)
+    bound = ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port);
+  else if (addr.ss_family == AF_INET6)
+    bound = ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+  if (port == 0 || bound == port) close(fd);
+}
+
 class TcpStoreServer final : public StoreServer {
  public:
   explicit TcpStoreServer(c10::intrusive_ptr<c10d::TCPStore> store) : store_(std::move(store)) {}
@@ -316,8 +368,6 @@ StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o
     store_opts.timeout = o.timeout;
     auto tcp = c10::make_intrusive<c10d::TCPStore>(o.store_host, store_opts);
     c10::intrusive_ptr<c10d::Store> store = tcp;
-    // A generation's keys under its own prefix: a rank that reached another generation's
-    // store by mistake waits (and times out) instead of reading foreign addresses.
     if (!o.key_prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(o.key_prefix, store);
     c10::intrusive_ptr<c10d::Backend> pg;
     if (o.use_cuda) {
@@ -347,16 +397,24 @@ StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o
 
 StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(const std::string& host, int port) {
   if (port < 0 || port > 65535) return InvalidArgument("store port " + std::to_string(port));
+  const std::string where = host + ":" + std::to_string(port);
+  // c10d's own server listens on every address of the machine. Pods that share one network
+  // namespace (tidal local's, host-network pods) would then collide: two jobs whose ranks 0
+  // are at the same generation ask for the same port, and a rank could reach the other
+  // job's store. The store listens on its rank's own address instead, a socket bound here.
+  TIDAL_ASSIGN_OR_RETURN(const int fd, ListenOn(host, port));
   try {
     c10d::TCPStoreOptions opts;
     opts.port = static_cast<uint16_t>(port);
     opts.isServer = true;
     opts.waitWorkers = false;
+    opts.masterListenFd = fd;  // the store owns it from here and closes it when it goes
     auto store = c10::make_intrusive<c10d::TCPStore>(host, opts);
     return std::unique_ptr<StoreServer>(std::make_unique<TcpStoreServer>(store));
   } catch (const std::exception& e) {
-    return Unavailable("cannot start the rendezvous store on " + host + ":" + std::to_string(port) +
-                       ": " + e.what());
+    CloseIfStillBound(fd, port);
+    return Unavailable("cannot start the rendezvous store on " + where + ": " +
+                       FirstLine(e.what()));
   }
 }
 

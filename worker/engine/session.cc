@@ -55,7 +55,10 @@ class TrainerSession final : public Session {
     group.timeout = membership_.timeout;
     group.use_cuda = cuda;
     group.cuda_device = options.cuda_device;
-    group.key_prefix = "generation-" + std::to_string(membership_.generation);
+    // The job and the generation: a rank that reached another generation's store, or
+    // another job's, waits (and times out) instead of reading foreign addresses.
+    group.key_prefix = config.namespace_ + "/" + config.name + "/generation-" +
+                       std::to_string(membership_.generation);
     const auto start = std::chrono::steady_clock::now();
     TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectProcessGroup(group));
     LogInfo("process group connected",

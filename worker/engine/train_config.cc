@@ -121,9 +121,13 @@ StatusOr<TrainConfig> TrainConfigFromJson(const json& input, const std::string& 
     if (!input.contains("spec") || !input["spec"].is_object())
       return InvalidArgument("spec: missing (a TrainingJob needs a spec)");
     spec = &input["spec"];
-    if (input.contains("metadata") && input["metadata"].is_object() &&
-        input["metadata"].contains("name") && input["metadata"]["name"].is_string())
-      c.name = input["metadata"]["name"].get<std::string>();
+    if (input.contains("metadata") && input["metadata"].is_object()) {
+      const json& metadata = input["metadata"];
+      if (metadata.contains("name") && metadata["name"].is_string())
+        c.name = metadata["name"].get<std::string>();
+      if (metadata.contains("namespace") && metadata["namespace"].is_string())
+        c.namespace_ = metadata["namespace"].get<std::string>();
+    }
   }
   {
     Section root(*spec, "spec", errors);  // reports unknown top-level fields when it closes

@@ -86,6 +86,7 @@ struct OptimizationSpec {
 
 struct TrainConfig {
   std::string name = "local";  // metadata.name when the file is a whole TrainingJob
+  std::string namespace_;      // metadata.namespace, likewise
   ModelSpec model;
   DatasetSpec dataset;
   LoraSpec lora;

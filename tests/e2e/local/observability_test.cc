@@ -331,6 +331,10 @@ TEST_F(ObservabilityTest, ALossMadeToRisePausesItsJobAndANoisyLossDoesNot) {
                 [](const std::string& p) { return p == "Paused"; }, 120s),
             "Paused");
   EXPECT_GT(Int("rising", "{.status.anomaly.step}"), held);
+  // Two jobs side by side on one machine, each rank 0 hosting its store for generation 1
+  // on the same port of its own address: neither had to restart (-1: the field is absent).
+  EXPECT_LE(Int("rising", "{.status.restarts}"), 0) << Status("rising", "{.status.conditions}");
+  EXPECT_LE(Int("noisy", "{.status.restarts}"), 0) << Status("noisy", "{.status.conditions}");
   Ok({"delete", "tj", "rising", "noisy", "--wait=false"});
 }
 

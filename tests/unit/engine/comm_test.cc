@@ -3,7 +3,9 @@
 // NCCL imposes is enforced on every backend; control values travel as host values.
 #include "worker/engine/comm.h"
 
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -169,6 +171,58 @@ TEST(CommTest, RanksThatAskBeforeTheStoreListensJoinOnceItDoes) {
   }
   early.join();
   EXPECT_EQ(early_failure, "");
+}
+
+// Pods that share one network namespace (tidal local's; host-network pods) have their own
+// addresses but one set of ports. Two jobs whose ranks 0 host a store for the same
+// generation ask for the same port: each store listens on its rank's own address, so both
+// start, and each group meets only its own ranks.
+TEST(CommTest, TwoGroupsOnOnePortOfDifferentAddressesStayApart) {
+  int port = 0;
+  {
+    auto probe = StoreServer::Start("127.0.0.2");
+    ASSERT_TRUE(probe.ok()) << probe.status().message();
+    port = (*probe)->port();
+  }
+  auto first = StoreServer::Start("127.0.0.2", port);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  auto second = StoreServer::Start("127.0.0.3", port);
+  ASSERT_TRUE(second.ok()) << second.status().message();
+  // The same address and port twice is refused, naming them.
+  auto again = StoreServer::Start("127.0.0.2", port);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(again.status().message().find("127.0.0.2:" + std::to_string(port)), std::string::npos)
+      << again.status().message();
+
+  // Two ranks per group, every one with the same key prefix (the same generation).
+  std::vector<std::thread> ranks;
+  std::vector<float> sums(4, 0.0f);
+  std::vector<std::string> failures(4);
+  for (int i = 0; i < 4; ++i)
+    ranks.emplace_back([&, i] {
+      const std::string host = i < 2 ? "127.0.0.2" : "127.0.0.3";
+      ProcessGroupOptions options;
+      options.store_host = host;
+      options.interface_host = host;
+      options.store_port = port;
+      options.rank = i % 2;
+      options.world_size = 2;
+      options.key_prefix = "generation-1";
+      options.timeout = std::chrono::seconds(30);
+      auto comm = ConnectProcessGroup(options);
+      if (!comm.ok()) {
+        failures[static_cast<size_t>(i)] = comm.status().message();
+        return;
+      }
+      auto t = torch::full({1}, i < 2 ? 1.0f : 10.0f);
+      if (Status s = (*comm)->AllReduceSum(t); !s.ok())
+        failures[static_cast<size_t>(i)] = s.message();
+      sums[static_cast<size_t>(i)] = t.item<float>();
+    });
+  for (auto& r : ranks) r.join();
+  EXPECT_EQ(failures, std::vector<std::string>(4));
+  EXPECT_EQ(sums, (std::vector<float>{2.0f, 2.0f, 20.0f, 20.0f}));
 }
 
 }  // namespace
