@@ -80,7 +80,10 @@ MemoryPlan PlanMemory(const ModelConfig& model, const LoraSpec& lora, int zero_s
           std::max(plan.gathered_block_bytes, b.frozen * compute_bytes + b.trainable * 4);
   }
   plan.optimizer_bytes = 2 * 4 * (zero_stage >= 1 ? trainable_share : trainable_full);
-  plan.gradient_bytes = 4 * (sharded ? trainable_share : trainable_full);
+  // The step's gradient is summed in fp64 (zero.cc: the same at any world size): a slice at
+  // stages 2–3, everything at 0–1; below stage 3 autograd also fills one fp32 micro-batch's.
+  const int64_t summed = zero_stage >= 2 ? trainable_share : trainable_full;
+  plan.gradient_bytes = 8 * summed + (sharded ? 0 : 4 * trainable_full);
 
   // Activations (estimate): every block's input is kept for backward; one block at a time is
   // recomputed with its graph; the head's logits and their gradient are fp32.

@@ -25,8 +25,13 @@ struct ShardedParameters::Block {
   // view of `grad` — autograd accumulates straight into the flat gradient that the
   // collectives reduce (no per-view scatter, no copy).
   std::vector<torch::Tensor> leaves;
-  torch::Tensor grad;        // stages 0–2: [padded] fp32
-  torch::Tensor grad_slice;  // stage 2: this rank's accumulated fp32 gradient slice
+  torch::Tensor grad;  // stages 0–2: [padded] fp32, one micro-batch's
+  // The step's gradient, summed in fp64 over micro-batches and ranks: [padded] at stages 0–1,
+  // this rank's [padded / W] slice at stages 2–3. The fp32 gradients of one micro-batch are
+  // the same at any world size; their fp64 sum is exact but in rare cases, so its rounding to
+  // fp32 is the same whatever order the micro-batches and the collective add them in. The
+  // curve of a job that rescales is then the curve of one that never did, step for step.
+  torch::Tensor grad_sum;
 };
 
 namespace {
@@ -84,13 +89,16 @@ struct GatheredBlockFunction : public torch::autograd::Function<GatheredBlockFun
     torch::Tensor dslice;
     if (w_needs_grad) {
       auto full = grads.back();
-      full = full.defined() ? full.to(torch::kFloat32)
-                            : torch::zeros_like(trainable_full, torch::kFloat32);
-      const auto& flat = self->blocks_[block]->trainable;
-      dslice = torch::empty({flat.padded / self->comm_.world_size()}, full.options());
-      ThrowIfError(self->comm_.ReduceScatterSum(full, dslice));
+      // fp32 first (the gradient as one rank computes it), then summed in fp64: grad_sum.
+      full = full.defined() ? full.to(torch::kFloat32).to(torch::kFloat64)
+                            : torch::zeros_like(trainable_full, torch::kFloat64);
+      ShardedParameters::Block& b = *self->blocks_[block];
+      auto slice = torch::empty_like(b.grad_sum);
+      ThrowIfError(self->comm_.ReduceScatterSum(full, slice));
+      b.grad_sum.add_(slice);
     }
-    return {dx, dslice, torch::Tensor(), torch::Tensor()};
+    // The trainable slice's gradient is in grad_sum, not autograd's: none returned for it.
+    return {dx, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -129,9 +137,10 @@ ShardedParameters::ShardedParameters(const DecoderModel& model, Comm& comm, Shar
         block->leaves.push_back(std::move(leaf));
       }
     }
-    if (options_.stage == 2 && world > 1 && block->trainable.numel > 0)
-      block->grad_slice = torch::zeros({block->trainable.padded / world},
-                                       block->trainable.data.options().requires_grad(false));
+    if (t.numel > 0)
+      block->grad_sum =
+          torch::zeros({options_.stage >= 2 ? t.padded / world : t.padded},
+                       torch::TensorOptions().device(options_.device).dtype(torch::kFloat64));
     blocks_.push_back(std::move(block));
   }
 }
@@ -251,14 +260,19 @@ StatusOr<torch::Tensor> ShardedParameters::Forward(const ForwardContext& ctx) {
 }
 
 Status ShardedParameters::AfterMicroBatchBackward() {
-  if (options_.stage != 2 || comm_.world_size() == 1) return OkStatus();
+  if (options_.stage == 3) return OkStatus();  // backward added to grad_sum already
   torch::NoGradGuard no_grad;
   for (auto& block : blocks_) {
     if (block->trainable.numel == 0) continue;
-    auto slice = torch::empty_like(block->grad_slice);
-    TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(block->grad, slice));
-    block->grad_slice.add_(slice);
-    block->grad.zero_();  // only the slice is accumulated across micro-batches
+    auto micro = block->grad.to(torch::kFloat64);
+    if (options_.stage == 2) {  // only the slice is accumulated across micro-batches
+      auto slice = torch::empty_like(block->grad_sum);
+      TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(micro, slice));
+      block->grad_sum.add_(slice);
+    } else {
+      block->grad_sum.add_(micro);
+    }
+    block->grad.zero_();
   }
   return OkStatus();
 }
@@ -331,30 +345,29 @@ StatusOr<std::vector<TrainableSlice>> ShardedParameters::ReduceGradients() {
     Flat& flat = blocks_[b]->trainable;
     if (flat.numel == 0) continue;
     torch::Tensor param = flat.data.detach();
-    torch::Tensor grad = options_.stage < 3 ? blocks_[b]->grad : flat.data.grad();
-    if (!grad.defined()) grad = torch::zeros_like(param);
+    torch::Tensor sum = blocks_[b]->grad_sum;  // fp64
     if (world > 1) {
       const int64_t slice = flat.padded / world;
       switch (options_.stage) {
         case 0:
-          TIDAL_RETURN_IF_ERROR(comm_.AllReduceSum(grad));
+          TIDAL_RETURN_IF_ERROR(comm_.AllReduceSum(sum));
           break;
         case 1: {
-          auto reduced = torch::empty({slice}, grad.options());
-          TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(grad, reduced));
-          grad = reduced;
+          auto reduced = torch::empty({slice}, sum.options());
+          TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(sum, reduced));
+          sum = reduced;
           param = param.narrow(0, rank * slice, slice);
           break;
         }
         case 2:
-          grad = blocks_[b]->grad_slice;
           param = param.narrow(0, rank * slice, slice);
           break;
-        default:  // 3: data and grad are already this rank's slice
+        default:  // 3: data and grad_sum are already this rank's slice
           break;
       }
     }
-    slices.push_back({"block." + std::to_string(b), param, grad});
+    // Rounded to fp32 once, here: the optimizer's gradient.
+    slices.push_back({"block." + std::to_string(b), param, sum.to(torch::kFloat32)});
   }
   return slices;
 }
@@ -372,7 +385,7 @@ Status ShardedParameters::FinishStep() {
     }
     if (block->grad.defined()) block->grad.zero_();
     if (options_.stage == 3) flat.data.mutable_grad() = torch::Tensor();
-    if (block->grad_slice.defined()) block->grad_slice.zero_();
+    block->grad_sum.zero_();
   }
   return OkStatus();
 }
