@@ -201,6 +201,13 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
       tidal::LogWarn("test hook: the reported loss is altered (TIDAL_TEST_LOSS_HOOK)",
                      {{"hook", hook->second}});
   }
+  if (auto stall = env.find("TIDAL_TEST_STALL_AT_STEP");
+      stall != env.end() && !stall->second.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(o.stall_at_step, tidal::ParseIntFlag<int64_t>("TIDAL_TEST_STALL_AT_STEP",
+                                                                         stall->second, 1));
+    tidal::LogWarn("test hook: rank 0 stalls at this step of generation 1",
+                   {{"step", o.stall_at_step}});
+  }
   if (auto hold = env.find("TIDAL_TEST_BARRIER_HOLD"); hold != env.end() && !hold->second.empty()) {
     if (hold->second != "until-request")
       return tidal::InvalidArgument("TIDAL_TEST_BARRIER_HOLD: expected until-request, got \"" +

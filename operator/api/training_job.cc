@@ -253,6 +253,9 @@ StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const json& spec) {
       r.Int("backoffSeconds", j.restart_policy.backoff_seconds);
       r.InRange("maxRestarts", j.restart_policy.max_restarts, 0, spec::kMaxRestarts);
       r.InRange("backoffSeconds", j.restart_policy.backoff_seconds, 0, spec::kMaxSeconds);
+      r.Int("progressDeadlineSeconds", j.restart_policy.progress_deadline_seconds);
+      r.InRange("progressDeadlineSeconds", j.restart_policy.progress_deadline_seconds, 0,
+                spec::kMaxSeconds);
     }
     ReadWorker(spec, j.worker, errors);
     root.Bool("suspend", j.suspend);

@@ -53,6 +53,9 @@ struct AnomalySpec {
 
 struct RestartPolicy {
   int64_t max_restarts = 10, backoff_seconds = 10;
+  // A generation whose workers all answer "training" but whose step has not moved for this
+  // long is stalled: its pods are replaced from the newest checkpoint (a restart). 0: never.
+  int64_t progress_deadline_seconds = 600;
 };
 
 struct WorkerSpec {

@@ -443,13 +443,9 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   for (const json& f : md.value("finalizers", json::array())) o.has_finalizer |= f == kFinalizer;
   o.raw_spec = job.value("spec", json::object());
   o.spec = api::ParseTrainingJobSpec(o.raw_spec);
-  auto status = JobStatusFromJson(job.value("status", json(nullptr)));
-  if (status.ok()) {
-    o.status = *status;
-  } else {
-    LogWarn("unreadable status, starting from an empty one",
-            {{"job", o.name}, {"error", status.status().message()}});
-  }
+  ObserveStatus(job.value("status", json(nullptr)), o);
+  if (!o.status_error.empty())
+    LogWarn("unreadable status: the job is held", {{"job", o.name}, {"error", o.status_error}});
   o.service_exists = services_->store().Get(o.namespace_, ServiceName(o.name)) != nullptr;
   o.token_exists = secrets_->store().Get(o.namespace_, TokenSecretName(o.name)) != nullptr;
   o.spec_config_exists = configs_->store().Get(o.namespace_, SpecConfigMapName(o.name)) != nullptr;
@@ -467,27 +463,29 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
     worker::WorkerClient* c = ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
     if (!c) {  // its TLS Secret is unusable: no call is made
-      connections.unreachable_since.try_emplace(p.name, Clock::now());
+      connections.unreachable_since.try_emplace(p.name, std::chrono::steady_clock::now());
       connections.unreachable_error[p.name] = connections.tls_unusable;
       continue;
     }
     asks.emplace_back(p.name, status_calls_.Submit([c] { return c->GetStatus(); }));
   }
   o.now = Clock::now();
+  const auto steady_now = std::chrono::steady_clock::now();
   for (auto& [pod, answer] : asks) {
     auto s = answer.get();
     if (s.ok()) {
       o.reports[pod] = ReportOf(*s);
       auto& unreachable = connections.unreachable_since;
       if (auto it = unreachable.find(pod); it != unreachable.end()) {
-        LogInfo("worker answers again",
-                {{"pod", pod},
-                 {"after_seconds", std::chrono::duration<double>(o.now - it->second).count()}});
+        LogInfo(
+            "worker answers again",
+            {{"pod", pod},
+             {"after_seconds", std::chrono::duration<double>(steady_now - it->second).count()}});
         unreachable.erase(it);
       }
       connections.unreachable_error.erase(pod);
     } else {
-      connections.unreachable_since.try_emplace(pod, o.now);
+      connections.unreachable_since.try_emplace(pod, steady_now);
       // Logged when it starts and whenever the reason changes (refused while the worker
       // starts, then a TLS handshake that fails, say), not on every pass.
       std::string& last = connections.unreachable_error[pod];
@@ -497,7 +495,11 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       }
     }
   }
-  o.unreachable_since = connections.unreachable_since;
+  // The decision reads times on the wall clock of `now`; durations come from the monotonic one.
+  for (const auto& [pod, since] : connections.unreachable_since)
+    o.unreachable_since[pod] =
+        o.now - std::chrono::duration_cast<Clock::duration>(steady_now - since);
+  o.no_progress_for = connections.progress.Observe(o.pods, o.reports, steady_now);
   o.unreachable_error = connections.unreachable_error;
   return o;  // idle_gpus: DecideWithCapacity
 }
@@ -505,6 +507,20 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
 StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& plan) {
   const std::string selector =
       std::string(kJobLabel) + "=" + JobLabelValue(job["metadata"].value("name", ""));
+  if (plan.conditions_only) {
+    const json current = job.value("status", json());
+    if (current.is_object() && current.value("conditions", json()) == plan.status.conditions)
+      return job;
+    const json& md = job["metadata"];
+    TIDAL_ASSIGN_OR_RETURN(
+        auto request,
+        kube::MergePatchRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
+                                md.value("name", ""),
+                                {{"status", {{"conditions", plan.status.conditions}}}}, "status"));
+    auto written = client_.Call(request);
+    if (!written.ok()) return written.status().WithContext("writing status.conditions");
+    return written;
+  }
   json status = ToJson(plan.status, selector);
   if (job.value("status", json()) == status) return job;
   json updated = job;

@@ -103,7 +103,10 @@ class TrainingJobController {
   };
   struct WorkerConnections {
     std::map<std::string, CachedClient> clients;
-    std::map<std::string, Clock::time_point> unreachable_since;
+    // Since when each silent worker has not answered, on the monotonic clock: a step of the
+    // wall clock (NTP, a VM resumed) neither declares a worker lost nor forgives one.
+    std::map<std::string, std::chrono::steady_clock::time_point> unreachable_since;
+    ProgressClock progress;                                // the stall detector's input
     std::map<std::string, std::string> unreachable_error;  // the last one logged
     // spec.worker.tlsSecretName's ca.crt ("": plaintext), the name the workers' certificate
     // holds, and when the Secret was read (it is read again every few minutes: rotation).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <type_traits>
 
 #include "operator/controller/children.h"
 #include "operator/kube/meta_time.h"
@@ -21,23 +22,6 @@ constexpr auto kMaxBackoff = std::chrono::minutes(10);
 std::string Join(const std::vector<std::string>& items) {
   std::string out;
   for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
-}
-
-std::optional<Clock::time_point> TimeField(const json& j, const char* key) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_string()) return std::nullopt;
-  auto t = kube::ParseRfc3339(it->get<std::string>());
-  if (!t.ok()) return std::nullopt;
-  return *t;
-}
-
-std::vector<std::string> Strings(const json& j, const char* key) {
-  std::vector<std::string> out;
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_array()) return out;
-  for (const json& s : *it)
-    if (s.is_string()) out.push_back(s);
   return out;
 }
 
@@ -101,12 +85,17 @@ class Decider {
     plan_.status = o.status;
     plan_.status.observed_generation = o.metadata_generation;
     for (const PodView& p : o.pods) pods_[p.name] = &p;
+    ClampTimes();
   }
 
   Plan Run() {
     if (o_.deleting) {
       Delete();
       return Finish();
+    }
+    if (const std::string why = StatusUnusable(); !why.empty()) {
+      Hold(why);
+      return std::move(plan_);
     }
     if (!o_.spec.ok()) {
       InvalidSpec();
@@ -143,6 +132,30 @@ class Decider {
   }
 
  private:
+  // The waits the status holds are wall-clock times (a new leader must read them). A wall
+  // clock stepped back (NTP, a restored VM) would lengthen each by the step: each is capped at
+  // the longest it can be from now, and a start in the future is taken as now. After a step
+  // back, a wait lasts at most its usual length; a step forward shortens waits, never
+  // measures a failure (those are on the monotonic clock: unreachable_since, no_progress_for).
+  void ClampTimes() {
+    auto at_most = [this](std::optional<Clock::time_point>& t, Clock::duration longest) {
+      if (t && *t > o_.now + longest) *t = o_.now + longest;
+    };
+    auto not_after_now = [this](std::optional<Clock::time_point>& t) {
+      if (t && *t > o_.now) t = o_.now;
+    };
+    not_after_now(st_.last_membership_change);
+    if (st_.rescale && st_.rescale->started > o_.now) st_.rescale->started = o_.now;
+    if (st_.data) not_after_now(st_.data->started);
+    if (!o_.spec.ok()) return;
+    const api::TrainingJobSpec& spec = *o_.spec;
+    at_most(st_.restart_not_before, BackoffOf(spec, st_.restarts));
+    at_most(st_.scale_up_not_before,
+            std::chrono::seconds(
+                std::max(spec.elastic.cooldown_seconds, spec.elastic.scale_up_timeout_seconds)));
+    if (st_.data) at_most(st_.data->retry_not_before, BackoffOf(spec, st_.data->failures));
+  }
+
   // --- observations -------------------------------------------------------------------
   const PodView* Pod(const std::string& name) const {
     auto it = pods_.find(name);
@@ -155,9 +168,11 @@ class Decider {
   int64_t GpusPerPod() const { return spec_ ? spec_->elastic.gpus_per_pod : 1; }
   // restartPolicy's backoff before retry `n` (1, 2, …): backoffSeconds × 2^(n-1), at most
   // kMaxBackoff.
-  std::chrono::seconds Backoff(int64_t n) const {
+  std::chrono::seconds Backoff(int64_t n) const { return BackoffOf(*spec_, n); }
+  static std::chrono::seconds BackoffOf(const api::TrainingJobSpec& spec, int64_t n) {
     return std::min<std::chrono::seconds>(
-        std::chrono::seconds(spec_->restart_policy.backoff_seconds << std::min<int64_t>(n - 1, 20)),
+        std::chrono::seconds(spec.restart_policy.backoff_seconds
+                             << std::clamp<int64_t>(n - 1, 0, 20)),
         kMaxBackoff);
   }
 
@@ -194,6 +209,49 @@ class Decider {
                   std::to_string(options_.unreachable_after.count()) + " s",
               true};
     return {};
+  }
+  // Why the status cannot be acted on ("" when it can): it does not read, or workers run a
+  // generation it does not know. The status is written before any action, so no worker can
+  // be ahead of it unless it was rolled back: restored from a backup (which drops status),
+  // replaced by hand, or written by something else.
+  std::string StatusUnusable() const {
+    if (!o_.status_error.empty()) return "the status does not read: " + o_.status_error;
+    const int64_t known =
+        std::max(st_.generation, st_.rescale ? st_.rescale->target_generation : int64_t{0});
+    for (const auto& [pod, r] : o_.reports)
+      if (r.generation > known)
+        return "worker " + pod + " runs generation " + std::to_string(r.generation) +
+               " but the status knows generation " + std::to_string(known) +
+               " at most (was it restored or replaced?)";
+    return "";
+  }
+  // Acts on nothing: Ready=False (StatusUnreadable) says why and what to do, once as an Event.
+  void Hold(const std::string& why) {
+    const std::string message =
+        why + ". The operator leaves this job's workers alone until its status reads and " +
+        "agrees with them: fix or remove the field (kubectl patch trainingjob " + o_.name +
+        " --subresource=status), or delete its worker pods (kubectl delete pods -l " + kJobLabel +
+        "=" + JobLabelValue(o_.name) + ") to restart it from its newest checkpoint";
+    if (!ConditionIs(st_, "Ready", "StatusUnreadable")) Emit("Warning", "StatusUnreadable", why);
+    SetCondition(st_, "Ready", false, "StatusUnreadable", message, o_.now, o_.metadata_generation);
+    plan_.conditions_only = true;
+    plan_.requeue_after = std::chrono::minutes(1);  // an edit of the status or pods comes sooner
+  }
+  // Why the current generation counts as stalled ("" when it does not): every member
+  // answers "training" in it, and the step has not moved for progressDeadlineSeconds.
+  std::string Stall() const {
+    const int64_t deadline = spec_->restart_policy.progress_deadline_seconds;
+    if (deadline <= 0 || st_.rescale || st_.members.empty() || st_.phase != "Running" ||
+        o_.no_progress_for.count() < deadline)
+      return "";
+    for (const std::string& m : st_.members) {
+      const WorkerReport* r = Report(m);
+      if (!r || r->phase != "Running" || r->generation != st_.generation) return "";
+    }
+    return "no step for " + std::to_string(o_.no_progress_for.count()) + " s at step " +
+           std::to_string(st_.step) + " of generation " + std::to_string(st_.generation) +
+           " while every worker answers (restartPolicy.progressDeadlineSeconds " +
+           std::to_string(deadline) + ")";
   }
   // Ready to be sent a Rendezvous: the pod runs and its worker answers. A new worker waits
   // for its first generation; a survivor of a failed generation may still be finishing it (a
@@ -311,7 +369,18 @@ class Decider {
       if (f.permanent) permanent.push_back(f.cause);
       (f.pod_lost ? failed : survivors).push_back(m);
     }
-    if (causes.empty()) return false;
+    if (causes.empty()) {
+      const std::string stall = Stall();
+      if (stall.empty()) return false;
+      // A worker stuck outside a collective (a hung read, a deadlock) never fails on its own,
+      // and one stuck rank holds every other in its next collective: which one is stuck
+      // cannot be told, so the whole generation is replaced.
+      causes = {stall};
+      failed = members;
+      survivors.clear();
+      SetCondition(st_, "Stalled", true, "NoProgress", stall, o_.now, o_.metadata_generation);
+      Emit("Warning", "Stalled", stall);
+    }
     if (!permanent.empty()) {
       FailForConfiguration(Join(permanent));
       return true;
@@ -1021,6 +1090,11 @@ class Decider {
                            : (st_.phase == "Failed" ? st_.failure : "phase " + st_.phase),
                    o_.now, gen);
     }
+    // Stalled (absent until a first stall): over once a later generation trains.
+    if (ConditionTrue(st_, "Stalled") && st_.phase == "Running" && !st_.rescale &&
+        o_.no_progress_for.count() == 0)
+      SetCondition(st_, "Stalled", false, "Training",
+                   "generation " + std::to_string(st_.generation) + " trains", o_.now, gen);
     const bool progressing = running || st_.phase == "Pending" || st_.phase == "Recovering";
     SetCondition(st_, "Progressing", progressing, progressing ? "Training" : st_.phase,
                  "step " + std::to_string(st_.step), o_.now, gen);
@@ -1085,82 +1159,202 @@ const char* StageName(Stage stage) {
   return "Unknown";
 }
 
+std::chrono::seconds ProgressClock::Observe(const std::vector<PodView>& pods,
+                                            const std::map<std::string, WorkerReport>& reports,
+                                            std::chrono::steady_clock::time_point now) {
+  size_t running = 0;
+  for (const PodView& p : pods) running += p.phase == "Running" && !p.deleting;
+  bool training = running > 0 && reports.size() == running;
+  int64_t generation = -1, step = -1;
+  for (const auto& [pod, r] : reports) {
+    training = training && r.phase == "Running" && (generation < 0 || r.generation == generation);
+    generation = r.generation;
+    step = std::max(step, r.step);
+  }
+  if (!training || generation != generation_ || step != step_) {
+    generation_ = training ? generation : -1;
+    step_ = training ? step : -1;
+    since_ = now;
+    return std::chrono::seconds(0);
+  }
+  return std::chrono::duration_cast<std::chrono::seconds>(now - since_);
+}
+
+namespace {
+
+// Reads the status subresource strictly: an absent field takes its default (a status written
+// by an older operator), a present one of the wrong type is an error naming it. A status the
+// operator cannot read is never replaced by defaults: the controller would forget the
+// generation and members of workers that still run.
+class StatusReader {
+ public:
+  template <typename T>
+  T Get(const json& j, const std::string& path, const char* key, T fallback) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return fallback;
+    const json& v = *it;
+    bool fits = false;
+    if constexpr (std::is_same_v<T, bool>)
+      fits = v.is_boolean();
+    else if constexpr (std::is_same_v<T, std::string>)
+      fits = v.is_string();
+    else if constexpr (std::is_integral_v<T>)
+      fits = v.is_number_integer();
+    else
+      fits = v.is_number();
+    if (fits) return v.get<T>();
+    const char* expected = std::is_same_v<T, bool>          ? "a boolean"
+                           : std::is_same_v<T, std::string> ? "a string"
+                           : std::is_integral_v<T>          ? "an integer"
+                                                            : "a number";
+    Fail(path + key, expected, v);
+    return fallback;
+  }
+  std::optional<Clock::time_point> Time(const json& j, const std::string& path, const char* key) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    if (it->is_string())
+      if (auto t = kube::ParseRfc3339(it->get<std::string>()); t.ok()) return *t;
+    Fail(path + key, "an RFC 3339 time", *it);
+    return std::nullopt;
+  }
+  std::vector<std::string> Strings(const json& j, const std::string& path, const char* key) {
+    std::vector<std::string> out;
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return out;
+    if (!it->is_array()) {
+      Fail(path + key, "a list of strings", *it);
+      return out;
+    }
+    for (const json& item : *it) {
+      if (!item.is_string()) {
+        Fail(path + key, "a list of strings", *it);
+        return {};
+      }
+      out.push_back(item.get<std::string>());
+    }
+    return out;
+  }
+  // The object at `key`, or null when absent; an error when it is something else.
+  const json* Object(const json& j, const std::string& path, const char* key) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return nullptr;
+    if (it->is_object()) return &*it;
+    Fail(path + key, "an object", *it);
+    return nullptr;
+  }
+  void Fail(const std::string& field, const std::string& expected, const json& got) {
+    if (error.empty()) {
+      std::string shown = got.dump();
+      if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
+      error = field + ": expected " + expected + ", got " + shown;
+    }
+  }
+  std::string error;  // the first field that does not read
+};
+
+}  // namespace
+
 StatusOr<JobStatus> JobStatusFromJson(const json& j) {
   JobStatus st;
   if (j.is_null()) return st;
-  if (!j.is_object()) return InvalidArgument("status: expected an object");
-  st.phase = Value<std::string>(j, "phase", "Pending");
-  st.generation = Value<int64_t>(j, "generation", 0);
-  st.members = Strings(j, "members");
-  st.restarts = Value<int64_t>(j, "restarts", 0);
-  st.restart_not_before = TimeField(j, "restartNotBefore");
-  st.last_membership_change = TimeField(j, "lastMembershipChange");
-  st.scale_up_not_before = TimeField(j, "scaleUpNotBefore");
-  st.step = Value<int64_t>(j, "step", 0);
-  st.loss = Value<double>(j, "loss", 0);
-  st.tokens_per_second = Value<double>(j, "tokensPerSecond", 0);
-  if (auto c = j.find("lastCheckpoint"); c != j.end() && c->is_object()) st.last_checkpoint = *c;
-  if (auto g = j.find("gpus"); g != j.end() && g->is_object()) {
-    st.desired_gpus = Value<int64_t>(*g, "desired", 0);
-    st.current_gpus = Value<int64_t>(*g, "current", 0);
-    st.gpus_reason = Value<std::string>(*g, "reason", "");
+  if (!j.is_object()) return InvalidArgument("status: expected an object, got " + j.dump());
+  StatusReader in;
+  const std::string at = "status.";
+  st.phase = in.Get<std::string>(j, at, "phase", "Pending");
+  st.generation = in.Get<int64_t>(j, at, "generation", 0);
+  st.members = in.Strings(j, at, "members");
+  st.restarts = in.Get<int64_t>(j, at, "restarts", 0);
+  st.restart_not_before = in.Time(j, at, "restartNotBefore");
+  st.last_membership_change = in.Time(j, at, "lastMembershipChange");
+  st.scale_up_not_before = in.Time(j, at, "scaleUpNotBefore");
+  st.step = in.Get<int64_t>(j, at, "step", 0);
+  st.loss = in.Get<double>(j, at, "loss", 0);
+  st.tokens_per_second = in.Get<double>(j, at, "tokensPerSecond", 0);
+  if (const json* c = in.Object(j, at, "lastCheckpoint")) st.last_checkpoint = *c;
+  if (const json* g = in.Object(j, at, "gpus")) {
+    st.desired_gpus = in.Get<int64_t>(*g, "status.gpus.", "desired", 0);
+    st.current_gpus = in.Get<int64_t>(*g, "status.gpus.", "current", 0);
+    st.gpus_reason = in.Get<std::string>(*g, "status.gpus.", "reason", "");
   }
-  st.failure = Value<std::string>(j, "failure", "");
-  st.failure_reason = Value<std::string>(j, "failureReason", "");
-  st.failed_spec_generation = Value<int64_t>(j, "failedSpecGeneration", 0);
-  if (auto f = j.find("lastFailure"); f != j.end() && f->is_object()) {
-    st.last_failure = Value<std::string>(*f, "message", "");
-    st.last_failure_time = TimeField(*f, "time");
+  st.failure = in.Get<std::string>(j, at, "failure", "");
+  st.failure_reason = in.Get<std::string>(j, at, "failureReason", "");
+  st.failed_spec_generation = in.Get<int64_t>(j, at, "failedSpecGeneration", 0);
+  if (const json* f = in.Object(j, at, "lastFailure")) {
+    st.last_failure = in.Get<std::string>(*f, "status.lastFailure.", "message", "");
+    st.last_failure_time = in.Time(*f, "status.lastFailure.", "time");
   }
-  if (auto a = j.find("anomaly"); a != j.end() && a->is_object()) {
+  if (const json* a = in.Object(j, at, "anomaly")) {
+    const std::string in_a = "status.anomaly.";
     AnomalyStatus an;
-    an.rule = Value<std::string>(*a, "rule", "");
-    an.checked_step = Value<int64_t>(*a, "checkedStep", 0);
-    if (auto step = a->find("step"); step != a->end() && step->is_number_integer())
-      an.step = step->get<int64_t>();
-    an.message = Value<std::string>(*a, "message", "");
-    an.time = TimeField(*a, "time");
-    an.paused = Value<bool>(*a, "paused", false);
+    an.rule = in.Get<std::string>(*a, in_a, "rule", "");
+    an.checked_step = in.Get<int64_t>(*a, in_a, "checkedStep", 0);
+    if (a->contains("step") && !(*a)["step"].is_null())
+      an.step = in.Get<int64_t>(*a, in_a, "step", 0);
+    an.message = in.Get<std::string>(*a, in_a, "message", "");
+    an.time = in.Time(*a, in_a, "time");
+    an.paused = in.Get<bool>(*a, in_a, "paused", false);
     st.anomaly = an;
   }
-  if (auto d = j.find("data"); d != j.end() && d->is_object()) {
+  if (const json* d = in.Object(j, at, "data")) {
+    const std::string in_d = "status.data.";
     DataStatus data;
-    data.key = Value<std::string>(*d, "key", "");
-    data.phase = Value<std::string>(*d, "phase", "");
-    data.pod = Value<std::string>(*d, "pod", "");
-    data.store_uri = Value<std::string>(*d, "storeUri", "");
-    data.samples = Value<int64_t>(*d, "samples", 0);
-    data.tokens = Value<int64_t>(*d, "tokens", 0);
-    data.reused = Value<bool>(*d, "reused", false);
-    data.message = Value<std::string>(*d, "message", "");
-    data.failures = Value<int64_t>(*d, "failures", 0);
-    data.started = TimeField(*d, "started");
-    data.retry_not_before = TimeField(*d, "retryNotBefore");
+    data.key = in.Get<std::string>(*d, in_d, "key", "");
+    data.phase = in.Get<std::string>(*d, in_d, "phase", "");
+    data.pod = in.Get<std::string>(*d, in_d, "pod", "");
+    data.store_uri = in.Get<std::string>(*d, in_d, "storeUri", "");
+    data.samples = in.Get<int64_t>(*d, in_d, "samples", 0);
+    data.tokens = in.Get<int64_t>(*d, in_d, "tokens", 0);
+    data.reused = in.Get<bool>(*d, in_d, "reused", false);
+    data.message = in.Get<std::string>(*d, in_d, "message", "");
+    data.failures = in.Get<int64_t>(*d, in_d, "failures", 0);
+    data.started = in.Time(*d, in_d, "started");
+    data.retry_not_before = in.Time(*d, in_d, "retryNotBefore");
     st.data = data;
   }
-  if (auto c = j.find("conditions"); c != j.end() && c->is_array()) st.conditions = *c;
-  st.observed_generation = Value<int64_t>(j, "observedGeneration", 0);
-  if (auto r = j.find("rescale"); r != j.end() && r->is_object()) {
+  if (auto c = j.find("conditions"); c != j.end() && !c->is_null()) {
+    if (c->is_array())
+      st.conditions = *c;
+    else
+      in.Fail("status.conditions", "a list", *c);
+  }
+  st.observed_generation = in.Get<int64_t>(j, at, "observedGeneration", 0);
+  if (const json* r = in.Object(j, at, "rescale")) {
+    const std::string in_r = "status.rescale.";
     RescaleState rs;
-    const std::string stage = Value<std::string>(*r, "stage", "");
+    const std::string stage = in.Get<std::string>(*r, in_r, "stage", "");
     if (stage == "WaitingForPods")
       rs.stage = Stage::kWaitingForPods;
     else if (stage == "Barrier")
       rs.stage = Stage::kBarrier;
     else if (stage == "Rendezvous")
       rs.stage = Stage::kRendezvous;
-    else
+    else if (in.error.empty())
       return InvalidArgument("status.rescale.stage: unknown \"" + stage + "\"");
-    rs.target_generation = Value<int64_t>(*r, "targetGeneration", 0);
-    rs.members = Strings(*r, "members");
-    rs.new_pods = Strings(*r, "newPods");
-    rs.reason = Value<std::string>(*r, "reason", "");
-    rs.recovery = Value<bool>(*r, "recovery", false);
-    rs.started = TimeField(*r, "started").value_or(Clock::time_point{});
-    rs.waiting_for = Value<std::string>(*r, "waitingFor", "");
+    rs.target_generation = in.Get<int64_t>(*r, in_r, "targetGeneration", 0);
+    rs.members = in.Strings(*r, in_r, "members");
+    rs.new_pods = in.Strings(*r, in_r, "newPods");
+    rs.reason = in.Get<std::string>(*r, in_r, "reason", "");
+    rs.recovery = in.Get<bool>(*r, in_r, "recovery", false);
+    rs.started = in.Time(*r, in_r, "started").value_or(Clock::time_point{});
+    rs.waiting_for = in.Get<std::string>(*r, in_r, "waitingFor", "");
     st.rescale = rs;
   }
+  if (!in.error.empty()) return InvalidArgument(in.error);
   return st;
+}
+
+void ObserveStatus(const json& raw, Observed& o) {
+  auto status = JobStatusFromJson(raw);
+  if (status.ok()) {
+    o.status = *status;
+    o.status_error.clear();
+    return;
+  }
+  o.status = JobStatus{};
+  o.status_error = status.status().message();
+  if (auto c = raw.find("conditions"); raw.is_object() && c != raw.end() && c->is_array())
+    o.status.conditions = *c;
 }
 
 json ToJson(const JobStatus& st, const std::string& label_selector) {

@@ -116,7 +116,9 @@ bool ConditionTrue(const JobStatus& status, const std::string& type);
 // operator goes on with every other job and retries this one with backoff).
 void MarkReconcileError(JobStatus& status, const std::string& message, Clock::time_point now,
                         int64_t observed_generation);
-StatusOr<JobStatus> JobStatusFromJson(const nlohmann::json& status);  // tolerant of absent fields
+// Strict: an absent field takes its default, a present one of the wrong type is an error
+// naming it.
+StatusOr<JobStatus> JobStatusFromJson(const nlohmann::json& status);
 // The status subresource body; `label_selector` is written for the scale subresource.
 nlohmann::json ToJson(const JobStatus& status, const std::string& label_selector);
 
@@ -163,6 +165,9 @@ struct Observed {
   StatusOr<api::TrainingJobSpec> spec = Internal("not observed");
   nlohmann::json raw_spec;
   JobStatus status;
+  // Why the status subresource does not read ("" when it does). `status` then holds only its
+  // conditions, when those read.
+  std::string status_error;
   bool service_exists = false, token_exists = false, spec_config_exists = false;
   std::vector<PodView> pods;  // the workers
   std::vector<PrepPodView> prep_pods;
@@ -170,8 +175,25 @@ struct Observed {
   // Pods whose worker did not answer, since when (the shell remembers across reconciles).
   std::map<std::string, Clock::time_point> unreachable_since;
   std::map<std::string, std::string> unreachable_error;  // why, for status.rescale.waitingFor
-  int64_t idle_gpus = 0;                                 // the capacity gate's input
+  // How long every worker has answered "training" without the step moving (the shell
+  // measures it on its monotonic clock; zero while any worker does something else).
+  std::chrono::seconds no_progress_for{0};
+  int64_t idle_gpus = 0;  // the capacity gate's input
   Clock::time_point now;
+};
+
+// Observed::no_progress_for, kept by the shell across passes on its monotonic clock: how long
+// every live worker pod has answered "training" at one generation with the newest step
+// unchanged. Zero on a pass where that does not hold or the step moved.
+class ProgressClock {
+ public:
+  std::chrono::seconds Observe(const std::vector<PodView>& pods,
+                               const std::map<std::string, WorkerReport>& reports,
+                               std::chrono::steady_clock::time_point now);
+
+ private:
+  int64_t generation_ = -1, step_ = -1;
+  std::chrono::steady_clock::time_point since_;
 };
 
 struct Action {
@@ -221,6 +243,9 @@ struct Plan {
     Clock::time_point started;
   };
   std::optional<FinishedRescale> finished_rescale;
+  // Write status.conditions alone (a merge patch), leaving every other field as it is: the
+  // status does not read, and what it holds is the evidence a person needs.
+  bool conditions_only = false;
 };
 
 struct ReconcileOptions {
@@ -228,6 +253,11 @@ struct ReconcileOptions {
   std::chrono::seconds unreachable_after{30};
   std::chrono::milliseconds poll{std::chrono::seconds(2)};
 };
+
+// Observed::status (and status_error) from the status subresource. A status that does not
+// read leaves only its conditions, when those read: nothing is decided from it (Decide holds
+// the job), and it is never replaced by defaults.
+void ObserveStatus(const nlohmann::json& raw, Observed& o);
 
 Plan Decide(const Observed& observed, const ReconcileOptions& options = {});
 

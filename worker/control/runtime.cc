@@ -3,6 +3,7 @@
 #include "worker/control/runtime.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "common/log.h"
 #include "worker/checkpoint/manifest.h"
@@ -241,13 +242,21 @@ void WorkerRuntime::PublishStep(engine::StepRecord record) {
     LogInfo("step", fields);
   }
   if (options_.observer) options_.observer->OnStep(record, gpu);
-  std::lock_guard<std::mutex> lock(mu_);
-  state_.step = record.step;
-  state_.last_step = record;
-  state_.gpu = gpu;
-  events_.push_back({next_seq_++, state_.generation, record, NowMillis(), gpu});
-  if (events_.size() > kMaxEvents) events_.pop_front();
-  changed_.notify_all();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.step = record.step;
+    state_.last_step = record;
+    state_.gpu = gpu;
+    events_.push_back({next_seq_++, state_.generation, record, NowMillis(), gpu});
+    if (events_.size() > kMaxEvents) events_.pop_front();
+    changed_.notify_all();
+  }
+  if (options_.stall_at_step > 0 && record.step == options_.stall_at_step &&
+      state.generation == 1 && state.rank == 0) {
+    LogWarn("test hook: the training thread stalls here for good (TIDAL_TEST_STALL_AT_STEP)",
+            {{"step", record.step}});
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
 }
 
 void WorkerRuntime::EndBarrier(const StatusOr<CheckpointRef>& result, bool pause) {

@@ -89,6 +89,10 @@ struct RuntimeOptions {
   // agreed, until the next Checkpoint or Pause call has reached this worker, so a test can
   // deliver a request to a rank that is inside the barrier the request asks for.
   bool hold_barriers_until_request = false;
+  // A test hook (TIDAL_TEST_STALL_AT_STEP=N): in generation 1, rank 0's training thread stops
+  // for good once it has published step N, while the worker goes on answering: a hang the
+  // operator's stall detector must find (the other ranks wait in their next collective).
+  int64_t stall_at_step = 0;
 };
 
 class WorkerRuntime {

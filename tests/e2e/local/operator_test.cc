@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -174,6 +176,45 @@ TEST_F(OperatorTest, KillNineOfAWorkerIsRecoveredFromTheNewestCheckpointAndCount
   const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
   EXPECT_NE(events.find("WorkerFailed"), std::string::npos) << events;
   EXPECT_NE(events.find("Recovered"), std::string::npos) << events;
+}
+
+// A worker that answers but makes no progress: rank 0's training thread hangs after step 8 of
+// generation 1 (TIDAL_TEST_STALL_AT_STEP) while its control API goes on answering, and rank 1
+// waits in its next collective. After progressDeadlineSeconds the job is Stalled, its pods
+// are replaced and it trains on from its newest checkpoint; Stalled ends once it does.
+TEST_F(OperatorTest, AWorkerThatAnswersButMakesNoProgressIsFoundStalledAndReplaced) {
+  const std::string path = JobYaml("stuck", 400, "", "{minGPUs: 2, maxGPUs: 2, cooldownSeconds: 0}",
+                                   "", R"({name: TIDAL_TEST_STALL_AT_STEP, value: "8"})");
+  std::string yaml;
+  {
+    std::ifstream in(path);
+    yaml.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string policy = "restartPolicy: {maxRestarts: 3, backoffSeconds: 1}";
+  ASSERT_NE(yaml.find(policy), std::string::npos);
+  yaml.replace(yaml.find(policy), policy.size(),
+               "restartPolicy: {maxRestarts: 3, backoffSeconds: 1, progressDeadlineSeconds: 10}");
+  Ok({"apply", "-f", WriteFile("stuck.yaml", yaml)});
+  const std::string stalled = R"({.status.conditions[?(@.type=="Stalled")].status})";
+  EXPECT_EQ(WaitFor(
+                {"tj", "stuck"}, stalled, [](const std::string& s) { return s == "True"; }, 240s),
+            "True")
+      << Status("stuck", "{.status}") << LogTail();
+  const std::string why = Status("stuck", R"({.status.conditions[?(@.type=="Stalled")].message})");
+  EXPECT_NE(why.find("at step 8 of generation 1"), std::string::npos) << why;
+  EXPECT_NE(why.find("progressDeadlineSeconds 10"), std::string::npos) << why;
+  WaitInt(
+      "stuck", "{.status.restarts}", [](int64_t n) { return n >= 1; }, 60s);
+  // Replaced, not rejoined: the stuck process cannot leave its generation.
+  WaitInt(
+      "stuck", "{.status.step}", [](int64_t s) { return s > 8; }, 240s);
+  EXPECT_EQ(WaitFor(
+                {"tj", "stuck"}, stalled, [](const std::string& s) { return s == "False"; }, 60s),
+            "False");
+  EXPECT_EQ(Int("stuck", "{.status.restarts}"), 1);
+  const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
+  EXPECT_NE(events.find("Stalled"), std::string::npos) << events;
+  Ok({"delete", "tj", "stuck", "--wait=false"});
 }
 
 TEST_F(OperatorTest, SuspendCheckpointsAndRemovesThePodsAndResumeContinuesFromThatStep) {

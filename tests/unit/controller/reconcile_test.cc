@@ -58,9 +58,8 @@ class Sim {
     o.has_finalizer = finalizer_;
     o.spec = api::ParseTrainingJobSpec(raw_spec_);
     o.raw_spec = raw_spec_;
-    auto status = JobStatusFromJson(status_json_);
-    EXPECT_TRUE(status.ok()) << status.status().ToString();
-    o.status = *status;
+    ObserveStatus(status_json_, o);
+    if (!expect_unreadable_status_) EXPECT_EQ(o.status_error, "");
     o.service_exists = service_;
     o.token_exists = token_;
     o.spec_config_exists = config_;
@@ -70,8 +69,15 @@ class Sim {
       if (pods_.count(name) && pods_[name].phase == "Running") o.reports[name] = r;
     o.idle_gpus = idle_gpus_;
     o.now = now_;
+    // The shell's monotonic clock: as far from its start as the wall clock, unless a test
+    // has stepped the wall clock (wall_step_).
+    o.no_progress_for = progress_.Observe(
+        o.pods, o.reports, std::chrono::steady_clock::time_point{} + (now_ - start_ - wall_step_));
     Plan plan = Decide(o);
-    status_json_ = ToJson(plan.status, "tidal.dev/job=job");
+    if (plan.conditions_only)
+      status_json_["conditions"] = plan.status.conditions;
+    else
+      status_json_ = ToJson(plan.status, "tidal.dev/job=job");
     // An operator that dies after writing the status loses the actions it had not done.
     if (lose_actions_every_ == 0 || ++reconciles_ % lose_actions_every_ != 0)
       for (const Action& a : plan.actions) Apply(a);
@@ -87,7 +93,11 @@ class Sim {
     ASSERT_TRUE(done()) << "status: " << status_json_.dump();
   }
 
-  JobStatus status() const { return *JobStatusFromJson(status_json_); }
+  JobStatus status() const {  // an unreadable one: its conditions only
+    Observed o;
+    ObserveStatus(status_json_, o);
+    return o.status;
+  }
   const json& status_json() const { return status_json_; }
   bool HasEvent(const std::string& reason) const {
     return std::find(events_.begin(), events_.end(), reason) != events_.end();
@@ -103,12 +113,19 @@ class Sim {
                          "tokens": 1200, "reused": false})");
   };
   bool pods_stay_pending_ = false;
-  int lose_actions_every_ = 0;  // drop every Nth reconcile's actions (a crashed leader)
+  bool stuck_ = false;
+  bool expect_unreadable_status_ = false;
+  json& mutable_status_json() {
+    return status_json_;
+  }                               // the workers answer "training" but no step ends (a hang)
+  Clock::duration wall_step_{0};  // how far the wall clock has been stepped (NTP, a resumed VM)
+  int lose_actions_every_ = 0;    // drop every Nth reconcile's actions (a crashed leader)
   int linger_ = 0;  // deleted pods stay, terminating, for this many reconciles (grace period)
   int reconciles_ = 0;
   bool deleting_ = false, finalizer_ = false;
   int64_t idle_gpus_ = 8;
   Clock::time_point now_ = Clock::time_point{} + std::chrono::hours(24 * 365 * 50);
+  const Clock::time_point start_ = now_;
   std::vector<std::string> events_;
   std::vector<std::string> shutdown_;
   // The loss each step reports (the job's: every rank the same), and GPU utilisation (none: CPU).
@@ -229,7 +246,7 @@ class Sim {
         r.last_error = "a peer closed the connection";
       }
     for (auto& [name, r] : reports_)
-      if (r.phase == "Running") {
+      if (r.phase == "Running" && !stuck_) {
         ++r.step;
         if (r.step % 5 == 0) checkpoint_ = std::max(checkpoint_, r.step);
         r.loss = loss_(r.step);
@@ -251,6 +268,7 @@ class Sim {
   json status_json_ = json::object();
   bool service_ = false, token_ = false, config_ = false;
   int64_t checkpoint_ = 0;
+  ProgressClock progress_;
   std::map<std::string, int> lingering_;  // terminating pods: reconciles left
 };
 
@@ -413,6 +431,90 @@ TEST(Reconcile, AFailedWorkerIsReplacedAfterTheBackoffAndTheRestartCounted) {
   EXPECT_EQ(sim.status().generation, 2);
   EXPECT_EQ(sim.status().members, Names({0, 1}));
   EXPECT_TRUE(sim.HasEvent("Recovered"));
+  EXPECT_EQ(sim.status().restarts, 1);
+}
+
+// A hang outside a collective (a stuck read, a deadlock) never fails on its own: the workers
+// answer "training" and the step stays. After progressDeadlineSeconds the generation is
+// replaced, pods and all, from the newest checkpoint, counted as a restart; Stalled says why
+// and is over once the next generation trains.
+TEST(Reconcile, AGenerationWhoseStepStopsWhileItsWorkersAnswerIsStalledAndReplaced) {
+  Sim sim(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 10}})"));
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Reconcile();
+  const int64_t at = sim.reports_["job-worker-0"].step;
+  sim.stuck_ = true;
+  for (int i = 0; i < 9; ++i) sim.Reconcile();
+  EXPECT_FALSE(sim.HasEvent("Stalled")) << "stalled before the deadline";
+  sim.Until([&] { return sim.HasEvent("Stalled"); }, 5);
+  EXPECT_EQ(ConditionOf(sim.status(), "Stalled", "status"), "True");
+  const std::string why = ConditionOf(sim.status(), "Stalled", "message");
+  EXPECT_NE(why.find("at step " + std::to_string(at) + " of generation 1"), std::string::npos)
+      << why;
+  EXPECT_NE(why.find("progressDeadlineSeconds 10"), std::string::npos) << why;
+  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.status().restarts, 1);
+  EXPECT_FALSE(sim.pods_.count("job-worker-0")) << "a stuck worker cannot rejoin: replaced";
+  EXPECT_FALSE(sim.pods_.count("job-worker-1"));
+  sim.stuck_ = false;
+  sim.now_ += 10s;  // the backoff
+  sim.Until([&] { return sim.status().phase == "Running" && sim.status().generation == 2; });
+  sim.Reconcile();
+  EXPECT_EQ(ConditionOf(sim.status(), "Stalled", "status"), "False");
+  EXPECT_EQ(sim.status().restarts, 1);
+}
+
+// Nothing but a training generation can stall: workers that checkpoint or wait for a long
+// time are not stalled, and progressDeadlineSeconds 0 turns the detector off.
+TEST(Reconcile, WorkersThatCheckpointForLongOrADetectorTurnedOffNeverStall) {
+  Sim sim(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 10}})"));
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.stuck_ = true;
+  for (auto& [name, r] : sim.reports_) r.phase = "Checkpointing";
+  for (int i = 0; i < 30; ++i) sim.Reconcile();
+  EXPECT_FALSE(sim.HasEvent("Stalled"));
+  EXPECT_EQ(sim.status().restarts, 0);
+
+  Sim off(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 0}})"));
+  off.Until([&] { return off.status().phase == "Running"; });
+  off.stuck_ = true;
+  for (int i = 0; i < 30; ++i) off.Reconcile();
+  EXPECT_FALSE(off.HasEvent("Stalled"));
+  EXPECT_EQ(off.status().restarts, 0);
+  EXPECT_EQ(ConditionOf(off.status(), "Stalled", "status"), "");
+}
+
+// The deadline is measured on the monotonic clock: a step of the wall clock by an hour, with
+// the workers training, does not stall the job.
+TEST(Reconcile, AWallClockStepOfAnHourDoesNotStallATrainingJob) {
+  Sim sim(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 10}})"));
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.stuck_ = true;  // a slow step: no step ends for a while, but less than the deadline
+  sim.Reconcile();
+  sim.now_ += 1h;
+  sim.wall_step_ += 1h;
+  for (int i = 0; i < 5; ++i) sim.Reconcile();
+  sim.stuck_ = false;
+  for (int i = 0; i < 5; ++i) sim.Reconcile();
+  EXPECT_FALSE(sim.HasEvent("Stalled"));
+  EXPECT_FALSE(sim.HasEvent("WorkerFailed"));
+  EXPECT_EQ(sim.status().restarts, 0);
+  EXPECT_EQ(sim.status().phase, "Running");
+}
+
+// The waits the status holds are wall-clock times. A step back by an hour during a recovery's
+// backoff of 10 s does not hold the job for an hour: the wait is capped from now.
+TEST(Reconcile, AWallClockStepBackOfAnHourDoesNotLengthenTheRecoveryBackoff) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.reports_["job-worker-1"].phase = "Failed";
+  sim.reports_["job-worker-0"].phase = "Failed";
+  sim.Reconcile();
+  ASSERT_EQ(sim.status().phase, "Recovering");
+  sim.now_ -= 1h;
+  sim.wall_step_ -= 1h;
+  sim.Until([&] { return sim.status().phase == "Running"; }, 30);
+  EXPECT_EQ(sim.status().generation, 2);
   EXPECT_EQ(sim.status().restarts, 1);
 }
 
@@ -794,6 +896,103 @@ TEST(Reconcile, StatusRejectsAnUnknownRescaleStageNamingTheField) {
   auto st = JobStatusFromJson({{"rescale", {{"stage", "Sideways"}}}});
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.status().message().find("status.rescale.stage"), std::string::npos);
+}
+
+TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDefault) {
+  const std::vector<std::pair<json, std::string>> bad = {
+      {{{"generation", "5"}}, R"(status.generation: expected an integer, got "5")"},
+      {{{"generation", 2.5}}, "status.generation: expected an integer, got 2.5"},
+      {{{"members", {"job-worker-0", 1}}}, "status.members: expected a list of strings"},
+      {{{"members", "job-worker-0"}}, "status.members: expected a list of strings"},
+      {{{"gpus", {{"current", "2"}}}}, "status.gpus.current: expected an integer"},
+      {{{"restartNotBefore", "yesterday"}},
+       R"(status.restartNotBefore: expected an RFC 3339 time, got "yesterday")"},
+      {{{"rescale", "Barrier"}}, "status.rescale: expected an object"},
+      {{{"rescale", {{"stage", "Barrier"}, {"recovery", "no"}}}},
+       "status.rescale.recovery: expected a boolean"},
+      {{{"conditions", json::object()}}, "status.conditions: expected a list"},
+      {{{"anomaly", {{"paused", 1}}}}, "status.anomaly.paused: expected a boolean"},
+      {{{"loss", "low"}}, "status.loss: expected a number"},
+      {json::array(), "status: expected an object"},
+  };
+  for (const auto& [status, expected] : bad) {
+    auto st = JobStatusFromJson(status);
+    ASSERT_FALSE(st.ok()) << status.dump();
+    EXPECT_EQ(st.status().message().rfind(expected, 0), 0u)
+        << status.dump() << " gave: " << st.status().message();
+  }
+  // Absent or null: the defaults (a status from an older operator, or none yet).
+  for (const json& status : {json(nullptr), json::object(), json{{"generation", nullptr}}}) {
+    auto st = JobStatusFromJson(status);
+    ASSERT_TRUE(st.ok()) << status.dump() << ": " << st.status().message();
+    EXPECT_EQ(st->generation, 0);
+    EXPECT_EQ(st->phase, "Pending");
+  }
+}
+
+// An unreadable status is never replaced by defaults (that would restart the protocol from
+// generation 1 over running workers): the job is held, nothing is done to its workers, the
+// status keeps what it holds, Ready=False says why and how out; once it reads, the job goes on.
+TEST(Reconcile, AStatusThatDoesNotReadHoldsTheJobAndIsLeftAsItIs) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.mutable_status_json()["generation"] = "one";
+  sim.expect_unreadable_status_ = true;
+  for (int i = 0; i < 5; ++i) {
+    Plan plan = sim.Reconcile();
+    EXPECT_TRUE(plan.actions.empty()) << ActionKindName(plan.actions[0].kind);
+    EXPECT_TRUE(plan.conditions_only);
+  }
+  EXPECT_EQ(sim.status_json()["generation"], "one");
+  EXPECT_EQ(sim.status_json()["members"], json(Names({0, 1})));
+  EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "StatusUnreadable"), 1);
+  std::string reason, message;
+  for (const json& c : sim.status_json()["conditions"])
+    if (c["type"] == "Ready") {
+      reason = c["reason"];
+      message = c["message"];
+    }
+  EXPECT_EQ(reason, "StatusUnreadable");
+  EXPECT_NE(message.find(R"(status.generation: expected an integer, got "one")"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("--subresource=status"), std::string::npos) << message;
+  EXPECT_EQ(sim.reports_["job-worker-0"].generation, 1);
+  EXPECT_EQ(sim.reports_["job-worker-0"].phase, "Running") << "the workers were left alone";
+
+  sim.mutable_status_json()["generation"] = 1;  // fixed by hand
+  sim.expect_unreadable_status_ = false;
+  sim.Reconcile();
+  EXPECT_EQ(ConditionOf(sim.status(), "Ready", "reason"), "Training");
+  EXPECT_EQ(sim.status().generation, 1);
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+}
+
+// A status restored from a backup (which drops it) or replaced: the workers run a generation
+// it does not know. Held, with nothing created, joined or deleted, until the user deletes the
+// pods; then the job starts again from its newest checkpoint.
+TEST(Reconcile, AStatusBehindItsWorkersHoldsTheJobUntilTheirPodsAreDeleted) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
+  sim.mutable_status_json() = json::object();
+  for (int i = 0; i < 5; ++i) {
+    Plan plan = sim.Reconcile();
+    EXPECT_TRUE(plan.actions.empty()) << ActionKindName(plan.actions[0].kind);
+  }
+  EXPECT_EQ(ConditionOf(sim.status(), "Ready", "reason"), "StatusUnreadable");
+  EXPECT_NE(ConditionOf(sim.status(), "Ready", "message")
+                .find("runs generation 2 but the status knows generation 0"),
+            std::string::npos)
+      << ConditionOf(sim.status(), "Ready", "message");
+  EXPECT_EQ(sim.pods_.size(), 4u);
+  EXPECT_TRUE(sim.HasEvent("StatusUnreadable"));
+
+  sim.pods_.clear();  // kubectl delete pods -l tidal.dev/job=job
+  sim.reports_.clear();
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  EXPECT_EQ(sim.status().generation, 1);
+  EXPECT_GT(sim.reports_[sim.status().members[0]].step, 0) << "resumed from the checkpoint";
 }
 
 // spec.anomaly: the rule runs over the members' newest steps (planner/anomaly.h).
