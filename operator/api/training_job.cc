@@ -157,6 +157,8 @@ void ReadWorker(const json& spec, WorkerSpec& w, std::vector<std::string>& error
   take("nodeSelector", w.node_selector, true);
   take("tolerations", w.tolerations, false);
   take("env", w.env, false);
+  s.Int("terminationGracePeriodSeconds", w.termination_grace_period_seconds);
+  s.InRange("terminationGracePeriodSeconds", w.termination_grace_period_seconds, 0, 3600);
 }
 
 // Whether `gpus` ranks split the global batch into whole micro-batches (gradient

@@ -66,6 +66,9 @@ struct WorkerSpec {
   nlohmann::json tolerations = nlohmann::json::array();
   nlohmann::json env = nlohmann::json::array();
   std::string tls_secret_name;  // "" → the control API in plaintext
+  // The pods' terminationGracePeriodSeconds: how long a worker told to stop (SIGTERM) has to
+  // checkpoint and leave before it is killed.
+  int64_t termination_grace_period_seconds = 120;
 };
 
 struct TrainingJobSpec {

@@ -254,7 +254,7 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
   json pod_spec = {{"restartPolicy", "Never"},
                    {"subdomain", ServiceName(job.name)},
                    {"hostname", JobLabelValue(WorkerPodName(job.name, options.slot))},
-                   {"terminationGracePeriodSeconds", 120},
+                   {"terminationGracePeriodSeconds", spec.worker.termination_grace_period_seconds},
                    {"securityContext", {{"fsGroup", kWorkerFsGroup}}},
                    {"containers", json::array({container})},
                    {"volumes", volumes}};

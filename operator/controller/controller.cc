@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "operator/controller/children.h"
 #include "operator/controller/metrics.h"
+#include "operator/kube/meta_time.h"
 #include "operator/kube/types.h"
 #include "tidal/worker/v1/worker.pb.h"
 #include "worker/control/client.h"
@@ -73,6 +74,11 @@ PodView ViewOf(const json& pod) {
   const json& md = pod["metadata"];
   v.name = md.value("name", "");
   v.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
+  if (v.deleting && md["deletionTimestamp"].is_string())
+    if (auto t = kube::ParseRfc3339(md["deletionTimestamp"].get<std::string>()); t.ok())
+      v.deletion_deadline = *t;
+  if (auto spec = pod.find("spec"); spec != pod.end() && spec->is_object())
+    v.node = spec->value("nodeName", "");
   if (auto labels = md.find("labels"); labels != md.end() && labels->is_object())
     v.slot = std::atoi(labels->value(kSlotLabel, "0").c_str());
   if (auto ann = md.find("annotations"); ann != md.end() && ann->is_object())
@@ -94,6 +100,14 @@ PodView ViewOf(const json& pod) {
       v.reason = w->value("reason", "Waiting");
   }
   return v;
+}
+
+// A node whose Ready condition is there and not True (Unknown: its kubelet stopped posting;
+// False: it reports itself unhealthy). A node without the condition yet is taken as it is.
+bool NodeSilent(const kube::Node& node) {
+  for (const kube::Condition& c : node.conditions)
+    if (c.type == "Ready") return c.status != "True";
+  return false;
 }
 
 bool IsPrepPod(const json& pod) {
@@ -391,7 +405,8 @@ int64_t TrainingJobController::IdleGpus() {
   int64_t allocatable = 0;
   for (const kube::ObjectPtr& n : nodes_->store().List()) {
     auto node = kube::NodeFromJson(*n);
-    if (!node.ok() || node->unschedulable) continue;
+    // A node that is not Ready (lost, its kubelet silent) offers nothing.
+    if (!node.ok() || node->unschedulable || NodeSilent(*node)) continue;
     auto it = node->allocatable.find("nvidia.com/gpu");
     if (it != node->allocatable.end()) allocatable += std::atoll(it->second.c_str());
   }
@@ -454,6 +469,12 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       o.prep_pods.push_back(PrepViewOf(*p));
     else
       o.pods.push_back(ViewOf(*p));
+  }
+  for (PodView& p : o.pods) {
+    if (p.node.empty()) continue;
+    kube::ObjectPtr node = nodes_->store().Get("", p.node);
+    auto parsed = node ? kube::NodeFromJson(*node) : StatusOr<kube::Node>(NotFound(""));
+    p.node_lost = !parsed.ok() || NodeSilent(*parsed);
   }
   // Ask every running worker at once; a silent one is remembered from its first silence.
   RefreshTls(connections, o);
@@ -623,9 +644,12 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
                       PrepPod(ref, *o.spec, a.pods.at(0), plan.status.data->key));
         break;
       case Action::Kind::kDeletePods:
+      case Action::Kind::kForceDeletePods:
         for (const std::string& pod : a.pods) {
-          TIDAL_ASSIGN_OR_RETURN(auto request,
-                                 kube::DeleteRequest(kube::Resource::Pods(), o.namespace_, pod));
+          kube::DeleteOptions options;
+          if (a.kind == Action::Kind::kForceDeletePods) options.grace_period_seconds = 0;
+          TIDAL_ASSIGN_OR_RETURN(auto request, kube::DeleteRequest(kube::Resource::Pods(),
+                                                                   o.namespace_, pod, options));
           auto deleted = client_.Call(request);
           if (!deleted.ok() && deleted.status().code() != StatusCode::kNotFound)
             done = deleted.status();

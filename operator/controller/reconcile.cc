@@ -89,6 +89,7 @@ class Decider {
   }
 
   Plan Run() {
+    ForceDeleteStuck();
     if (o_.deleting) {
       Delete();
       return Finish();
@@ -209,6 +210,27 @@ class Decider {
                   std::to_string(options_.unreachable_after.count()) + " s",
               true};
     return {};
+  }
+  // A pod deleted on a node that stopped answering stays Terminating: no kubelet confirms that
+  // its processes are gone. Once its grace period is over (deletionTimestamp), it is deleted
+  // with grace 0, as Kubernetes' pod garbage collector does on a node that is gone, so that a
+  // suspend or a deletion of the job is not held forever. The job is safe from a process that
+  // may still run there: it left that generation, whose collectives can no longer complete,
+  // and rank 0 commits a checkpoint only after every rank of its generation wrote its shard.
+  void ForceDeleteStuck() {
+    std::vector<std::string> stuck;
+    std::string where;
+    for (const PodView& p : o_.pods)
+      if (p.deleting && p.node_lost && p.deletion_deadline && o_.now >= *p.deletion_deadline) {
+        stuck.push_back(p.name);
+        where += (where.empty() ? "" : ", ") + p.name + " on " + p.node;
+      }
+    if (stuck.empty()) return;
+    const std::string why = where +
+                            ": still terminating after the grace period on a node whose kubelet "
+                            "does not answer; deleted without waiting for it";
+    Do(Action::Kind::kForceDeletePods, stuck, why);
+    Emit("Warning", "ForceDeleted", why);
   }
   // Why the status cannot be acted on ("" when it can): it does not read, or workers run a
   // generation it does not know. The status is written before any action, so no worker can
@@ -1131,6 +1153,8 @@ const char* ActionKindName(Action::Kind kind) {
       return "UpdateSpecConfig";
     case Action::Kind::kCreatePods:
       return "CreatePods";
+    case Action::Kind::kForceDeletePods:
+      return "ForceDeletePods";
     case Action::Kind::kDeletePods:
       return "DeletePods";
     case Action::Kind::kBarrier:

@@ -146,6 +146,10 @@ struct PodView {
   std::string ip;
   int64_t created_for_generation = 0;
   std::string reason;  // why it is not running (Unschedulable, the exit code, ...)
+  std::string node;    // spec.nodeName
+  // Its node is gone or its Ready condition is not True: its kubelet answers nothing.
+  bool node_lost = false;
+  std::optional<Clock::time_point> deletion_deadline;  // metadata.deletionTimestamp
 };
 
 // The prep pod of the data phase (label tidal.dev/role=prep), apart from the workers.
@@ -206,6 +210,7 @@ struct Action {
     kUpdateSpecConfig,  // the workers' copy of the spec, rewritten while no worker runs
     kCreatePods,        // slots, generation, group size
     kDeletePods,        // pods
+    kForceDeletePods,   // pods: deleted with grace 0, without waiting for their kubelet
     kBarrier,           // Checkpoint{pause} on pods (a rescale's barrier, the anomaly rule's pause)
     kRendezvous,        // generation, pods in rank order, store on the first one's IP
     kShutdown,          // pods

@@ -196,9 +196,15 @@ void ProcessKubelet::Run() {
 
 void ProcessKubelet::Pass() {
   // The store's objects are immutable snapshots: hold them, do not copy them.
+  const std::set<std::string> lost = LostNodes();
   const std::vector<ObjectPtr> pods = api_.store().List("/pods", "");
   std::set<std::string> nodes;
-  for (const NodeInfo& n : options_.nodes) nodes.insert(n.name);
+  std::vector<NodeInfo> schedulable;
+  for (const NodeInfo& n : options_.nodes) {
+    if (lost.count(n.name)) continue;
+    nodes.insert(n.name);
+    schedulable.push_back(n);
+  }
   // What the scheduler and the IP allocator need from all pods, gathered once per pass.
   GpuUsage usage;
   ips_in_use_ = {"127.0.0.1"};
@@ -215,23 +221,81 @@ void ProcessKubelet::Pass() {
     std::string node = StringField(Field(pod, "spec"), "nodeName");
     bool deleting = Field(pod, "metadata").contains("deletionTimestamp");
     if (node.empty()) {
-      if (!deleting) Bind(pod, usage);
+      if (!deleting) Bind(pod, schedulable, usage);
       continue;
     }
     if (nodes.count(node)) Sync(pod);
   }
-  // Pods gone from the store without a graceful end (force deletion): kill at once.
+  // Pods gone from the store without a graceful end (force deletion): kill at once. So are
+  // those of a lost node (its power is off).
   std::vector<std::string> gone;
   for (const auto& [uid, runtime] : pods_)
-    if (!seen.count(uid)) gone.push_back(uid);
+    if (!seen.count(uid) || lost.count(runtime->node)) gone.push_back(uid);
   for (const std::string& uid : gone) Forget(uid);
 }
 
-void ProcessKubelet::Bind(const json& pod, GpuUsage& usage) {
+std::set<std::string> ProcessKubelet::LostNodes() {
+  std::set<std::string> lost;
+  for (const ObjectPtr& n : api_.store().List("/nodes", "")) {
+    const json& annotations = Field(Field(*n, "metadata"), "annotations");
+    if (StringField(annotations, kLostNodeAnnotation) == "true")
+      lost.insert(StringField(Field(*n, "metadata"), "name"));
+  }
+  for (const std::string& name : lost)
+    if (!lost_.count(name)) MarkNode(name, true);
+  for (const std::string& name : lost_)
+    if (!lost.count(name)) MarkNode(name, false);
+  lost_ = lost;
+  return lost;
+}
+
+void ProcessKubelet::MarkNode(const std::string& name, bool lost) {
+  auto nodes = api_.registry().Find("", "v1", "nodes");
+  auto live = api_.store().Get({"/nodes", "", name});
+  if (!nodes || !live) return;
+  // spec.taints: the node lifecycle controller's for an unreachable node, or none.
+  json node = *live;
+  json taints = json::array();
+  for (const json& t : Field(Field(node, "spec"), "taints"))
+    if (StringField(t, "key") != "node.kubernetes.io/unreachable") taints.push_back(t);
+  if (lost)
+    for (const char* effect : {"NoSchedule", "NoExecute"})
+      taints.push_back({{"key", "node.kubernetes.io/unreachable"},
+                        {"effect", effect},
+                        {"timeAdded", NowRfc3339()}});
+  if (!node["spec"].is_object()) node["spec"] = json::object();
+  if (taints.empty())
+    node["spec"].erase("taints");  // omitempty, as the API serves it
+  else
+    node["spec"]["taints"] = taints;
+  ApiResult tainted = api_.writer().Update(*nodes, "", name, node, "", WriteOptions{});
+  // status: Ready Unknown (NodeStatusUnknown), or Ready again.
+  live = api_.store().Get({"/nodes", "", name});
+  if (!tainted.ok() || !live) return;
+  json status = *live;
+  json conditions = json::array();
+  for (const json& c : Field(Field(status, "status"), "conditions")) {
+    json condition = c;
+    if (StringField(c, "type") == "Ready") {
+      condition["status"] = lost ? "Unknown" : "True";
+      condition["reason"] = lost ? "NodeStatusUnknown" : "KubeletReady";
+      condition["message"] =
+          lost ? "Kubelet stopped posting node status." : "tidal local process kubelet is ready";
+      condition["lastTransitionTime"] = NowRfc3339();
+    }
+    conditions.push_back(condition);
+  }
+  status["status"]["conditions"] = conditions;
+  api_.writer().Update(*nodes, "", name, status, "status", WriteOptions{});
+  Log("info", lost ? "node lost: its processes are killed and it posts nothing more" : "node back",
+      {{"node", name}});
+}
+
+void ProcessKubelet::Bind(const json& pod, const std::vector<NodeInfo>& nodes, GpuUsage& usage) {
   auto pods_info = api_.registry().Find("", "v1", "pods");
   const json& meta = Field(pod, "metadata");
   std::string ns = StringField(meta, "namespace"), name = StringField(meta, "name");
-  ScheduleResult decision = Schedule(pod, options_.nodes, usage);
+  ScheduleResult decision = Schedule(pod, nodes, usage);
   if (decision.node.empty()) {
     // As the scheduler: Pending with PodScheduled=False, reason Unschedulable (written once per
     // distinct message, with a FailedScheduling Event).

@@ -46,6 +46,15 @@ struct KubeletOptions {
   bool keep_logs = false;
 };
 
+// A node annotated local.tidal.dev/lost=true (`kubectl annotate node tidal-node-1
+// local.tidal.dev/lost=true`) is a machine that lost power: its pods' processes die at once, its
+// kubelet posts nothing more (a pod deleted there stays Terminating, as on a real cluster), and
+// what the node lifecycle controller does after its grace period is done at once: the node's
+// Ready condition becomes Unknown and it is tainted node.kubernetes.io/unreachable (NoSchedule,
+// NoExecute), so nothing is scheduled there. Without the annotation the node is back: Ready,
+// untainted, and its kubelet finishes what was asked meanwhile (deletions, restarts).
+inline constexpr const char* kLostNodeAnnotation = "local.tidal.dev/lost";
+
 class ProcessKubelet {
  public:
   ProcessKubelet(ApiServer& api, KubeletOptions options);
@@ -65,7 +74,10 @@ class ProcessKubelet {
 
   void Run();
   void Pass();
-  void Bind(const nlohmann::json& pod, GpuUsage& usage);
+  void Bind(const nlohmann::json& pod, const std::vector<NodeInfo>& nodes, GpuUsage& usage);
+  // The nodes annotated lost; a node that becomes lost (or comes back) is handled here.
+  std::set<std::string> LostNodes();
+  void MarkNode(const std::string& name, bool lost);
   void Sync(const nlohmann::json& pod);
   void Terminate(PodRuntime& runtime, const nlohmann::json& pod);
   Status Materialise(PodRuntime& runtime, const nlohmann::json& pod);
@@ -89,6 +101,7 @@ class ProcessKubelet {
   KubeletOptions options_;
   std::map<std::string, std::unique_ptr<PodRuntime>> pods_;  // by uid, loop thread only
   std::set<std::string> ips_in_use_;                         // loop thread only
+  std::set<std::string> lost_;                               // loop thread only
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

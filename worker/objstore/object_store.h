@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/status.h"
 
 namespace tidal::objstore {
@@ -121,6 +122,10 @@ struct S3Options {
   std::chrono::milliseconds retry_base_delay{100};
   std::chrono::milliseconds retry_max_delay{20000};
   int list_max_keys = 1000;  // ListObjectsV2 page size: S3's maximum; smaller to test paging
+  // The wall clock requests are signed with (null: the system's). S3 refuses a signature more
+  // than 15 minutes off its own time (RequestTimeTooSkewed); the store then signs with the
+  // server's time, as the AWS SDKs do. Tests give a clock that is off.
+  std::shared_ptr<Clock> clock;
 };
 
 // `secret_dir`: "" to skip. `env`: the process environment (passed in for tests). The result

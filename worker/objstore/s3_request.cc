@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 
 #include <charconv>
+#include <ctime>
 
 #include "common/base64.h"
 #include "worker/objstore/s3_retry.h"
@@ -224,6 +225,38 @@ std::optional<ContentRange> ParseContentRange(std::string_view value) {
     range.total = n;
   }
   return range;
+}
+
+namespace {
+
+std::optional<std::chrono::system_clock::time_point> ParseUtc(const std::string& text,
+                                                              const char* format) {
+  std::tm tm{};
+  const char* end = strptime(text.c_str(), format, &tm);
+  if (!end) return std::nullopt;
+  if (*end == '.') {  // a fraction of a second: ignored
+    ++end;
+    while (*end >= '0' && *end <= '9') ++end;
+  }
+  const std::string rest(end);
+  if (rest != "Z" && rest != " GMT" && rest != "") return std::nullopt;
+  const std::time_t t = timegm(&tm);
+  if (t == static_cast<std::time_t>(-1)) return std::nullopt;
+  return std::chrono::system_clock::from_time_t(t);
+}
+
+}  // namespace
+
+std::optional<std::chrono::system_clock::time_point> ServerTime(const http::Response& response) {
+  const std::string_view body = response.body;
+  const auto open = body.find("<ServerTime>"), close = body.find("</ServerTime>");
+  if (open != std::string_view::npos && close != std::string_view::npos && close > open) {
+    const std::string text(body.substr(open + 12, close - open - 12));
+    if (auto t = ParseUtc(text, "%Y-%m-%dT%H:%M:%S")) return t;
+  }
+  if (auto date = response.headers.Get("Date"))
+    if (auto t = ParseUtc(*date, "%a, %d %b %Y %H:%M:%S")) return t;
+  return std::nullopt;
 }
 
 std::string ErrorCode(std::string_view body) {

@@ -95,5 +95,8 @@ Status ErrorStatus(std::string_view what, int http_status, std::string_view body
                    std::string_view bucket, std::string_view key);
 // S3's Code from an error body ("" when there is none or it is not XML).
 std::string ErrorCode(std::string_view body);
+// The server's time from a RequestTimeTooSkewed answer: its <ServerTime> (ISO 8601, UTC), else
+// its Date header (RFC 9110's IMF-fixdate). nullopt when neither reads.
+std::optional<std::chrono::system_clock::time_point> ServerTime(const http::Response& response);
 
 }  // namespace tidal::objstore::s3

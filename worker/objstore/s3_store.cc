@@ -121,7 +121,8 @@ S3Store::S3Store(std::string bucket, std::string prefix, S3Options options, s3::
       options_(std::move(options)),
       endpoint_(std::move(endpoint)),
       retry_{options_.max_attempts, options_.retry_base_delay, options_.retry_max_delay},
-      rng_(std::random_device{}()) {}
+      rng_(std::random_device{}()),
+      clock_(options_.clock ? options_.clock : RealClock::Get()) {}
 
 StatusOr<std::unique_ptr<S3Store>> S3Store::Open(const std::string& bucket,
                                                  const std::string& prefix,
@@ -165,12 +166,31 @@ StatusOr<http::Response> S3Store::Call(http::Client& client,
                                        const std::function<http::Request()>& build,
                                        const std::string& what, const std::string& key,
                                        bool ok_body_may_be_error, std::string* error_code) {
+  bool resigned = false;  // once per call: signed again with the server's time
   for (int attempt = 1;; ++attempt) {
     http::Request request = build();
     s3::Sign(request, {options_.access_key_id, options_.secret_access_key, options_.session_token},
              options_.region,
-             std::chrono::floor<std::chrono::seconds>(std::chrono::system_clock::now()));
+             std::chrono::floor<std::chrono::seconds>(clock_->WallNow()) +
+                 std::chrono::seconds(skew_seconds_.load()));
     StatusOr<http::Response> response = client.Send(std::move(request));
+    if (response.ok() && !resigned && response->status == 403 &&
+        s3::ErrorCode(response->body) == "RequestTimeTooSkewed") {
+      if (auto server = s3::ServerTime(*response)) {
+        const int64_t skew =
+            std::chrono::duration_cast<std::chrono::seconds>(
+                *server - std::chrono::floor<std::chrono::seconds>(clock_->WallNow()))
+                .count();
+        if (skew_seconds_.exchange(skew) != skew)
+          LogWarn(
+              "s3: this node's clock is off the store's; requests are signed with the "
+              "store's time from now on",
+              {{"skew_seconds", skew}, {"endpoint", options_.endpoint}});
+        resigned = true;
+        --attempt;  // not a failure of the store's: no backoff, no attempt used
+        continue;
+      }
+    }
     Status failure;
     bool retryable = false;
     std::string code;

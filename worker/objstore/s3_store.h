@@ -6,6 +6,7 @@
 // s3_request.h / s3_xml.h; this file is the thin I/O adapter around them.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -77,6 +78,10 @@ class S3Store final : public ObjectStore {
   std::vector<std::unique_ptr<http::Client>> part_clients_;  // one per upload thread
   std::mutex rng_mu_;
   std::mt19937_64 rng_;
+  std::shared_ptr<Clock> clock_;  // options_.clock, else the system's
+  // The server's time minus this node's, in seconds, learnt from a RequestTimeTooSkewed
+  // answer: requests are signed with the server's time from then on.
+  std::atomic<int64_t> skew_seconds_{0};
 };
 
 }  // namespace tidal::objstore

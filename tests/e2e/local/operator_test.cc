@@ -217,6 +217,67 @@ TEST_F(OperatorTest, AWorkerThatAnswersButMakesNoProgressIsFoundStalledAndReplac
   Ok({"delete", "tj", "stuck", "--wait=false"});
 }
 
+// Two nodes of 2 GPUs: one can be lost while the other carries the job.
+class LostNodeTest : public OperatorTest {
+ protected:
+  std::vector<std::string> ExtraClusterArgs() override { return {"--nodes", "2", "--gpus", "2"}; }
+  std::string NodeReady(const std::string& node) {
+    return Ok(
+        {"get", "node", node, "-o", R"(jsonpath={.status.conditions[?(@.type=="Ready")].status})"});
+  }
+};
+
+// A node loses power (tidal local's local.tidal.dev/lost annotation): the worker there dies,
+// the node turns Ready=Unknown and tainted, and the pod the operator deletes stays Terminating
+// (no kubelet confirms it). The job recovers on the other node; once the pod's grace period
+// is over the operator deletes it with grace 0 (Event ForceDeleted), so a suspend completes.
+TEST_F(LostNodeTest, APodStuckTerminatingOnALostNodeIsForceDeletedAndTheJobCanSuspend) {
+  Ok({"apply", "-f",
+      JobYaml("lost", 4000, "", "{minGPUs: 1, maxGPUs: 2, cooldownSeconds: 0}",
+              "terminationGracePeriodSeconds: 5, ")});
+  WaitInt(
+      "lost", "{.status.lastCheckpoint.step}", [](int64_t s) { return s >= 5; }, 180s);
+  const std::string node = Ok({"get", "pod", "lost-worker-0", "-o", "jsonpath={.spec.nodeName}"});
+  ASSERT_FALSE(node.empty());
+  Ok({"annotate", "node", node, "local.tidal.dev/lost=true"});
+  EXPECT_TRUE(WaitUntilTrue([&] { return NodeReady(node) == "Unknown"; }, 30s));
+  EXPECT_NE(Ok({"get", "node", node, "-o", "jsonpath={.spec.taints[*].key}"})
+                .find("node.kubernetes.io/unreachable"),
+            std::string::npos);
+  // Silent for 30 s: replaced, and the job trains on the node that is left.
+  WaitInt(
+      "lost", "{.status.restarts}", [](int64_t n) { return n >= 1; }, 120s);
+  const int64_t step = Int("lost", "{.status.step}");
+  WaitInt(
+      "lost", "{.status.step}", [&](int64_t s) { return s > step; }, 180s);
+  for (const nlohmann::json& pod : nlohmann::json::parse(
+           Ok({"get", "pods", "-l", "tidal.dev/job=lost", "-o", "json"}))["items"])
+    if (!pod["metadata"].contains("deletionTimestamp"))
+      EXPECT_NE(pod["spec"].value("nodeName", ""), node)
+          << pod["metadata"]["name"] << " was placed on the lost node";
+  // The deleted pod on the lost node went, without its kubelet.
+  EXPECT_TRUE(WaitUntilTrue(
+      [&] {
+        return Kubectl({"get", "pod", "lost-worker-0", "-o", "name"}).out.find("lost-worker-0") ==
+               std::string::npos;
+      },
+      60s))
+      << Ok({"get", "pods", "-o", "wide"});
+  const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
+  EXPECT_NE(events.find("ForceDeleted"), std::string::npos) << events;
+  Ok({"patch", "tj", "lost", "--type=merge", "-p", R"({"spec":{"suspend":true}})"});
+  EXPECT_EQ(WaitFor(
+                {"tj", "lost"}, "{.status.phase}",
+                [](const std::string& p) { return p == "Suspended"; }, 120s),
+            "Suspended")
+      << Ok({"get", "pods", "-o", "wide"});
+  // The node comes back: Ready, untainted.
+  Ok({"annotate", "node", node, "local.tidal.dev/lost-"});
+  EXPECT_TRUE(WaitUntilTrue([&] { return NodeReady(node) == "True"; }, 30s));
+  EXPECT_EQ(Ok({"get", "node", node, "-o", "jsonpath={.spec.taints}"}), "");
+  Ok({"delete", "tj", "lost", "--wait=false"});
+}
+
 TEST_F(OperatorTest, SuspendCheckpointsAndRemovesThePodsAndResumeContinuesFromThatStep) {
   Ok({"apply", "-f", JobYaml("pausable", 400)});
   WaitInt(

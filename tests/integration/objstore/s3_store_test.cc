@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <ctime>
 #include <fstream>
 #include <thread>
 
@@ -145,6 +147,79 @@ TEST_F(S3StoreTest, GivesUpAfterMaxAttempts) {
             std::string::npos)
       << s.message();
   EXPECT_EQ(Count("PUT"), 3u);
+}
+
+// What AWS S3 answers a request signed more than 15 minutes off its clock, telling its time
+// in the body, the Date header, or both.
+std::optional<http::Response> RefuseSkewed(const http::Request& r, bool in_body, bool in_header) {
+  std::tm tm{};
+  const std::string signed_at = r.headers.Get("X-Amz-Date").value_or("");
+  if (!strptime(signed_at.c_str(), "%Y%m%dT%H%M%SZ", &tm)) return std::nullopt;
+  const auto now = std::chrono::system_clock::now();
+  const auto off = std::chrono::system_clock::from_time_t(timegm(&tm)) - now;
+  if (std::chrono::abs(off) < std::chrono::minutes(15)) return std::nullopt;
+  http::Response answer = FaultProxy::S3Error(
+      403, "RequestTimeTooSkewed",
+      "The difference between the request time and the current time is too large.");
+  const std::time_t t = std::chrono::system_clock::to_time_t(now);
+  char iso[32], http_date[40];
+  std::strftime(iso, sizeof iso, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  std::strftime(http_date, sizeof http_date, "%a, %d %b %Y %H:%M:%S GMT", std::gmtime(&t));
+  if (in_body)
+    answer.body.insert(answer.body.find("</Error>"),
+                       "<RequestTime>" + signed_at + "</RequestTime><ServerTime>" + iso +
+                           "</ServerTime><MaxAllowedSkewMilliseconds>900000"
+                           "</MaxAllowedSkewMilliseconds>");
+  if (in_header) answer.headers.Set("Date", http_date);
+  return answer;
+}
+
+// A node whose clock is years off (FakeClock's wall clock is in 2023): S3 refuses the first
+// request; the store reads the server's time from the answer (its body, or else its Date
+// header), signs again at once with it, and every later request is signed right the first time.
+TEST_F(S3StoreTest, ANodeClockFarOffIsCorrectedFromTheServersTimeAfterOneRefusal) {
+  for (const bool in_body : {true, false}) {
+    SCOPED_TRACE(in_body ? "ServerTime in the body" : "the Date header only");
+    int refused = 0;
+    proxy_ = FaultProxy::Start(server_->port(), [&](const http::Request& r) {
+      auto answer = RefuseSkewed(r, in_body, /*in_header=*/!in_body);
+      refused += answer.has_value();
+      return answer;
+    });
+    ASSERT_TRUE(proxy_);
+    S3Options options = S3TestOptions(*server_, proxy_->endpoint());
+    options.clock = std::make_shared<FakeClock>();
+    auto store = Direct(options);
+    ASSERT_TRUE(store);
+    TIDAL_ASSERT_OK(store->Put("skewed", "v"));
+    EXPECT_EQ(refused, 1);
+    EXPECT_EQ(Count("PUT /ckpt/run/skewed"), 2u);
+    EXPECT_EQ(store->Get("skewed").value(), "v");
+    TIDAL_ASSERT_OK(store->Put("skewed-2", "w"));
+    EXPECT_EQ(refused, 1) << "signed with the server's time from then on";
+    // Signed again at once: no retry backoff (its first wait is up to 100 ms, then 200 ms).
+    EXPECT_EQ(Count("PUT /ckpt/run/skewed-2"), 1u);
+  }
+}
+
+// Without the server's time in the answer there is nothing to correct with: the refusal is
+// reported, naming S3's code, and not retried.
+TEST_F(S3StoreTest, ASkewRefusalWithoutTheServersTimeIsReportedNotRetried) {
+  int refused = 0;
+  proxy_ = FaultProxy::Start(server_->port(), [&](const http::Request& r) {
+    auto answer = RefuseSkewed(r, false, false);
+    refused += answer.has_value();
+    return answer;
+  });
+  ASSERT_TRUE(proxy_);
+  S3Options options = S3TestOptions(*server_, proxy_->endpoint());
+  options.clock = std::make_shared<FakeClock>();
+  auto store = Direct(options);
+  ASSERT_TRUE(store);
+  Status put = store->Put("skewed", "v");
+  EXPECT_FALSE(put.ok());
+  EXPECT_NE(put.message().find("RequestTimeTooSkewed"), std::string::npos) << put.message();
+  EXPECT_EQ(refused, 1);
 }
 
 TEST_F(S3StoreTest, AccessDeniedIsNotRetried) {

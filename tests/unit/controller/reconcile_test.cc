@@ -128,6 +128,7 @@ class Sim {
   const Clock::time_point start_ = now_;
   std::vector<std::string> events_;
   std::vector<std::string> shutdown_;
+  std::vector<std::string> force_deleted_;
   // The loss each step reports (the job's: every rank the same), and GPU utilisation (none: CPU).
   std::function<double(int64_t step)> loss_ = [](int64_t step) { return 3.0 - 0.001 * step; };
   std::optional<double> gpu_util_;
@@ -185,10 +186,19 @@ class Sim {
           reports_.erase(p);  // SIGTERM: the worker stops answering
           if (linger_ > 0 && pods_.count(p)) {
             pods_[p].deleting = true;
+            if (!pods_[p].deletion_deadline) pods_[p].deletion_deadline = now_ + 120s;  // grace
             lingering_.try_emplace(p, linger_);
           } else {
             pods_.erase(p);
           }
+        }
+        break;
+      case Action::Kind::kForceDeletePods:
+        for (const std::string& p : a.pods) {
+          force_deleted_.push_back(p);
+          pods_.erase(p);
+          lingering_.erase(p);
+          reports_.erase(p);
         }
         break;
       case Action::Kind::kBarrier: {
@@ -700,6 +710,32 @@ TEST(Reconcile, ASuspendWaitsForTerminatingPodsAndShowsNoGpusMeanwhile) {
 
 // Unsuspended while the suspended pods still terminate: the job comes back (in other slots,
 // the old names are still taken) and never runs two generations at once.
+// A node that stopped answering (Ready Unknown) never confirms a deletion: its pod would keep
+// the job out of Suspended forever. Once the grace period is over it is deleted with grace 0
+// (an Event says so); a pod terminating slowly on a healthy node is waited for.
+TEST(Reconcile, APodStuckTerminatingOnALostNodeIsForceDeletedAfterItsGracePeriod) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.linger_ = 100000;  // no deletion completes on its own
+  sim.pods_["job-worker-1"].node = "tidal-node-1";
+  sim.pods_["job-worker-1"].node_lost = true;
+  sim.SetSpec(Spec(R"({"suspend": true})"));
+  sim.Until([&] { return sim.pods_["job-worker-0"].deleting; });
+  const auto deleted_at = sim.now_;
+  while (sim.now_ < deleted_at + 119s) {
+    sim.Reconcile();
+    ASSERT_TRUE(sim.force_deleted_.empty()) << "force-deleted within the grace period";
+  }
+  sim.Until([&] { return !sim.force_deleted_.empty(); }, 5);
+  EXPECT_EQ(sim.force_deleted_, Names({1}));
+  EXPECT_TRUE(sim.HasEvent("ForceDeleted"));
+  for (int i = 0; i < 10; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.force_deleted_, Names({1})) << "a slow kubelet on a healthy node is waited for";
+  EXPECT_NE(sim.status().phase, "Suspended");
+  sim.pods_.erase("job-worker-0");  // its kubelet finishes
+  sim.Until([&] { return sim.status().phase == "Suspended"; });
+}
+
 TEST(Reconcile, AResumeWhileThePodsStillTerminateStartsOneNewGeneration) {
   Sim sim(Spec());
   sim.Until([&] { return sim.status().phase == "Running"; });
