@@ -6,6 +6,7 @@
 #include <limits>
 #include <set>
 
+#include "common/log.h"
 #include "common/spec_limits.h"
 #include "common/spec_section.h"
 #include "worker/data/token_store_manifest.h"
@@ -314,10 +315,16 @@ Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const Mode
                            std::to_string(tokenizer.vocab_size) + " ids but " + other +
                            " embeds only " + std::to_string(model.vocab_size) +
                            ": the tokenizer does not fit the model");
+  // config.json's bos_token_id only seeds generation; training begins documents with the
+  // tokenizer's. They differ in real pairs: DeepSeek-R1-Distill-Qwen keeps Qwen2.5's config
+  // (151643) under DeepSeek's tokenizer (<｜begin▁of▁sentence｜>, 151646). Said, not refused.
   if (tokenizer.bos_id && model.bos_token_id && *tokenizer.bos_id != *model.bos_token_id)
-    return InvalidArgument("spec.dataset: " + side + " begins documents with id " +
-                           std::to_string(*tokenizer.bos_id) + " but " + other +
-                           " has bos_token_id " + std::to_string(*model.bos_token_id));
+    LogWarn("the data's tokenizer begins documents with another id than config.json's "
+            "bos_token_id; training uses the tokenizer's",
+            {{"tokenizer", tokenizer.description},
+             {"tokenizer_bos_id", *tokenizer.bos_id},
+             {"model", model_name},
+             {"config_bos_token_id", *model.bos_token_id}});
   if (tokenizer.eos_id && !model.eos_token_ids.empty() &&
       std::find(model.eos_token_ids.begin(), model.eos_token_ids.end(), *tokenizer.eos_id) ==
           model.eos_token_ids.end())
