@@ -3,6 +3,7 @@
 
 #include <future>
 #include <optional>
+#include <set>
 
 #include "common/base64.h"
 #include "common/log.h"
@@ -403,9 +404,12 @@ Plan TrainingJobController::DecideWithCapacity(Observed& observed) {
 
 int64_t TrainingJobController::IdleGpus() {
   int64_t allocatable = 0;
+  std::set<std::string> silent;
   for (const kube::ObjectPtr& n : nodes_->store().List()) {
     auto node = kube::NodeFromJson(*n);
-    // A node that is not Ready (lost, its kubelet silent) offers nothing.
+    // A node that is not Ready (lost, its kubelet silent) offers nothing, and what its pods
+    // hold is not taken from the others.
+    if (node.ok() && NodeSilent(*node)) silent.insert(node->metadata.name);
     if (!node.ok() || node->unschedulable || NodeSilent(*node)) continue;
     auto it = node->allocatable.find("nvidia.com/gpu");
     if (it != node->allocatable.end()) allocatable += std::atoll(it->second.c_str());
@@ -413,6 +417,9 @@ int64_t TrainingJobController::IdleGpus() {
   // Requested by any bound pod, the job's own included: what is left is truly idle (the
   // planner adds what the job holds itself).
   int64_t requested = held_total_;
+  if (!silent.empty())
+    for (const auto& [key, held] : held_gpus_)
+      if (silent.count(held.node)) requested -= held.gpus;
   const auto now = Clock::now();
   for (auto it = booked_gpus_.begin(); it != booked_gpus_.end();) {
     const auto slash = it->first.find('/');
@@ -434,15 +441,18 @@ void TrainingJobController::CountPod(const kube::ObjectPtr& object, bool gone) {
   const json& md = (*object)["metadata"];
   const std::string key = Key(md.value("namespace", ""), md.value("name", ""));
   int64_t gpus = 0;
+  std::string node;
   if (!gone)
     if (auto pod = kube::PodFromJson(*object);
-        pod.ok() && !pod->Finished() && !pod->node_name.empty())
+        pod.ok() && !pod->Finished() && !pod->node_name.empty()) {
       gpus = pod->GpuRequest();
+      node = pod->node_name;
+    }
   std::lock_guard<std::mutex> lock(capacity_mu_);
   auto it = held_gpus_.find(key);
-  held_total_ += gpus - (it == held_gpus_.end() ? 0 : it->second);
+  held_total_ += gpus - (it == held_gpus_.end() ? 0 : it->second.gpus);
   if (gpus > 0)
-    held_gpus_[key] = gpus;
+    held_gpus_[key] = {gpus, node};
   else if (it != held_gpus_.end())
     held_gpus_.erase(it);
 }

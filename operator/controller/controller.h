@@ -128,7 +128,11 @@ class TrainingJobController {
   // events: IdleGpus then costs nothing per pod. (Listing all pods under capacity_mu_ on every
   // reconcile was most of a reconcile at 2,000 pods, and serialised the reconcile workers.)
   void CountPod(const kube::ObjectPtr& pod, bool gone);
-  std::map<std::string, int64_t> held_gpus_;
+  struct Held {
+    int64_t gpus = 0;
+    std::string node;
+  };
+  std::map<std::string, Held> held_gpus_;
   int64_t held_total_ = 0;
   std::mutex connections_mu_;
   std::map<std::string, std::unique_ptr<WorkerConnections>> connections_;  // by job key

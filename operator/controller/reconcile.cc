@@ -18,6 +18,7 @@ using nlohmann::json;
 using Stage = RescaleState::Stage;
 
 constexpr auto kMaxBackoff = std::chrono::minutes(10);
+constexpr auto kBackoffReset = std::chrono::minutes(10);
 
 std::string Join(const std::vector<std::string>& items) {
   std::string out;
@@ -150,7 +151,7 @@ class Decider {
     if (st_.data) not_after_now(st_.data->started);
     if (!o_.spec.ok()) return;
     const api::TrainingJobSpec& spec = *o_.spec;
-    at_most(st_.restart_not_before, BackoffOf(spec, st_.restarts));
+    at_most(st_.restart_not_before, BackoffOf(spec, st_.restart_streak));
     at_most(st_.scale_up_not_before,
             std::chrono::seconds(
                 std::max(spec.elastic.cooldown_seconds, spec.elastic.scale_up_timeout_seconds)));
@@ -424,6 +425,13 @@ class Decider {
       return true;
     }
     ++st_.restarts;
+    // The backoff doubles with each restart of a streak; a failure more than kBackoffReset
+    // after the one before starts a new streak (the kubelet resets CrashLoopBackOff after a
+    // container ran 10 minutes). A job that failed often in its first hour does not wait ten
+    // minutes for a failure a day later.
+    if (st_.last_failure_time && o_.now - *st_.last_failure_time > kBackoffReset)
+      st_.restart_streak = 0;
+    ++st_.restart_streak;
     st_.last_failure = cause;
     st_.last_failure_time = o_.now;
     if (st_.restarts > spec_->restart_policy.max_restarts) {
@@ -433,7 +441,7 @@ class Decider {
       Emit("Warning", "RestartsExhausted", st_.failure);
       return true;
     }
-    const auto backoff = Backoff(st_.restarts);
+    const auto backoff = Backoff(st_.restart_streak);
     st_.restart_not_before = o_.now + backoff;
     st_.phase = "Recovering";
     st_.rescale.reset();
@@ -488,6 +496,7 @@ class Decider {
     st_.failure.clear();
     st_.failure_reason.clear();
     st_.restarts = 0;
+    st_.restart_streak = 0;
     // The workers read the spec from a ConfigMap written once, so that every rank of every
     // generation trains on the same one; no worker runs now, so the edit reaches them all.
     Do(Action::Kind::kUpdateSpecConfig);
@@ -1289,6 +1298,8 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
   st.generation = in.Get<int64_t>(j, at, "generation", 0);
   st.members = in.Strings(j, at, "members");
   st.restarts = in.Get<int64_t>(j, at, "restarts", 0);
+  // A status from before the streak was kept: its restarts were all one streak.
+  st.restart_streak = in.Get<int64_t>(j, at, "restartStreak", st.restarts);
   st.restart_not_before = in.Time(j, at, "restartNotBefore");
   st.last_membership_change = in.Time(j, at, "lastMembershipChange");
   st.scale_up_not_before = in.Time(j, at, "scaleUpNotBefore");
@@ -1386,6 +1397,7 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
             {"generation", st.generation},
             {"members", st.members},
             {"restarts", st.restarts},
+            {"restartStreak", st.restart_streak},
             {"step", st.step},
             {"loss", st.loss},
             {"tokensPerSecond", st.tokens_per_second},

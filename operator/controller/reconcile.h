@@ -89,6 +89,9 @@ struct JobStatus {
   std::vector<std::string> members;  // current generation's pods, rank order
   std::optional<RescaleState> rescale;
   int64_t restarts = 0;
+  // Restarts of the current streak (each less than 10 minutes after the one before): the
+  // backoff's exponent.
+  int64_t restart_streak = 0;
   std::optional<Clock::time_point> restart_not_before;  // recovery backoff
   std::optional<Clock::time_point> last_membership_change;
   // After an abandoned scale-up, no new one before this (max(cooldown, scale-up timeout)).

@@ -10,6 +10,7 @@
 #include <iostream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -239,6 +240,11 @@ TEST_F(LostNodeTest, APodStuckTerminatingOnALostNodeIsForceDeletedAndTheJobCanSu
       "lost", "{.status.lastCheckpoint.step}", [](int64_t s) { return s >= 5; }, 180s);
   const std::string node = Ok({"get", "pod", "lost-worker-0", "-o", "jsonpath={.spec.nodeName}"});
   ASSERT_FALSE(node.empty());
+  // The pods on that node, by uid: a replacement may take the same name once they are gone.
+  std::set<std::string> doomed;
+  for (const nlohmann::json& pod : nlohmann::json::parse(
+           Ok({"get", "pods", "-l", "tidal.dev/job=lost", "-o", "json"}))["items"])
+    if (pod["spec"].value("nodeName", "") == node) doomed.insert(pod["metadata"]["uid"]);
   Ok({"annotate", "node", node, "local.tidal.dev/lost=true"});
   EXPECT_TRUE(WaitUntilTrue([&] { return NodeReady(node) == "Unknown"; }, 30s));
   EXPECT_NE(Ok({"get", "node", node, "-o", "jsonpath={.spec.taints[*].key}"})
@@ -255,13 +261,17 @@ TEST_F(LostNodeTest, APodStuckTerminatingOnALostNodeIsForceDeletedAndTheJobCanSu
     if (!pod["metadata"].contains("deletionTimestamp"))
       EXPECT_NE(pod["spec"].value("nodeName", ""), node)
           << pod["metadata"]["name"] << " was placed on the lost node";
-  // The deleted pod on the lost node went, without its kubelet.
+  // The deleted pods on the lost node went, without its kubelet.
   EXPECT_TRUE(WaitUntilTrue(
       [&] {
-        return Kubectl({"get", "pod", "lost-worker-0", "-o", "name"}).out.find("lost-worker-0") ==
-               std::string::npos;
+        const std::string uids = Kubectl({"get", "pods", "-l", "tidal.dev/job=lost", "-o",
+                                          "jsonpath={.items[*].metadata.uid}"})
+                                     .out;
+        for (const std::string& uid : doomed)
+          if (uids.find(uid) != std::string::npos) return false;
+        return true;
       },
-      60s))
+      90s))
       << Ok({"get", "pods", "-o", "wide"});
   const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
   EXPECT_NE(events.find("ForceDeleted"), std::string::npos) << events;

@@ -528,6 +528,31 @@ TEST(Reconcile, AWallClockStepBackOfAnHourDoesNotLengthenTheRecoveryBackoff) {
   EXPECT_EQ(sim.status().restarts, 1);
 }
 
+// The backoff doubles within a streak of failures and starts again after 10 quiet minutes,
+// as the kubelet's CrashLoopBackOff does; the restart count (against maxRestarts) goes on.
+TEST(Reconcile, TheRecoveryBackoffDoublesWithinAStreakAndStartsAgainAfterTenQuietMinutes) {
+  Sim sim(Spec(R"({"restartPolicy": {"maxRestarts": 5, "backoffSeconds": 10}})"));
+  auto fail_and_wait = [&]() {
+    sim.Until([&] { return sim.status().phase == "Running"; }, 100);
+    sim.reports_["job-worker-0"].phase = "Failed";
+    sim.reports_["job-worker-1"].phase = "Failed";
+    const auto failed_at = sim.now_;
+    sim.Reconcile();
+    EXPECT_EQ(sim.status().phase, "Recovering");
+    return std::chrono::duration_cast<std::chrono::seconds>(*sim.status().restart_not_before -
+                                                            failed_at);
+  };
+  EXPECT_EQ(fail_and_wait(), 10s);
+  EXPECT_EQ(fail_and_wait(), 20s) << "a second failure within 10 minutes";
+  EXPECT_EQ(fail_and_wait(), 40s);
+  EXPECT_EQ(sim.status().restart_streak, 3);
+  sim.Until([&] { return sim.status().phase == "Running"; }, 100);
+  sim.now_ += 11min;  // ten quiet minutes of training
+  EXPECT_EQ(fail_and_wait(), 10s) << "a new streak";
+  EXPECT_EQ(sim.status().restarts, 4);
+  EXPECT_EQ(sim.status().restart_streak, 1);
+}
+
 TEST(Reconcile, FailuresThatFollowOneAnotherInOneRecoveryCountAsOneRestart) {
   Sim sim(Spec());
   sim.Until([&] { return sim.status().phase == "Running"; });
