@@ -319,12 +319,13 @@ Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const Mode
   // tokenizer's. They differ in real pairs: DeepSeek-R1-Distill-Qwen keeps Qwen2.5's config
   // (151643) under DeepSeek's tokenizer (<｜begin▁of▁sentence｜>, 151646). Said, not refused.
   if (tokenizer.bos_id && model.bos_token_id && *tokenizer.bos_id != *model.bos_token_id)
-    LogWarn("the data's tokenizer begins documents with another id than config.json's "
-            "bos_token_id; training uses the tokenizer's",
-            {{"tokenizer", tokenizer.description},
-             {"tokenizer_bos_id", *tokenizer.bos_id},
-             {"model", model_name},
-             {"config_bos_token_id", *model.bos_token_id}});
+    LogWarn(
+        "the data's tokenizer begins documents with another id than config.json's "
+        "bos_token_id; training uses the tokenizer's",
+        {{"tokenizer", tokenizer.description},
+         {"tokenizer_bos_id", *tokenizer.bos_id},
+         {"model", model_name},
+         {"config_bos_token_id", *model.bos_token_id}});
   if (tokenizer.eos_id && !model.eos_token_ids.empty() &&
       std::find(model.eos_token_ids.begin(), model.eos_token_ids.end(), *tokenizer.eos_id) ==
           model.eos_token_ids.end())
