@@ -233,13 +233,6 @@ class Decider {
     Do(Action::Kind::kForceDeletePods, stuck, why);
     Emit("Warning", "ForceDeleted", why);
   }
-  // Ends a change under way. Once at Rendezvous, workers may have joined its generation: the
-  // status keeps that number, so that it never names a generation behind a worker's.
-  void DropRescale() {
-    if (st_.rescale && st_.rescale->stage == Stage::kRendezvous)
-      st_.generation = std::max(st_.generation, st_.rescale->target_generation);
-    st_.rescale.reset();
-  }
   // Why the status cannot be acted on ("" when it can): it does not read, or workers run a
   // generation it does not know. The status is written before any action, so no worker can
   // be ahead of it unless it was rolled back: restored from a backup (which drops status),
@@ -249,7 +242,7 @@ class Decider {
     const int64_t known =
         std::max(st_.generation, st_.rescale ? st_.rescale->target_generation : int64_t{0});
     for (const auto& [pod, r] : o_.reports)
-      if (const PodView* p = Pod(pod); p && !p->deleting && r.generation > known)
+      if (r.generation > known)
         return "worker " + pod + " runs generation " + std::to_string(r.generation) +
                " but the status knows generation " + std::to_string(known) +
                " at most (was it restored or replaced?)";
@@ -330,7 +323,7 @@ class Decider {
       Do(Action::Kind::kDeletePods, all, why);
     }
     st_.members.clear();
-    DropRescale();
+    st_.rescale.reset();
     return true;
   }
 
@@ -468,7 +461,7 @@ class Decider {
     st_.phase = "Failed";
     st_.failure = failure;
     st_.failure_reason = reason;
-    DropRescale();
+    st_.rescale.reset();
     st_.restart_not_before.reset();
     std::vector<std::string> all;
     for (const PodView& p : o_.pods)

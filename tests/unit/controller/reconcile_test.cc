@@ -1028,22 +1028,6 @@ TEST(Reconcile, AStatusThatDoesNotReadHoldsTheJobAndIsLeftAsItIs) {
   EXPECT_EQ(sim.status().members, Names({0, 1}));
 }
 
-// A suspend that lands while workers join a new generation: the status keeps that generation's
-// number, so the workers it is draining are never "ahead of the status" (no hold, no
-// StatusUnreadable), and the job suspends.
-TEST(Reconcile, ASuspendDuringARendezvousDoesNotLeaveTheStatusBehindItsWorkers) {
-  Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
-  sim.SetSpec(Spec(R"({"replicas": 4})"));
-  sim.Until([&] {
-    return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kRendezvous;
-  });
-  sim.linger_ = 3;  // the drained pods answer a little longer
-  sim.SetSpec(Spec(R"({"replicas": 4, "suspend": true})"));
-  sim.Until([&] { return sim.status().phase == "Suspended"; });
-  EXPECT_FALSE(sim.HasEvent("StatusUnreadable"));
-}
-
 // A status restored from a backup (which drops it) or replaced: the workers run a generation
 // it does not know. Held, with nothing created, joined or deleted, until the user deletes the
 // pods; then the job starts again from its newest checkpoint.
