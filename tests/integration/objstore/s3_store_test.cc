@@ -54,6 +54,9 @@ class S3StoreTest : public ::testing::Test {
     EXPECT_TRUE(store.ok()) << store.status().ToString();
     return store.ok() ? std::move(*store) : nullptr;
   }
+  // A store whose clock is years off (FakeClock's wall clock is in 2023), behind a proxy that
+  // refuses skewed requests as S3 does (RefuseSkewed, below); `refused` counts the refusals.
+  std::unique_ptr<ObjectStore> SkewedStore(bool in_body, bool in_header, int& refused);
   size_t Count(const std::string& prefix) const {
     auto requests = proxy_->requests();
     return std::count_if(requests.begin(), requests.end(),
@@ -174,6 +177,19 @@ std::optional<http::Response> RefuseSkewed(const http::Request& r, bool in_body,
   return answer;
 }
 
+std::unique_ptr<ObjectStore> S3StoreTest::SkewedStore(bool in_body, bool in_header, int& refused) {
+  proxy_ =
+      FaultProxy::Start(server_->port(), [&refused, in_body, in_header](const http::Request& r) {
+        auto answer = RefuseSkewed(r, in_body, in_header);
+        refused += answer.has_value();
+        return answer;
+      });
+  if (!proxy_) return nullptr;
+  S3Options options = S3TestOptions(*server_, proxy_->endpoint());
+  options.clock = std::make_shared<FakeClock>();
+  return Direct(options);
+}
+
 // A node whose clock is years off (FakeClock's wall clock is in 2023): S3 refuses the first
 // request; the store reads the server's time from the answer (its body, or else its Date
 // header), signs again at once with it, and every later request is signed right the first time.
@@ -181,23 +197,14 @@ TEST_F(S3StoreTest, ANodeClockFarOffIsCorrectedFromTheServersTimeAfterOneRefusal
   for (const bool in_body : {true, false}) {
     SCOPED_TRACE(in_body ? "ServerTime in the body" : "the Date header only");
     int refused = 0;
-    proxy_ = FaultProxy::Start(server_->port(), [&](const http::Request& r) {
-      auto answer = RefuseSkewed(r, in_body, /*in_header=*/!in_body);
-      refused += answer.has_value();
-      return answer;
-    });
-    ASSERT_TRUE(proxy_);
-    S3Options options = S3TestOptions(*server_, proxy_->endpoint());
-    options.clock = std::make_shared<FakeClock>();
-    auto store = Direct(options);
+    auto store = SkewedStore(in_body, /*in_header=*/!in_body, refused);
     ASSERT_TRUE(store);
     TIDAL_ASSERT_OK(store->Put("skewed", "v"));
     EXPECT_EQ(refused, 1);
-    EXPECT_EQ(Count("PUT /ckpt/run/skewed"), 2u);
+    EXPECT_EQ(Count("PUT /ckpt/run/skewed"), 2u) << "refused once, then signed again";
     EXPECT_EQ(store->Get("skewed").value(), "v");
     TIDAL_ASSERT_OK(store->Put("skewed-2", "w"));
     EXPECT_EQ(refused, 1) << "signed with the server's time from then on";
-    // Signed again at once: no retry backoff (its first wait is up to 100 ms, then 200 ms).
     EXPECT_EQ(Count("PUT /ckpt/run/skewed-2"), 1u);
   }
 }
@@ -206,15 +213,7 @@ TEST_F(S3StoreTest, ANodeClockFarOffIsCorrectedFromTheServersTimeAfterOneRefusal
 // reported, naming S3's code, and not retried.
 TEST_F(S3StoreTest, ASkewRefusalWithoutTheServersTimeIsReportedNotRetried) {
   int refused = 0;
-  proxy_ = FaultProxy::Start(server_->port(), [&](const http::Request& r) {
-    auto answer = RefuseSkewed(r, false, false);
-    refused += answer.has_value();
-    return answer;
-  });
-  ASSERT_TRUE(proxy_);
-  S3Options options = S3TestOptions(*server_, proxy_->endpoint());
-  options.clock = std::make_shared<FakeClock>();
-  auto store = Direct(options);
+  auto store = SkewedStore(false, false, refused);
   ASSERT_TRUE(store);
   Status put = store->Put("skewed", "v");
   EXPECT_FALSE(put.ok());
