@@ -27,6 +27,7 @@
 #include "common/yaml_json.h"
 #include "operator/api/training_job.h"
 #include "worker/control/metrics.h"
+#include "worker/control/peer_store.h"
 #include "worker/control/runtime.h"
 #include "worker/control/service.h"
 #include "worker/data/provider.h"
@@ -292,6 +293,33 @@ int main(int argc, char** argv) {
   else
     tidal::LogInfo("no GPU counters: utilisation and memory are not reported", {{"why", no_gpu}});
   options->gpu = gpu.get();
+  // A live rescale's state is read from the previous generation's workers over their control
+  // API, with the job token, and over TLS when this worker serves TLS: verified against the
+  // ca.crt of the same Secret, under the name the workers' certificate holds.
+  tidal::worker::ClientOptions peer_client;
+  peer_client.token = *token;
+  peer_client.timeout = std::chrono::seconds(60);
+  bool peers_reachable = true;
+  if (!args->tls_cert.empty()) {
+    const std::string ca_path =
+        std::filesystem::path(args->tls_cert).parent_path().string() + "/ca.crt";
+    auto ca = ReadFile(ca_path, "the TLS Secret's ca.crt");
+    if (ca.ok()) {
+      peer_client.tls_ca_pem = *ca;
+      peer_client.tls_server_name =
+          options->config.name + "-workers." + options->config.namespace_ + ".svc";
+    } else {
+      peers_reachable = false;
+      tidal::LogWarn("no ca.crt beside --tls-cert: rescales resume from the store, not from peers",
+                     {{"path", ca_path}});
+    }
+  }
+  if (peers_reachable)
+    options->open_peers = [peer_client](const tidal::worker::LiveState& from)
+        -> StatusOr<std::shared_ptr<tidal::objstore::ObjectStore>> {
+      return std::shared_ptr<tidal::objstore::ObjectStore>(
+          std::make_shared<tidal::worker::PeerStore>(from.peers, peer_client));
+    };
   tidal::worker::WorkerRuntime runtime(std::move(*options));
   server_options.on_shutdown = [&exit_signal] { exit_signal.Raise("Shutdown call"); };
   auto server = tidal::worker::ControlServer::Start(runtime, server_options);

@@ -57,6 +57,7 @@ WorkerReport ReportOf(const pb::WorkerStatus& s) {
     r.checkpoint_kind = s.last_checkpoint().kind();
     r.checkpoint_uri = s.last_checkpoint().uri();
   }
+  if (s.has_live_checkpoint()) r.live_step = s.live_checkpoint().step();
   r.last_error = s.last_error();
   r.last_error_permanent = s.last_error_permanent();
   if (s.has_gpu_utilization_percent()) r.gpu_utilization_percent = s.gpu_utilization_percent();
@@ -674,9 +675,10 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           worker::WorkerClient* c = worker_of(pod);
           if (!c) continue;
           const auto timeout = options_.barrier_timeout;
-          calls.push_back(std::async(std::launch::async, [c, timeout, id = a.barrier_id] {
-            return c->Checkpoint(/*pause=*/true, timeout, id).status();
-          }));
+          calls.push_back(
+              std::async(std::launch::async, [c, timeout, id = a.barrier_id, live = a.live] {
+                return c->Checkpoint(/*pause=*/true, timeout, id, live).status();
+              }));
         }
         for (auto& call : calls)
           if (Status s = call.get(); !s.ok()) done = s;  // Decide sees the workers next pass
@@ -685,12 +687,24 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
       case Action::Kind::kRendezvous: {
         if (a.pods.empty()) break;
         const std::string store = pod_ip(a.pods[0]) + ":" + std::to_string(StorePort(a.generation));
+        // The old ranks' control addresses; one that has none any more makes the new ranks
+        // resume from the store (they would fail to read from it anyway).
+        std::vector<std::string> peers;
+        for (const std::string& pod : a.state_peers) {
+          const std::string ip = pod_ip(pod);
+          if (ip.empty()) {
+            peers.clear();
+            break;
+          }
+          peers.push_back(ip + ":" + std::to_string(kControlPort));
+        }
         for (const std::string& pod : a.targets) {
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
           worker::WorkerClient* c = worker_of(pod);
           if (!c) continue;
-          Status s = c->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
-                                   static_cast<int>(rank), store);
+          Status s =
+              c->Rendezvous(a.generation, static_cast<int>(a.pods.size()), static_cast<int>(rank),
+                            store, peers, peers.empty() ? 0 : a.state_step);
           // Already there (a repeated call after a crash) is success.
           if (!s.ok() && s.message().find("not newer") == std::string::npos) done = s;
         }

@@ -303,6 +303,17 @@ class Decider {
   // Checkpoints the members (if a generation is training), then stops and deletes every pod.
   // Returns true once nothing runs any more.
   bool Drain(const std::string& why) {
+    // A live rendezvous under way: the new generation is reading its state from the old one's
+    // memory, which the store does not hold. It is seen through first (seconds), then
+    // checkpointed to the store like any training generation.
+    if (st_.rescale && st_.rescale->stage == Stage::kRendezvous &&
+        !st_.rescale->state_peers.empty()) {
+      Rendezvous();
+      if (st_.rescale) {
+        plan_.requeue_after = options_.poll;
+        return false;
+      }
+    }
     std::vector<std::string> live;
     for (const std::string& m : st_.members)
       if (Report(m) && FailureOf(m, st_.generation).cause.empty()) live.push_back(m);
@@ -834,12 +845,16 @@ class Decider {
     plan_.requeue_after = options_.poll;
   }
 
-  bool AllPaused(const std::vector<std::string>& names) const {
+  // Every one of `names` holds at one step with a checkpoint of it: in the store, or with
+  // `live_ok` in its memory.
+  bool AllPaused(const std::vector<std::string>& names, bool live_ok = false) const {
     std::optional<int64_t> step;
     for (const std::string& n : names) {
       const WorkerReport* r = Report(n);
-      if (!r || r->phase != "Paused" || !r->checkpoint_step || *r->checkpoint_step != r->step)
-        return false;
+      if (!r || r->phase != "Paused") return false;
+      const bool stored = r->checkpoint_step && *r->checkpoint_step == r->step;
+      const bool live = live_ok && r->live_step && *r->live_step == r->step;
+      if (!stored && !live) return false;
       if (step && *step != r->step) return false;
       step = r->step;
     }
@@ -912,10 +927,24 @@ class Decider {
       }
       case Stage::kBarrier:
         st_.phase = "Scaling";
-        if (!AllPaused(st_.members)) {
-          Barrier(kEndOfGeneration, r.reason);
-          plan_.requeue_after = options_.poll;
+        if (!AllPaused(st_.members, /*live_ok=*/true)) {
+          Barrier(kEndOfGeneration, r.reason, /*live=*/true);
+          // The barrier call returns once every rank holds (or fails): the Rendezvous goes
+          // out at once, not a poll later, since the job trains nowhere meanwhile.
+          plan_.requeue_after = std::chrono::milliseconds(0);
           return;
+        }
+        // Every member holds a live checkpoint of the step it paused at: the new generation
+        // reads it from them. (Ranks paused at a store checkpoint only, say by a barrier of
+        // a suspend that was then taken back, resume from the store.)
+        r.state_peers.clear();
+        r.state_step = 0;
+        if (std::all_of(st_.members.begin(), st_.members.end(), [&](const std::string& m) {
+              const WorkerReport* w = Report(m);
+              return w->live_step && *w->live_step == w->step;
+            })) {
+          r.state_peers = st_.members;
+          r.state_step = Report(st_.members.front())->step;
         }
         r.stage = Stage::kRendezvous;
         Rendezvous();
@@ -969,8 +998,10 @@ class Decider {
   // the surplus shut down. Done when every member reports the new generation.
   void Rendezvous() {
     RescaleState& r = *st_.rescale;
+    // Pods of the old generation that are not in the new one. Under a live rescale they hold
+    // state the new generation reads: they go once it runs (below).
     std::vector<std::string> surplus;
-    for (const std::string& m : st_.members)
+    for (const std::string& m : r.state_peers.empty() ? st_.members : r.state_peers)
       if (std::find(r.members.begin(), r.members.end(), m) == r.members.end()) surplus.push_back(m);
     if (st_.generation != r.target_generation) {
       st_.generation = r.target_generation;
@@ -981,22 +1012,33 @@ class Decider {
            "generation " + std::to_string(r.target_generation) + " at " +
                std::to_string(st_.current_gpus) + " GPUs: " + r.reason);
     }
-    if (!surplus.empty()) {
+    if (!surplus.empty() && r.state_peers.empty()) {
       Do(Action::Kind::kShutdown, surplus, r.reason);
       Do(Action::Kind::kDeletePods, surplus, r.reason);
     }
-    std::vector<std::string> pending;
+    std::vector<std::string> pending, joining;
     for (const std::string& m : r.members) {
       const WorkerReport* w = Report(m);
-      if (!w || w->generation < r.target_generation) pending.push_back(m);
+      if (!w || w->generation < r.target_generation)
+        pending.push_back(m);
+      else if (w->generation == r.target_generation && w->phase == "Joining")
+        joining.push_back(m);  // still reading its state
     }
-    if (!pending.empty()) {
-      Action& a = Do(Action::Kind::kRendezvous, r.members, r.reason);
-      a.targets = pending;
-      a.generation = r.target_generation;
+    if (!pending.empty() || (!r.state_peers.empty() && !joining.empty())) {
+      if (!pending.empty()) {
+        Action& a = Do(Action::Kind::kRendezvous, r.members, r.reason);
+        a.targets = pending;
+        a.generation = r.target_generation;
+        a.state_peers = r.state_peers;
+        a.state_step = r.state_step;
+      }
       st_.phase = r.recovery ? (st_.restarts > 0 ? "Recovering" : "Pending") : "Scaling";
       plan_.requeue_after = options_.poll;
       return;
+    }
+    if (!surplus.empty() && !r.state_peers.empty()) {
+      Do(Action::Kind::kShutdown, surplus, r.reason);
+      Do(Action::Kind::kDeletePods, surplus, r.reason);
     }
     const bool recovery = r.recovery;
     // A change with no member from before it is a start (nothing trained yet), a recovery
@@ -1026,6 +1068,7 @@ class Decider {
     if (st_.rescale) {
       known.insert(st_.rescale->members.begin(), st_.rescale->members.end());
       known.insert(st_.rescale->new_pods.begin(), st_.rescale->new_pods.end());
+      known.insert(st_.rescale->state_peers.begin(), st_.rescale->state_peers.end());
     }
     for (const Action& a : plan_.actions)
       if (a.kind == Action::Kind::kDeletePods) known.insert(a.pods.begin(), a.pods.end());
@@ -1053,9 +1096,10 @@ class Decider {
   // rank already in the barrier, or a re-send once it is over, joins it instead of asking for
   // another.
   static constexpr uint64_t kEndOfGeneration = 0xFFFFFFFFu;
-  void Barrier(uint64_t low, const std::string& why) {
+  void Barrier(uint64_t low, const std::string& why, bool live = false) {
     Action& a = Do(Action::Kind::kBarrier, st_.members, why);
     a.barrier_id = (static_cast<uint64_t>(st_.generation) << 32) | low;
+    a.live = live;
   }
   void Emit(const std::string& type, const std::string& reason, const std::string& message) {
     plan_.events.push_back({type, reason, message});
@@ -1373,6 +1417,8 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     rs.recovery = in.Get<bool>(*r, in_r, "recovery", false);
     rs.started = in.Time(*r, in_r, "started").value_or(Clock::time_point{});
     rs.waiting_for = in.Get<std::string>(*r, in_r, "waitingFor", "");
+    rs.state_peers = in.Strings(*r, in_r, "statePeers");
+    rs.state_step = in.Get<int64_t>(*r, in_r, "stateStep", 0);
     st.rescale = rs;
   }
   if (!in.error.empty()) return InvalidArgument(in.error);
@@ -1451,6 +1497,10 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
                     {"recovery", r.recovery},
                     {"started", kube::FormatTime(r.started)}};
     if (!r.waiting_for.empty()) j["rescale"]["waitingFor"] = r.waiting_for;
+    if (!r.state_peers.empty()) {
+      j["rescale"]["statePeers"] = r.state_peers;
+      j["rescale"]["stateStep"] = r.state_step;
+    }
   }
   return j;
 }

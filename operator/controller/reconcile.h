@@ -53,6 +53,11 @@ struct RescaleState {
   // WaitingForPods: the pods not ready yet and why ("job-worker-2 (Pending: Unschedulable)",
   // "job-worker-0 (Running; worker does not answer: ...)"), as of the last reconcile.
   std::string waiting_for;
+  // A live rescale (DESIGN.md §4 step 5): the previous generation's pods, rank order, each
+  // holding its part of the live checkpoint of `state_step` in memory. The new generation reads
+  // it from them; they are shut down once it runs. Empty: the store's checkpoint.
+  std::vector<std::string> state_peers;
+  int64_t state_step = 0;
 };
 
 // status.anomaly: the anomaly rule's state (only while spec.anomaly is set).
@@ -134,6 +139,7 @@ struct WorkerReport {
   double loss = 0, tokens_per_second = 0;
   std::optional<int64_t> checkpoint_step;
   std::string checkpoint_kind, checkpoint_uri;
+  std::optional<int64_t> live_step;  // the live checkpoint it holds in memory, if any
   std::string last_error;
   bool last_error_permanent = false;              // the spec must change before a restart can help
   std::optional<double> gpu_utilization_percent;  // none on CPU workers
@@ -214,11 +220,11 @@ struct Action {
     kCreatePods,        // slots, generation, group size
     kDeletePods,        // pods
     kForceDeletePods,   // pods: deleted with grace 0, without waiting for their kubelet
-    kBarrier,           // Checkpoint{pause} on pods (a rescale's barrier, the anomaly rule's pause)
-    kRendezvous,        // generation, pods in rank order, store on the first one's IP
-    kShutdown,          // pods
-    kResume,            // pods held by a pause (the anomaly rule's)
-    kCreatePrepPod,     // pods[0]: the data phase's pod (status.data.key)
+    kBarrier,     // Checkpoint{pause} on pods (a rescale's barrier, live; the anomaly rule's pause)
+    kRendezvous,  // generation, pods in rank order, store on the first one's IP
+    kShutdown,    // pods
+    kResume,      // pods held by a pause (the anomaly rule's)
+    kCreatePrepPod,  // pods[0]: the data phase's pod (status.data.key)
   };
   Kind kind = Kind::kEnsureService;
   std::vector<std::string> pods;     // for kRendezvous: every member, in rank order
@@ -229,6 +235,11 @@ struct Action {
   // it: the generation in the high 32 bits; the low ones the anomaly's step for a pause, all
   // ones for the barrier that ends the generation (rescale, suspend, deletion).
   uint64_t barrier_id = 0;
+  bool live = false;  // kBarrier: a live checkpoint, kept in the ranks' memory
+  // kRendezvous: where the new generation resumes from (RescaleState::state_peers, in rank
+  // order); none: the store.
+  std::vector<std::string> state_peers;
+  int64_t state_step = 0;
   std::string reason;
 };
 

@@ -48,9 +48,12 @@ Status Repository::Commit(const Manifest& manifest) {
                                 std::to_string(it->second) + " bytes, expected " +
                                 std::to_string(shard.size));
   }
-  TIDAL_RETURN_IF_ERROR(
-      store_.Put(Key(manifest.step, "manifest.json"), ToJson(manifest).dump() + "\n"));
+  TIDAL_RETURN_IF_ERROR(CommitSpread(manifest));
   return store_.Put("latest", dir + "\n");
+}
+
+Status Repository::CommitSpread(const Manifest& manifest) {
+  return store_.Put(Key(manifest.step, "manifest.json"), ToJson(manifest).dump() + "\n");
 }
 
 StatusOr<std::vector<ScannedCheckpoint>> Repository::Scan() {

@@ -38,6 +38,10 @@ class Repository {
   // The manifest, then `latest`. Refuses a manifest whose shards are not all in the store with
   // their sizes (a rank's write was lost), so a commit never points at missing data.
   Status Commit(const Manifest& manifest);
+  // The manifest alone, for a checkpoint whose shards sit in other stores (the peer tier: each
+  // rank's shard in its own memory, worker/control/peer_store.h), so they cannot be listed
+  // here: the ranks agreed over their process group that every write succeeded. No `latest`.
+  Status CommitSpread(const Manifest& manifest);
 
   // Every step directory, newest first, checked as described above.
   StatusOr<std::vector<ScannedCheckpoint>> Scan();

@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "worker/checkpoint/peft_export.h"
 #include "worker/engine/trainer.h"
+#include "worker/objstore/memory_store.h"
 
 namespace tidal::checkpoint {
 namespace {
@@ -242,8 +243,10 @@ StatusOr<BuiltShard> WriteCapture(Repository& repo, const SaveCapture& c) {
 
 // Phase 3, collective, on the training thread: every rank's write succeeded, or nothing is
 // committed; rank 0 gathers the shard entries, commits (manifest, then latest) and prunes.
+// `spread`: every rank's shard went to a store of its own (SaveToPeers): rank 0 writes the
+// manifest only (Repository::CommitSpread) and prunes nothing.
 Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
-                  const StatusOr<BuiltShard>& shard, int keep) {
+                  const StatusOr<BuiltShard>& shard, int keep, bool spread = false) {
   engine::Comm& comm = trainer.comm();
   TIDAL_RETURN_IF_ERROR(
       AgreeOk(comm, shard.status(), repo.store().uri() + "/" + StepDirectory(c.step)));
@@ -261,9 +264,12 @@ Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
     header.config_hash = c.config_hash;
     header.created_at = NowRfc3339();
     auto manifest = AssembleManifest(header, shards);
-    committed = manifest.ok() ? repo.Commit(*manifest) : manifest.status();
+    committed = !manifest.ok() ? manifest.status()
+                : spread       ? repo.CommitSpread(*manifest)
+                               : repo.Commit(*manifest);
     if (committed.ok()) {
-      auto pruned = repo.Prune(keep);
+      auto pruned =
+          spread ? StatusOr<std::vector<int64_t>>(std::vector<int64_t>{}) : repo.Prune(keep);
       if (!pruned.ok())  // the checkpoint is committed; a failed prune only costs space
         Logger::Get().Log("warn", "pruning old checkpoints failed",
                           {{"error", pruned.status().message()}});
@@ -309,9 +315,34 @@ class CheckpointHooks : public engine::TrainingHooks {
         return NotFound("--resume " + resume_store_->uri() + ": no usable checkpoint there");
       return step.status();
     }
-    if (!policy_.resume || !repo_) return OkStatus();
+    bool peers_failed = false;
+    if (policy_.peer_resume) {
+      Status live = ResumeFromPeers(trainer, *policy_.peer_resume, policy_.peer_resume_step);
+      if (live.ok()) return OkStatus();
+      // Some rank could not read its part (a peer is gone): every rank knows it (AgreeOk), and
+      // the trainer holds a mix of read and initial values, which the store's newest
+      // checkpoint overwrites whole.
+      peers_failed = true;
+      if (trainer.comm().rank() == 0)
+        Logger::Get().Log("warn", "live reshard failed, resuming from the store",
+                          {{"peers", policy_.peer_resume->uri()},
+                           {"step", policy_.peer_resume_step},
+                           {"error", live.message()}});
+    }
+    if (!policy_.resume || !repo_) {
+      if (peers_failed)
+        return Unavailable("the peers' state could not be read and no store to resume from");
+      return OkStatus();
+    }
     auto step = ResumeFromNewest(trainer, *repo_);
-    if (step.ok() || step.status().code() == StatusCode::kNotFound) return OkStatus();
+    if (step.ok()) return OkStatus();
+    if (step.status().code() == StatusCode::kNotFound) {
+      // Starting at step 0 is right for a new job, never over a half-read state.
+      if (peers_failed)
+        return Unavailable("the peers' state could not be read and " + repo_->store().uri() +
+                           " holds no checkpoint to resume from");
+      return OkStatus();
+    }
     return step.status();
   }
   // What checkpointing costs the training thread, per save: the host copy, the commit
@@ -369,6 +400,13 @@ class CheckpointHooks : public engine::TrainingHooks {
                                            {"tensors", exported->tensors},
                                            {"bytes", exported->bytes}});
     return OkStatus();
+  }
+
+  StatusOr<std::string> CheckpointLive(Trainer& trainer) override {
+    if (!policy_.live_store) return FailedPrecondition("no memory store for live checkpoints");
+    // A save still in flight is committed first: its round belongs to this generation.
+    if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
+    return SaveToPeers(trainer, *policy_.live_store);
   }
 
   StatusOr<std::string> CheckpointNow(Trainer& trainer) override {
@@ -468,6 +506,38 @@ StatusOr<std::string> SaveCheckpoint(Trainer& trainer, Repository& repo, Checkpo
   failed.step = trainer.step();
   TIDAL_RETURN_IF_ERROR(CommitSave(trainer, repo, capture.ok() ? *capture : failed, shard, keep));
   return repo.store().uri() + "/" + StepDirectory(trainer.step());
+}
+
+StatusOr<std::string> SaveToPeers(Trainer& trainer, objstore::MemoryStore& memory) {
+  memory.Clear();  // one checkpoint at a time: the previous generation's, if any, goes
+  Repository repo(memory);
+  auto capture = CaptureForSave(trainer, CheckpointKind::kFull);
+  StatusOr<BuiltShard> shard = capture.ok() ? WriteCapture(repo, *capture) : capture.status();
+  SaveCapture failed;
+  failed.step = trainer.step();
+  TIDAL_RETURN_IF_ERROR(CommitSave(trainer, repo, capture.ok() ? *capture : failed, shard,
+                                   /*keep=*/1, /*spread=*/true));
+  return memory.uri() + "/" + StepDirectory(trainer.step());
+}
+
+Status ResumeFromPeers(Trainer& trainer, objstore::ObjectStore& peers, int64_t step) {
+  const auto start = std::chrono::steady_clock::now();
+  Repository repo(peers);
+  Status loaded = LoadStep(trainer, repo, step);
+  if (loaded.ok() && trainer.step() != step)
+    loaded = DataLoss(peers.uri() + ": the state of step " + std::to_string(step) + " says step " +
+                      std::to_string(trainer.step()));
+  TIDAL_RETURN_IF_ERROR(
+      AgreeOk(trainer.comm(), loaded, "resuming from the peers' step " + std::to_string(step)));
+  if (trainer.comm().rank() == 0)
+    Logger::Get().Log(
+        "info", "resumed from peers",
+        {{"peers", peers.uri()},
+         {"step", step},
+         {"world_size", trainer.comm().world_size()},
+         {"seconds",
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
+  return OkStatus();
 }
 
 StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo) {

@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "worker/checkpoint/repository.h"
 #include "worker/engine/run.h"
+#include "worker/objstore/memory_store.h"
 #include "worker/objstore/object_store.h"
 
 namespace tidal::checkpoint {
@@ -50,6 +51,13 @@ struct CheckpointPolicy {
   std::function<void(const CommitInfo& commit)> on_commit;
   // Called on every rank for a save that was not committed (the error is then returned too).
   std::function<void(CheckpointKind kind, const Status& why)> on_failure;
+  // The live tier (DESIGN.md §4 step 5). `live_store`: this rank's memory, where CheckpointLive
+  // saves (not owned; null: none). `peer_resume`: the previous generation's ranks' memory
+  // (worker/control/peer_store.h), holding its checkpoint of `peer_resume_step`: resumed from
+  // first, the store's newest checkpoint being the fallback.
+  objstore::MemoryStore* live_store = nullptr;
+  std::shared_ptr<objstore::ObjectStore> peer_resume;
+  int64_t peer_resume_step = 0;
 };
 
 // What must match between the run that saved and the run that resumes (model, LoRA, data,
@@ -65,6 +73,13 @@ StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(
 StatusOr<std::string> SaveCheckpoint(engine::Trainer& trainer, Repository& repo,
                                      CheckpointKind kind, int keep,
                                      uint64_t* shard_bytes = nullptr);
+// Collective: a full checkpoint of this step, each rank's shard into its own `memory` (emptied
+// first) and rank 0's manifest and trainer state into its own; nothing durable. The next
+// generation reads it through the peers (ResumeFromPeers). Returns the step's URI in `memory`.
+StatusOr<std::string> SaveToPeers(engine::Trainer& trainer, objstore::MemoryStore& memory);
+// Collective: loads `step` from `peers` (any world size, as from a store); an error on any
+// rank is the error of every rank, and the trainer then holds partly read values.
+Status ResumeFromPeers(engine::Trainer& trainer, objstore::ObjectStore& peers, int64_t step);
 // The step resumed from; NotFound (on every rank) when the store holds no usable checkpoint.
 StatusOr<int64_t> ResumeFromNewest(engine::Trainer& trainer, Repository& repo);
 

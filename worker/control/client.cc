@@ -136,7 +136,8 @@ StatusOr<pb::WorkerStatus> WorkerClient::GetStatus() {
 }
 
 Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
-                                const std::string& store_address) {
+                                const std::string& store_address,
+                                const std::vector<std::string>& state_peers, int64_t state_step) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, impl_->options.timeout);
   pb::RendezvousRequest req;
@@ -144,17 +145,20 @@ Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
   req.set_world_size(world_size);
   req.set_rank(rank);
   req.set_store_address(store_address);
+  for (const std::string& peer : state_peers) req.add_state_peers(peer);
+  req.set_state_step(state_step);
   pb::RendezvousResponse out;
   return FromGrpcStatus(impl_->Stub()->Rendezvous(&ctx, req, &out));
 }
 
 StatusOr<pb::CheckpointInfo> WorkerClient::Checkpoint(bool pause, std::chrono::milliseconds timeout,
-                                                      uint64_t barrier_id) {
+                                                      uint64_t barrier_id, bool live) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, timeout);
   pb::CheckpointRequest req;
   req.set_pause(pause);
   req.set_barrier_id(barrier_id);
+  req.set_live(live);
   pb::CheckpointResponse out;
   grpc::Status s = impl_->Stub()->Checkpoint(&ctx, req, &out);
   if (!s.ok()) return FromGrpcStatus(s);
@@ -186,6 +190,31 @@ Status WorkerClient::Shutdown(const std::string& reason) {
   req.set_reason(reason);
   pb::ShutdownResponse out;
   return FromGrpcStatus(impl_->Stub()->Shutdown(&ctx, req, &out));
+}
+
+StatusOr<uint64_t> WorkerClient::ReadState(const std::string& key, uint64_t offset, uint64_t length,
+                                           bool to_end, std::string* into) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, impl_->options.timeout);
+  pb::ReadStateRequest req;
+  req.set_key(key);
+  req.set_offset(offset);
+  req.set_length(length);
+  req.set_to_end(to_end);
+  auto reader = impl_->Stub()->ReadState(&ctx, req);
+  pb::StateChunk chunk;
+  uint64_t size = 0;
+  bool first = true;
+  if (into) into->clear();
+  while (reader->Read(&chunk)) {
+    if (first) size = chunk.object_size();
+    first = false;
+    if (into) into->append(chunk.data());
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return FromGrpcStatus(s);
+  if (first) return Unavailable("ReadState of \"" + key + "\": the stream ended without data");
+  return size;
 }
 
 Status WorkerClient::WatchSteps(int64_t after_step, std::chrono::milliseconds timeout,

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -31,13 +32,20 @@ class WorkerClient {
   ~WorkerClient();
 
   StatusOr<v1::WorkerStatus> GetStatus();
-  Status Rendezvous(int64_t generation, int world_size, int rank, const std::string& store_address);
-  // `barrier_id`: the barrier the call belongs to (worker.proto); 0: unnamed.
+  // `state_peers` and `state_step`: the previous generation's live checkpoint (worker.proto).
+  Status Rendezvous(int64_t generation, int world_size, int rank, const std::string& store_address,
+                    const std::vector<std::string>& state_peers = {}, int64_t state_step = 0);
+  // `barrier_id`: the barrier the call belongs to (worker.proto); 0: unnamed. `live`: kept in
+  // the ranks' memory for the next generation, not written to the store.
   StatusOr<v1::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,
-                                          uint64_t barrier_id = 0);
+                                          uint64_t barrier_id = 0, bool live = false);
   StatusOr<int64_t> Pause(std::chrono::milliseconds timeout, uint64_t barrier_id = 0);
   Status Resume();
   Status Shutdown(const std::string& reason);
+  // Bytes [offset, offset + length) of `key` in the worker's peer state (to its end with
+  // `to_end`), appended to `into` when given; returns the object's size.
+  StatusOr<uint64_t> ReadState(const std::string& key, uint64_t offset, uint64_t length,
+                               bool to_end, std::string* into);
   // Calls `on_event` for each step after `after_step` until it returns false, the stream
   // ends, or `timeout`.
   Status WatchSteps(int64_t after_step, std::chrono::milliseconds timeout,

@@ -56,7 +56,9 @@ const char* PhaseName(Phase phase) {
   return "Unknown";
 }
 
-WorkerRuntime::WorkerRuntime(RuntimeOptions options) : options_(std::move(options)) {
+WorkerRuntime::WorkerRuntime(RuntimeOptions options)
+    : options_(std::move(options)),
+      peer_state_(options_.config.name + "/peer-state", options_.peer_state_capacity_bytes) {
   Logger::Get().SetContext({options_.config.name, -1, 0});
   thread_ = std::thread([this] { Loop(); });
 }
@@ -66,7 +68,7 @@ WorkerRuntime::~WorkerRuntime() {
   if (thread_.joinable()) thread_.join();
 }
 
-Status WorkerRuntime::Rendezvous(const engine::Membership& m) {
+Status WorkerRuntime::Rendezvous(const engine::Membership& m, LiveState from) {
   if (m.world_size < 1 || m.rank < 0 || m.rank >= m.world_size)
     return InvalidArgument("rank " + std::to_string(m.rank) + " is outside world size " +
                            std::to_string(m.world_size));
@@ -82,6 +84,7 @@ Status WorkerRuntime::Rendezvous(const engine::Membership& m) {
                               " is not newer than this worker's generation " +
                               std::to_string(newest));
   pending_ = m;
+  pending_from_ = std::move(from);
   if (InGeneration(state_.phase)) JoinOrRequest(kLeaveFlag, 0);
   changed_.notify_all();
   return OkStatus();
@@ -105,18 +108,23 @@ bool WorkerRuntime::Served(uint32_t flags, uint64_t index) const {
 
 StatusOr<CheckpointRef> WorkerRuntime::Checkpoint(bool pause,
                                                   std::chrono::steady_clock::time_point deadline,
-                                                  uint64_t barrier_id) {
+                                                  uint64_t barrier_id, bool live) {
   std::unique_lock<std::mutex> lock(mu_);
   ++control_requests_;
   changed_.notify_all();
   if (!InGeneration(state_.phase))
     return FailedPrecondition(std::string("no generation to checkpoint (phase ") +
                               PhaseName(state_.phase) + ")");
-  // Every pause is checkpointed, so a paused worker already holds one at its step.
-  if (state_.phase == Phase::kPaused && state_.last_checkpoint &&
-      state_.last_checkpoint->step == state_.step)
-    return *state_.last_checkpoint;
-  const uint32_t flags = kCheckpointFlag | (pause ? uint32_t{kPauseFlag} : uint32_t{0});
+  // Every pause is checkpointed, so a paused worker already holds one at its step: in the
+  // store, which serves a live request too, or (for a live request) in memory.
+  if (state_.phase == Phase::kPaused) {
+    if (state_.last_checkpoint && state_.last_checkpoint->step == state_.step)
+      return *state_.last_checkpoint;
+    if (live && state_.live_checkpoint && state_.live_checkpoint->step == state_.step)
+      return *state_.live_checkpoint;
+  }
+  const uint32_t flags =
+      (live ? kLiveFlag : kCheckpointFlag) | (pause ? uint32_t{kPauseFlag} : uint32_t{0});
   const uint64_t target = JoinOrRequest(flags, barrier_id);
   const int64_t generation = state_.generation;
   const bool done = changed_.wait_until(lock, deadline, [&] {
@@ -280,12 +288,15 @@ void WorkerRuntime::EndBarrier(const StatusOr<CheckpointRef>& result, bool pause
 void WorkerRuntime::Loop() {
   while (true) {
     engine::Membership m;
+    LiveState from;
     {
       std::unique_lock<std::mutex> lock(mu_);
       changed_.wait(lock, [&] { return pending_.has_value() || shutdown_; });
       if (shutdown_) break;
       m = *pending_;
+      from = std::move(pending_from_);
       pending_.reset();
+      pending_from_ = {};
       requested_ = 0;
       requested_id_ = 0;
       barrier_flags_ = 0;  // a request of this generation joins none of the last one's barriers
@@ -301,7 +312,7 @@ void WorkerRuntime::Loop() {
     if (options_.observer) options_.observer->OnGeneration(m.generation, m.rank, m.world_size);
     LogInfo("joining generation", {{"world_size", m.world_size},
                                    {"store", m.store_host + ":" + std::to_string(m.store_port)}});
-    const Status ended = RunGeneration(m);
+    const Status ended = RunGeneration(m, from);
     std::lock_guard<std::mutex> lock(mu_);
     if (barriers_begun_ > barriers_done_) {  // a barrier cut short by the failure
       barriers_done_ = barriers_begun_;
@@ -327,7 +338,7 @@ void WorkerRuntime::Loop() {
   changed_.notify_all();
 }
 
-Status WorkerRuntime::RunGeneration(const engine::Membership& membership) {
+Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const LiveState& from) {
   engine::Membership m = membership;
   m.interface_host = options_.interface_host;
   m.timeout = options_.collective_timeout;
@@ -345,9 +356,29 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership) {
   policy.on_failure = [this](checkpoint::CheckpointKind kind, const Status& why) {
     if (options_.observer) options_.observer->OnCheckpointFailed(kind, why);
   };
+  policy.live_store = &peer_state_;
+  if (!from.peers.empty()) {
+    if (!options_.open_peers) {
+      LogWarn("no way to reach peers here: resuming from the store", {{"step", from.step}});
+    } else if (auto peers = options_.open_peers(from); !peers.ok()) {
+      LogWarn("cannot reach the peers: resuming from the store",
+              {{"step", from.step}, {"error", peers.status().message()}});
+    } else {
+      policy.peer_resume = std::move(*peers);
+      policy.peer_resume_step = from.step;
+    }
+  }
   // Declared after the session: destroyed first (its writer thread ends before the group).
   TIDAL_ASSIGN_OR_RETURN(auto hooks, checkpoint::MakeCheckpointHooks(policy, options_.s3));
-  TIDAL_RETURN_IF_ERROR(session->Start(*hooks));
+  Status started = session->Start(*hooks);
+  // Every rank of this generation has read what it needed (or given up on it): the previous
+  // generation's live checkpoint is of no more use.
+  peer_state_.Clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.live_checkpoint.reset();
+  }
+  TIDAL_RETURN_IF_ERROR(started);
   {
     std::lock_guard<std::mutex> lock(mu_);
     state_.step = session->step();
@@ -363,16 +394,21 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership) {
 }
 
 Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks) {
+  bool step_first = true;  // false: paused ranks agree on a request at the boundary they hold
   while (true) {
-    if (session.step() >= session.max_steps()) {
-      TIDAL_RETURN_IF_ERROR(session.Finish(hooks));
-      SetPhase(Phase::kSucceeded);
-      LogInfo("trained to the last step", {{"step", session.step()}});
-      return OkStatus();
+    if (step_first) {
+      if (session.step() >= session.max_steps()) {
+        TIDAL_RETURN_IF_ERROR(session.Finish(hooks));
+        SetPhase(Phase::kSucceeded);
+        LogInfo("trained to the last step", {{"step", session.step()}});
+        return OkStatus();
+      }
+      TIDAL_ASSIGN_OR_RETURN(engine::StepRecord record, session.Step());
+      PublishStep(record);
+      TIDAL_RETURN_IF_ERROR(session.After(hooks));
     }
-    TIDAL_ASSIGN_OR_RETURN(engine::StepRecord record, session.Step());
-    PublishStep(record);
-    TIDAL_RETURN_IF_ERROR(session.After(hooks));
+    const bool was_held = !step_first;  // agreeing while held: held again after it
+    step_first = true;
     uint32_t mine;
     uint64_t mine_id;
     {
@@ -382,7 +418,17 @@ Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::Training
     }
     TIDAL_ASSIGN_OR_RETURN(engine::Session::Agreement agreement, session.AgreeFlags(mine, mine_id));
     const uint32_t agreed = agreement.flags;
-    if (agreed == 0) continue;
+    if (agreed == 0) {
+      if (!was_held) continue;
+      SetPhase(Phase::kPaused);  // nothing asked after all: held as before
+      if (!StayHeld(step_first)) return OkStatus();
+      continue;
+    }
+    // A live barrier keeps its checkpoint in memory only; anything else that stops the ranks
+    // is checkpointed to the store: a pause can last, and leaving (a rescale without a live
+    // checkpoint, a shutdown) must lose no step.
+    const bool live = agreed & kLiveFlag;
+    const bool durable = (agreed & (kCheckpointFlag | kLeaveFlag)) || !live;
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Every rank acts on these at this boundary. A request that arrived during the
@@ -390,7 +436,7 @@ Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::Training
       requested_ &= ~agreed;
       if (requested_ == 0) requested_id_ = 0;
       ++barriers_begun_;
-      barrier_flags_ = agreed | kCheckpointFlag;
+      barrier_flags_ = agreed | (durable ? uint32_t{kCheckpointFlag} : uint32_t{0});
       barrier_id_ = agreement.id;
       state_.phase = Phase::kCheckpointing;
       changed_.notify_all();
@@ -400,27 +446,71 @@ Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::Training
                           [&] { return control_requests_ > seen || shutdown_; });
       }
     }
-    // Every agreed request is checkpointed first: a pause can last, and leaving (rescale,
-    // shutdown) must lose no step.
-    auto uri = session.CheckpointNow(hooks);
-    StatusOr<CheckpointRef> result = uri.status();
-    if (uri.ok()) result = CheckpointRef{session.step(), "full", *uri, NowMillis()};
+    StatusOr<CheckpointRef> result = Aborted("no checkpoint");
+    if (durable) {
+      auto uri = session.CheckpointNow(hooks);
+      result = uri.status();
+      if (uri.ok()) result = CheckpointRef{session.step(), "full", *uri, NowMillis()};
+    }
+    if (live && (!durable || result.ok())) {
+      auto uri = session.CheckpointLive(hooks);
+      if (!uri.ok()) {
+        result = uri.status();
+      } else {
+        const CheckpointRef ref{session.step(), "live", *uri, NowMillis()};
+        if (!durable) result = ref;  // a store checkpoint of the step serves live requests too
+        std::lock_guard<std::mutex> lock(mu_);
+        state_.live_checkpoint = ref;
+        LogInfo("live checkpoint", {{"step", ref.step}, {"bytes", peer_state_.bytes()}});
+      }
+    }
     const bool leave = agreed & kLeaveFlag;
-    EndBarrier(result, (agreed & kPauseFlag) && !leave);
-    TIDAL_RETURN_IF_ERROR(uri.status());
+    const bool hold = (agreed & kPauseFlag) || was_held;
+    EndBarrier(result, hold && !leave);
+    TIDAL_RETURN_IF_ERROR(result.status());
     if (leave) return OkStatus();
-    if ((agreed & kPauseFlag) && !HoldPaused()) return OkStatus();
-    SetPhase(Phase::kRunning);
+    if (!hold) {
+      SetPhase(Phase::kRunning);
+      continue;
+    }
+    if (!StayHeld(step_first)) return OkStatus();
   }
 }
 
-bool WorkerRuntime::HoldPaused() {
+bool WorkerRuntime::StayHeld(bool& step_first) {
+  switch (HoldPaused()) {
+    case Held::kLeave:
+      return false;
+    case Held::kAgree:
+      step_first = false;
+      return true;
+    case Held::kResume:
+      break;
+  }
+  SetPhase(Phase::kRunning);
+  return true;
+}
+
+WorkerRuntime::Held WorkerRuntime::HoldPaused() {
   std::unique_lock<std::mutex> lock(mu_);  // PAUSED since EndBarrier
-  changed_.wait(lock, [&] { return resume_requested_ || pending_.has_value() || shutdown_; });
-  const bool resume = resume_requested_ && !pending_ && !shutdown_;
-  resume_requested_ = false;
-  if (resume) LogInfo("resumed", {{"step", state_.step}});
-  return resume;
+  // A store checkpoint asked of ranks paused at a live one (a suspend during a live rescale):
+  // every member is asked, so all of them come to agree on it.
+  const auto store_checkpoint_asked = [&] { return (requested_ & kCheckpointFlag) != 0; };
+  changed_.wait(lock, [&] {
+    return resume_requested_ || pending_.has_value() || shutdown_ || store_checkpoint_asked();
+  });
+  if (pending_.has_value() || shutdown_) {
+    resume_requested_ = false;
+    return Held::kLeave;
+  }
+  if (resume_requested_) {
+    resume_requested_ = false;
+    LogInfo("resumed", {{"step", state_.step}});
+    return Held::kResume;
+  }
+  state_.phase = Phase::kCheckpointing;
+  changed_.notify_all();
+  return Held::kAgree;
 }
 
 }  // namespace tidal::worker

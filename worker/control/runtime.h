@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "worker/engine/session.h"
 #include "worker/engine/step_record.h"
 #include "worker/engine/train_config.h"
+#include "worker/objstore/memory_store.h"
 #include "worker/objstore/object_store.h"
 
 namespace tidal::worker {
@@ -35,7 +37,7 @@ const char* PhaseName(Phase phase);
 
 struct CheckpointRef {
   int64_t step = 0;
-  std::string kind;  // "full" | "snapshot"
+  std::string kind;  // "full" | "snapshot" | "live" (in the ranks' memory)
   std::string uri;
   int64_t unix_millis = 0;
 };
@@ -54,8 +56,11 @@ struct WorkerState {
   int rank = 0, world_size = 0;
   int64_t step = 0, max_steps = 0;
   std::optional<engine::StepRecord> last_step;
-  std::optional<GpuSample> gpu;  // with last_step
-  std::optional<CheckpointRef> last_checkpoint;
+  std::optional<GpuSample> gpu;                  // with last_step
+  std::optional<CheckpointRef> last_checkpoint;  // the newest committed to the store
+  // The live checkpoint this worker holds its part of in memory (peer_state()), until the
+  // generation that reads it has started.
+  std::optional<CheckpointRef> live_checkpoint;
   std::string last_error;
   // The last generation could not start for a reason a restart cannot fix (a spec field the
   // worker cannot honour: a missing file, a rank the model cannot take, a precision the device
@@ -73,6 +78,13 @@ class RuntimeObserver {
   virtual void OnCheckpoint(const checkpoint::CommitInfo& commit) = 0;
   // A checkpoint that was not committed (a write or the commit failed on some rank).
   virtual void OnCheckpointFailed(checkpoint::CheckpointKind kind, const Status& why) = 0;
+};
+
+// Where a generation resumes from when the previous one left a live checkpoint: its ranks'
+// control addresses (rank order) and the step.
+struct LiveState {
+  std::vector<std::string> peers;
+  int64_t step = 0;
 };
 
 struct RuntimeOptions {
@@ -93,6 +105,11 @@ struct RuntimeOptions {
   // for good once it has published step N, while the worker goes on answering: a hang the
   // operator's stall detector must find (the other ranks wait in their next collective).
   int64_t stall_at_step = 0;
+  // Opens the previous generation's live checkpoint on its peers (worker/control/peer_store.h
+  // over the control API); null: a Rendezvous naming peers resumes from the store.
+  std::function<StatusOr<std::shared_ptr<objstore::ObjectStore>>(const LiveState& from)> open_peers;
+  // The most this worker keeps in memory for its peers (a live checkpoint's part).
+  uint64_t peer_state_capacity_bytes = 8ull << 30;
 };
 
 class WorkerRuntime {
@@ -105,14 +122,18 @@ class WorkerRuntime {
   // Accepts the membership of a newer generation. A running generation is left at the next
   // step boundary (every rank agrees; the state is checkpointed first, so nothing is lost); a
   // paused or failed one at once. Refused (FailedPrecondition) when `generation` is not newer.
-  Status Rendezvous(const engine::Membership& membership);
+  // With `from.peers`, the generation resumes from their live checkpoint of `from.step`, or from
+  // the store's newest when that cannot be read.
+  Status Rendezvous(const engine::Membership& membership, LiveState from = {});
   // A full checkpoint at the next agreed step boundary; with `pause`, hold after it. Waits
   // until it is committed, the generation ends, or `deadline`. `barrier_id` names the barrier
   // (the operator sends one id to every rank, increasing within a generation; 0: unnamed): a
   // request joins the newest barrier of the generation when that one checkpoints (and pauses,
   // if asked) and is under way, or is over and carries this id or a later one.
+  // With `live`, the checkpoint is kept in the ranks' memory (peer_state(), kind "live") for the
+  // next generation, and nothing is written to the store.
   StatusOr<CheckpointRef> Checkpoint(bool pause, std::chrono::steady_clock::time_point deadline,
-                                     uint64_t barrier_id = 0);
+                                     uint64_t barrier_id = 0, bool live = false);
   // Hold at the next agreed step boundary (or join a pausing barrier, as Checkpoint); returns
   // the step it holds at.
   StatusOr<int64_t> Pause(std::chrono::steady_clock::time_point deadline, uint64_t barrier_id = 0);
@@ -122,6 +143,8 @@ class WorkerRuntime {
   void Shutdown(const std::string& reason);
 
   WorkerState State() const;
+  // This worker's part of its newest live checkpoint, served to peers (ReadState).
+  objstore::MemoryStore& peer_state() { return peer_state_; }
   // Events with seq > `after_seq` (at most `max`), waiting until there is one, `deadline`, or
   // shutdown. `FirstSeqAfterStep` turns a step into a starting point.
   std::vector<StepEvent> EventsAfter(uint64_t after_seq, size_t max,
@@ -134,8 +157,9 @@ class WorkerRuntime {
   bool WaitExited(std::chrono::steady_clock::time_point deadline) const;
 
  private:
-  enum Flag : uint32_t { kCheckpointFlag = 1, kPauseFlag = 2, kLeaveFlag = 4 };
-  static constexpr int kFlagCount = 3;
+  enum Flag : uint32_t { kCheckpointFlag = 1, kPauseFlag = 2, kLeaveFlag = 4, kLiveFlag = 8 };
+  static constexpr int kFlagCount = 4;
+  enum class Held { kResume, kLeave, kAgree };
   // Under mu_: the barrier a request for `flags` named `id` belongs to (see Checkpoint): the
   // newest one, or the next one with `flags` raised for it. Returns its index.
   uint64_t JoinOrRequest(uint32_t flags, uint64_t id);
@@ -144,10 +168,14 @@ class WorkerRuntime {
   void Loop();
   // One generation, from joining to leaving; returns why it ended (OK: left on request or
   // finished).
-  Status RunGeneration(const engine::Membership& membership);
+  Status RunGeneration(const engine::Membership& membership, const LiveState& from);
   Status TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks);
-  // In PAUSED: waits for Resume (true) or a reason to leave (false).
-  bool HoldPaused();
+  // In PAUSED: waits for Resume, a reason to leave, or a checkpoint request (kAgree: every rank
+  // is asked the same, so they agree on it at this boundary without a step).
+  Held HoldPaused();
+  // HoldPaused, then: false to leave the generation; true to go on (running again, or with
+  // `step_first` false to agree on a request first).
+  bool StayHeld(bool& step_first);
   void SetPhase(Phase phase);
   void PublishStep(engine::StepRecord record);  // after the loss hook
   // Ends the barrier under way; with `pause` (and a result), the phase turns PAUSED at once.
@@ -158,6 +186,7 @@ class WorkerRuntime {
   mutable std::condition_variable changed_;
   WorkerState state_;
   std::optional<engine::Membership> pending_;  // the next generation, not yet joined
+  LiveState pending_from_;                     // and where it resumes from
   uint32_t requested_ = 0;                     // flags raised by the control API
   uint64_t requested_id_ = 0;                  // the largest id of the requests behind them
   bool resume_requested_ = false;
@@ -175,6 +204,7 @@ class WorkerRuntime {
   uint64_t done_with_[kFlagCount] = {};
   uint64_t control_requests_ = 0;  // Checkpoint and Pause calls received (the test hook)
   std::deque<StepEvent> events_;   // the newest kMaxEvents
+  objstore::MemoryStore peer_state_;
   uint64_t next_seq_ = 1;
   std::thread thread_;
 };

@@ -137,6 +137,7 @@ class Service final : public pb::WorkerControl::Service {
     }
     for (const StepEvent& e : runtime_.RecentEvents(kRecentSteps)) Fill(e, out->add_recent_steps());
     if (s.last_checkpoint) Fill(*s.last_checkpoint, out->mutable_last_checkpoint());
+    if (s.live_checkpoint) Fill(*s.live_checkpoint, out->mutable_live_checkpoint());
     out->set_last_error(s.last_error);
     out->set_last_error_permanent(s.last_error_permanent);
     out->set_uptime_millis(
@@ -163,7 +164,22 @@ class Service final : public pb::WorkerControl::Service {
     }
     if (m.generation < 1)
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "generation: expected >= 1");
-    Status accepted = runtime_.Rendezvous(m);
+    LiveState from;
+    for (int i = 0; i < req->state_peers_size(); ++i) {
+      const std::string& peer = req->state_peers(i);
+      const auto colon = peer.rfind(':');
+      int port = 0;
+      if (colon == std::string::npos || colon == 0 || !ParsePort(peer.substr(colon + 1), &port))
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            "state_peers[" + std::to_string(i) + "]: expected HOST:PORT, got \"" + peer + "\"");
+      from.peers.push_back(peer);
+    }
+    if (!from.peers.empty() && req->state_step() < 1)
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "state_step: expected >= 1 with state_peers");
+    from.step = req->state_step();
+    Status accepted = runtime_.Rendezvous(m, std::move(from));
     if (!accepted.ok()) return ToGrpc(accepted);
     out->set_generation(m.generation);
     return grpc::Status::OK;
@@ -172,7 +188,7 @@ class Service final : public pb::WorkerControl::Service {
   grpc::Status Checkpoint(grpc::ServerContext* ctx, const pb::CheckpointRequest* req,
                           pb::CheckpointResponse* out) override {
     if (auto denied = Authenticate(ctx)) return *denied;
-    auto saved = runtime_.Checkpoint(req->pause(), DeadlineOf(ctx), req->barrier_id());
+    auto saved = runtime_.Checkpoint(req->pause(), DeadlineOf(ctx), req->barrier_id(), req->live());
     if (!saved.ok()) return ToGrpc(saved.status());
     Fill(*saved, out->mutable_checkpoint());
     return grpc::Status::OK;
@@ -205,6 +221,36 @@ class Service final : public pb::WorkerControl::Service {
         cb();
       });
     }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReadState(grpc::ServerContext* ctx, const pb::ReadStateRequest* req,
+                         grpc::ServerWriter<pb::StateChunk>* writer) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    objstore::MemoryStore& state = runtime_.peer_state();
+    auto size = state.Size(req->key());
+    if (!size.ok()) return ToGrpc(size.status());
+    const uint64_t offset = req->offset();
+    const uint64_t length = req->to_end() ? (offset <= *size ? *size - offset : 0) : req->length();
+    // Past the end is an error before anything is sent (the store's message names the range).
+    if (offset > *size || length > *size - offset)
+      return ToGrpc(state.GetRange(req->key(), offset, length).status());
+    constexpr uint64_t kChunk = 1 << 20;
+    uint64_t at = offset;
+    const uint64_t end = offset + length;
+    bool first = true;
+    do {
+      pb::StateChunk chunk;
+      if (first) chunk.set_object_size(*size);
+      const uint64_t n = std::min(kChunk, end - at);
+      std::string* data = chunk.mutable_data();
+      data->resize(n);
+      if (Status read = state.GetRangeInto(req->key(), at, n, data->data()); !read.ok())
+        return ToGrpc(read);                               // replaced meanwhile by a smaller object
+      if (!writer->Write(chunk)) return grpc::Status::OK;  // the caller went away
+      at += n;
+      first = false;
+    } while (at < end);
     return grpc::Status::OK;
   }
 

@@ -31,6 +31,13 @@ class TrainingHooks {
   // flight is committed first): the barrier of a rescale. Returns the committed step's
   // directory URI.
   virtual StatusOr<std::string> CheckpointNow(Trainer& trainer) = 0;
+  // The barrier of a live rescale: a full checkpoint at this step boundary kept in the ranks'
+  // host memory for the next generation to read from them, none written to the store.
+  // Returns the step's URI there.
+  virtual StatusOr<std::string> CheckpointLive(Trainer& trainer) {
+    (void)trainer;
+    return FailedPrecondition("these training hooks keep no live checkpoints");
+  }
 };
 
 struct RankLaunch {

@@ -149,6 +149,9 @@ class TrainerSession final : public Session {
   StatusOr<std::string> CheckpointNow(TrainingHooks& hooks) override {
     return Guard<std::string>([&] { return hooks.CheckpointNow(*trainer_); });
   }
+  StatusOr<std::string> CheckpointLive(TrainingHooks& hooks) override {
+    return Guard<std::string>([&] { return hooks.CheckpointLive(*trainer_); });
+  }
 
   uint64_t FrozenChecksum() const override { return trainer_->parameters().FrozenChecksum(); }
 

@@ -3,7 +3,7 @@
 // runtime and tidal-train's local loop (RunRank) both drive a Session. No LibTorch types, so the
 // worker's control code (gRPC, state machine) stays out of LibTorch's headers. A rescale or a
 // recovery ends the session and starts another with the new membership; state crosses over through
-// a checkpoint.
+// a checkpoint: a live one in the ranks' memory for a rescale, the store's for a recovery.
 #pragma once
 
 #include <chrono>
@@ -82,6 +82,7 @@ class Session {
   virtual Status After(TrainingHooks& hooks) = 0;   // AfterStep: scheduled saves
   virtual Status Finish(TrainingHooks& hooks) = 0;  // OnFinish: final save and export
   virtual StatusOr<std::string> CheckpointNow(TrainingHooks& hooks) = 0;
+  virtual StatusOr<std::string> CheckpointLive(TrainingHooks& hooks) = 0;  // into host memory
 
   // A hash of this rank's frozen base weights: equal before and after training when the base
   // is untouched bit for bit.

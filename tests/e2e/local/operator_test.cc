@@ -83,6 +83,14 @@ TEST_F(OperatorTest, KubectlScaleResizesARunningJobWithoutChangingItsLossCurve) 
             "Succeeded")
       << LogTail();
   ExpectEveryStepOnceWithTheReferenceLoss("elastic-worker-0", reference);
+  // Both rescales moved the state through the ranks' memory, not the store (rank 0 says so).
+  const std::string rank0 = Ok({"logs", "elastic-worker-0"});
+  size_t from_peers = 0;
+  for (size_t at = rank0.find("\"resumed from peers\""); at != std::string::npos;
+       at = rank0.find("\"resumed from peers\"", at + 1))
+    ++from_peers;
+  EXPECT_EQ(from_peers, 2u) << rank0;
+  EXPECT_EQ(rank0.find("live reshard failed"), std::string::npos) << rank0;
   const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
   for (const char* reason :
        {"ScalingUp", "CheckpointBarrier", "Rescaled", "ScalingDown", "Succeeded"})

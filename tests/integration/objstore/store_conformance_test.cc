@@ -1,16 +1,20 @@
-// One conformance suite for every ObjectStore: file:// on a temporary directory and s3:// on a
-// real S3-protocol server (moto on loopback, SigV4 verified). Both must behave the same to the
-// checkpoint writer and reader: whole and ranged reads, NotFound, listing across pages, batched
-// deletes, multipart uploads, and a failed Put that leaves the previous object in place.
+// One conformance suite for every ObjectStore: file:// on a temporary directory, s3:// on a
+// real S3-protocol server (moto on loopback, SigV4 verified), and the in-memory store a worker
+// serves its peers from. All must behave the same to the checkpoint writer and reader: whole and
+// ranged reads, NotFound, listing across pages, batched deletes, multipart uploads, and a failed
+// Put that leaves the previous object in place.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <map>
+#include <memory>
 
 #include "tests/integration/objstore/fault_proxy.h"
 #include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/objstore/store_harness.h"
+#include "worker/objstore/memory_store.h"
 #include "worker/objstore/object_store.h"
 
 namespace tidal::testing {
@@ -21,10 +25,31 @@ using objstore::ObjectStore;
 using objstore::OpenObjectStore;
 using objstore::S3Options;
 
-enum class Backend { kFile, kS3 };
+enum class Backend { kFile, kS3, kMemory };
 void PrintTo(Backend backend, std::ostream* os) {
-  *os << (backend == Backend::kFile ? "file://" : "s3://");
+  *os << (backend == Backend::kFile ? "file://" : backend == Backend::kS3 ? "s3://" : "mem://");
 }
+
+// The memory stores of one test by root, so that opening a root twice sees the same objects,
+// as it does on a file system or a bucket. Each is bounded at 32 MiB.
+constexpr uint64_t kMemoryCapacity = 32ull << 20;
+class SharedMemoryStore final : public objstore::ObjectStore {
+ public:
+  explicit SharedMemoryStore(std::shared_ptr<objstore::MemoryStore> store)
+      : store_(std::move(store)) {}
+  std::string uri() const override { return store_->uri(); }
+  Status Put(const std::string& k, std::string_view d) override { return store_->Put(k, d); }
+  StatusOr<std::string> Get(const std::string& k) override { return store_->Get(k); }
+  StatusOr<std::string> GetRange(const std::string& k, uint64_t o, uint64_t n) override {
+    return store_->GetRange(k, o, n);
+  }
+  StatusOr<uint64_t> Size(const std::string& k) override { return store_->Size(k); }
+  StatusOr<std::vector<ObjectInfo>> List(const std::string& p) override { return store_->List(p); }
+  Status Delete(const std::vector<std::string>& k) override { return store_->Delete(k); }
+
+ private:
+  std::shared_ptr<objstore::MemoryStore> store_;
+};
 
 constexpr const char* kBucket = "ckpt";
 constexpr const char* kRoot = "jobs/run-1";
@@ -47,6 +72,11 @@ class StoreConformance : public ::testing::TestWithParam<Backend> {
   StatusOr<std::unique_ptr<ObjectStore>> Open(const std::string& root,
                                               const S3Options* options = nullptr) const {
     if (GetParam() == Backend::kFile) return OpenObjectStore("file://" + dir_.path() + "/" + root);
+    if (GetParam() == Backend::kMemory) {
+      auto& store = memory_[root];
+      if (!store) store = std::make_shared<objstore::MemoryStore>(root, kMemoryCapacity);
+      return std::unique_ptr<ObjectStore>(new SharedMemoryStore(store));
+    }
     return OpenObjectStore(std::string("s3://") + kBucket + "/" + root,
                            options ? *options : Options());
   }
@@ -59,6 +89,7 @@ class StoreConformance : public ::testing::TestWithParam<Backend> {
 
   TempDir dir_;
   std::unique_ptr<S3Server> server_;
+  mutable std::map<std::string, std::shared_ptr<objstore::MemoryStore>> memory_;
   std::unique_ptr<ObjectStore> store_;
 };
 
@@ -236,6 +267,13 @@ TEST_P(StoreConformance, FailedLargePutKeepsThePreviousObject) {
               std::string::npos)
         << failed.message();
     EXPECT_EQ(TempFilesUnder(dir_.path()), std::vector<std::string>{});
+  } else if (GetParam() == Backend::kMemory) {
+    // Past the store's capacity: refused naming it, nothing changed.
+    failed = store_->Put(key, data + data + data);
+    EXPECT_EQ(failed.code(), StatusCode::kFailedPrecondition) << failed.ToString();
+    EXPECT_NE(failed.message().find("over its capacity of " + std::to_string(kMemoryCapacity)),
+              std::string::npos)
+        << failed.message();
   } else {
     // Part 3 of 4 fails every time (500 InternalError, retried then given up).
     auto proxy = FaultProxy::Start(server_->port(), [](const http::Request& r) {
@@ -289,10 +327,12 @@ TEST_P(StoreConformance, InvalidKeysAreRefusedNamingTheKey) {
   EXPECT_EQ(store_->List("../").status().code(), StatusCode::kInvalidArgument);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance, ::testing::Values(Backend::kFile, Backend::kS3),
+INSTANTIATE_TEST_SUITE_P(Stores, StoreConformance,
+                         ::testing::Values(Backend::kFile, Backend::kS3, Backend::kMemory),
                          [](const auto& info) {
                            return info.param == Backend::kFile ? std::string("File")
-                                                               : std::string("S3");
+                                  : info.param == Backend::kS3 ? std::string("S3")
+                                                               : std::string("Memory");
                          });
 
 }  // namespace

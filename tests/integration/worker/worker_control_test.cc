@@ -80,7 +80,7 @@ class WorkerControlTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  void WriteSpec(const std::string& checkpoint, int max_steps) {
+  void WriteSpec(const std::string& checkpoint, int max_steps, int global_batch = 8) {
     const std::string full = checkpoint.substr(checkpoint.find(':') + 2);
     std::ofstream(dir_ + "/job.yaml")
         << "apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: wc}\nspec:\n"
@@ -88,7 +88,8 @@ class WorkerControlTest : public ::testing::Test {
         << "  dataset: {uri: " << TIDAL_SOURCE_DIR
         << "/examples/data/sample.jsonl, format: text, maxSeqLen: 32}\n"
         << "  lora: {rank: 4, alpha: 8, dropout: 0.1, targetModules: [q_proj, v_proj, up_proj]}\n"
-        << "  optimization:\n    zeroStage: 3\n    precision: fp32\n    globalBatchSize: 8\n"
+        << "  optimization:\n    zeroStage: 3\n    precision: fp32\n    globalBatchSize: "
+        << global_batch << "\n"
         << "    microBatchSize: 2\n    learningRate: 2.0e-3\n"
         << "    warmup: {steps: 5, adaptive: true}\n    maxSteps: " << max_steps
         << "\n    seed: 1\n"
@@ -127,15 +128,51 @@ class WorkerControlTest : public ::testing::Test {
     return workers_.back();
   }
 
-  // Rendezvous of `members` (indexes into workers_, rank order) as `generation`.
-  void Rendezvous(int64_t generation, const std::vector<int>& members) {
+  // Rendezvous of `members` (indexes into workers_, rank order) as `generation`; with
+  // `peers` (indexes, the previous generation's rank order), from their live checkpoint of
+  // `step`.
+  void Rendezvous(int64_t generation, const std::vector<int>& members,
+                  const std::vector<int>& peers = {}, int64_t step = 0) {
     const std::string store =
         workers_[members[0]].ip + ":" + std::to_string(FreePort(workers_[members[0]].ip));
+    std::vector<std::string> addresses;
+    for (int p : peers) addresses.push_back(workers_[p].address);
     for (size_t rank = 0; rank < members.size(); ++rank) {
       Status s = workers_[members[rank]].client->Rendezvous(
-          generation, static_cast<int>(members.size()), static_cast<int>(rank), store);
+          generation, static_cast<int>(members.size()), static_cast<int>(rank), store, addresses,
+          step);
       ASSERT_TRUE(s.ok()) << s.ToString();
     }
+  }
+
+  // Checkpoint{pause} on every one of `members` at once, as the operator sends it; the step
+  // they hold at (every answer names the same one and the kind asked for).
+  int64_t BarrierAll(const std::vector<int>& members, bool live) {
+    std::vector<std::future<StatusOr<pb::CheckpointInfo>>> calls;
+    for (int m : members)
+      calls.push_back(std::async(std::launch::async, [this, m, live] {
+        return workers_[m].client->Checkpoint(/*pause=*/true, 120s, /*barrier_id=*/0, live);
+      }));
+    std::set<int64_t> steps;
+    for (auto& call : calls) {
+      auto got = call.get();
+      EXPECT_TRUE(got.ok()) << got.status().ToString();
+      if (!got.ok()) continue;
+      EXPECT_EQ(got->kind(), live ? "live" : "full");
+      steps.insert(got->step());
+    }
+    EXPECT_EQ(steps.size(), 1u) << "the ranks held at different steps";
+    return steps.empty() ? 0 : *steps.begin();
+  }
+
+  // The step directories in the file:// checkpoint store.
+  std::set<std::string> StoredSteps() {
+    std::set<std::string> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_ + "/ckpt", ec))
+      if (e.path().filename().string().rfind("step-", 0) == 0)
+        out.insert(e.path().filename().string());
+    return out;
   }
 
   pb::WorkerStatus StatusOf(int index) {
@@ -266,6 +303,17 @@ TEST_F(WorkerControlTest, EveryMethodRefusesACallWithoutTheJobTokenAndChangesNot
          auto reader = stub->WatchSteps(c, {});
          pb::StepEvent e;
          while (reader->Read(&e)) {
+         }
+         return reader->Finish();
+       }},
+      {"ReadState",
+       [&](grpc::ClientContext* c) {
+         pb::ReadStateRequest req;
+         req.set_key("step-00000001/manifest.json");
+         req.set_to_end(true);
+         auto reader = stub->ReadState(c, req);
+         pb::StateChunk chunk;
+         while (reader->Read(&chunk)) {
          }
          return reader->Finish();
        }},
@@ -562,6 +610,139 @@ TEST_F(WorkerControlTest, RescaleTwoFourTwoKeepsEveryStepAndTheLossesOfAnUnresiz
   for (const auto& [step, count] : seen) EXPECT_EQ(count, 1) << "step " << step << " repeated";
   EXPECT_EQ(generations, (std::set<int64_t>{1, 2, 3}));
   EXPECT_TRUE(fs::exists(dir_ + "/ckpt/final/adapter_model.safetensors"));
+}
+
+// DESIGN.md §4 step 5: a rescale whose barrier keeps the state in the ranks' memory. The new
+// ranks read exactly their slices from the old ones over the control API: the store is neither
+// written nor read (it holds no checkpoint at all until the final one, so a resume from it
+// would start again at step 0), and the losses are the unresized run's, step for step.
+TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeavesTheStoreAlone) {
+  constexpr int kSteps = 20;
+  WriteSpec("full: 1000", kSteps, /*global_batch=*/24);  // whole micro-batches at 2, 3 and 4
+  const auto reference = ReferenceLosses(kSteps);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+  fs::remove_all(dir_ + "/ckpt");
+  for (int i = 0; i < 4; ++i) StartWorker(i);
+  Rendezvous(1, {0, 1});
+  StepRecorder steps(*workers_[0].client);
+  steps.WaitForStep(3);
+
+  // 2 -> 4: the old ranks hold their parts in memory and report them.
+  int64_t held = BarrierAll({0, 1}, /*live=*/true);
+  EXPECT_EQ(StatusOf(1).live_checkpoint().step(), held);
+  EXPECT_EQ(StoredSteps(), std::set<std::string>{}) << "a live barrier wrote to the store";
+  Rendezvous(2, {0, 1, 2, 3}, {0, 1}, held);
+  WaitFor(3, [](auto& s) { return s.generation() == 2 && s.phase() == pb::RUNNING; });
+  WaitFor(0, [](auto& s) { return s.generation() == 2 && s.phase() == pb::RUNNING; });
+  EXPECT_FALSE(StatusOf(0).has_live_checkpoint()) << "kept after the next generation started";
+  steps.WaitForStep(held + 3);
+
+  // 4 -> 2: the surplus ranks serve their parts until the new generation runs, then go.
+  held = BarrierAll({0, 1, 2, 3}, /*live=*/true);
+  Rendezvous(3, {0, 1}, {0, 1, 2, 3}, held);
+  WaitFor(1, [](auto& s) { return s.generation() == 3 && s.phase() == pb::RUNNING; });
+  for (int i : {2, 3}) ASSERT_TRUE(workers_[i].client->Shutdown("scale down").ok());
+  for (int i : {2, 3}) EXPECT_EQ(workers_[i].process->Wait(60s).exit_code, 0);
+  steps.WaitForStep(held + 3);
+
+  // 2 -> 3, with a worker that was not there before.
+  StartWorker(4);
+  held = BarrierAll({0, 1}, /*live=*/true);
+  Rendezvous(4, {0, 1, 4}, {0, 1}, held);
+
+  std::string logs;
+  for (int i : {0, 1, 4}) {
+    auto r = workers_[i].process->Wait(300s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    logs += r.err;
+  }
+  std::map<int64_t, int> seen;
+  std::map<int64_t, int> world_of_generation;
+  for (const pb::StepEvent& e : steps.events()) {
+    ++seen[e.step()];
+    world_of_generation[e.generation()] = e.world_size();
+    ASSERT_TRUE(reference.count(e.step()));
+    const double want = reference.at(e.step());
+    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5)
+        << "step " << e.step() << " at world size " << e.world_size();
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kSteps)) << "a step was lost";
+  for (const auto& [step, count] : seen) EXPECT_EQ(count, 1) << "step " << step << " repeated";
+  EXPECT_EQ(world_of_generation, (std::map<int64_t, int>{{1, 2}, {2, 4}, {3, 2}, {4, 3}}));
+  // Each new generation's rank 0 read from its peers; nothing resumed from the store.
+  size_t from_peers = 0;
+  for (size_t at = logs.find("\"resumed from peers\""); at != std::string::npos;
+       at = logs.find("\"resumed from peers\"", at + 1))
+    ++from_peers;
+  EXPECT_EQ(from_peers, 3u) << logs;
+  EXPECT_EQ(logs.find("\"resumed\""), std::string::npos) << "a generation resumed from the store";
+  // The store holds the final checkpoint and nothing else.
+  EXPECT_EQ(StoredSteps(), std::set<std::string>{"step-000000" + std::to_string(kSteps)});
+}
+
+// A live barrier whose holder is gone before the next generation reads from it: every new
+// rank falls back to the store's newest checkpoint (older: its steps are trained again, with
+// the same losses), and says so.
+TEST_F(WorkerControlTest, ALiveRescaleWhosePeerIsGoneResumesFromTheStoresNewest) {
+  constexpr int kSteps = 24;
+  WriteSpec("full: 8", kSteps);
+  const auto reference = ReferenceLosses(kSteps);
+  fs::remove_all(dir_ + "/ckpt");
+  StartWorker(0);
+  StartWorker(1);
+  Rendezvous(1, {0, 1});
+  StepRecorder steps(*workers_[0].client);
+  // Well between two store checkpoints (8 and 16).
+  WaitFor(0, [](auto& s) { return s.last_checkpoint().step() >= 8 && s.step() >= 10; });
+  const int64_t held = BarrierAll({0, 1}, /*live=*/true);
+  const int64_t stored = StatusOf(0).last_checkpoint().step();
+  ASSERT_LT(stored, held) << "the test needs the live checkpoint to be newer than the store's";
+  kill(workers_[1].process->pid(), SIGKILL);
+  workers_[1].process->Wait(30s);
+  StartWorker(2);
+  Rendezvous(2, {0, 2}, {0, 1}, held);
+  auto r = workers_[0].process->Wait(300s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("live reshard failed, resuming from the store"), std::string::npos) << r.err;
+  std::vector<pb::StepEvent> events;
+  for (const auto& e : steps.events())
+    if (e.generation() == 2) events.push_back(e);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().step(), stored + 1) << "generation 2 did not resume at the store's";
+  EXPECT_EQ(events.back().step(), kSteps);
+  for (const auto& e : events) {
+    const double want = reference.at(e.step());
+    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5) << "step " << e.step();
+  }
+}
+
+// Ranks held at a live checkpoint (a rescale under way) asked for a store checkpoint, as a
+// suspend does: they write it at the step they hold, without training a step, and hold again.
+TEST_F(WorkerControlTest, RanksHeldAtALiveCheckpointWriteAStoreCheckpointOfTheSameStep) {
+  constexpr int kSteps = 10;
+  fs::remove_all(dir_ + "/ckpt");
+  WriteSpec("full: 1000", kSteps);
+  StartWorker(0);
+  StartWorker(1);
+  Rendezvous(1, {0, 1});
+  WaitFor(0, [](auto& s) { return s.step() >= 3; });
+  const int64_t held = BarrierAll({0, 1}, /*live=*/true);
+  EXPECT_EQ(StoredSteps(), std::set<std::string>{});
+  EXPECT_EQ(BarrierAll({0, 1}, /*live=*/false), held);
+  char dir[32];
+  std::snprintf(dir, sizeof(dir), "step-%08lld", static_cast<long long>(held));
+  EXPECT_TRUE(fs::exists(dir_ + "/ckpt/" + dir + "/manifest.json"));
+  for (int i : {0, 1}) {
+    pb::WorkerStatus s = StatusOf(i);
+    EXPECT_EQ(s.phase(), pb::PAUSED);
+    EXPECT_EQ(s.step(), held);
+    EXPECT_EQ(s.last_checkpoint().step(), held);
+  }
+  for (int i : {0, 1}) ASSERT_TRUE(workers_[i].client->Resume().ok());
+  for (int i : {0, 1}) {
+    auto r = workers_[i].process->Wait(300s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+  }
 }
 
 // kill -9 of one rank: the survivor's generation fails (the error says so), and a new

@@ -41,6 +41,7 @@ class Sim {
   // One reconcile: observe, decide, round-trip the status through JSON, apply the actions,
   // then let the workers train one step.
   Plan Reconcile() {
+    ++passes_;
     for (auto it = lingering_.begin(); it != lingering_.end();) {  // terminations that end now
       if (--it->second > 0) {
         ++it;
@@ -210,11 +211,23 @@ class Sim {
         for (const std::string& p : a.pods)
           if (reports_.count(p)) step = std::max(step, reports_[p].step);
         for (const std::string& p : a.pods) {
-          if (!reports_.count(p) || reports_[p].phase != "Running") continue;
-          reports_[p].phase = "Paused";
-          reports_[p].step = step;
-          reports_[p].checkpoint_step = step;
-          checkpoint_ = step;
+          if (!reports_.count(p)) continue;
+          WorkerReport& r = reports_[p];
+          if (r.phase == "Running") {
+            r.phase = "Paused";
+            r.step = step;
+          } else if (r.phase != "Paused") {
+            continue;
+          }
+          // A live barrier keeps the state in the ranks' memory; else (ranks held at a live
+          // checkpoint too) it goes to the store.
+          if (a.live) {
+            r.live_step = r.step;
+          } else {
+            r.checkpoint_step = r.step;
+            r.checkpoint_uri = "file:///ckpt/step-" + std::to_string(r.step);
+            checkpoint_ = std::max(checkpoint_, r.step);
+          }
         }
         break;
       }
@@ -226,12 +239,22 @@ class Sim {
           r.generation = a.generation;
           r.rank = static_cast<int>(rank);
           r.world_size = static_cast<int>(a.pods.size());
-          r.phase = "Running";
-          r.step = checkpoint_;  // resumes from the newest checkpoint
+          if (a.state_peers.empty()) {
+            r.phase = "Running";
+            r.step = checkpoint_;  // resumes from the newest checkpoint
+          } else {
+            r.phase = "Joining";  // reads from the peers until the next reconcile's Train
+            joining_since_[p] = passes_;
+            reading_from_ = a.state_peers;
+            reading_step_ = a.state_step;
+          }
         }
         break;
       case Action::Kind::kShutdown:
         for (const std::string& p : a.pods) {
+          if (!joining_since_.empty() &&
+              std::find(reading_from_.begin(), reading_from_.end(), p) != reading_from_.end())
+            ADD_FAILURE() << p << " was shut down while the new generation read its state";
           shutdown_.push_back(p);
           reports_.erase(p);
         }
@@ -243,6 +266,24 @@ class Sim {
     }
   }
   void Train() {
+    // The new ranks of a live rescale read their state: from the peers while each of them is
+    // there and holds the live checkpoint, else (a peer is gone) from the store's newest.
+    if (!joining_since_.empty() && std::all_of(joining_since_.begin(), joining_since_.end(),
+                                               [&](const auto& j) { return j.second < passes_; })) {
+      const bool peers_hold =
+          std::all_of(reading_from_.begin(), reading_from_.end(), [&](const std::string& peer) {
+            return reports_.count(peer) && reports_[peer].live_step == reading_step_;
+          });
+      for (const auto& [name, since] : joining_since_) {
+        if (!reports_.count(name) || reports_[name].phase != "Joining") continue;
+        WorkerReport& r = reports_[name];
+        r.phase = "Running";
+        r.step = peers_hold ? reading_step_ : checkpoint_;
+        r.live_step.reset();
+        resumed_from_peers_ += peers_hold ? 1 : 0;
+      }
+      joining_since_.clear();
+    }
     // A member that died ends its generation on every peer (gloo sees the closed pairs).
     std::set<int64_t> broken;
     for (const auto& [name, r] : reports_)
@@ -280,6 +321,14 @@ class Sim {
   int64_t checkpoint_ = 0;
   ProgressClock progress_;
   std::map<std::string, int> lingering_;  // terminating pods: reconciles left
+  // A live rescale's new ranks reading (pod → the reconcile it joined), and from where.
+  int passes_ = 0;  // reconciles, lost actions or not
+  std::map<std::string, int> joining_since_;
+  std::vector<std::string> reading_from_;
+  int64_t reading_step_ = 0;
+
+ public:
+  int resumed_from_peers_ = 0;  // new ranks that resumed from their peers' memory
 };
 
 std::string ConditionOf(const JobStatus& st, const std::string& type, const char* field) {
@@ -342,6 +391,79 @@ TEST(Reconcile, ScaleUpIsMakeBeforeBreakAndScaleDownShutsTheSurplusRanks) {
   EXPECT_EQ(sim.pods_.size(), 2u);
   EXPECT_EQ(sim.shutdown_, Names({2, 3}));
   EXPECT_EQ(sim.status().current_gpus, 2);
+}
+
+// DESIGN.md §4 step 5: the barrier keeps the state in the ranks' memory, the new generation
+// reads it from the old ranks (status.rescale.statePeers, so that a new leader knows them
+// too), and a surplus rank goes only once the generation reading from it runs.
+TEST(Reconcile, ARescaleMovesTheStateThroughTheRanksMemoryAndShutsTheSurplusOnlyOnceRead) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  for (int i = 0; i < 3; ++i) sim.Reconcile();
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  sim.Until([&] {
+    return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kRendezvous;
+  });
+  EXPECT_EQ(sim.status().rescale->state_peers, Names({0, 1}));
+  const int64_t held = sim.status().rescale->state_step;
+  EXPECT_GT(held, 0);
+  EXPECT_EQ(sim.status_json()["rescale"]["statePeers"], json(Names({0, 1})));
+  EXPECT_EQ(sim.status_json()["rescale"]["stateStep"], held);
+  sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
+  EXPECT_EQ(sim.resumed_from_peers_, 4);
+  EXPECT_FALSE(sim.status_json().contains("rescale"));
+
+  sim.SetSpec(Spec(R"({"replicas": 2})"));
+  sim.Until([&] {
+    return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kRendezvous;
+  });
+  EXPECT_EQ(sim.status().rescale->state_peers, Names({0, 1, 2, 3}));
+  EXPECT_TRUE(sim.shutdown_.empty()) << "a surplus rank went before the new ranks read from it";
+  sim.Until([&] { return sim.status().generation == 3 && !sim.status().rescale; });
+  EXPECT_EQ(sim.resumed_from_peers_, 6);
+  EXPECT_EQ(sim.shutdown_, Names({2, 3}));
+  EXPECT_EQ(sim.pods_.size(), 2u);
+}
+
+// A surplus rank that vanishes while the new generation reads from it: the new ranks resume
+// from the store instead (the worker's fallback), and the rescale completes.
+TEST(Reconcile, ALiveRescaleWhoseSurplusPeerVanishesCompletesFromTheStore) {
+  Sim sim(Spec(R"({"replicas": 4})"));
+  sim.Until([&] { return sim.status().phase == "Running" && sim.status().current_gpus == 4; });
+  for (int i = 0; i < 3; ++i) sim.Reconcile();
+  const int from_peers = sim.resumed_from_peers_;
+  sim.SetSpec(Spec(R"({"replicas": 2})"));
+  sim.Until([&] {
+    return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kRendezvous;
+  });
+  const int64_t next = sim.status().rescale->target_generation;
+  sim.pods_.erase("job-worker-3");
+  sim.reports_.erase("job-worker-3");
+  sim.Until([&] { return sim.status().generation == next && !sim.status().rescale; });
+  EXPECT_EQ(sim.resumed_from_peers_, from_peers) << "read from a peer that was gone";
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+  EXPECT_EQ(sim.pods_.size(), 2u);
+  EXPECT_EQ(sim.status().restarts, 0);
+}
+
+// A suspend while the new generation reads its state from the old one's memory: the store
+// has none of it, so the rendezvous is seen through first, then the generation checkpoints to
+// the store and its pods go. Nothing trained is lost.
+TEST(Reconcile, ASuspendDuringALiveRendezvousSeesItThroughThenCheckpointsToTheStore) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  for (int i = 0; i < 3; ++i) sim.Reconcile();
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  sim.Until([&] {
+    return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kRendezvous;
+  });
+  const int64_t held = sim.status().rescale->state_step;
+  sim.SetSpec(Spec(R"({"replicas": 4, "suspend": true})"));
+  sim.Until([&] { return sim.status().phase == "Suspended"; });
+  EXPECT_EQ(sim.resumed_from_peers_, 4);
+  EXPECT_TRUE(sim.pods_.empty());
+  ASSERT_TRUE(sim.status().last_checkpoint.contains("step"));
+  EXPECT_GE(sim.status().last_checkpoint["step"].get<int64_t>(), held);
 }
 
 // A leader that dies between writing the status and acting (every second reconcile here):
