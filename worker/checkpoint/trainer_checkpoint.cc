@@ -316,8 +316,8 @@ class CheckpointHooks : public engine::TrainingHooks {
       return step.status();
     }
     bool peers_failed = false;
-    if (policy_.peer_resume) {
-      Status live = ResumeFromPeers(trainer, *policy_.peer_resume, policy_.peer_resume_step);
+    if (policy_.peer_resume_step > 0) {
+      Status live = ResumeFromPeers(trainer, policy_.peer_resume.get(), policy_.peer_resume_step);
       if (live.ok()) return OkStatus();
       // Some rank could not read its part (a peer is gone): every rank knows it (AgreeOk), and
       // the trainer holds a mix of read and initial values, which the store's newest
@@ -325,7 +325,7 @@ class CheckpointHooks : public engine::TrainingHooks {
       peers_failed = true;
       if (trainer.comm().rank() == 0)
         Logger::Get().Log("warn", "live reshard failed, resuming from the store",
-                          {{"peers", policy_.peer_resume->uri()},
+                          {{"peers", policy_.peer_resume ? policy_.peer_resume->uri() : ""},
                            {"step", policy_.peer_resume_step},
                            {"error", live.message()}});
     }
@@ -520,19 +520,22 @@ StatusOr<std::string> SaveToPeers(Trainer& trainer, objstore::MemoryStore& memor
   return memory.uri() + "/" + StepDirectory(trainer.step());
 }
 
-Status ResumeFromPeers(Trainer& trainer, objstore::ObjectStore& peers, int64_t step) {
+Status ResumeFromPeers(Trainer& trainer, objstore::ObjectStore* peers, int64_t step) {
   const auto start = std::chrono::steady_clock::now();
-  Repository repo(peers);
-  Status loaded = LoadStep(trainer, repo, step);
-  if (loaded.ok() && trainer.step() != step)
-    loaded = DataLoss(peers.uri() + ": the state of step " + std::to_string(step) + " says step " +
-                      std::to_string(trainer.step()));
+  Status loaded = Unavailable("this rank cannot reach the peers");
+  if (peers) {
+    Repository repo(*peers);
+    loaded = LoadStep(trainer, repo, step);
+    if (loaded.ok() && trainer.step() != step)
+      loaded = DataLoss(peers->uri() + ": the state of step " + std::to_string(step) +
+                        " says step " + std::to_string(trainer.step()));
+  }
   TIDAL_RETURN_IF_ERROR(
       AgreeOk(trainer.comm(), loaded, "resuming from the peers' step " + std::to_string(step)));
   if (trainer.comm().rank() == 0)
     Logger::Get().Log(
         "info", "resumed from peers",
-        {{"peers", peers.uri()},
+        {{"peers", peers->uri()},
          {"step", step},
          {"world_size", trainer.comm().world_size()},
          {"seconds",

@@ -53,8 +53,9 @@ struct CheckpointPolicy {
   std::function<void(CheckpointKind kind, const Status& why)> on_failure;
   // The live tier (DESIGN.md §4 step 5). `live_store`: this rank's memory, where CheckpointLive
   // saves (not owned; null: none). `peer_resume`: the previous generation's ranks' memory
-  // (worker/control/peer_store.h), holding its checkpoint of `peer_resume_step`: resumed from
-  // first, the store's newest checkpoint being the fallback.
+  // (worker/control/peer_store.h), holding its checkpoint of `peer_resume_step`. With a step
+  // (> 0) every rank tries it first (one without `peer_resume` fails its part, so all of them
+  // agree), the store's newest checkpoint being the fallback.
   objstore::MemoryStore* live_store = nullptr;
   std::shared_ptr<objstore::ObjectStore> peer_resume;
   int64_t peer_resume_step = 0;
@@ -77,9 +78,10 @@ StatusOr<std::string> SaveCheckpoint(engine::Trainer& trainer, Repository& repo,
 // first) and rank 0's manifest and trainer state into its own; nothing durable. The next
 // generation reads it through the peers (ResumeFromPeers). Returns the step's URI in `memory`.
 StatusOr<std::string> SaveToPeers(engine::Trainer& trainer, objstore::MemoryStore& memory);
-// Collective: loads `step` from `peers` (any world size, as from a store); an error on any
-// rank is the error of every rank, and the trainer then holds partly read values.
-Status ResumeFromPeers(engine::Trainer& trainer, objstore::ObjectStore& peers, int64_t step);
+// Collective: loads `step` from `peers` (any world size, as from a store; null: this rank
+// cannot reach them, and fails its part); an error on any rank is the error of every rank,
+// and the trainer then holds partly read values.
+Status ResumeFromPeers(engine::Trainer& trainer, objstore::ObjectStore* peers, int64_t step);
 // The step resumed from; NotFound (on every rank) when the store holds no usable checkpoint.
 StatusOr<int64_t> ResumeFromNewest(engine::Trainer& trainer, Repository& repo);
 

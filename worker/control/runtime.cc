@@ -358,6 +358,9 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const 
   };
   policy.live_store = &peer_state_;
   if (!from.peers.empty()) {
+    // Every rank was named the peers, so every rank takes part in reading from them (a rank
+    // that cannot reach them fails its part, and all go to the store together).
+    policy.peer_resume_step = from.step;
     if (!options_.open_peers) {
       LogWarn("no way to reach peers here: resuming from the store", {{"step", from.step}});
     } else if (auto peers = options_.open_peers(from); !peers.ok()) {
@@ -365,7 +368,6 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const 
               {{"step", from.step}, {"error", peers.status().message()}});
     } else {
       policy.peer_resume = std::move(*peers);
-      policy.peer_resume_step = from.step;
     }
   }
   // Declared after the session: destroyed first (its writer thread ends before the group).
