@@ -199,10 +199,10 @@ class WorkerControlTest : public ::testing::Test {
     return s;
   }
 
-  // The losses of an unresized run of the same spec: tidal-train at 2 ranks.
-  std::map<int64_t, double> ReferenceLosses(int steps) {
-    auto result = RunProcess({TIDAL_TRAIN_BIN, "--config", dir_ + "/job.yaml", "--nproc", "2",
-                              "--max-steps", std::to_string(steps)},
+  // The losses of an unresized run of the same spec: tidal-train at `nproc` ranks.
+  std::map<int64_t, double> ReferenceLosses(int steps, int nproc = 2) {
+    auto result = RunProcess({TIDAL_TRAIN_BIN, "--config", dir_ + "/job.yaml", "--nproc",
+                              std::to_string(nproc), "--max-steps", std::to_string(steps)},
                              300s);
     EXPECT_EQ(result.exit_code, 0) << result.err;
     std::map<int64_t, double> losses;
@@ -678,6 +678,32 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   EXPECT_EQ(logs.find("\"resumed\""), std::string::npos) << "a generation resumed from the store";
   // The store holds the final checkpoint and nothing else.
   EXPECT_EQ(StoredSteps(), std::set<std::string>{"step-000000" + std::to_string(kSteps)});
+}
+
+// The smallest live rescale: one rank, to one rank, reading its state back from its own memory
+// over its own control API (on a GPU host, the CUDA tensors go through host memory both ways).
+TEST_F(WorkerControlTest, OneRankRescaledLiveOntoItselfGoesOnAtItsStepWithTheSameLosses) {
+  constexpr int kSteps = 10;
+  WriteSpec("full: 1000", kSteps);
+  const auto reference = ReferenceLosses(kSteps, /*nproc=*/1);
+  fs::remove_all(dir_ + "/ckpt");
+  StartWorker(0);
+  Rendezvous(1, {0});
+  StepRecorder steps(*workers_[0].client);
+  steps.WaitForStep(3);
+  const int64_t held = BarrierAll({0}, /*live=*/true);
+  Rendezvous(2, {0}, {0}, held);
+  auto r = workers_[0].process->Wait(300s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("\"resumed from peers\""), std::string::npos) << r.err;
+  std::map<int64_t, int> seen;
+  for (const pb::StepEvent& e : steps.events()) {
+    ++seen[e.step()];
+    const double want = reference.at(e.step());
+    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5) << "step " << e.step();
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kSteps));
+  for (const auto& [step, count] : seen) EXPECT_EQ(count, 1) << "step " << step << " repeated";
 }
 
 // A live barrier whose holder is gone before the next generation reads from it: every new
