@@ -100,6 +100,11 @@ class Sim {
     return o.status;
   }
   const json& status_json() const { return status_json_; }
+  // A rescale under way has reached its Rendezvous stage.
+  bool AtRendezvous() const {
+    const JobStatus st = status();
+    return st.rescale && st.rescale->stage == RescaleState::Stage::kRendezvous;
+  }
   bool HasEvent(const std::string& reason) const {
     return std::find(events_.begin(), events_.end(), reason) != events_.end();
   }
@@ -401,9 +406,7 @@ TEST(Reconcile, ARescaleMovesTheStateThroughTheRanksMemoryAndShutsTheSurplusOnly
   sim.Until([&] { return sim.status().phase == "Running"; });
   for (int i = 0; i < 3; ++i) sim.Reconcile();
   sim.SetSpec(Spec(R"({"replicas": 4})"));
-  sim.Until([&] {
-    return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kRendezvous;
-  });
+  sim.Until([&] { return sim.AtRendezvous(); });
   EXPECT_EQ(sim.status().rescale->state_peers, Names({0, 1}));
   const int64_t held = sim.status().rescale->state_step;
   EXPECT_GT(held, 0);
@@ -414,9 +417,7 @@ TEST(Reconcile, ARescaleMovesTheStateThroughTheRanksMemoryAndShutsTheSurplusOnly
   EXPECT_FALSE(sim.status_json().contains("rescale"));
 
   sim.SetSpec(Spec(R"({"replicas": 2})"));
-  sim.Until([&] {
-    return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kRendezvous;
-  });
+  sim.Until([&] { return sim.AtRendezvous(); });
   EXPECT_EQ(sim.status().rescale->state_peers, Names({0, 1, 2, 3}));
   EXPECT_TRUE(sim.shutdown_.empty()) << "a surplus rank went before the new ranks read from it";
   sim.Until([&] { return sim.status().generation == 3 && !sim.status().rescale; });
@@ -433,9 +434,7 @@ TEST(Reconcile, ALiveRescaleWhoseSurplusPeerVanishesCompletesFromTheStore) {
   for (int i = 0; i < 3; ++i) sim.Reconcile();
   const int from_peers = sim.resumed_from_peers_;
   sim.SetSpec(Spec(R"({"replicas": 2})"));
-  sim.Until([&] {
-    return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kRendezvous;
-  });
+  sim.Until([&] { return sim.AtRendezvous(); });
   const int64_t next = sim.status().rescale->target_generation;
   sim.pods_.erase("job-worker-3");
   sim.reports_.erase("job-worker-3");
@@ -454,9 +453,7 @@ TEST(Reconcile, ASuspendDuringALiveRendezvousSeesItThroughThenCheckpointsToTheSt
   sim.Until([&] { return sim.status().phase == "Running"; });
   for (int i = 0; i < 3; ++i) sim.Reconcile();
   sim.SetSpec(Spec(R"({"replicas": 4})"));
-  sim.Until([&] {
-    return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kRendezvous;
-  });
+  sim.Until([&] { return sim.AtRendezvous(); });
   const int64_t held = sim.status().rescale->state_step;
   sim.SetSpec(Spec(R"({"replicas": 4, "suspend": true})"));
   sim.Until([&] { return sim.status().phase == "Suspended"; });
