@@ -224,6 +224,24 @@ int64_t UnixMillis() {
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
 }
 
+// `generation` trained from step `resumed_at` + 1 to `last`, each step with the reference loss.
+void ExpectGenerationResumedAt(const std::vector<pb::StepEvent>& all, int64_t generation,
+                               int64_t resumed_at, int64_t last,
+                               const std::map<int64_t, double>& reference) {
+  std::vector<pb::StepEvent> events;
+  for (const auto& e : all)
+    if (e.generation() == generation) events.push_back(e);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.front().step(), resumed_at + 1)
+      << "generation " << generation << " did not resume at step " << resumed_at;
+  EXPECT_EQ(events.back().step(), last);
+  for (const auto& e : events) {
+    ASSERT_TRUE(reference.count(e.step())) << "step " << e.step();
+    const double want = reference.at(e.step());
+    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5) << "step " << e.step();
+  }
+}
+
 // Collects every step event of a worker's stream on a thread of its own.
 class StepRecorder {
  public:
@@ -730,16 +748,7 @@ TEST_F(WorkerControlTest, ALiveRescaleWhosePeerIsGoneResumesFromTheStoresNewest)
   auto r = workers_[0].process->Wait(300s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("live reshard failed, resuming from the store"), std::string::npos) << r.err;
-  std::vector<pb::StepEvent> events;
-  for (const auto& e : steps.events())
-    if (e.generation() == 2) events.push_back(e);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.front().step(), stored + 1) << "generation 2 did not resume at the store's";
-  EXPECT_EQ(events.back().step(), kSteps);
-  for (const auto& e : events) {
-    const double want = reference.at(e.step());
-    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5) << "step " << e.step();
-  }
+  ExpectGenerationResumedAt(steps.events(), 2, stored, kSteps, reference);
 }
 
 // Ranks held at a live checkpoint (a rescale under way) asked for a store checkpoint, as a
@@ -795,16 +804,7 @@ TEST_F(WorkerControlTest, KillNineOfARankFailsTheGenerationAndARendezvousResumes
   Rendezvous(2, {0, 2});
   auto r = workers_[0].process->Wait(300s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  std::vector<pb::StepEvent> events;
-  for (const auto& e : steps.events())
-    if (e.generation() == 2) events.push_back(e);
-  ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.front().step(), newest + 1) << "generation 2 did not resume at the newest";
-  EXPECT_EQ(events.back().step(), kSteps);
-  for (const auto& e : events) {
-    const double want = reference.at(e.step());
-    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5) << "step " << e.step();
-  }
+  ExpectGenerationResumedAt(steps.events(), 2, newest, kSteps, reference);
 }
 
 TEST_F(WorkerControlTest, MetricsReportStepsLossAndCheckpointsAndPassPromtool) {
