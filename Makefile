@@ -22,10 +22,10 @@ build: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
 # Every test (unit, integration and e2e ctest labels), incremental build first; then every test
-# that needs no LibTorch once more under AddressSanitizer + UBSan (`make sanitize`).
-test: build
-	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 1200 $(CTEST_ARGS)
-	tools/sanitize.sh address
+# that needs no LibTorch once more under AddressSanitizer + UBSan (`make sanitize`), whose build
+# runs in the background meanwhile at the lowest CPU priority (tools/test.sh).
+test: configure
+	tools/test.sh $(BUILD_DIR) $(CTEST_ARGS)
 
 # AddressSanitizer + LeakSanitizer + UBSan over the tests without LibTorch (build-asan/).
 sanitize: deps

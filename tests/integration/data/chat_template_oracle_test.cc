@@ -4,6 +4,7 @@
 // by transformers' apply_chat_template (tests/hf/chat_template_oracle.py, run once for all cases):
 // identical text, identical errors-or-not, identical assistant spans and token loss masks.
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -335,10 +336,17 @@ class ChatTemplateOracleTest : public ::testing::Test {
                                   {"extra", c.extra}});
     }
     // ctest runs each test in its own process: the oracle's answer is kept in the temp directory
-    // under a hash of the request and the script, so one ctest run starts Python once.
+    // under a hash of the request, the script and today's date (templates that call
+    // strftime_now render it), so one ctest run starts Python once and a run after midnight
+    // does not compare with yesterday's answer.
     std::string script = ReadFile(fs::path(TIDAL_SOURCE_DIR) / "tests/hf/chat_template_oracle.py");
+    std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char today[16];
+    std::strftime(today, sizeof(today), "%Y-%m-%d", &local);
     std::string key =
-        std::to_string(std::hash<std::string>{}(request.dump() + script + TIDAL_PYTHON));
+        std::to_string(std::hash<std::string>{}(request.dump() + script + TIDAL_PYTHON + today));
     fs::path cached = fs::temp_directory_path() / ("tidal_chat_template_oracle_" + key + ".json");
     json response = json::parse(ReadFile(cached), nullptr, false);
     if (response.is_discarded() || !response.contains("results")) {

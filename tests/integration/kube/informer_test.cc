@@ -19,14 +19,14 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-json ConfigMap(const std::string& name, json labels, json owners = json::array()) {
+json ConfigMap(const std::string& name, json labels, std::vector<json> owners = {}) {
   json meta = {{"name", name}, {"labels", labels}};
   if (!owners.empty()) meta["ownerReferences"] = owners;
   return {{"apiVersion", "v1"}, {"kind", "ConfigMap"}, {"metadata", meta}, {"data", {{"k", "v"}}}};
 }
 
 // A pod no node can take (nodeSelector matches nothing): it stays Pending, nothing runs.
-json Pod(const std::string& name, json labels, json owners = json::array()) {
+json Pod(const std::string& name, json labels, std::vector<json> owners = {}) {
   json meta = {{"name", name}, {"labels", labels}};
   if (!owners.empty()) meta["ownerReferences"] = owners;
   return {{"apiVersion", "v1"},

@@ -183,8 +183,9 @@ TEST(CrdTest, EveryIntegerFieldHasAMaximumRefusedOnePastItByTheSchemaAndTheOpera
       {"spec.anomaly.consecutiveSteps", spec::kMaxAnomalySteps},
   };
   for (const auto& [path, max] : expected) {
-    auto it =
-        std::find_if(fields.begin(), fields.end(), [&](const Field& f) { return f.path == path; });
+    // Named capture: clang 14 (tools/sanitize.sh) cannot capture a structured binding.
+    auto it = std::find_if(fields.begin(), fields.end(),
+                           [&path = path](const Field& f) { return f.path == path; });
     ASSERT_NE(it, fields.end()) << path;
     EXPECT_EQ(it->maximum, max) << path;
   }

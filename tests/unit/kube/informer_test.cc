@@ -20,7 +20,7 @@ json Owner(const std::string& uid, bool controller) {
 }
 
 json Pod(const std::string& ns, const std::string& name, int rv, json labels = json::object(),
-         json owners = json::array()) {
+         std::vector<json> owners = {}) {
   json meta = {{"namespace", ns},
                {"name", name},
                {"resourceVersion", std::to_string(rv)},
