@@ -237,6 +237,7 @@ class Sim {
         break;
       }
       case Action::Kind::kRendezvous:
+        members_of_[a.generation] = a.pods;
         for (const std::string& p : a.targets) {
           auto rank = std::find(a.pods.begin(), a.pods.end(), p) - a.pods.begin();
           ASSERT_LT(static_cast<size_t>(rank), a.pods.size()) << "target outside the members";
@@ -293,9 +294,11 @@ class Sim {
     std::set<int64_t> broken;
     for (const auto& [name, r] : reports_)
       if (!pods_.count(name) || pods_[name].phase == "Failed") broken.insert(r.generation);
-    const JobStatus st = status();
-    for (const std::string& m : st.members)
-      if (!pods_.count(m) || pods_[m].phase == "Failed") broken.insert(st.generation);
+    // So does a member that is gone or failed, for any generation it was rendezvoused into (a
+    // rescale's next one included, before the status names it): its process group cannot form.
+    for (const auto& [generation, members] : members_of_)
+      for (const std::string& m : members)
+        if (!pods_.count(m) || pods_[m].phase == "Failed") broken.insert(generation);
     for (auto& [name, r] : reports_)
       if (r.phase == "Running" && broken.count(r.generation)) {
         r.phase = "Failed";
@@ -329,11 +332,13 @@ class Sim {
   // A live rescale's new ranks reading (pod → the reconcile it joined), and from where.
   int passes_ = 0;  // reconciles, lost actions or not
   std::map<std::string, int> joining_since_;
+  std::map<int64_t, std::vector<std::string>> members_of_;  // generation → its Rendezvous's pods
   std::vector<std::string> reading_from_;
   int64_t reading_step_ = 0;
 
  public:
   int resumed_from_peers_ = 0;  // new ranks that resumed from their peers' memory
+  int64_t store_newest() const { return checkpoint_; }
 };
 
 std::string ConditionOf(const JobStatus& st, const std::string& type, const char* field) {
@@ -443,6 +448,50 @@ TEST(Reconcile, ALiveRescaleWhoseSurplusPeerVanishesCompletesFromTheStore) {
   EXPECT_EQ(sim.status().members, Names({0, 1}));
   EXPECT_EQ(sim.pods_.size(), 2u);
   EXPECT_EQ(sim.status().restarts, 0);
+}
+
+// A worker killed while a live scale-up's new generation reads its state: one of the old ranks
+// it reads from, or one of the new ranks. Either way that generation fails on every rank, and
+// the recovery resumes from the store's newest checkpoint (the memory read from is gone, or fed
+// a generation that died): never two generations at once (checked after every reconcile), no
+// rank shut down while read from (checked at every Shutdown), nothing older than the store's
+// newest, the restart counted, and the job back at the size asked for.
+TEST(Reconcile, AWorkerKilledWhileALiveScaleUpReadsItsStateRecoversFromTheStore) {
+  for (const std::string dead : {"job-worker-1", "job-worker-3"}) {
+    SCOPED_TRACE(dead);
+    Sim sim(Spec());
+    sim.Until([&] { return sim.status().phase == "Running"; });
+    for (int i = 0; i < 6; ++i) sim.Reconcile();
+    sim.SetSpec(Spec(R"({"replicas": 4})"));
+    sim.Until([&] { return sim.AtRendezvous(); });
+    const int64_t next = sim.status().rescale->target_generation;
+    const int64_t held = sim.status().rescale->state_step;
+    const int64_t stored = sim.store_newest();
+    ASSERT_GT(stored, 0);
+    ASSERT_LE(stored, held);
+    sim.pods_[dead].phase = "Failed";
+    sim.Until([&] { return sim.status().phase == "Recovering"; });
+    EXPECT_EQ(sim.status().restarts, 1);
+    // The live rescale is over; a recovery takes its place, reading nothing from memory.
+    ASSERT_TRUE(sim.status().rescale);
+    EXPECT_TRUE(sim.status().rescale->recovery);
+    EXPECT_TRUE(sim.status().rescale->state_peers.empty());
+    sim.now_ += 10s;  // the backoff
+    sim.Until([&] { return sim.status().phase == "Running" && sim.status().generation > next; });
+    for (const auto& [name, r] : sim.reports_)
+      if (r.phase == "Running") {
+        EXPECT_GE(r.step, stored) << name << " resumed before the store's newest";
+        EXPECT_LE(r.step, held + 1) << name;
+      }
+    sim.Until([&] {
+      return sim.status().phase == "Running" && sim.status().current_gpus == 4 &&
+             !sim.status().rescale;
+    });
+    std::vector<std::string> members = sim.status().members;
+    std::sort(members.begin(), members.end());  // the replaced slot may take another rank
+    EXPECT_EQ(members, Names({0, 1, 2, 3}));
+    EXPECT_EQ(sim.status().restarts, 1);
+  }
 }
 
 // A suspend while the new generation reads its state from the old one's memory: the store
