@@ -10,6 +10,12 @@
 # Lost time of one change = (time of the first step finished at the new size - the decision)
 #                           - steps finished at the old size since the decision x their median
 #                           - one median step at the new size (that step is training, not loss)
+# It is the sum of two parts, printed apart:
+#   slowdown = how much slower than their median the old size's steps since the decision were:
+#              here the new pods start on the same 2 cores as the ranks that train (on a
+#              cluster they start on GPUs and CPUs of their own);
+#   switch   = from the old size's last step (or the decision, if later) to the new size's
+#              first, less one median step at the new size: the pause itself.
 # The step times come from rank 0's JSON log lines, followed in every worker pod's log
 # across pod incarnations. Prints every change and, per direction, the ratio of the medians
 # (issue 25's target: <= 0.05).
@@ -146,20 +152,27 @@ def lost(t0, old, new):
     old_since = [s for s in timeline if t0 < s[0] < new[0][0] and s[2] == old]
     after = [b[0] - a[0] for a, b in zip(new, new[1:])][:8]
     step_old, step_new = statistics.median(before), statistics.median(after)
-    return (new[0][0] - t0) - len(old_since) * step_old - step_new, new[0][0] - t0, len(old_since), step_old, step_new
+    start = max([t0] + [o[0] for o in old_since])
+    switch = new[0][0] - start - step_new
+    slowdown = (start - t0) - len(old_since) * step_old
+    return dict(lost=slowdown + switch, slowdown=slowdown, switch=switch, wall=new[0][0] - t0,
+                n=len(old_since), so=step_old, sn=step_new)
 results = {}
 print(f"{'change':<18} {'GPUs':>6} {'to first new step':>18} {'old steps since':>15} "
-      f"{'step old/new':>13} {'lost':>8}")
+      f"{'step old/new':>13} {'slowdown':>9} {'switch':>8} {'lost':>8}")
 for line in open(sys.argv[2]):
     kind, old, new, t0 = line.split("\t")
-    l, wall, n, so, sn = lost(float(t0), int(old), int(new))
-    results.setdefault((kind, old, new), []).append(l)
-    print(f"{kind:<18} {old + '->' + new:>6} {wall:>17.2f}s {n:>15} {so:>6.2f}/{sn:<5.2f}s {l:>7.2f}s")
+    r = lost(float(t0), int(old), int(new))
+    results.setdefault((kind, old, new), []).append(r)
+    print(f"{kind:<18} {old + '->' + new:>6} {r['wall']:>17.2f}s {r['n']:>15} "
+          f"{r['so']:>6.2f}/{r['sn']:<5.2f}s {r['slowdown']:>8.2f}s {r['switch']:>7.2f}s "
+          f"{r['lost']:>7.2f}s")
 print()
 for old, new in (("2", "4"), ("4", "2")):
-    live = statistics.median(results[("live", old, new)])
-    sr = statistics.median(results[("stop-and-restart", old, new)])
-    print(f"median training time lost per {old}->{new}: live rescale {live:.2f} s, "
-          f"stop-and-restart {sr:.2f} s; ratio live / stop-and-restart = {live / sr:.3f} "
-          f"(target <= 0.05)")
+    for part, what in (("lost", "training time lost"), ("switch", "switch (the pause alone)")):
+        live = statistics.median(r[part] for r in results[("live", old, new)])
+        sr = statistics.median(r[part] for r in results[("stop-and-restart", old, new)])
+        print(f"median {what} per {old}->{new}: live rescale {live:.2f} s, "
+              f"stop-and-restart {sr:.2f} s; ratio live / stop-and-restart = {live / sr:.3f} "
+              f"(target <= 0.05)")
 PY
