@@ -24,28 +24,9 @@ build=${1:-build}
 rounds=${2:-2}
 root=$(cd "$(dirname "$0")/.." && pwd)
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
-tidal="$build/operator/tidal"
-kubectl_bin=$(command -v kubectl || echo "$root/tools/bin/kubectl")
-[[ -x "$tidal" ]] || { echo "rescale_cost: no $tidal (build first)" >&2; exit 2; }
 [[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "rescale_cost: ROUNDS: expected a positive integer" >&2; exit 2; }
-work=$(mktemp -d /tmp/tidal-rescale-bench-XXXXXX)
-data="$work/cluster"
-k() { "$kubectl_bin" --kubeconfig="$data/kubeconfig" "$@"; }
-cluster_pid="" tail_pid=""
-cleanup() {
-  set +e
-  [[ -n "$tail_pid" ]] && kill "$tail_pid" 2>/dev/null
-  if [[ -n "$cluster_pid" ]]; then kill "$cluster_pid"; wait "$cluster_pid"; fi 2>/dev/null
-  if [[ -n "${KEEP:-}" ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-"$tidal" local --data "$data" --gpus 4 --port 0 >"$work/cluster.out" 2>"$work/tidal-local.log" &
-cluster_pid=$!
-for _ in $(seq 1 150); do grep -q 'export KUBECONFIG' "$work/cluster.out" 2>/dev/null && break; sleep 0.2; done
-grep -q 'export KUBECONFIG' "$work/cluster.out" || { echo "tidal local did not start" >&2; exit 1; }
-for _ in $(seq 1 100); do k get crd trainingjobs.tidal.dev >/dev/null 2>&1 && break; sleep 0.2; done
+source "$root/bench/lib/local_job.sh"
+start_cluster 4
 
 cat >"$work/job.yaml" <<YAML
 apiVersion: tidal.dev/v1alpha1
@@ -64,69 +45,25 @@ spec:
     env: [{name: TIDAL_INTRA_OP_THREADS, value: "1"}]
 YAML
 k apply -f "$work/job.yaml" >/dev/null
-# Every worker pod's log, followed by path through each pod incarnation (a new pod of the same
-# name truncates it): only rank 0 logs steps, and rank 0 is whichever pod holds it.
-python3 -u - "$data/logs/default" "$work/steps.jsonl" <<'PY' &
-import os, sys, time
-root, out = sys.argv[1], open(sys.argv[2], "a")
-state = {}  # path -> (inode, offset)
-while True:
-    for slot in range(4):
-        path = os.path.join(root, f"rc-worker-{slot}", "worker.log")
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        inode, offset = state.get(path, (None, 0))
-        if inode != st.st_ino or st.st_size < offset:
-            inode, offset = st.st_ino, 0
-        if st.st_size > offset:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            end = chunk.rfind(b"\n") + 1
-            out.write(chunk[:end].decode(errors="replace"))
-            out.flush()
-            offset += end
-        state[path] = (inode, offset)
-    time.sleep(0.05)
-PY
-tail_pid=$!
-
-jp() { k get tj rc -o "jsonpath=$1" 2>/dev/null || true; }
-# Waits until the job trains at $1 GPUs, phase Running, $2 steps past the step it had then.
-settle() {
-  local gpus=$1 extra=$2 deadline=$((SECONDS + 300)) base=""
-  while ((SECONDS < deadline)); do
-    if [[ "$(jp '{.status.gpus.current}/{.status.phase}')" == "$gpus/Running" ]]; then
-      local step; step=$(jp '{.status.step}')
-      [[ -z "$base" ]] && base=$step
-      ((step >= base + extra)) && return 0
-    fi
-    sleep 0.5
-  done
-  echo "rescale_cost: the job did not settle at $gpus GPUs: $(jp '{.status}')" >&2
-  exit 1
-}
-now() { date +%s.%N; }
+follow_logs rc 4 "$work/steps.jsonl"
 events="$work/changes.tsv"
 : >"$events"
-settle 2 5
+settle rc 2 5
 # Suspend (checkpoint to the store, every pod removed), then resume at $1 GPUs.
 restart_at() {
   k patch tj rc --type=merge -p '{"spec":{"suspend":true}}' >/dev/null
-  for _ in $(seq 1 600); do [[ "$(jp '{.status.phase}')" == Suspended ]] && break; sleep 0.1; done
+  for _ in $(seq 1 600); do [[ "$(jp rc '{.status.phase}')" == Suspended ]] && break; sleep 0.1; done
   k patch tj rc --type=merge -p "{\"spec\":{\"suspend\":false,\"replicas\":$1}}" >/dev/null
 }
 for round in $(seq 1 "$rounds"); do
   t=$(now); k scale tj rc --replicas=4 >/dev/null
-  settle 4 4; printf 'live\t2\t4\t%s\n' "$t" >>"$events"
+  settle rc 4 4; printf 'live\t2\t4\t%s\n' "$t" >>"$events"
   t=$(now); k scale tj rc --replicas=2 >/dev/null
-  settle 2 4; printf 'live\t4\t2\t%s\n' "$t" >>"$events"
+  settle rc 2 4; printf 'live\t4\t2\t%s\n' "$t" >>"$events"
   t=$(now); restart_at 4
-  settle 4 4; printf 'stop-and-restart\t2\t4\t%s\n' "$t" >>"$events"
+  settle rc 4 4; printf 'stop-and-restart\t2\t4\t%s\n' "$t" >>"$events"
   t=$(now); restart_at 2
-  settle 2 4; printf 'stop-and-restart\t4\t2\t%s\n' "$t" >>"$events"
+  settle rc 2 4; printf 'stop-and-restart\t4\t2\t%s\n' "$t" >>"$events"
   echo "round $round of $rounds done" >&2
 done
 sleep 1

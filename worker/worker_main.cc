@@ -16,6 +16,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -131,6 +133,36 @@ StatusOr<Args> ParseArgs(int argc, char** argv, const std::map<std::string, std:
   return a;
 }
 
+// The control clients of this worker's peers (buddy copies read their wards' parts), one per
+// address, made on first use. Thread-safe.
+class PeerClients {
+ public:
+  explicit PeerClients(tidal::worker::ClientOptions options) : options_(std::move(options)) {
+    options_.timeout = std::chrono::seconds(10);
+  }
+  StatusOr<std::string> Read(const std::string& address, const std::string& key) {
+    tidal::worker::WorkerClient* client;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto& slot = clients_[address];
+      if (!slot) {
+        tidal::worker::ClientOptions o = options_;
+        o.address = address;
+        slot = std::make_unique<tidal::worker::WorkerClient>(o);
+      }
+      client = slot.get();
+    }
+    std::string data;
+    TIDAL_RETURN_IF_ERROR(client->ReadState(key, 0, 0, /*to_end=*/true, &data).status());
+    return data;
+  }
+
+ private:
+  tidal::worker::ClientOptions options_;
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<tidal::worker::WorkerClient>> clients_;
+};
+
 StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return tidal::InvalidArgument(std::string(what) + ": cannot read " + path);
@@ -175,6 +207,7 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
   o.policy.full_every = job->checkpoint.full_every_steps;
   o.policy.snapshot_every = job->checkpoint.snapshot_every_steps;
   o.policy.keep = static_cast<int>(job->checkpoint.keep);
+  o.buddy_every = job->checkpoint.buddy_every_steps;
   const bool any_s3 = o.policy.uri.rfind("s3://", 0) == 0 ||
                       o.config.dataset.uri.rfind("s3://", 0) == 0 ||
                       o.config.dataset.prepared_uri.rfind("s3://", 0) == 0 ||
@@ -314,12 +347,19 @@ int main(int argc, char** argv) {
                      {{"path", ca_path}});
     }
   }
-  if (peers_reachable)
+  if (peers_reachable) {
     options->open_peers = [peer_client](const tidal::worker::LiveState& from)
         -> StatusOr<std::shared_ptr<tidal::objstore::ObjectStore>> {
       return std::shared_ptr<tidal::objstore::ObjectStore>(
           std::make_shared<tidal::worker::PeerStore>(from.peers, peer_client));
     };
+    // Buddy copies: one channel per peer, kept; a read is bounded (a ward that is gone must
+    // not hold the end of a failed generation for long).
+    auto clients = std::make_shared<PeerClients>(peer_client);
+    options->read_peer_object = [clients](const std::string& address, const std::string& key) {
+      return clients->Read(address, key);
+    };
+  }
   tidal::worker::WorkerRuntime runtime(std::move(*options));
   server_options.on_shutdown = [&exit_signal] { exit_signal.Raise("Shutdown call"); };
   auto server = tidal::worker::ControlServer::Start(runtime, server_options);

@@ -105,6 +105,7 @@ void ReadCheckpoint(const json& spec, CheckpointSpec& c, std::vector<std::string
   s.Int("fullEverySteps", c.full_every_steps);
   s.Int("snapshotEverySteps", c.snapshot_every_steps);
   s.Int("keep", c.keep);
+  s.Int("buddyEverySteps", c.buddy_every_steps);
   if (!c.uri.empty())
     if (std::string why = CheckStoreUri(c.uri); !why.empty()) s.Error("uri", why);
   if (!c.credentials_secret.empty() && !ValidSecretName(c.credentials_secret))
@@ -113,6 +114,7 @@ void ReadCheckpoint(const json& spec, CheckpointSpec& c, std::vector<std::string
   s.InRange("fullEverySteps", c.full_every_steps, 0, spec::kMaxSteps);
   s.InRange("snapshotEverySteps", c.snapshot_every_steps, 0, spec::kMaxSteps);
   s.InRange("keep", c.keep, 1, spec::kMaxKeep);
+  s.InRange("buddyEverySteps", c.buddy_every_steps, 0, spec::kMaxSteps);
 }
 
 void ReadAnomaly(const json& spec, std::optional<AnomalySpec>& out,

@@ -39,6 +39,8 @@ struct CheckpointSpec {
   std::string uri;  // "" = a volume of the job's own
   std::string credentials_secret;
   int64_t full_every_steps = 500, snapshot_every_steps = 100, keep = 3;
+  // Steps between buddy copies in the ranks' host memory (DESIGN.md §4 step 5); 0: none.
+  int64_t buddy_every_steps = 1;
 };
 
 struct AnomalySpec {

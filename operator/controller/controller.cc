@@ -67,6 +67,8 @@ WorkerReport ReportOf(const pb::WorkerStatus& s) {
       sample.gpu_utilization_percent = e.gpu_utilization_percent();
     r.recent_steps.push_back(sample);
   }
+  for (const pb::HeldPart& h : s.held_parts())
+    r.held.push_back({h.generation(), h.rank(), h.world_size(), h.step()});
   return r;
 }
 
@@ -698,13 +700,24 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           }
           peers.push_back(ip + ":" + std::to_string(kControlPort));
         }
+        // The members' control addresses, for buddy copies (none when one has no address yet).
+        std::vector<std::string> members;
+        for (const std::string& pod : a.pods) {
+          const std::string ip = pod_ip(pod);
+          if (ip.empty() || a.wards.size() != a.pods.size()) {
+            members.clear();
+            break;
+          }
+          members.push_back(ip + ":" + std::to_string(kControlPort));
+        }
         for (const std::string& pod : a.targets) {
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
           worker::WorkerClient* c = worker_of(pod);
           if (!c) continue;
-          Status s =
-              c->Rendezvous(a.generation, static_cast<int>(a.pods.size()), static_cast<int>(rank),
-                            store, peers, peers.empty() ? 0 : a.state_step);
+          Status s = c->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
+                                   static_cast<int>(rank), store, peers,
+                                   peers.empty() ? 0 : a.state_step, members,
+                                   members.empty() ? static_cast<int>(rank) : a.wards[rank]);
           // Already there (a repeated call after a crash) is success.
           if (!s.ok() && s.message().find("not newer") == std::string::npos) done = s;
         }

@@ -955,6 +955,46 @@ class Decider {
     }
   }
 
+  // A recovery's first Rendezvous: where the survivors of the lost generation (FAILED at it)
+  // hold a buddy copy of every rank's part at one step, the new generation reads its state
+  // from their memory at the newest such step (DESIGN.md §4 step 5) instead of the store's
+  // newest checkpoint. A rank lost together with the rank that kept its copy leaves the store.
+  void ReadLostStateFromBuddies(RescaleState& r) {
+    std::vector<planner::Holder> holders;
+    int world_size = 0;
+    for (const std::string& m : r.members) {
+      const WorkerReport* w = Report(m);
+      if (!w || w->generation != st_.generation || w->held.empty()) continue;
+      holders.push_back({m, w->rank, w->held});
+      world_size = w->world_size;
+    }
+    if (holders.empty()) {  // nobody survived, or nobody had made a copy yet
+      if (spec_->checkpoint.buddy_every_steps > 0)
+        Emit("Warning", "BuddyCopiesLost",
+             "generation " + std::to_string(st_.generation) +
+                 ": no survivor holds a buddy copy; resuming from the store's newest checkpoint");
+      return;
+    }
+    const planner::BuddyRecovery plan = planner::PlanBuddyRecovery(st_.generation, world_size,
+                                                                   holders);
+    if (plan.step == 0) {
+      std::string ranks;
+      for (int k : plan.missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(k);
+      Emit("Warning", "BuddyCopiesLost",
+           "generation " + std::to_string(st_.generation) + ": no survivor holds the state of " +
+               (ranks.empty() ? std::string("every rank at one step")
+                              : "rank " + ranks + " (lost with the rank keeping its copy)") +
+               "; resuming from the store's newest checkpoint");
+      return;
+    }
+    r.state_peers = plan.sources;
+    r.state_step = plan.step;
+    Emit("Normal", "RecoveringFromMemory",
+         "generation " + std::to_string(st_.generation) + "'s state at step " +
+             std::to_string(plan.step) +
+             " is read from the survivors' buddy copies; the store is not read");
+  }
+
   // The new pods never became ready: delete them. A scale-up leaves the job as it was; a
   // recovery goes on with the survivors alone when they are an allowed size (DESIGN.md §4),
   // else tries again after the backoff.
@@ -1000,9 +1040,14 @@ class Decider {
     RescaleState& r = *st_.rescale;
     // Pods of the old generation that are not in the new one. Under a live rescale they hold
     // state the new generation reads: they go once it runs (below).
+    if (st_.generation != r.target_generation && r.recovery && st_.generation > 0 &&
+        r.state_peers.empty())
+      ReadLostStateFromBuddies(r);
     std::vector<std::string> surplus;
     for (const std::string& m : r.state_peers.empty() ? st_.members : r.state_peers)
-      if (std::find(r.members.begin(), r.members.end(), m) == r.members.end()) surplus.push_back(m);
+      if (std::find(r.members.begin(), r.members.end(), m) == r.members.end() &&
+          std::find(surplus.begin(), surplus.end(), m) == surplus.end())
+        surplus.push_back(m);
     if (st_.generation != r.target_generation) {
       st_.generation = r.target_generation;
       st_.members = r.members;
@@ -1031,6 +1076,12 @@ class Decider {
         a.generation = r.target_generation;
         a.state_peers = r.state_peers;
         a.state_step = r.state_step;
+        std::vector<std::string> nodes;
+        for (const std::string& m : r.members) {
+          const PodView* p = Pod(m);
+          nodes.push_back(p ? p->node : "");
+        }
+        a.wards = planner::BuddyWards(nodes);
       }
       st_.phase = r.recovery ? (st_.restarts > 0 ? "Recovering" : "Pending") : "Scaling";
       plan_.requeue_after = options_.poll;
@@ -1041,6 +1092,7 @@ class Decider {
       Do(Action::Kind::kDeletePods, surplus, r.reason);
     }
     const bool recovery = r.recovery;
+    const int64_t from_memory_step = r.state_peers.empty() ? 0 : r.state_step;
     // A change with no member from before it is a start (nothing trained yet), a recovery
     // (after a failure) or a resume (after suspend); else it grew or shrank the generation.
     const bool all_new = r.new_pods.size() == r.members.size();
@@ -1053,7 +1105,10 @@ class Decider {
     st_.phase = "Running";
     if (recovery && st_.restarts > 0)
       Emit("Normal", "Recovered",
-           "generation " + std::to_string(st_.generation) + " resumed from the newest checkpoint");
+           "generation " + std::to_string(st_.generation) +
+               (from_memory_step == 0 ? " resumed from the newest checkpoint"
+                                      : " resumed from the survivors' memory at step " +
+                                            std::to_string(from_memory_step)));
     else if (!recovery)
       Emit("Normal", "Rescaled",
            "generation " + std::to_string(st_.generation) + " training at " +

@@ -33,6 +33,7 @@
 #include "common/status.h"
 #include "operator/api/training_job.h"
 #include "operator/planner/anomaly.h"
+#include "operator/planner/buddy.h"
 
 namespace tidal::controller {
 
@@ -58,6 +59,8 @@ struct RescaleState {
   // it from them; they are shut down once it runs. Empty: the store's checkpoint.
   std::vector<std::string> state_peers;
   int64_t state_step = 0;
+  // kRendezvous: per rank, the rank whose buddy copy it keeps (planner::BuddyWards).
+  std::vector<int> wards;
 };
 
 // status.anomaly: the anomaly rule's state (only while spec.anomaly is set).
@@ -144,6 +147,7 @@ struct WorkerReport {
   bool last_error_permanent = false;              // the spec must change before a restart can help
   std::optional<double> gpu_utilization_percent;  // none on CPU workers
   std::vector<planner::StepSample> recent_steps;  // the newest steps, for the anomaly rule
+  std::vector<planner::HeldPartView> held;         // buddy copies it holds in memory
 };
 
 struct PodView {
@@ -240,6 +244,8 @@ struct Action {
   // order); none: the store.
   std::vector<std::string> state_peers;
   int64_t state_step = 0;
+  // kRendezvous: per rank, the rank whose buddy copy it keeps (planner::BuddyWards).
+  std::vector<int> wards;
   std::string reason;
 };
 

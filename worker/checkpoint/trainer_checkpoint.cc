@@ -245,8 +245,10 @@ StatusOr<BuiltShard> WriteCapture(Repository& repo, const SaveCapture& c) {
 // committed; rank 0 gathers the shard entries, commits (manifest, then latest) and prunes.
 // `spread`: every rank's shard went to a store of its own (SaveToPeers): rank 0 writes the
 // manifest only (Repository::CommitSpread) and prunes nothing.
+// `quiet`: no log line for the commit (a buddy copy, made every few steps).
 Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
-                  const StatusOr<BuiltShard>& shard, int keep, bool spread = false) {
+                  const StatusOr<BuiltShard>& shard, int keep, bool spread = false,
+                  bool quiet = false) {
   engine::Comm& comm = trainer.comm();
   TIDAL_RETURN_IF_ERROR(
       AgreeOk(comm, shard.status(), repo.store().uri() + "/" + StepDirectory(c.step)));
@@ -267,7 +269,7 @@ Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
     committed = !manifest.ok() ? manifest.status()
                 : spread       ? repo.CommitSpread(*manifest)
                                : repo.Commit(*manifest);
-    if (committed.ok()) {
+    if (committed.ok() && !quiet) {
       auto pruned =
           spread ? StatusOr<std::vector<int64_t>>(std::vector<int64_t>{}) : repo.Prune(keep);
       if (!pruned.ok())  // the checkpoint is committed; a failed prune only costs space
@@ -409,6 +411,11 @@ class CheckpointHooks : public engine::TrainingHooks {
     return SaveToPeers(trainer, *policy_.live_store);
   }
 
+  StatusOr<uint64_t> CheckpointBuddy(Trainer& trainer) override {
+    if (!policy_.live_store) return FailedPrecondition("no memory store for buddy copies");
+    return SaveBuddyCopy(trainer, *policy_.live_store);
+  }
+
   StatusOr<std::string> CheckpointNow(Trainer& trainer) override {
     if (!repo_) return FailedPrecondition("no checkpoint URI to save into");
     if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
@@ -518,6 +525,17 @@ StatusOr<std::string> SaveToPeers(Trainer& trainer, objstore::MemoryStore& memor
   TIDAL_RETURN_IF_ERROR(CommitSave(trainer, repo, capture.ok() ? *capture : failed, shard,
                                    /*keep=*/1, /*spread=*/true));
   return memory.uri() + "/" + StepDirectory(trainer.step());
+}
+
+StatusOr<uint64_t> SaveBuddyCopy(Trainer& trainer, objstore::MemoryStore& memory) {
+  Repository repo(memory);
+  auto capture = CaptureForSave(trainer, CheckpointKind::kFull);
+  StatusOr<BuiltShard> shard = capture.ok() ? WriteCapture(repo, *capture) : capture.status();
+  SaveCapture failed;
+  failed.step = trainer.step();
+  TIDAL_RETURN_IF_ERROR(CommitSave(trainer, repo, capture.ok() ? *capture : failed, shard,
+                                   /*keep=*/0, /*spread=*/true, /*quiet=*/true));
+  return shard->entry.size;
 }
 
 Status ResumeFromPeers(Trainer& trainer, objstore::ObjectStore* peers, int64_t step) {

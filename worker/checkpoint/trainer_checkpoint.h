@@ -78,6 +78,10 @@ StatusOr<std::string> SaveCheckpoint(engine::Trainer& trainer, Repository& repo,
 // first) and rank 0's manifest and trainer state into its own; nothing durable. The next
 // generation reads it through the peers (ResumeFromPeers). Returns the step's URI in `memory`.
 StatusOr<std::string> SaveToPeers(engine::Trainer& trainer, objstore::MemoryStore& memory);
+// Collective: a buddy copy of this step (DESIGN.md §4 step 5): as SaveToPeers, but the memory is
+// not emptied first (older copies, and other ranks' parts this rank keeps, stay until the caller
+// prunes them) and nothing is logged per step. Returns the bytes of this rank's part.
+StatusOr<uint64_t> SaveBuddyCopy(engine::Trainer& trainer, objstore::MemoryStore& memory);
 // Collective: loads `step` from `peers` (any world size, as from a store; null: this rank
 // cannot reach them, and fails its part); an error on any rank is the error of every rank,
 // and the trainer then holds partly read values.

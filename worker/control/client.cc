@@ -137,7 +137,8 @@ StatusOr<pb::WorkerStatus> WorkerClient::GetStatus() {
 
 Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
                                 const std::string& store_address,
-                                const std::vector<std::string>& state_peers, int64_t state_step) {
+                                const std::vector<std::string>& state_peers, int64_t state_step,
+                                const std::vector<std::string>& members, int ward) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, impl_->options.timeout);
   pb::RendezvousRequest req;
@@ -147,6 +148,8 @@ Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
   req.set_store_address(store_address);
   for (const std::string& peer : state_peers) req.add_state_peers(peer);
   req.set_state_step(state_step);
+  for (const std::string& member : members) req.add_members(member);
+  req.set_ward(ward);
   pb::RendezvousResponse out;
   return FromGrpcStatus(impl_->Stub()->Rendezvous(&ctx, req, &out));
 }

@@ -33,8 +33,10 @@ class WorkerClient {
 
   StatusOr<v1::WorkerStatus> GetStatus();
   // `state_peers` and `state_step`: the previous generation's live checkpoint (worker.proto).
+  // `members` and `ward`: buddy copies (worker.proto); none without members.
   Status Rendezvous(int64_t generation, int world_size, int rank, const std::string& store_address,
-                    const std::vector<std::string>& state_peers = {}, int64_t state_step = 0);
+                    const std::vector<std::string>& state_peers = {}, int64_t state_step = 0,
+                    const std::vector<std::string>& members = {}, int ward = 0);
   // `barrier_id`: the barrier the call belongs to (worker.proto); 0: unnamed. `live`: kept in
   // the ranks' memory for the next generation, not written to the store.
   StatusOr<v1::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,

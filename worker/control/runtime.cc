@@ -36,6 +36,171 @@ bool InGeneration(Phase p) {
 
 }  // namespace
 
+// A generation's buddy copies (DESIGN.md §4 step 5). Every `buddy_every` steps each rank saves
+// its part of the state into its own peer state (SaveBuddyCopy: collective, on the training
+// thread, a host copy and a serialisation); a thread of this object's own then copies the
+// ward's part of that step from the ward (ReadState) while training goes on. The copies of the
+// two newest copy steps are kept, own and ward's alike, so that after a loss there is a step at
+// which every part is held somewhere: at most `buddy_every` steps are trained again. A copy
+// that fails is logged and training goes on (the store checkpoint is the fallback); the next
+// collective finds a peer that is gone.
+class WorkerRuntime::Buddy {
+ public:
+  Buddy(WorkerRuntime& runtime, const engine::Membership& m, BuddyRing ring)
+      : rt_(runtime),
+        generation_(m.generation),
+        rank_(m.rank),
+        world_size_(m.world_size),
+        ring_(std::move(ring)),
+        puller_([this] { Pull(); }) {}
+  ~Buddy() {
+    Stop();
+    if (copies_ > 0)
+      LogInfo("buddy copies",
+              {{"copies", copies_},
+               {"ward", ring_.ward},
+               {"own_bytes_per_copy", own_bytes_ / copies_},
+               {"pulled_bytes_per_copy", pulls_ > 0 ? pulled_bytes_ / pulls_ : 0},
+               {"pulls", pulls_},
+               {"failed_pulls", failed_pulls_},
+               {"copy_seconds_mean", copy_seconds_ / static_cast<double>(copies_)},
+               {"pull_seconds_mean", pulls_ > 0 ? pull_seconds_ / pulls_ : 0.0}});
+  }
+
+  // After each optimizer step: when one is due, this rank's copy (collective), then the ward's
+  // part of the same step is asked for.
+  Status AfterStep(engine::Session& session, engine::TrainingHooks& hooks) {
+    const int64_t step = session.step();
+    if (stopped_ || step % rt_.options_.buddy_every != 0) return OkStatus();
+    const auto start = std::chrono::steady_clock::now();
+    auto bytes = session.CheckpointBuddy(hooks);
+    if (!bytes.ok()) {
+      LogWarn("buddy copy failed: copies stop for this generation",
+              {{"step", step}, {"error", bytes.status().message()}});
+      Stop();
+      return OkStatus();
+    }
+    copy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++copies_;
+    own_bytes_ += *bytes;
+    {
+      std::lock_guard<std::mutex> lock(rt_.mu_);
+      rt_.state_.held.push_back({generation_, rank_, world_size_, step});
+      keep_from_ = step - rt_.options_.buddy_every;  // the two newest copy steps
+      due_ = step;
+      rt_.changed_.notify_all();
+    }
+    Prune();
+    return OkStatus();
+  }
+
+  // Waits for the pull under way, and makes no more copies.
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> lock(rt_.mu_);
+      stopped_ = true;
+      rt_.changed_.notify_all();
+    }
+    if (puller_.joinable()) puller_.join();
+  }
+
+ private:
+  // The keys of rank `rank`'s part of `step` (rank 0's carries the manifest and trainer state).
+  std::vector<std::string> Keys(int rank, int64_t step) const {
+    const std::string dir = checkpoint::StepDirectory(step) + "/";
+    std::vector<std::string> keys{dir + checkpoint::ShardFileName(rank, world_size_)};
+    if (rank == 0) {
+      keys.push_back(dir + "trainer_state.json");
+      keys.push_back(dir + "manifest.json");  // last: the part is whole once this is here
+    }
+    return keys;
+  }
+
+  void Pull() {
+    int64_t done = 0;
+    while (true) {
+      int64_t step;
+      {
+        std::unique_lock<std::mutex> lock(rt_.mu_);
+        rt_.changed_.wait(lock, [&] { return stopped_ || due_ > done; });
+        if (stopped_) return;
+        step = due_;
+      }
+      done = step;
+      const auto start = std::chrono::steady_clock::now();
+      const std::string& from = ring_.members[ring_.ward];
+      const std::vector<std::string> keys = Keys(ring_.ward, step);
+      Status pulled = OkStatus();
+      uint64_t bytes = 0;
+      for (const std::string& key : keys) {
+        auto data = rt_.options_.read_peer_object(from, key);
+        if (data.ok()) {
+          bytes += data->size();
+          pulled = rt_.peer_state_.Put(key, *data);
+        } else {
+          pulled = data.status();
+        }
+        if (!pulled.ok()) break;
+      }
+      std::lock_guard<std::mutex> lock(rt_.mu_);
+      if (!pulled.ok() || step < keep_from_) {  // failed, or overtaken by newer copies
+        (void)rt_.peer_state_.Delete(keys);
+        if (!pulled.ok()) {
+          ++failed_pulls_;
+          LogWarn("copying the ward's part failed",
+                  {{"ward", ring_.ward}, {"from", from}, {"step", step},
+                   {"error", pulled.message()}});
+        }
+        continue;
+      }
+      ++pulls_;
+      pulled_bytes_ += bytes;
+      pull_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      rt_.state_.held.push_back({generation_, ring_.ward, world_size_, step});
+      rt_.changed_.notify_all();
+    }
+  }
+
+  // Drops every copy older than the two newest copy steps, from memory and from `held`.
+  void Prune() {
+    int64_t keep_from;
+    {
+      std::lock_guard<std::mutex> lock(rt_.mu_);
+      keep_from = keep_from_;
+      auto& held = rt_.state_.held;
+      held.erase(std::remove_if(held.begin(), held.end(),
+                                [&](const HeldPart& p) { return p.step < keep_from; }),
+                 held.end());
+    }
+    auto listed = rt_.peer_state_.List("step-");
+    if (!listed.ok()) return;
+    std::vector<std::string> old;
+    for (const objstore::ObjectInfo& o : *listed) {
+      const auto step = checkpoint::ParseStepDirectory(o.key.substr(0, o.key.find('/')));
+      if (step && *step < keep_from) old.push_back(o.key);
+    }
+    if (!old.empty()) (void)rt_.peer_state_.Delete(old);
+  }
+
+  WorkerRuntime& rt_;
+  const int64_t generation_;
+  const int rank_, world_size_;
+  const BuddyRing ring_;
+  // Under rt_.mu_: the newest own copy's step (the ward's part of it is due), the oldest kept,
+  // and whether copies stopped.
+  int64_t due_ = 0, keep_from_ = 0;
+  bool stopped_ = false;
+  // The training thread's and the puller's counters (each its own).
+  int64_t copies_ = 0;
+  uint64_t own_bytes_ = 0;
+  double copy_seconds_ = 0;
+  int64_t pulls_ = 0, failed_pulls_ = 0;
+  uint64_t pulled_bytes_ = 0;
+  double pull_seconds_ = 0;
+  std::thread puller_;  // last: starts once the rest is built
+};
+
 const char* PhaseName(Phase phase) {
   switch (phase) {
     case Phase::kWaiting:
@@ -68,13 +233,20 @@ WorkerRuntime::~WorkerRuntime() {
   if (thread_.joinable()) thread_.join();
 }
 
-Status WorkerRuntime::Rendezvous(const engine::Membership& m, LiveState from) {
+Status WorkerRuntime::Rendezvous(const engine::Membership& m, LiveState from, BuddyRing ring) {
   if (m.world_size < 1 || m.rank < 0 || m.rank >= m.world_size)
     return InvalidArgument("rank " + std::to_string(m.rank) + " is outside world size " +
                            std::to_string(m.world_size));
   if (m.world_size > 1 && (m.store_host.empty() || m.store_port <= 0 || m.store_port > 65535))
     return InvalidArgument("store_address: expected HOST:PORT with a port in 1-65535");
   if (Status fits = options_.config.ValidateForWorldSize(m.world_size); !fits.ok()) return fits;
+  if (!ring.members.empty() && static_cast<int>(ring.members.size()) != m.world_size)
+    return InvalidArgument("members: expected one address per rank (" +
+                           std::to_string(m.world_size) + "), got " +
+                           std::to_string(ring.members.size()));
+  if (!ring.members.empty() && (ring.ward < 0 || ring.ward >= m.world_size))
+    return InvalidArgument("ward: expected a rank in 0-" + std::to_string(m.world_size - 1) +
+                           ", got " + std::to_string(ring.ward));
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return FailedPrecondition("the worker is shutting down");
   if (state_.phase == Phase::kSucceeded) return FailedPrecondition("the job has finished");
@@ -85,6 +257,7 @@ Status WorkerRuntime::Rendezvous(const engine::Membership& m, LiveState from) {
                               std::to_string(newest));
   pending_ = m;
   pending_from_ = std::move(from);
+  pending_ring_ = std::move(ring);
   if (InGeneration(state_.phase)) JoinOrRequest(kLeaveFlag, 0);
   changed_.notify_all();
   return OkStatus();
@@ -289,6 +462,7 @@ void WorkerRuntime::Loop() {
   while (true) {
     engine::Membership m;
     LiveState from;
+    BuddyRing ring;
     {
       std::unique_lock<std::mutex> lock(mu_);
       changed_.wait(lock, [&] { return pending_.has_value() || shutdown_; });
@@ -297,6 +471,8 @@ void WorkerRuntime::Loop() {
       from = std::move(pending_from_);
       pending_.reset();
       pending_from_ = {};
+      ring = std::move(pending_ring_);
+      pending_ring_ = {};
       requested_ = 0;
       requested_id_ = 0;
       barrier_flags_ = 0;  // a request of this generation joins none of the last one's barriers
@@ -312,7 +488,7 @@ void WorkerRuntime::Loop() {
     if (options_.observer) options_.observer->OnGeneration(m.generation, m.rank, m.world_size);
     LogInfo("joining generation", {{"world_size", m.world_size},
                                    {"store", m.store_host + ":" + std::to_string(m.store_port)}});
-    const Status ended = RunGeneration(m, from);
+    const Status ended = RunGeneration(m, from, ring);
     std::lock_guard<std::mutex> lock(mu_);
     if (barriers_begun_ > barriers_done_) {  // a barrier cut short by the failure
       barriers_done_ = barriers_begun_;
@@ -338,7 +514,8 @@ void WorkerRuntime::Loop() {
   changed_.notify_all();
 }
 
-Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const LiveState& from) {
+Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const LiveState& from,
+                                    const BuddyRing& ring) {
   engine::Membership m = membership;
   m.interface_host = options_.interface_host;
   m.timeout = options_.collective_timeout;
@@ -379,6 +556,7 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const 
   {
     std::lock_guard<std::mutex> lock(mu_);
     state_.live_checkpoint.reset();
+    state_.held.clear();
   }
   TIDAL_RETURN_IF_ERROR(started);
   {
@@ -392,10 +570,15 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const 
   }
   LogInfo("generation running",
           {{"world_size", m.world_size}, {"resumed_at_step", session->step()}});
-  return TrainUntilLeave(*session, *hooks);
+  std::unique_ptr<Buddy> buddy;
+  if (options_.buddy_every > 0 && m.world_size > 1 && !ring.members.empty() &&
+      ring.ward != m.rank && options_.read_peer_object)
+    buddy = std::make_unique<Buddy>(*this, m, ring);
+  return TrainUntilLeave(*session, *hooks, buddy.get());
 }
 
-Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks) {
+Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks,
+                                      Buddy* buddy) {
   bool step_first = true;  // false: paused ranks agree on a request at the boundary they hold
   while (true) {
     if (step_first) {
@@ -408,6 +591,7 @@ Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::Training
       TIDAL_ASSIGN_OR_RETURN(engine::StepRecord record, session.Step());
       PublishStep(record);
       TIDAL_RETURN_IF_ERROR(session.After(hooks));
+      if (buddy) TIDAL_RETURN_IF_ERROR(buddy->AfterStep(session, hooks));
     }
     const bool was_held = !step_first;  // agreeing while held: held again after it
     step_first = true;
@@ -455,6 +639,9 @@ Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::Training
       if (uri.ok()) result = CheckpointRef{session.step(), "full", *uri, NowMillis()};
     }
     if (live && (!durable || result.ok())) {
+      // The live checkpoint replaces everything in memory, buddy copies too: they stop for the
+      // rest of the generation (it is about to end).
+      if (buddy) buddy->Stop();
       auto uri = session.CheckpointLive(hooks);
       if (!uri.ok()) {
         result = uri.status();
@@ -463,6 +650,7 @@ Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::Training
         if (!durable) result = ref;  // a store checkpoint of the step serves live requests too
         std::lock_guard<std::mutex> lock(mu_);
         state_.live_checkpoint = ref;
+        state_.held.clear();
         LogInfo("live checkpoint", {{"step", ref.step}, {"bytes", peer_state_.bytes()}});
       }
     }

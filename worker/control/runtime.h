@@ -50,6 +50,22 @@ struct StepEvent {
   std::optional<GpuSample> gpu;  // sampled as the step ended; none on a CPU worker
 };
 
+// One part of the state a worker holds in memory (worker.proto HeldPart): rank `rank`'s 1/W of
+// generation `generation` at `step`, its own or its ward's (a buddy copy).
+struct HeldPart {
+  int64_t generation = 0;
+  int rank = 0, world_size = 0;
+  int64_t step = 0;
+  bool operator==(const HeldPart&) const = default;
+};
+
+// Buddy copies in a generation (worker.proto RendezvousRequest): its members' control
+// addresses in rank order, and the rank whose part this worker copies. No members: none.
+struct BuddyRing {
+  std::vector<std::string> members;
+  int ward = 0;
+};
+
 struct WorkerState {
   Phase phase = Phase::kWaiting;
   int64_t generation = 0;
@@ -61,6 +77,9 @@ struct WorkerState {
   // The live checkpoint this worker holds its part of in memory (peer_state()), until the
   // generation that reads it has started.
   std::optional<CheckpointRef> live_checkpoint;
+  // The buddy copies it holds (its own and its ward's), newest last; kept after a failed
+  // generation until the next one has started.
+  std::vector<HeldPart> held;
   std::string last_error;
   // The last generation could not start for a reason a restart cannot fix (a spec field the
   // worker cannot honour: a missing file, a rank the model cannot take, a precision the device
@@ -108,8 +127,14 @@ struct RuntimeOptions {
   // Opens the previous generation's live checkpoint on its peers (worker/control/peer_store.h
   // over the control API); null: a Rendezvous naming peers resumes from the store.
   std::function<StatusOr<std::shared_ptr<objstore::ObjectStore>>(const LiveState& from)> open_peers;
-  // The most this worker keeps in memory for its peers (a live checkpoint's part).
+  // The most this worker keeps in memory for its peers (a live checkpoint's part, buddy copies).
   uint64_t peer_state_capacity_bytes = 8ull << 30;
+  // A buddy copy every this many steps (spec.checkpoint.buddyEverySteps); 0: none.
+  int64_t buddy_every = 0;
+  // Reads the whole object `key` of the peer state of the worker at `address` (ReadState); a
+  // ward's part is copied with it. Null: no buddy copies.
+  std::function<StatusOr<std::string>(const std::string& address, const std::string& key)>
+      read_peer_object;
 };
 
 class WorkerRuntime {
@@ -124,7 +149,9 @@ class WorkerRuntime {
   // paused or failed one at once. Refused (FailedPrecondition) when `generation` is not newer.
   // With `from.peers`, the generation resumes from their live checkpoint of `from.step`, or from
   // the store's newest when that cannot be read.
-  Status Rendezvous(const engine::Membership& membership, LiveState from = {});
+  // With `ring`, the generation keeps buddy copies (RuntimeOptions::buddy_every).
+  Status Rendezvous(const engine::Membership& membership, LiveState from = {},
+                    BuddyRing ring = {});
   // A full checkpoint at the next agreed step boundary; with `pause`, hold after it. Waits
   // until it is committed, the generation ends, or `deadline`. `barrier_id` names the barrier
   // (the operator sends one id to every rank, increasing within a generation; 0: unnamed): a
@@ -143,7 +170,8 @@ class WorkerRuntime {
   void Shutdown(const std::string& reason);
 
   WorkerState State() const;
-  // This worker's part of its newest live checkpoint, served to peers (ReadState).
+  // This worker's part of its newest live checkpoint and its buddy copies, served to peers
+  // (ReadState).
   objstore::MemoryStore& peer_state() { return peer_state_; }
   // Events with seq > `after_seq` (at most `max`), waiting until there is one, `deadline`, or
   // shutdown. `FirstSeqAfterStep` turns a step into a starting point.
@@ -168,8 +196,10 @@ class WorkerRuntime {
   void Loop();
   // One generation, from joining to leaving; returns why it ended (OK: left on request or
   // finished).
-  Status RunGeneration(const engine::Membership& membership, const LiveState& from);
-  Status TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks);
+  Status RunGeneration(const engine::Membership& membership, const LiveState& from,
+                       const BuddyRing& ring);
+  class Buddy;  // a generation's buddy copies (runtime.cc)
+  Status TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks, Buddy* buddy);
   // In PAUSED: waits for Resume, a reason to leave, or a checkpoint request (kAgree: every rank
   // is asked the same, so they agree on it at this boundary without a step).
   Held HoldPaused();
@@ -187,6 +217,7 @@ class WorkerRuntime {
   WorkerState state_;
   std::optional<engine::Membership> pending_;  // the next generation, not yet joined
   LiveState pending_from_;                     // and where it resumes from
+  BuddyRing pending_ring_;                     // and its buddy copies
   uint32_t requested_ = 0;                     // flags raised by the control API
   uint64_t requested_id_ = 0;                  // the largest id of the requests behind them
   bool resume_requested_ = false;

@@ -138,6 +138,13 @@ class Service final : public pb::WorkerControl::Service {
     for (const StepEvent& e : runtime_.RecentEvents(kRecentSteps)) Fill(e, out->add_recent_steps());
     if (s.last_checkpoint) Fill(*s.last_checkpoint, out->mutable_last_checkpoint());
     if (s.live_checkpoint) Fill(*s.live_checkpoint, out->mutable_live_checkpoint());
+    for (const HeldPart& h : s.held) {
+      pb::HeldPart* part = out->add_held_parts();
+      part->set_generation(h.generation);
+      part->set_rank(h.rank);
+      part->set_world_size(h.world_size);
+      part->set_step(h.step);
+    }
     out->set_last_error(s.last_error);
     out->set_last_error_permanent(s.last_error_permanent);
     out->set_uptime_millis(
@@ -179,7 +186,19 @@ class Service final : public pb::WorkerControl::Service {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "state_step: expected >= 1 with state_peers");
     from.step = req->state_step();
-    Status accepted = runtime_.Rendezvous(m, std::move(from));
+    BuddyRing ring;
+    for (int i = 0; i < req->members_size(); ++i) {
+      const std::string& member = req->members(i);
+      const auto colon = member.rfind(':');
+      int port = 0;
+      if (colon == std::string::npos || colon == 0 || !ParsePort(member.substr(colon + 1), &port))
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            "members[" + std::to_string(i) + "]: expected HOST:PORT, got \"" + member + "\"");
+      ring.members.push_back(member);
+    }
+    ring.ward = req->ward();
+    Status accepted = runtime_.Rendezvous(m, std::move(from), std::move(ring));
     if (!accepted.ok()) return ToGrpc(accepted);
     out->set_generation(m.generation);
     return grpc::Status::OK;

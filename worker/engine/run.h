@@ -38,6 +38,13 @@ class TrainingHooks {
     (void)trainer;
     return FailedPrecondition("these training hooks keep no live checkpoints");
   }
+  // A buddy copy: this step's full state, each rank's part kept in its own host memory (with
+  // the older copies there) for a peer to copy and for the next generation to read after a
+  // loss. Returns the bytes of this rank's part.
+  virtual StatusOr<uint64_t> CheckpointBuddy(Trainer& trainer) {
+    (void)trainer;
+    return FailedPrecondition("these training hooks keep no buddy copies");
+  }
 };
 
 struct RankLaunch {

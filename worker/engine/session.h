@@ -83,6 +83,7 @@ class Session {
   virtual Status Finish(TrainingHooks& hooks) = 0;  // OnFinish: final save and export
   virtual StatusOr<std::string> CheckpointNow(TrainingHooks& hooks) = 0;
   virtual StatusOr<std::string> CheckpointLive(TrainingHooks& hooks) = 0;  // into host memory
+  virtual StatusOr<uint64_t> CheckpointBuddy(TrainingHooks& hooks) = 0;   // a buddy copy
 
   // A hash of this rank's frozen base weights: equal before and after training when the base
   // is untouched bit for bit.

@@ -131,16 +131,20 @@ class WorkerControlTest : public ::testing::Test {
   // Rendezvous of `members` (indexes into workers_, rank order) as `generation`; with
   // `peers` (indexes, the previous generation's rank order), from their live checkpoint of
   // `step`.
+  // With `buddies`, the ranks keep buddy copies in a ring: rank r keeps rank r-1's part.
   void Rendezvous(int64_t generation, const std::vector<int>& members,
-                  const std::vector<int>& peers = {}, int64_t step = 0) {
+                  const std::vector<int>& peers = {}, int64_t step = 0, bool buddies = false) {
     const std::string store =
         workers_[members[0]].ip + ":" + std::to_string(FreePort(workers_[members[0]].ip));
-    std::vector<std::string> addresses;
+    std::vector<std::string> addresses, ring;
     for (int p : peers) addresses.push_back(workers_[p].address);
-    for (size_t rank = 0; rank < members.size(); ++rank) {
-      Status s = workers_[members[rank]].client->Rendezvous(
-          generation, static_cast<int>(members.size()), static_cast<int>(rank), store, addresses,
-          step);
+    if (buddies)
+      for (int m : members) ring.push_back(workers_[m].address);
+    const int world = static_cast<int>(members.size());
+    for (int rank = 0; rank < world; ++rank) {
+      Status s = workers_[members[rank]].client->Rendezvous(generation, world, rank, store,
+                                                            addresses, step, ring,
+                                                            (rank + world - 1) % world);
       ASSERT_TRUE(s.ok()) << s.ToString();
     }
   }
@@ -805,6 +809,70 @@ TEST_F(WorkerControlTest, KillNineOfARankFailsTheGenerationAndARendezvousResumes
   auto r = workers_[0].process->Wait(300s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   ExpectGenerationResumedAt(steps.events(), 2, newest, kSteps, reference);
+}
+
+// Buddy copies (DESIGN.md §4 step 5): every step each rank keeps its part of the state and a
+// copy of its ward's. kill -9 of one of three ranks: the survivors report what they hold, and
+// the next generation (with a replacement) reads the lost rank's part from the survivor that
+// kept its copy: at most one step is trained again, every loss is the uninterrupted run's, and
+// the store is neither written nor read until the final checkpoint.
+TEST_F(WorkerControlTest, AKilledRankIsRebuiltFromItsBuddysCopyLosingAtMostOneStep) {
+  constexpr int kSteps = 20;
+  WriteSpec("full: 1000", kSteps, /*global_batch=*/24);
+  const auto reference = ReferenceLosses(kSteps);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+  fs::remove_all(dir_ + "/ckpt");
+  for (int i = 0; i < 3; ++i) StartWorker(i);
+  Rendezvous(1, {0, 1, 2}, {}, 0, /*buddies=*/true);
+  StepRecorder steps(*workers_[0].client);
+  // Rank 2 keeps rank 1's part; wait until it holds a copy of a step past the first few.
+  WaitFor(2, [](auto& s) {
+    for (const auto& h : s.held_parts())
+      if (h.rank() == 1 && h.step() >= 5) return true;
+    return false;
+  });
+  kill(workers_[1].process->pid(), SIGKILL);
+  workers_[1].process->Wait(30s);
+  std::map<int64_t, std::set<int>> parts;  // step → ranks whose part a survivor holds
+  std::map<std::pair<int64_t, int>, int> holder;
+  for (int i : {0, 2}) {
+    pb::WorkerStatus s = WaitFor(i, [](auto& s) { return s.phase() == pb::FAILED; }, 90s);
+    for (const auto& h : s.held_parts()) {
+      EXPECT_EQ(h.generation(), 1);
+      EXPECT_EQ(h.world_size(), 3);
+      parts[h.step()].insert(h.rank());
+      holder[{h.step(), h.rank()}] = i;
+    }
+    // Its own part and its ward's, at the two newest copy steps at most.
+    std::set<int> ranks;
+    for (const auto& h : s.held_parts()) ranks.insert(h.rank());
+    EXPECT_EQ(ranks, (std::set<int>{i, (i + 2) % 3})) << s.ShortDebugString();
+    EXPECT_LE(s.held_parts_size(), 4) << s.ShortDebugString();
+  }
+  int64_t held = 0;
+  for (const auto& [step, ranks] : parts)
+    if (ranks.size() == 3) held = step;
+  int64_t trained = 0;
+  for (const auto& e : steps.events()) trained = std::max<int64_t>(trained, e.step());
+  ASSERT_GT(held, 0) << "no step with every part held";
+  EXPECT_LE(trained - held, 1) << "more than one step to train again";
+
+  StartWorker(3);
+  const std::vector<int> peers = {holder[{held, 0}], holder[{held, 1}], holder[{held, 2}]};
+  EXPECT_EQ(peers[1], 2) << "rank 1's part comes from its buddy";
+  Rendezvous(2, {0, 2, 3}, peers, held, /*buddies=*/true);
+  std::string logs;
+  for (int i : {0, 2, 3}) {
+    auto r = workers_[i].process->Wait(300s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    logs += r.err;
+  }
+  ExpectGenerationResumedAt(steps.events(), 1, 0, trained, reference);
+  ExpectGenerationResumedAt(steps.events(), 2, held, kSteps, reference);
+  EXPECT_NE(logs.find("\"resumed from peers\""), std::string::npos) << logs;
+  EXPECT_EQ(logs.find("\"resumed\""), std::string::npos) << "a generation resumed from the store";
+  EXPECT_NE(logs.find("\"buddy copies\""), std::string::npos) << logs;
+  EXPECT_EQ(StoredSteps(), std::set<std::string>{"step-000000" + std::to_string(kSteps)});
 }
 
 TEST_F(WorkerControlTest, MetricsReportStepsLossAndCheckpointsAndPassPromtool) {

@@ -118,6 +118,7 @@ class Sim {
         "Succeeded", R"({"store": "file:///data/.tidal-tokens/0123abcd", "samples": 40,
                          "tokens": 1200, "reused": false})");
   };
+  bool buddies_ = false;  // the workers keep buddy copies every step (buddyEverySteps: 1)
   bool pods_stay_pending_ = false;
   bool stuck_ = false;
   bool expect_unreadable_status_ = false;
@@ -238,6 +239,15 @@ class Sim {
       }
       case Action::Kind::kRendezvous:
         members_of_[a.generation] = a.pods;
+        {  // every rank keeps exactly one rank's copy, never its own (beyond one rank)
+          EXPECT_EQ(a.wards.size(), a.pods.size());
+          std::set<int> wards(a.wards.begin(), a.wards.end());
+          EXPECT_EQ(wards.size(), a.wards.size());
+          for (size_t rank = 0; rank < a.wards.size() && a.wards.size() > 1; ++rank) {
+            EXPECT_NE(a.wards[rank], static_cast<int>(rank));
+            ward_of_[a.pods[rank]] = a.wards[rank];
+          }
+        }
         for (const std::string& p : a.targets) {
           auto rank = std::find(a.pods.begin(), a.pods.end(), p) - a.pods.begin();
           ASSERT_LT(static_cast<size_t>(rank), a.pods.size()) << "target outside the members";
@@ -248,6 +258,9 @@ class Sim {
           if (a.state_peers.empty()) {
             r.phase = "Running";
             r.step = checkpoint_;  // resumes from the newest checkpoint
+            r.held.clear();
+            ++resumed_from_store_;
+            last_resumed_step_ = r.step;
           } else {
             r.phase = "Joining";  // reads from the peers until the next reconcile's Train
             joining_since_[p] = passes_;
@@ -276,10 +289,21 @@ class Sim {
     // there and holds the live checkpoint, else (a peer is gone) from the store's newest.
     if (!joining_since_.empty() && std::all_of(joining_since_.begin(), joining_since_.end(),
                                                [&](const auto& j) { return j.second < passes_; })) {
-      const bool peers_hold =
-          std::all_of(reading_from_.begin(), reading_from_.end(), [&](const std::string& peer) {
-            return reports_.count(peer) && reports_[peer].live_step == reading_step_;
-          });
+      // Old rank k's part from reading_from_[k]: its live checkpoint, or a buddy copy
+      // (its own or its ward's) of the step.
+      bool peers_hold = true;
+      for (size_t k = 0; k < reading_from_.size(); ++k) {
+        const std::string& peer = reading_from_[k];
+        if (!reports_.count(peer)) {
+          peers_hold = false;
+          continue;
+        }
+        const WorkerReport& w = reports_[peer];
+        const bool copy = std::any_of(w.held.begin(), w.held.end(), [&](const auto& h) {
+          return h.rank == static_cast<int>(k) && h.step == reading_step_;
+        });
+        if (w.live_step != reading_step_ && !copy) peers_hold = false;
+      }
       for (const auto& [name, since] : joining_since_) {
         if (!reports_.count(name) || reports_[name].phase != "Joining") continue;
         WorkerReport& r = reports_[name];
@@ -287,8 +311,12 @@ class Sim {
         r.step = peers_hold ? reading_step_ : checkpoint_;
         r.live_step.reset();
         resumed_from_peers_ += peers_hold ? 1 : 0;
+        resumed_from_store_ += peers_hold ? 0 : 1;
+        last_resumed_step_ = r.step;
       }
       joining_since_.clear();
+      for (auto& [name, r] : reports_)  // every rank has read: its memory is cleared
+        if (r.phase == "Running") r.held.clear();
     }
     // A member that died ends its generation on every peer (gloo sees the closed pairs).
     std::set<int64_t> broken;
@@ -312,6 +340,12 @@ class Sim {
         r.gpu_utilization_percent = gpu_util_;
         r.recent_steps.push_back({r.step, r.loss, gpu_util_});
         if (r.recent_steps.size() > 64) r.recent_steps.erase(r.recent_steps.begin());
+        // Buddy copies, every step: its own part and its ward's, the two newest steps kept.
+        if (buddies_ && r.world_size > 1 && ward_of_.count(name)) {
+          r.held.push_back({r.generation, r.rank, r.world_size, r.step});
+          r.held.push_back({r.generation, ward_of_[name], r.world_size, r.step});
+          std::erase_if(r.held, [&](const auto& h) { return h.step < r.step - 1; });
+        }
       }
   }
   // DESIGN.md §4: never two generations at once.
@@ -338,6 +372,9 @@ class Sim {
 
  public:
   int resumed_from_peers_ = 0;  // new ranks that resumed from their peers' memory
+  int resumed_from_store_ = 0;  // ranks that resumed from the store's newest checkpoint
+  int64_t last_resumed_step_ = 0;
+  std::map<std::string, int> ward_of_;  // pod → the rank whose copy it keeps
   int64_t store_newest() const { return checkpoint_; }
 };
 
@@ -492,6 +529,109 @@ TEST(Reconcile, AWorkerKilledWhileALiveScaleUpReadsItsStateRecoversFromTheStore)
     EXPECT_EQ(members, Names({0, 1, 2, 3}));
     EXPECT_EQ(sim.status().restarts, 1);
   }
+}
+
+// Buddy copies (DESIGN.md §4 step 5): a job of 3 ranks (copies every step) loses a worker. The
+// survivors report the parts they hold; the recovery's Rendezvous names, for each old rank, a
+// survivor holding its part at the newest step they all cover, and the new generation reads it
+// from there: nothing is lost, nothing is read from the store.
+constexpr const char* kThreeRanks =
+    R"({"replicas": 3, "optimization": {"globalBatchSize": 12}, "elastic": {"maxGPUs": 3}})";
+int64_t RunThreeRanksWithBuddies(Sim& sim) {
+  sim.buddies_ = true;
+  sim.Until([&] {
+    return sim.status().phase == "Running" && sim.status().current_gpus == 3 &&
+           !sim.status().rescale;
+  });
+  for (int i = 0; i < 6; ++i) sim.Reconcile();
+  return sim.reports_["job-worker-0"].step;
+}
+
+// The pod that keeps `pod`'s copy in the current generation.
+std::string KeeperOf(const Sim& sim, const std::string& pod) {
+  const auto members = sim.status().members;
+  const int rank = static_cast<int>(std::find(members.begin(), members.end(), pod) - members.begin());
+  for (const std::string& m : members)
+    if (sim.ward_of_.count(m) && sim.ward_of_.at(m) == rank) return m;
+  return "";
+}
+
+TEST(Reconcile, ALostWorkerIsRebuiltFromTheSurvivorsBuddyCopiesAndTheStoreIsNotRead) {
+  Sim sim(Spec(kThreeRanks));
+  const int64_t trained = RunThreeRanksWithBuddies(sim);
+  const int from_store = sim.resumed_from_store_;
+  const int from_peers = sim.resumed_from_peers_;
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.Until([&] { return sim.status().phase == "Recovering"; });
+  sim.now_ += 10s;
+  sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; });
+  EXPECT_TRUE(sim.HasEvent("RecoveringFromMemory"));
+  EXPECT_TRUE(sim.HasEvent("Recovered"));
+  EXPECT_FALSE(sim.HasEvent("BuddyCopiesLost"));
+  EXPECT_EQ(sim.resumed_from_store_, from_store) << "a rank resumed from the store";
+  EXPECT_EQ(sim.resumed_from_peers_, from_peers + 3);
+  EXPECT_EQ(sim.last_resumed_step_, trained) << "the recovery lost steps";
+  EXPECT_EQ(sim.status().current_gpus, 3);
+  EXPECT_EQ(sim.status().restarts, 1);
+}
+
+// The lost worker and the one keeping its copy go together: no survivor holds its part, so the
+// recovery resumes from the store's newest checkpoint and an Event says why.
+TEST(Reconcile, AWorkerLostWithTheRankKeepingItsCopyRecoversFromTheStoreAndSaysSo) {
+  Sim sim(Spec(kThreeRanks));
+  RunThreeRanksWithBuddies(sim);
+  const std::string keeper = KeeperOf(sim, "job-worker-1");
+  ASSERT_FALSE(keeper.empty());
+  const int from_store = sim.resumed_from_store_;
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_[keeper].phase = "Failed";
+  sim.Until([&] { return sim.status().phase == "Recovering"; });
+  sim.now_ += 10s;
+  sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; });
+  EXPECT_TRUE(sim.HasEvent("BuddyCopiesLost"));
+  EXPECT_FALSE(sim.HasEvent("RecoveringFromMemory"));
+  EXPECT_EQ(sim.resumed_from_store_, from_store + 3);
+  EXPECT_EQ(sim.last_resumed_step_, sim.store_newest());
+}
+
+// An operator that dies (its actions lost) while the survivors' copies are read, at every
+// point of the recovery: the next leader reads the plan from the status and sees it through.
+TEST(Reconcile, ALeaderDyingDuringABuddyRecoveryLosesNoStepAndNeverRunsTwoGenerations) {
+  for (int every : {2, 3}) {
+    SCOPED_TRACE(every);
+    Sim sim(Spec(kThreeRanks));
+    const int64_t trained = RunThreeRanksWithBuddies(sim);
+    const int from_store = sim.resumed_from_store_;
+    sim.lose_actions_every_ = every;
+    sim.pods_["job-worker-2"].phase = "Failed";
+    sim.Until([&] { return sim.status().phase == "Recovering"; });
+    sim.now_ += 10s;
+    sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; }, 80);
+    EXPECT_TRUE(sim.HasEvent("RecoveringFromMemory"));
+    EXPECT_EQ(sim.resumed_from_store_, from_store);
+    EXPECT_EQ(sim.last_resumed_step_, trained);
+    EXPECT_EQ(sim.status().restarts, 1);
+  }
+}
+
+// A survivor that holds a copy dies while the new generation reads from it: the new ranks
+// fall back to the store (every rank knows another failed its part), that generation fails
+// with the dead member, and the next recovery starts from the store too. Never two
+// generations at once, never a step beyond what was trained.
+TEST(Reconcile, AKeeperDyingWhileTheNewGenerationReadsFallsBackToTheStore) {
+  Sim sim(Spec(kThreeRanks));
+  const int64_t trained = RunThreeRanksWithBuddies(sim);
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.Until([&] { return sim.status().phase == "Recovering"; });
+  sim.now_ += 10s;
+  sim.Until([&] { return sim.AtRendezvous() && !sim.status().rescale->state_peers.empty(); });
+  const std::string keeper = sim.status().rescale->state_peers[1];
+  sim.pods_[keeper].phase = "Failed";
+  sim.now_ += 60s;  // past any backoff
+  sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; }, 80);
+  EXPECT_EQ(sim.status().restarts, 2);
+  EXPECT_EQ(sim.last_resumed_step_, sim.store_newest());
+  EXPECT_LE(sim.last_resumed_step_, trained);
 }
 
 // A suspend while the new generation reads its state from the old one's memory: the store
