@@ -453,7 +453,15 @@ class Decider {
       return true;
     }
     const auto backoff = Backoff(st_.restart_streak);
-    st_.restart_not_before = o_.now + backoff;
+    // The first restart of a streak that the survivors can take on alone from their memory
+    // starts at once: it creates no pod and reads no store (a crash loop still meets the
+    // backoff from the second restart on, and maxRestarts).
+    const bool from_memory = !st_.rescale && generation == st_.generation &&
+                             st_.restart_streak == 1 && SurvivorsGoOnFromMemory(survivors);
+    if (from_memory)
+      st_.restart_not_before.reset();
+    else
+      st_.restart_not_before = o_.now + backoff;
     st_.phase = "Recovering";
     st_.rescale.reset();
     st_.members = survivors;  // the next generation starts from these
@@ -461,8 +469,10 @@ class Decider {
     st_.generation = std::max(st_.generation, generation);
     Emit("Warning", "WorkerFailed",
          cause + "; restart " + std::to_string(st_.restarts) + " of " +
-             std::to_string(spec_->restart_policy.max_restarts) + " in " +
-             std::to_string(backoff.count()) + " s from the newest checkpoint");
+             std::to_string(spec_->restart_policy.max_restarts) +
+             (from_memory ? " now, at the survivors' size from their memory"
+                          : " in " + std::to_string(backoff.count()) +
+                                " s from the newest checkpoint"));
     StartGeneration(/*recovery=*/true);
     return true;
   }
@@ -647,6 +657,21 @@ class Decider {
         r.reason = "recovery after backoff";
         st_.rescale = r;
       }
+      return;
+    }
+    if (recovery && SurvivorsGoOnFromMemory(st_.members)) {
+      RescaleState r;
+      r.stage = Stage::kRendezvous;
+      r.target_generation = st_.generation + 1;
+      r.members = st_.members;
+      r.recovery = true;
+      r.started = o_.now;
+      r.reason = "recovery at the survivors' " +
+                 std::to_string(st_.members.size() * GpusPerPod()) +
+                 " GPUs from their memory (the lost GPUs come back by a live scale-up)";
+      st_.rescale = r;
+      st_.restart_not_before.reset();
+      Rendezvous();
       return;
     }
     const int64_t held = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
@@ -955,35 +980,52 @@ class Decider {
     }
   }
 
-  // A recovery's first Rendezvous: where the survivors of the lost generation (FAILED at it)
-  // hold a buddy copy of every rank's part at one step, the new generation reads its state
-  // from their memory at the newest such step (DESIGN.md §4 step 5) instead of the store's
-  // newest checkpoint. A rank lost together with the rank that kept its copy leaves the store.
-  void ReadLostStateFromBuddies(RescaleState& r) {
+  // What the survivors of the lost generation (`members` that report it) hold in memory, and
+  // whether every rank's part is there at one step (planner::PlanBuddyRecovery). `holders` gets
+  // how many of them hold any copy.
+  planner::BuddyRecovery BuddyPlan(const std::vector<std::string>& members,
+                                   size_t* holders_out = nullptr) const {
     std::vector<planner::Holder> holders;
     int world_size = 0;
-    for (const std::string& m : r.members) {
+    for (const std::string& m : members) {
       const WorkerReport* w = Report(m);
       if (!w || w->generation != st_.generation || w->held.empty()) continue;
       holders.push_back({m, w->rank, w->held});
       world_size = w->world_size;
     }
-    if (holders.empty()) {  // nobody survived, or nobody had made a copy yet
-      if (spec_->checkpoint.buddy_every_steps > 0)
-        Emit("Warning", "BuddyCopiesLost",
-             "generation " + std::to_string(st_.generation) +
-                 ": no survivor holds a buddy copy; resuming from the store's newest checkpoint");
-      return;
-    }
-    const planner::BuddyRecovery plan = planner::PlanBuddyRecovery(st_.generation, world_size,
-                                                                   holders);
+    if (holders_out) *holders_out = holders.size();
+    return planner::PlanBuddyRecovery(st_.generation, world_size, holders);
+  }
+
+  // A recovery that needs neither a new pod nor the store: the survivors hold every rank's part
+  // of the lost generation (buddy copies) and are an allowed size. They train on at once, and
+  // the lost GPUs come back by an ordinary scale-up (make-before-break, live) once they can.
+  bool SurvivorsGoOnFromMemory(const std::vector<std::string>& survivors) const {
+    if (survivors.empty() || st_.generation == 0) return false;
+    const int64_t gpus = static_cast<int64_t>(survivors.size()) * GpusPerPod();
+    const auto allowed = spec_->AllowedGpuCounts();
+    if (std::find(allowed.begin(), allowed.end(), gpus) == allowed.end()) return false;
+    return BuddyPlan(survivors).step > 0;
+  }
+
+  // A recovery's first Rendezvous: where the survivors of the lost generation (FAILED at it)
+  // hold a buddy copy of every rank's part at one step, the new generation reads its state
+  // from their memory at the newest such step (DESIGN.md §4 step 5) instead of the store's
+  // newest checkpoint. A rank lost together with the rank that kept its copy leaves the store.
+  void ReadLostStateFromBuddies(RescaleState& r) {
+    size_t holders = 0;
+    const planner::BuddyRecovery plan = BuddyPlan(r.members, &holders);
     if (plan.step == 0) {
+      if (spec_->checkpoint.buddy_every_steps == 0) return;
       std::string ranks;
       for (int k : plan.missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(k);
       Emit("Warning", "BuddyCopiesLost",
-           "generation " + std::to_string(st_.generation) + ": no survivor holds the state of " +
-               (ranks.empty() ? std::string("every rank at one step")
-                              : "rank " + ranks + " (lost with the rank keeping its copy)") +
+           "generation " + std::to_string(st_.generation) + ": " +
+               (holders == 0 ? std::string("no survivor holds a buddy copy")
+                : ranks.empty()
+                    ? std::string("no step has every rank's part held by a survivor")
+                    : "no survivor holds the state of rank " + ranks +
+                          " (lost with the rank keeping its copy)") +
                "; resuming from the store's newest checkpoint");
       return;
     }
@@ -1051,7 +1093,9 @@ class Decider {
     if (st_.generation != r.target_generation) {
       st_.generation = r.target_generation;
       st_.members = r.members;
-      st_.last_membership_change = o_.now;
+      // A recovery starts no cooldown: the GPUs it lost are wanted back as soon as they can be
+      // had (a recovery at the survivors' size is followed by a scale-up).
+      if (!(r.recovery && st_.restarts > 0)) st_.last_membership_change = o_.now;
       st_.current_gpus = static_cast<int64_t>(r.members.size()) * GpusPerPod();
       Emit("Normal", "Rendezvous",
            "generation " + std::to_string(r.target_generation) + " at " +

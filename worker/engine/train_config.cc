@@ -25,8 +25,8 @@ const std::set<std::string> kTargetModules = {
     "up_proj",  "down_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
     "kv_b_proj"};
 // Sections of a TrainingJob spec that other components own (DESIGN.md §2).
-const std::set<std::string> kForeignSections = {"elastic",       "checkpoint", "anomaly",
-                                                "restartPolicy", "suspend",    "worker"};
+const std::set<std::string> kForeignSections = {"replicas",      "elastic", "checkpoint", "anomaly",
+                                                "restartPolicy", "suspend", "worker"};
 
 }  // namespace
 

@@ -161,13 +161,17 @@ TEST_F(OperatorTest, ARawChatDatasetIsPreparedInADataPhaseBeforeAnyWorkerAndTrai
 
 // kill -9 of a worker's process (DESIGN.md §4 step 5): the pod fails, the survivor's
 // generation with it; the survivor reports the buddy copies it holds (its own part and the lost
-// rank's), and the new generation, with a replacement pod, reads its state from the survivor's
-// memory. At most one step is trained again, every loss is the uninterrupted run's, and
-// nothing is read from the store (checkpoints every 5 steps are there to be read).
+// rank's). One GPU is an allowed size (minGPUs 1), so it trains on alone at once from its
+// memory, and the lost GPU comes back by a live scale-up once its new pod is ready. At most one
+// step is trained again, every loss is the uninterrupted run's, and nothing is read from the
+// store (checkpoints every 5 steps are there to be read).
 TEST_F(OperatorTest, KillNineOfAWorkerIsRebuiltFromItsBuddysCopyLosingAtMostOneStep) {
   constexpr int kSteps = 120;
-  const std::string manifest = JobYaml("faulty", kSteps);
-  const auto reference = ReferenceLosses(manifest, kSteps);
+  // The reference from the same spec without spec.replicas (a field of the operator's only).
+  const auto reference = ReferenceLosses(JobYaml("faulty", kSteps), kSteps);
+  const std::string manifest =
+      JobYaml("faulty", kSteps, "  replicas: 2\n",
+              "{minGPUs: 1, maxGPUs: 2, cooldownSeconds: 0, scaleUpTimeoutSeconds: 120}");
   ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
   Ok({"apply", "-f", manifest});
   WaitInt(
@@ -205,9 +209,17 @@ TEST_F(OperatorTest, KillNineOfAWorkerIsRebuiltFromItsBuddysCopyLosingAtMostOneS
   EXPECT_NE(rank0.find("\"resumed from peers\""), std::string::npos) << rank0;
   EXPECT_EQ(rank0.find("\"resumed\""), std::string::npos) << "resumed from the store: " << rank0;
   const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
-  for (const char* reason : {"WorkerFailed", "RecoveringFromMemory", "Recovered"})
+  for (const char* reason : {"WorkerFailed", "RecoveringFromMemory", "Recovered", "Rescaled"})
     EXPECT_NE(events.find(reason), std::string::npos) << reason << " in " << events;
   EXPECT_EQ(events.find("BuddyCopiesLost"), std::string::npos) << events;
+  // Every step at two ranks but those the survivor trained alone, before its GPU came back.
+  std::set<int> worlds;
+  std::istringstream lines(rank0);
+  for (std::string line; std::getline(lines, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("msg", "") == "step") worlds.insert(j.value("world_size", 0));
+  }
+  EXPECT_EQ(worlds, (std::set<int>{1, 2}));
 }
 
 // A worker that answers but makes no progress: rank 0's training thread hangs after step 8 of

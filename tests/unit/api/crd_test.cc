@@ -100,6 +100,31 @@ TEST(CrdTest, SchemaDefaultsAreTheEnginesDefaults) {
   EXPECT_EQ(o.warmup.max_extra_steps, p.warmup.max_extra_steps);
 }
 
+// Every top-level spec field the CRD declares is one the engine's parser (tidal-train, tidal-prep)
+// accepts, set or not: a job applied with spec.replicas once failed its data phase with
+// "spec.replicas: unknown field".
+TEST(CrdTest, EverySpecFieldTheCrdDeclaresIsAcceptedByTheEnginesParser) {
+  const json crd = Crd();
+  const json& properties =
+      Version(crd)["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+  json job = {{"apiVersion", "tidal.dev/v1alpha1"},
+              {"kind", "TrainingJob"},
+              {"metadata", {{"name", "t"}}},
+              {"spec", {{"model", {{"preset", "tiny"}}}, {"dataset", {{"uri", "d.jsonl"}}}}}};
+  ASSERT_TRUE(local::ApplySchema(Version(crd)["schema"]["openAPIV3Schema"], job).errors.empty());
+  for (const auto& [key, property] : properties.items()) {
+    if (job["spec"].contains(key)) continue;
+    const std::string type = property.value("type", "");
+    job["spec"][key] = type == "integer"   ? json(2)
+                       : type == "boolean" ? json(false)
+                       : type == "string"  ? json("x")
+                                           : json::object();
+  }
+  EXPECT_TRUE(job["spec"].contains("replicas"));
+  auto parsed = engine::TrainConfigFromJson(job, "/data");
+  EXPECT_TRUE(parsed.ok()) << parsed.status().message();
+}
+
 // What the schema itself refuses (the API server's 422), each naming its field.
 TEST(CrdTest, SchemaRefusesOutOfRangeAndUnknownValuesNamingTheField) {
   const json crd = Crd();

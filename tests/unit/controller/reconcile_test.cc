@@ -556,23 +556,51 @@ std::string KeeperOf(const Sim& sim, const std::string& pod) {
   return "";
 }
 
+// The survivors are an allowed size (2 of minGPUs 2), so they go on at once, without the
+// backoff and without waiting for a replacement pod; the third GPU comes back by a live
+// scale-up as soon as its pod is ready (a recovery starts no cooldown).
 TEST(Reconcile, ALostWorkerIsRebuiltFromTheSurvivorsBuddyCopiesAndTheStoreIsNotRead) {
   Sim sim(Spec(kThreeRanks));
   const int64_t trained = RunThreeRanksWithBuddies(sim);
   const int from_store = sim.resumed_from_store_;
   const int from_peers = sim.resumed_from_peers_;
+  const int64_t generation = sim.status().generation;
   sim.pods_["job-worker-1"].phase = "Failed";
-  sim.Until([&] { return sim.status().phase == "Recovering"; });
-  sim.now_ += 10s;
-  sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; });
+  sim.Until([&] { return sim.status().generation == generation + 1 && !sim.status().rescale; }, 6);
+  EXPECT_EQ(sim.status().current_gpus, 2) << "the survivors did not go on alone";
   EXPECT_TRUE(sim.HasEvent("RecoveringFromMemory"));
   EXPECT_TRUE(sim.HasEvent("Recovered"));
   EXPECT_FALSE(sim.HasEvent("BuddyCopiesLost"));
   EXPECT_EQ(sim.resumed_from_store_, from_store) << "a rank resumed from the store";
-  EXPECT_EQ(sim.resumed_from_peers_, from_peers + 3);
+  EXPECT_EQ(sim.resumed_from_peers_, from_peers + 2);
   EXPECT_EQ(sim.last_resumed_step_, trained) << "the recovery lost steps";
-  EXPECT_EQ(sim.status().current_gpus, 3);
   EXPECT_EQ(sim.status().restarts, 1);
+  sim.Until([&] {
+    return sim.status().phase == "Running" && sim.status().current_gpus == 3 &&
+           !sim.status().rescale;
+  });
+  EXPECT_EQ(sim.resumed_from_store_, from_store) << "the scale-up read the store";
+}
+
+// Without buddy copies (buddyEverySteps: 0) the same loss waits for the backoff and a
+// replacement, and resumes from the store.
+TEST(Reconcile, WithoutBuddyCopiesALostWorkerWaitsForTheBackoffAndResumesFromTheStore) {
+  Sim sim(Spec(R"({"replicas": 3, "optimization": {"globalBatchSize": 12},
+                   "elastic": {"maxGPUs": 3}, "checkpoint": {"buddyEverySteps": 0}})"));
+  RunThreeRanksWithBuddies(sim);
+  sim.buddies_ = false;
+  for (auto& [name, r] : sim.reports_) r.held.clear();
+  const int from_store = sim.resumed_from_store_;
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.Until([&] { return sim.status().phase == "Recovering"; });
+  for (int i = 0; i < 5; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.status().phase, "Recovering") << "recovered before the backoff";
+  sim.now_ += 10s;
+  sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; });
+  EXPECT_EQ(sim.status().current_gpus, 3);
+  EXPECT_EQ(sim.resumed_from_store_, from_store + 3);
+  EXPECT_FALSE(sim.HasEvent("RecoveringFromMemory"));
+  EXPECT_FALSE(sim.HasEvent("BuddyCopiesLost")) << "copies are off: nothing was lost";
 }
 
 // The lost worker and the one keeping its copy go together: no survivor holds its part, so the
