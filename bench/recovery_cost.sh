@@ -5,7 +5,8 @@
 # run on `tidal local` (4 GPUs, the tiny preset on CPU): two jobs of 2 GPUs side by side, alike
 # but for buddyEverySteps, each killed in turn once per round. Both store a full checkpoint every
 # 10 steps and are killed halfway between two (step 10k + 5), the average case of a kill at a
-# random step. Both may train at 1 GPU (minGPUs 1, replicas 2): with copies the survivor trains
+# random step. Every round's two jobs are new (each kill is the first of its restart streak).
+# Both may train at 1 GPU (minGPUs 1, replicas 2): with copies the survivor trains
 # on alone at once from its memory and the lost GPU comes back by a live scale-up; without, the
 # job waits for the backoff (1 s) and a replacement pod, and resumes from the store.
 #
@@ -28,13 +29,14 @@ case "$build" in /*) ;; *) build="$root/$build" ;; esac
 source "$root/bench/lib/local_job.sh"
 start_cluster 4
 
-for job in bud sto; do
-  every=1
-  [[ $job == sto ]] && every=0
-  cat >"$work/$job.yaml" <<YAML
+events="$work/kills.tsv"
+: >"$events"
+# start_job NAME EVERY: the job, buddy copies every EVERY steps (0: none), its log followed.
+start_job() {
+  cat >"$work/$1.yaml" <<YAML
 apiVersion: tidal.dev/v1alpha1
 kind: TrainingJob
-metadata: {name: $job}
+metadata: {name: $1}
 spec:
   model: {preset: tiny, seed: 0}
   dataset: {uri: "$root/examples/data/sample.jsonl", format: text, maxSeqLen: 32}
@@ -43,21 +45,16 @@ spec:
                  learningRate: 3.0e-3, warmup: {steps: 10, adaptive: true}, maxSteps: 100000}
   elastic: {minGPUs: 1, maxGPUs: 2, cooldownSeconds: 0, scaleUpTimeoutSeconds: 120}
   replicas: 2
-  checkpoint: {fullEverySteps: 10, snapshotEverySteps: 0, keep: 2, buddyEverySteps: $every}
-  restartPolicy: {maxRestarts: 100, backoffSeconds: 1}
+  checkpoint: {fullEverySteps: 10, snapshotEverySteps: 0, keep: 2, buddyEverySteps: $2}
+  restartPolicy: {maxRestarts: 3, backoffSeconds: 1}
   worker:
     env: [{name: TIDAL_INTRA_OP_THREADS, value: "1"}]
 YAML
-  k apply -f "$work/$job.yaml" >/dev/null
-  follow_logs "$job" 2 "$work/$job.jsonl"
-done
-settle bud 2 5
-settle sto 2 5
-
-events="$work/kills.tsv"
-: >"$events"
+  k apply -f "$work/$1.yaml" >/dev/null
+  follow_logs "$1" 2 "$work/$1.jsonl"
+}
 # kill_worker JOB: kill -9 of JOB-worker-1's process once rank 0 has logged a step 10k + 4 (the
-# kill lands in step 10k + 5), then waits until the job trains again, 5 steps on.
+# kill lands in step 10k + 5), then waits until the job trains again at 2 GPUs, 5 steps on.
 kill_worker() {
   local job=$1 uid pid
   uid=$(k get pod "$job-worker-1" -o jsonpath='{.metadata.uid}')
@@ -92,9 +89,16 @@ PY
   echo "recovery_cost: $job never reached a step 10k + 4" >&2
   exit 1
 }
+# Each round's jobs are new, so that every kill is the first of its restart streak (the backoff
+# doubles with each restart within 10 minutes, with or without copies).
 for round in $(seq 1 "$rounds"); do
-  kill_worker bud
-  kill_worker sto
+  start_job "bud$round" 1
+  start_job "sto$round" 0
+  settle "bud$round" 2 5
+  settle "sto$round" 2 5
+  kill_worker "bud$round"
+  kill_worker "sto$round"
+  k delete tj "bud$round" "sto$round" --wait=false >/dev/null
   echo "round $round of $rounds done" >&2
 done
 sleep 1
@@ -113,12 +117,11 @@ def lines(job):
 def measure(job, t0):
     steps = [(j["ts"], j["step"], j["generation"], j["world_size"]) for j in lines(job)
              if j.get("msg") == "step" and j.get("rank") == 0]
-    before = [s for s in steps if s[0] < t0]
-    after = [s for s in steps if s[0] > t0]
-    last = before[-1]
-    gen = after[0][2]
-    first = after[0]
-    assert gen > last[2], f"{job}: no new generation after the kill"
+    # The killed generation's steps (one may end just after the kill), and the ones after.
+    killed = [s for s in steps if s[0] < t0][-1][2]
+    before = [s for s in steps if s[2] <= killed]
+    after = [s for s in steps if s[2] > killed]
+    last, first = before[-1], after[0]
     median = statistics.median(b[0] - a[0] for a, b in zip(before, before[1:]) if a[2] == b[2])
     past = next(s for s in after if s[1] > last[1])
     full = next(s for s in after if s[3] == 2)
@@ -130,8 +133,8 @@ names = {"bud": "buddy copies (every step)", "sto": "store checkpoint (every 10)
 for line in open(events):
     job, t0 = line.split("\t")
     r = measure(job, float(t0))
-    results.setdefault(job, []).append(r)
-    print(f"{names[job]:<28} {r['recomputed']:>10} {r['downtime']:>8.2f}s {r['lost']:>7.2f}s "
+    results.setdefault(job[:3], []).append(r)
+    print(f"{names[job[:3]]:<28} {r['recomputed']:>10} {r['downtime']:>8.2f}s {r['lost']:>7.2f}s "
           f"{r['full']:>8.2f}s {r['step']:>5.2f}s")
 print()
 for part in ("recomputed", "downtime", "lost", "full"):
@@ -141,14 +144,19 @@ for part in ("recomputed", "downtime", "lost", "full"):
     ratio = f"{b / s:.3f}" if s else "n/a"
     print(f"median {part}: buddy {b:.2f}{unit}, store {s:.2f}{unit}; ratio buddy / store = {ratio}"
           + (" (target <= 0.1)" if part == "lost" else ""))
-def step_median(job):
-    steps = [(j["ts"], j["generation"]) for j in lines(job)
-             if j.get("msg") == "step" and j.get("rank") == 0]
-    return statistics.median(b[0] - a[0] for a, b in zip(steps, steps[1:]) if a[1] == b[1])
+kills = [line.split("\t")[0] for line in open(events)]
+def step_median(prefix):
+    gaps = []
+    for job in (j for j in kills if j.startswith(prefix)):
+        steps = [(j["ts"], j["generation"]) for j in lines(job)
+                 if j.get("msg") == "step" and j.get("rank") == 0]
+        gaps += [b[0] - a[0] for a, b in zip(steps, steps[1:]) if a[1] == b[1]]
+    return statistics.median(gaps)
 b, s = step_median("bud"), step_median("sto")
 print(f"median step time, the two jobs side by side: buddy {1000 * b:.1f} ms, store {1000 * s:.1f} ms;"
       f" overhead of copies every step {100 * (b / s - 1):+.1f} % (target <= 3 %)")
-copies = [j for j in lines("bud") if j.get("msg") == "buddy copies"]
+copies = [j for job in kills if job.startswith("bud") for j in lines(job)
+          if j.get("msg") == "buddy copies"]
 if copies:
     mean = lambda k: statistics.mean(c[k] for c in copies)
     print(f"buddy copies ({len(copies)} generations of every rank): "
