@@ -95,6 +95,7 @@ bench-checkpoint: build
 # memory with many jobs (sleeping stand-ins for the workers).
 bench-operator: build
 	bench/rescale_cost.sh $(BUILD_DIR) 3
+	bench/recovery_cost.sh $(BUILD_DIR) 3
 	bench/operator_scale.sh $(BUILD_DIR) 200 10 60
 
 format:

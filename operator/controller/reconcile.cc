@@ -20,7 +20,8 @@ using Stage = RescaleState::Stage;
 constexpr auto kMaxBackoff = std::chrono::minutes(10);
 constexpr auto kBackoffReset = std::chrono::minutes(10);
 // How soon to ask again whether the workers of running new pods answer (a worker starts in
-// about a second; asking at the general poll of 2 s added up to 2 s to every scale-up).
+// about a second; asking at the general poll of 2 s added up to 2 s to every scale-up), or
+// whether new members have read their state from their peers' memory.
 constexpr std::chrono::milliseconds kWorkerStartPoll{250};
 
 std::string Join(const std::vector<std::string>& items) {
@@ -1135,7 +1136,9 @@ class Decider {
         a.wards = planner::BuddyWards(nodes);
       }
       st_.phase = r.recovery ? (st_.restarts > 0 ? "Recovering" : "Pending") : "Scaling";
-      plan_.requeue_after = options_.poll;
+      // Members reading their state from their peers' memory are done in tens of milliseconds.
+      plan_.requeue_after =
+          pending.empty() ? std::min(options_.poll, kWorkerStartPoll) : options_.poll;
       return;
     }
     if (!surplus.empty() && !r.state_peers.empty()) {
@@ -1154,6 +1157,8 @@ class Decider {
                               r.started};
     st_.rescale.reset();
     st_.phase = "Running";
+    // A recovery at fewer GPUs than wanted (the survivors alone) grows again on the next pass.
+    if (recovery && st_.restarts > 0) plan_.requeue_after = std::chrono::milliseconds(0);
     if (recovery && st_.restarts > 0)
       Emit("Normal", "Recovered",
            "generation " + std::to_string(st_.generation) +
