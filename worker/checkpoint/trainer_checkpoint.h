@@ -78,13 +78,20 @@ StatusOr<std::string> SaveCheckpoint(engine::Trainer& trainer, Repository& repo,
 // first) and rank 0's manifest and trainer state into its own; nothing durable. The next
 // generation reads it through the peers (ResumeFromPeers). Returns the step's URI in `memory`.
 StatusOr<std::string> SaveToPeers(engine::Trainer& trainer, objstore::MemoryStore& memory);
-// Collective: a buddy copy of this step (DESIGN.md §4 step 5): as SaveToPeers, but the memory is
-// not emptied first (older copies, and other ranks' parts this rank keeps, stay until the caller
-// prunes them) and nothing is logged per step. Returns the bytes of this rank's part.
-StatusOr<uint64_t> SaveBuddyCopy(engine::Trainer& trainer, objstore::MemoryStore& memory);
+// A buddy copy of this step (DESIGN.md §4 step 5), with no collective: this rank's pieces are
+// copied to host memory now (the training thread's whole cost); the returned function, on any
+// thread, builds this rank's shard and writes it into `memory` (rank 0 also the trainer state),
+// then "<step>/part-<k+1>-of-<W>.json", the shard's manifest entries: the part is whole once
+// that is there. Nothing in `memory` is removed (the caller prunes). ResumeFromPeers assembles
+// the step's manifest from the W parts. The function returns the shard's bytes.
+StatusOr<std::function<StatusOr<uint64_t>()>> CaptureBuddyCopy(engine::Trainer& trainer,
+                                                               objstore::MemoryStore& memory);
+// "part-00002-of-00004.json": rank 1's part of a buddy copy at world size 4.
+std::string BuddyPartName(int rank, int world_size);
 // Collective: loads `step` from `peers` (any world size, as from a store; null: this rank
 // cannot reach them, and fails its part); an error on any rank is the error of every rank,
-// and the trainer then holds partly read values.
+// and the trainer then holds partly read values. A step without a manifest (buddy copies) has
+// it assembled from its parts.
 Status ResumeFromPeers(engine::Trainer& trainer, objstore::ObjectStore* peers, int64_t step);
 // The step resumed from; NotFound (on every rank) when the store holds no usable checkpoint.
 StatusOr<int64_t> ResumeFromNewest(engine::Trainer& trainer, Repository& repo);

@@ -6,9 +6,10 @@
 namespace tidal::worker {
 namespace {
 
-// "shard-00002-of-00004.safetensors" → {1, 4}.
-bool ParseShardName(std::string_view name, size_t* index, size_t* count) {
-  constexpr std::string_view kPrefix = "shard-", kOf = "-of-", kSuffix = ".safetensors";
+// "shard-00002-of-00004.safetensors" (or a buddy copy's "part-00002-of-00004.json") → {1, 4}.
+bool ParseRankedName(std::string_view name, std::string_view kPrefix, std::string_view kSuffix,
+                     size_t* index, size_t* count) {
+  constexpr std::string_view kOf = "-of-";
   if (name.size() != kPrefix.size() + 5 + kOf.size() + 5 + kSuffix.size()) return false;
   if (name.substr(0, kPrefix.size()) != kPrefix) return false;
   if (name.substr(kPrefix.size() + 5, kOf.size()) != kOf) return false;
@@ -53,7 +54,9 @@ StatusOr<size_t> PeerStore::Owner(const std::string& key) const {
   const std::string_view name =
       slash == std::string::npos ? std::string_view(key) : std::string_view(key).substr(slash + 1);
   size_t index = 0, count = 0;
-  if (!ParseShardName(name, &index, &count)) return size_t{0};
+  if (!ParseRankedName(name, "shard-", ".safetensors", &index, &count) &&
+      !ParseRankedName(name, "part-", ".json", &index, &count))
+    return size_t{0};
   if (count != peers_.size())
     return FailedPrecondition(uri() + ": \"" + key + "\" is a shard of " + std::to_string(count) +
                               " ranks, but the previous generation had " +

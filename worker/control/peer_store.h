@@ -29,8 +29,8 @@ class PeerStore final : public objstore::ObjectStore {
   StatusOr<std::vector<objstore::ObjectInfo>> List(const std::string& prefix) override;
   Status Delete(const std::vector<std::string>& keys) override;
 
-  // The rank whose memory holds `key`: k for a shard "…/shard-<k+1>-of-<W>.safetensors" (W must
-  // be the number of peers), else 0.
+  // The rank whose memory holds `key`: k for a shard "…/shard-<k+1>-of-<W>.safetensors" or a
+  // buddy copy's part "…/part-<k+1>-of-<W>.json" (W must be the number of peers), else 0.
   StatusOr<size_t> Owner(const std::string& key) const;
 
  private:

@@ -36,130 +36,171 @@ bool InGeneration(Phase p) {
 
 }  // namespace
 
-// A generation's buddy copies (DESIGN.md §4 step 5). Every `buddy_every` steps each rank saves
-// its part of the state into its own peer state (SaveBuddyCopy: collective, on the training
-// thread, a host copy and a serialisation); a thread of this object's own then copies the
-// ward's part of that step from the ward (ReadState) while training goes on. The copies of the
-// two newest copy steps are kept, own and ward's alike, so that after a loss there is a step at
-// which every part is held somewhere: at most `buddy_every` steps are trained again. A copy
-// that fails is logged and training goes on (the store checkpoint is the fallback); the next
-// collective finds a peer that is gone.
+// A generation's buddy copies (DESIGN.md §4 step 5). Every `buddy_every` steps each rank copies
+// its pieces to host memory on the training thread (its only cost there; no collective); a
+// thread of this object's own then writes that part into the worker's peer state and copies the
+// ward's part of the same step from the ward (ReadState) while training goes on. The copies of
+// the two newest copy steps are kept, own and ward's alike, so that after a loss there is a step
+// at which every part is held somewhere: at most `buddy_every` steps are trained again. A copy
+// that fails is logged and training goes on (the store checkpoint is the fallback).
 class WorkerRuntime::Buddy {
  public:
+  using Writer = std::function<StatusOr<uint64_t>()>;
   Buddy(WorkerRuntime& runtime, const engine::Membership& m, BuddyRing ring)
       : rt_(runtime),
         generation_(m.generation),
         rank_(m.rank),
         world_size_(m.world_size),
         ring_(std::move(ring)),
-        puller_([this] { Pull(); }) {}
+        copier_([this] { Copy(); }) {}
   ~Buddy() {
     Stop();
-    if (copies_ > 0)
+    if (captures_ > 0)
       LogInfo("buddy copies",
-              {{"copies", copies_},
+              {{"copies", captures_},
                {"ward", ring_.ward},
-               {"own_bytes_per_copy", own_bytes_ / copies_},
+               {"own_bytes_per_copy", writes_ > 0 ? own_bytes_ / writes_ : 0},
                {"pulled_bytes_per_copy", pulls_ > 0 ? pulled_bytes_ / pulls_ : 0},
+               {"writes", writes_},
                {"pulls", pulls_},
-               {"failed_pulls", failed_pulls_},
-               {"copy_seconds_mean", copy_seconds_ / static_cast<double>(copies_)},
+               {"failed", failed_},
+               {"capture_seconds_mean", capture_seconds_ / static_cast<double>(captures_)},
+               {"write_seconds_mean", writes_ > 0 ? write_seconds_ / writes_ : 0.0},
                {"pull_seconds_mean", pulls_ > 0 ? pull_seconds_ / pulls_ : 0.0}});
   }
 
-  // After each optimizer step: when one is due, this rank's copy (collective), then the ward's
-  // part of the same step is asked for.
+  // After each optimizer step: when a copy is due, this rank's pieces are copied to host
+  // memory; the copier thread does the rest.
   Status AfterStep(engine::Session& session, engine::TrainingHooks& hooks) {
     const int64_t step = session.step();
     if (stopped_ || step % rt_.options_.buddy_every != 0) return OkStatus();
     const auto start = std::chrono::steady_clock::now();
-    auto bytes = session.CheckpointBuddy(hooks);
-    if (!bytes.ok()) {
+    auto writer = session.CheckpointBuddy(hooks);
+    if (!writer.ok()) {
       LogWarn("buddy copy failed: copies stop for this generation",
-              {{"step", step}, {"error", bytes.status().message()}});
+              {{"step", step}, {"error", writer.status().message()}});
       Stop();
       return OkStatus();
     }
-    copy_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ++copies_;
-    own_bytes_ += *bytes;
+    capture_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++captures_;
     {
       std::lock_guard<std::mutex> lock(rt_.mu_);
-      rt_.state_.held.push_back({generation_, rank_, world_size_, step});
       keep_from_ = step - rt_.options_.buddy_every;  // the two newest copy steps
       due_ = step;
+      writer_ = std::move(*writer);  // an older one not yet written is dropped
       rt_.changed_.notify_all();
     }
     Prune();
     return OkStatus();
   }
 
-  // Waits for the pull under way, and makes no more copies.
+  // Waits for the copy under way, and makes no more.
   void Stop() {
     {
       std::lock_guard<std::mutex> lock(rt_.mu_);
       stopped_ = true;
       rt_.changed_.notify_all();
     }
-    if (puller_.joinable()) puller_.join();
+    if (copier_.joinable()) copier_.join();
   }
 
  private:
-  // The keys of rank `rank`'s part of `step` (rank 0's carries the manifest and trainer state).
+  // The keys of rank `rank`'s part of `step`, the part's entries last: the part is whole once
+  // they are there.
   std::vector<std::string> Keys(int rank, int64_t step) const {
     const std::string dir = checkpoint::StepDirectory(step) + "/";
     std::vector<std::string> keys{dir + checkpoint::ShardFileName(rank, world_size_)};
-    if (rank == 0) {
-      keys.push_back(dir + "trainer_state.json");
-      keys.push_back(dir + "manifest.json");  // last: the part is whole once this is here
-    }
+    if (rank == 0) keys.push_back(dir + "trainer_state.json");
+    keys.push_back(dir + checkpoint::BuddyPartName(rank, world_size_));
     return keys;
   }
 
-  void Pull() {
+  // Under rt_.mu_: the part of `step` is no more of use (stopped, or a newer copy is due).
+  bool Overtaken(int64_t step) const { return stopped_ || due_ > step; }
+
+  // Records `rank`'s part of `step` as held, unless newer copies made it one to drop.
+  void Held(int rank, int64_t step) {
+    std::lock_guard<std::mutex> lock(rt_.mu_);
+    if (step < keep_from_) {
+      (void)rt_.peer_state_.Delete(Keys(rank, step));
+      return;
+    }
+    rt_.state_.held.push_back({generation_, rank, world_size_, step});
+    rt_.changed_.notify_all();
+  }
+
+  void Copy() {
     int64_t done = 0;
     while (true) {
       int64_t step;
+      Writer writer;
       {
         std::unique_lock<std::mutex> lock(rt_.mu_);
         rt_.changed_.wait(lock, [&] { return stopped_ || due_ > done; });
         if (stopped_) return;
-        step = due_;
+        step = done = due_;
+        writer = std::move(writer_);
       }
-      done = step;
-      const auto start = std::chrono::steady_clock::now();
-      const std::string& from = ring_.members[ring_.ward];
-      const std::vector<std::string> keys = Keys(ring_.ward, step);
-      Status pulled = OkStatus();
-      uint64_t bytes = 0;
-      for (const std::string& key : keys) {
-        auto data = rt_.options_.read_peer_object(from, key);
-        if (data.ok()) {
-          bytes += data->size();
-          pulled = rt_.peer_state_.Put(key, *data);
-        } else {
-          pulled = data.status();
-        }
-        if (!pulled.ok()) break;
+      auto start = std::chrono::steady_clock::now();
+      auto bytes = writer();
+      if (!bytes.ok()) {
+        ++failed_;
+        LogWarn("writing this rank's buddy copy failed",
+                {{"step", step}, {"error", bytes.status().message()}});
+        continue;
       }
-      std::lock_guard<std::mutex> lock(rt_.mu_);
-      if (!pulled.ok() || step < keep_from_) {  // failed, or overtaken by newer copies
-        (void)rt_.peer_state_.Delete(keys);
-        if (!pulled.ok()) {
-          ++failed_pulls_;
-          LogWarn("copying the ward's part failed",
-                  {{"ward", ring_.ward}, {"from", from}, {"step", step},
-                   {"error", pulled.message()}});
-        }
+      write_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ++writes_;
+      own_bytes_ += *bytes;
+      Held(rank_, step);
+      start = std::chrono::steady_clock::now();
+      auto pulled = Pull(step);
+      if (!pulled.ok()) {
+        if (pulled.status().code() == StatusCode::kAborted) continue;  // overtaken
+        ++failed_;
+        LogWarn("copying the ward's part failed", {{"ward", ring_.ward},
+                                                   {"from", ring_.members[ring_.ward]},
+                                                   {"step", step},
+                                                   {"error", pulled.status().message()}});
         continue;
       }
       ++pulls_;
-      pulled_bytes_ += bytes;
+      pulled_bytes_ += *pulled;
       pull_seconds_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      rt_.state_.held.push_back({generation_, ring_.ward, world_size_, step});
-      rt_.changed_.notify_all();
+      Held(ring_.ward, step);
     }
+  }
+
+  // Copies the ward's part of `step` into the peer state, its entries last. The ward writes it
+  // on its own thread: until its entries are there, they are asked for again (Aborted once a
+  // newer copy is due or copies stop). Returns the bytes.
+  StatusOr<uint64_t> Pull(int64_t step) {
+    const std::string& from = ring_.members[ring_.ward];
+    const std::vector<std::string> keys = Keys(ring_.ward, step);
+    StatusOr<std::string> entries = NotFound("");
+    for (int attempt = 0;; ++attempt) {
+      entries = rt_.options_.read_peer_object(from, keys.back());
+      if (entries.ok() || entries.status().code() != StatusCode::kNotFound) break;
+      {
+        std::unique_lock<std::mutex> lock(rt_.mu_);
+        if (rt_.changed_.wait_for(lock, std::chrono::milliseconds(attempt < 20 ? 2 : 20),
+                                  [&] { return Overtaken(step); }))
+          return Aborted("overtaken by a newer copy");
+      }
+    }
+    if (!entries.ok()) return entries.status();
+    uint64_t bytes = entries->size();
+    for (size_t i = 0; i + 1 < keys.size(); ++i) {
+      TIDAL_ASSIGN_OR_RETURN(std::string data, rt_.options_.read_peer_object(from, keys[i]));
+      bytes += data.size();
+      TIDAL_RETURN_IF_ERROR(rt_.peer_state_.Put(keys[i], data));
+    }
+    TIDAL_RETURN_IF_ERROR(rt_.peer_state_.Put(keys.back(), *entries));
+    return bytes;
   }
 
   // Drops every copy older than the two newest copy steps, from memory and from `held`.
@@ -187,18 +228,18 @@ class WorkerRuntime::Buddy {
   const int64_t generation_;
   const int rank_, world_size_;
   const BuddyRing ring_;
-  // Under rt_.mu_: the newest own copy's step (the ward's part of it is due), the oldest kept,
+  // Under rt_.mu_: the newest copy's step and its writer (not yet run), the oldest step kept,
   // and whether copies stopped.
   int64_t due_ = 0, keep_from_ = 0;
+  Writer writer_;
   bool stopped_ = false;
-  // The training thread's and the puller's counters (each its own).
-  int64_t copies_ = 0;
-  uint64_t own_bytes_ = 0;
-  double copy_seconds_ = 0;
-  int64_t pulls_ = 0, failed_pulls_ = 0;
-  uint64_t pulled_bytes_ = 0;
-  double pull_seconds_ = 0;
-  std::thread puller_;  // last: starts once the rest is built
+  // The training thread's counters, and the copier's.
+  int64_t captures_ = 0;
+  double capture_seconds_ = 0;
+  int64_t writes_ = 0, pulls_ = 0, failed_ = 0;
+  uint64_t own_bytes_ = 0, pulled_bytes_ = 0;
+  double write_seconds_ = 0, pull_seconds_ = 0;
+  std::thread copier_;  // last: starts once the rest is built
 };
 
 const char* PhaseName(Phase phase) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,10 +39,11 @@ class TrainingHooks {
     (void)trainer;
     return FailedPrecondition("these training hooks keep no live checkpoints");
   }
-  // A buddy copy: this step's full state, each rank's part kept in its own host memory (with
-  // the older copies there) for a peer to copy and for the next generation to read after a
-  // loss. Returns the bytes of this rank's part.
-  virtual StatusOr<uint64_t> CheckpointBuddy(Trainer& trainer) {
+  // A buddy copy: this step's full state copied to host memory now; the returned function (run
+  // on any thread, no collective) keeps this rank's part in its own memory (with the older
+  // copies there) for a peer to copy and for the next generation to read after a loss, and
+  // returns its bytes.
+  virtual StatusOr<std::function<StatusOr<uint64_t>()>> CheckpointBuddy(Trainer& trainer) {
     (void)trainer;
     return FailedPrecondition("these training hooks keep no buddy copies");
   }

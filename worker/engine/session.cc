@@ -152,8 +152,9 @@ class TrainerSession final : public Session {
   StatusOr<std::string> CheckpointLive(TrainingHooks& hooks) override {
     return Guard<std::string>([&] { return hooks.CheckpointLive(*trainer_); });
   }
-  StatusOr<uint64_t> CheckpointBuddy(TrainingHooks& hooks) override {
-    return Guard<uint64_t>([&] { return hooks.CheckpointBuddy(*trainer_); });
+  StatusOr<std::function<StatusOr<uint64_t>()>> CheckpointBuddy(TrainingHooks& hooks) override {
+    return Guard<std::function<StatusOr<uint64_t>()>>(
+        [&] { return hooks.CheckpointBuddy(*trainer_); });
   }
 
   uint64_t FrozenChecksum() const override { return trainer_->parameters().FrozenChecksum(); }

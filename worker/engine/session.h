@@ -83,7 +83,8 @@ class Session {
   virtual Status Finish(TrainingHooks& hooks) = 0;  // OnFinish: final save and export
   virtual StatusOr<std::string> CheckpointNow(TrainingHooks& hooks) = 0;
   virtual StatusOr<std::string> CheckpointLive(TrainingHooks& hooks) = 0;  // into host memory
-  virtual StatusOr<uint64_t> CheckpointBuddy(TrainingHooks& hooks) = 0;   // a buddy copy
+  // A buddy copy: captured now, written by the returned function on any thread.
+  virtual StatusOr<std::function<StatusOr<uint64_t>()>> CheckpointBuddy(TrainingHooks& hooks) = 0;
 
   // A hash of this rank's frozen base weights: equal before and after training when the base
   // is untouched bit for bit.
