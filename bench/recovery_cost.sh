@@ -162,6 +162,7 @@ if copies:
     print(f"buddy copies ({len(copies)} generations of every rank): "
           f"{mean('own_bytes_per_copy'):.0f} bytes per rank per copy, "
           f"{mean('pulled_bytes_per_copy'):.0f} pulled from the ward; "
-          f"{1000 * mean('copy_seconds_mean'):.2f} ms on the training thread, "
+          f"{1000 * mean('capture_seconds_mean'):.2f} ms on the training thread (the host copy), "
+          f"{1000 * mean('write_seconds_mean'):.2f} ms writing it in the background, "
           f"pull {1000 * mean('pull_seconds_mean'):.2f} ms in the background")
 PY
