@@ -21,12 +21,7 @@
 # cores), and the buddy copies' own figures from the workers' logs (bytes per copy, the copy's
 # time on the training thread, the ward's pull).
 set -euo pipefail
-build=${1:-build}
-rounds=${2:-2}
-root=$(cd "$(dirname "$0")/.." && pwd)
-case "$build" in /*) ;; *) build="$root/$build" ;; esac
-[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "recovery_cost: ROUNDS: expected a positive integer" >&2; exit 2; }
-source "$root/bench/lib/local_job.sh"
+source "$(dirname "$0")/lib/local_job.sh" "$@"
 start_cluster 4
 
 events="$work/kills.tsv"

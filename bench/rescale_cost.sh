@@ -20,12 +20,7 @@
 # across pod incarnations. Prints every change and, per direction, the ratio of the medians
 # (issue 25's target: <= 0.05).
 set -euo pipefail
-build=${1:-build}
-rounds=${2:-2}
-root=$(cd "$(dirname "$0")/.." && pwd)
-case "$build" in /*) ;; *) build="$root/$build" ;; esac
-[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "rescale_cost: ROUNDS: expected a positive integer" >&2; exit 2; }
-source "$root/bench/lib/local_job.sh"
+source "$(dirname "$0")/lib/local_job.sh" "$@"
 start_cluster 4
 
 cat >"$work/job.yaml" <<YAML

@@ -1,7 +1,13 @@
-# bench/lib/local_job.sh — sourced by the benches that drive one job on `tidal local` with kubectl
-# (rescale_cost.sh, recovery_cost.sh): the cluster, the steps rank 0 logs, waits on the status.
-# Expects: $build (absolute), $root; sets $work, $data, $cluster_pid; cleans up on exit (KEEP=1
-# keeps the work directory).
+# bench/lib/local_job.sh [BUILD_DIR] [ROUNDS] — sourced by the benches that drive jobs on
+# `tidal local` with kubectl (rescale_cost.sh, recovery_cost.sh), with their arguments: the
+# cluster, the steps rank 0 logs, waits on the status. Sets $build (absolute), $rounds, $root,
+# $work, $data, $cluster_pid; cleans up on exit (KEEP=1 keeps the work directory).
+build=${1:-build}
+rounds=${2:-2}
+root=$(cd "$(dirname "$0")/.." && pwd)
+case "$build" in /*) ;; *) build="$root/$build" ;; esac
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "$(basename "$0"): ROUNDS: expected a positive integer" >&2; exit 2; }
 tidal="$build/operator/tidal"
 kubectl_bin=$(command -v kubectl || echo "$root/tools/bin/kubectl")
 [[ -x "$tidal" ]] || { echo "$(basename "$0"): no $tidal (build first)" >&2; exit 2; }

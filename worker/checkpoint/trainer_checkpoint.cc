@@ -245,10 +245,8 @@ StatusOr<BuiltShard> WriteCapture(Repository& repo, const SaveCapture& c) {
 // committed; rank 0 gathers the shard entries, commits (manifest, then latest) and prunes.
 // `spread`: every rank's shard went to a store of its own (SaveToPeers): rank 0 writes the
 // manifest only (Repository::CommitSpread) and prunes nothing.
-// `quiet`: no log line for the commit (a buddy copy, made every few steps).
 Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
-                  const StatusOr<BuiltShard>& shard, int keep, bool spread = false,
-                  bool quiet = false) {
+                  const StatusOr<BuiltShard>& shard, int keep, bool spread = false) {
   engine::Comm& comm = trainer.comm();
   TIDAL_RETURN_IF_ERROR(
       AgreeOk(comm, shard.status(), repo.store().uri() + "/" + StepDirectory(c.step)));
@@ -269,7 +267,7 @@ Status CommitSave(Trainer& trainer, Repository& repo, const SaveCapture& c,
     committed = !manifest.ok() ? manifest.status()
                 : spread       ? repo.CommitSpread(*manifest)
                                : repo.Commit(*manifest);
-    if (committed.ok() && !quiet) {
+    if (committed.ok()) {
       auto pruned =
           spread ? StatusOr<std::vector<int64_t>>(std::vector<int64_t>{}) : repo.Prune(keep);
       if (!pruned.ok())  // the checkpoint is committed; a failed prune only costs space

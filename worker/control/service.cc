@@ -152,6 +152,23 @@ class Service final : public pb::WorkerControl::Service {
     return grpc::Status::OK;
   }
 
+  // A repeated HOST:PORT field into `out`; INVALID_ARGUMENT naming the first bad entry.
+  static std::optional<grpc::Status> AddressList(
+      const google::protobuf::RepeatedPtrField<std::string>& field, const std::string& name,
+      std::vector<std::string>& out) {
+    for (int i = 0; i < field.size(); ++i) {
+      const std::string& address = field.Get(i);
+      const auto colon = address.rfind(':');
+      int port = 0;
+      if (colon == std::string::npos || colon == 0 || !ParsePort(address.substr(colon + 1), &port))
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            name + "[" + std::to_string(i) + "]: expected HOST:PORT, got \"" +
+                                address + "\"");
+      out.push_back(address);
+    }
+    return std::nullopt;
+  }
+
   grpc::Status Rendezvous(grpc::ServerContext* ctx, const pb::RendezvousRequest* req,
                           pb::RendezvousResponse* out) override {
     if (auto denied = Authenticate(ctx)) return *denied;
@@ -172,31 +189,13 @@ class Service final : public pb::WorkerControl::Service {
     if (m.generation < 1)
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "generation: expected >= 1");
     LiveState from;
-    for (int i = 0; i < req->state_peers_size(); ++i) {
-      const std::string& peer = req->state_peers(i);
-      const auto colon = peer.rfind(':');
-      int port = 0;
-      if (colon == std::string::npos || colon == 0 || !ParsePort(peer.substr(colon + 1), &port))
-        return grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            "state_peers[" + std::to_string(i) + "]: expected HOST:PORT, got \"" + peer + "\"");
-      from.peers.push_back(peer);
-    }
+    if (auto bad = AddressList(req->state_peers(), "state_peers", from.peers)) return *bad;
     if (!from.peers.empty() && req->state_step() < 1)
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "state_step: expected >= 1 with state_peers");
     from.step = req->state_step();
     BuddyRing ring;
-    for (int i = 0; i < req->members_size(); ++i) {
-      const std::string& member = req->members(i);
-      const auto colon = member.rfind(':');
-      int port = 0;
-      if (colon == std::string::npos || colon == 0 || !ParsePort(member.substr(colon + 1), &port))
-        return grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            "members[" + std::to_string(i) + "]: expected HOST:PORT, got \"" + member + "\"");
-      ring.members.push_back(member);
-    }
+    if (auto bad = AddressList(req->members(), "members", ring.members)) return *bad;
     ring.ward = req->ward();
     Status accepted = runtime_.Rendezvous(m, std::move(from), std::move(ring));
     if (!accepted.ok()) return ToGrpc(accepted);

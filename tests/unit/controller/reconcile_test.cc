@@ -344,7 +344,8 @@ class Sim {
         if (buddies_ && r.world_size > 1 && ward_of_.count(name)) {
           r.held.push_back({r.generation, r.rank, r.world_size, r.step});
           r.held.push_back({r.generation, ward_of_[name], r.world_size, r.step});
-          std::erase_if(r.held, [&](const auto& h) { return h.step < r.step - 1; });
+          const int64_t oldest = r.step - 1;  // (clang 14 captures no structured binding)
+          std::erase_if(r.held, [oldest](const auto& h) { return h.step < oldest; });
         }
       }
   }

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <random>
 #include <set>
 
 namespace tidal::planner {
@@ -39,6 +42,29 @@ TEST(BuddyWardsTest, EveryCopyIsOnAnotherNodeWhenNoNodeHoldsMoreThanHalfTheRanks
       EXPECT_NE(nodes[r], nodes[ward[r]]) << "rank " << r << " keeps rank " << ward[r]
                                           << "'s copy on its own node " << nodes[r];
   }
+}
+
+// The same over many seeded layouts: any ranks, any nodes.
+TEST(BuddyWardsTest, OnRandomLayoutsCopiesCrossNodesWheneverNoNodeHoldsMoreThanHalf) {
+  std::mt19937 rng(7);
+  int checked = 0;
+  for (int trial = 0; trial < 5000; ++trial) {
+    const int n = 2 + static_cast<int>(rng() % 9), kinds = 1 + static_cast<int>(rng() % 5);
+    std::vector<std::string> nodes;
+    std::map<std::string, int> count;
+    for (int r = 0; r < n; ++r) {
+      nodes.push_back(std::string(1, static_cast<char>('a' + rng() % kinds)));
+      ++count[nodes.back()];
+    }
+    const std::vector<int> ward = BuddyWards(nodes);
+    ExpectPermutationWithoutSelf(ward);
+    int most = 0;
+    for (const auto& [node, c] : count) most = std::max(most, c);
+    if (most > n / 2) continue;
+    ++checked;
+    for (int r = 0; r < n; ++r) ASSERT_NE(nodes[r], nodes[ward[r]]) << "trial " << trial;
+  }
+  EXPECT_GT(checked, 1000);
 }
 
 TEST(BuddyWardsTest, ANodeWithMostRanksStillGivesEveryRankOneWard) {
