@@ -412,6 +412,19 @@ TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
   expect(c.Rendezvous(1, 2, 0, "127.0.0.20"), "INVALID_ARGUMENT", "store_address");
   expect(c.Rendezvous(1, 2, 0, "127.0.0.20:99999"), "INVALID_ARGUMENT", "store_address");
   expect(c.Rendezvous(1, 3, 0, "127.0.0.20:1234"), "INVALID_ARGUMENT", "globalBatchSize");
+  // Buddy copies: the members' addresses, one per rank, and a ward among them.
+  const std::string store = "127.0.0.20:1234";
+  const std::vector<std::string> two = {"127.0.0.20:1", "127.0.0.21:1"};
+  expect(c.Rendezvous(1, 2, 0, store, {}, 0, {"127.0.0.20:1", "nowhere"}, 1), "INVALID_ARGUMENT",
+         "members[1]: expected HOST:PORT");
+  expect(c.Rendezvous(1, 2, 0, store, {}, 0, {"127.0.0.20:1"}, 0), "INVALID_ARGUMENT",
+         "members: expected one address per rank (2), got 1");
+  expect(c.Rendezvous(1, 2, 0, store, {}, 0, two, 2), "INVALID_ARGUMENT",
+         "ward: expected a rank in 0-1, got 2");
+  expect(c.Rendezvous(1, 2, 0, store, {}, 0, two, -1), "INVALID_ARGUMENT", "ward");
+  expect(c.Rendezvous(1, 2, 0, store, {"127.0.0.20:1", "x"}, 5), "INVALID_ARGUMENT",
+         "state_peers[1]");
+  EXPECT_EQ(StatusOf(0).generation(), 0) << "a refused Rendezvous changed the worker";
   expect(c.Checkpoint(false, 5s).status(), "FAILED_PRECONDITION", "phase Waiting");
   expect(c.Pause(5s).status(), "FAILED_PRECONDITION", "phase Waiting");
   expect(c.Resume(), "FAILED_PRECONDITION", "not paused");
