@@ -407,12 +407,12 @@ Plan TrainingJobController::DecideWithCapacity(Observed& observed) {
 
 int64_t TrainingJobController::IdleGpus() {
   int64_t allocatable = 0;
-  std::set<std::string> silent;
+  std::set<std::string> closed;  // nodes that offer nothing
   for (const kube::ObjectPtr& n : nodes_->store().List()) {
     auto node = kube::NodeFromJson(*n);
-    // A node that is not Ready (lost, its kubelet silent) offers nothing, and what its pods
-    // hold is not taken from the others.
-    if (node.ok() && NodeSilent(*node)) silent.insert(node->metadata.name);
+    // A node that is not Ready (lost, its kubelet silent) or cordoned (`kubectl cordon`, a
+    // drain) offers nothing, and what its pods hold is not taken from the others.
+    if (node.ok() && (NodeSilent(*node) || node->unschedulable)) closed.insert(node->metadata.name);
     if (!node.ok() || node->unschedulable || NodeSilent(*node)) continue;
     auto it = node->allocatable.find("nvidia.com/gpu");
     if (it != node->allocatable.end()) allocatable += std::atoll(it->second.c_str());
@@ -420,9 +420,9 @@ int64_t TrainingJobController::IdleGpus() {
   // Requested by any bound pod, the job's own included: what is left is truly idle (the
   // planner adds what the job holds itself).
   int64_t requested = held_total_;
-  if (!silent.empty())
+  if (!closed.empty())
     for (const auto& [key, held] : held_gpus_)
-      if (silent.count(held.node)) requested -= held.gpus;
+      if (closed.count(held.node)) requested -= held.gpus;
   const auto now = Clock::now();
   for (auto it = booked_gpus_.begin(); it != booked_gpus_.end();) {
     const auto slash = it->first.find('/');

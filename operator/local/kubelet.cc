@@ -204,6 +204,9 @@ void ProcessKubelet::Pass() {
     if (lost.count(n.name)) continue;
     nodes.insert(n.name);
     schedulable.push_back(n);
+    // What `kubectl cordon` and `kubectl taint` changed on the Node object.
+    if (ObjectPtr object = api_.store().Get({"/nodes", "", n.name}))
+      ReadNodeSpec(*object, schedulable.back());
   }
   // What the scheduler and the IP allocator need from all pods, gathered once per pass.
   GpuUsage usage;

@@ -202,6 +202,29 @@ ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
   return Schedule(pod, nodes, usage);
 }
 
+bool Tolerates(const json& pod, const Taint& taint) {
+  for (const json& t : Field(Field(pod, "spec"), "tolerations")) {
+    const std::string key = StringField(t, "key"), op = StringField(t, "operator");
+    const std::string effect = StringField(t, "effect");
+    if (!effect.empty() && effect != taint.effect) continue;
+    if (op == "Exists") {
+      if (key.empty() || key == taint.key) return true;
+      continue;
+    }
+    if ((op.empty() || op == "Equal") && key == taint.key && StringField(t, "value") == taint.value)
+      return true;
+  }
+  return false;
+}
+
+void ReadNodeSpec(const json& node, NodeInfo& info) {
+  const json& spec = Field(node, "spec");
+  info.unschedulable = spec.is_object() && spec.value("unschedulable", false) == true;
+  info.taints.clear();
+  for (const json& t : Field(spec, "taints"))
+    info.taints.push_back({StringField(t, "key"), StringField(t, "value"), StringField(t, "effect")});
+}
+
 ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
                         const GpuUsage& usage) {
   ScheduleResult result;
@@ -212,7 +235,8 @@ ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
   }
   const json& selector = Field(Field(pod, "spec"), "nodeSelector");
   std::string fixed_node = StringField(Field(pod, "spec"), "nodeName");
-  int insufficient = 0, mismatched = 0;
+  int insufficient = 0, mismatched = 0, cordoned = 0;
+  std::map<std::string, int> untolerated;  // "{key: value}" → nodes
   int64_t best_free = -1;
   for (const NodeInfo& node : nodes) {
     if (!fixed_node.empty() && node.name != fixed_node) continue;
@@ -224,6 +248,18 @@ ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
       }
     if (!match) {
       ++mismatched;
+      continue;
+    }
+    if (node.unschedulable &&
+        !Tolerates(pod, {"node.kubernetes.io/unschedulable", "", "NoSchedule"})) {
+      ++cordoned;
+      continue;
+    }
+    const auto taint = std::find_if(node.taints.begin(), node.taints.end(), [&](const Taint& t) {
+      return (t.effect == "NoSchedule" || t.effect == "NoExecute") && !Tolerates(pod, t);
+    });
+    if (taint != node.taints.end()) {
+      ++untolerated["{" + taint->key + ": " + taint->value + "}"];
       continue;
     }
     const std::set<int>& used = usage.ids(node.name);
@@ -258,6 +294,9 @@ ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
   if (mismatched)
     parts.push_back(" " + std::to_string(mismatched) +
                     " node(s) didn't match Pod's node affinity/selector");
+  for (const auto& [taint, count] : untolerated)
+    parts.push_back(" " + std::to_string(count) + " node(s) had untolerated taint " + taint);
+  if (cordoned) parts.push_back(" " + std::to_string(cordoned) + " node(s) were unschedulable");
   if (parts.empty()) parts.push_back(" node \"" + fixed_node + "\" not found");
   for (size_t i = 0; i < parts.size(); ++i) message += (i ? "," : "") + parts[i];
   result.message = message + ".";

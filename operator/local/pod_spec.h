@@ -50,11 +50,25 @@ std::string ImageRepository(const std::string& image);
 // Not a whole non-negative number → an error naming the field.
 StatusOr<int64_t> PodGpuRequest(const nlohmann::json& pod);
 
+// A node taint (spec.taints): key, value, effect (NoSchedule, PreferNoSchedule, NoExecute).
+struct Taint {
+  std::string key, value, effect;
+};
+
 struct NodeInfo {
   std::string name;
   std::map<std::string, std::string> labels;
   int64_t gpus = 0;
+  bool unschedulable = false;  // spec.unschedulable: cordoned (`kubectl cordon`, a drain)
+  std::vector<Taint> taints = {};  // spec.taints
 };
+
+// Whether `pod`'s spec.tolerations tolerate `taint`, as the scheduler and the taint manager
+// match them: operator Exists (any value; an empty key: every taint) or Equal (the default:
+// the same value), and an empty effect tolerates every effect.
+bool Tolerates(const nlohmann::json& pod, const Taint& taint);
+// The node's fields the scheduler reads from its object: spec.unschedulable and spec.taints.
+void ReadNodeSpec(const nlohmann::json& node, NodeInfo& info);
 
 struct ScheduleResult {
   std::string node;          // empty: unschedulable
@@ -85,8 +99,11 @@ class GpuUsage {
 };
 
 // Picks a node for `pod` among `nodes` given what the other pods hold: nodeSelector must
-// match; GPUs must fit; among fitting nodes the one with the fewest free GPUs wins (bin
-// packing keeps whole nodes free for large jobs), then by name.
+// match; a cordoned node takes only pods that tolerate node.kubernetes.io/unschedulable, and a
+// node's NoSchedule and NoExecute taints only pods that tolerate them (kube-scheduler's
+// NodeUnschedulable and TaintToleration filters); GPUs must fit; among fitting nodes the one
+// with the fewest free GPUs wins (bin packing keeps whole nodes free for large jobs), then by
+// name.
 ScheduleResult Schedule(const nlohmann::json& pod, const std::vector<NodeInfo>& nodes,
                         const GpuUsage& usage);
 // The same against a list of pods (`pod` itself, by uid, does not count).

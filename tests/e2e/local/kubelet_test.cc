@@ -142,6 +142,41 @@ TEST_F(KubeletTest, PodsWhoseGpusDoNotFitStayPendingUnschedulableAndOthersGetDis
       "0,1");
 }
 
+// `kubectl cordon` and `kubectl taint` as the scheduler honours them: a cordoned node takes no
+// new pod (Pending, "node(s) were unschedulable") until `kubectl uncordon`; a NoSchedule taint
+// only pods that tolerate it, and says which taint the others did not.
+TEST_F(KubeletTest, ACordonedOrTaintedNodeTakesOnlyPodsThatTolerateItAndSaysWhy) {
+  const std::string node = Ok({"get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"});
+  Ok({"cordon", node});
+  EXPECT_EQ(Ok({"get", "node", node, "-o", "jsonpath={.spec.unschedulable}"}), "true");
+  Ok({"apply", "-f", Pod("waits", "sleep 300")});
+  EXPECT_EQ(WaitFor({"pod", "waits"}, "{.status.conditions[?(@.type==\"PodScheduled\")].message}",
+                    [](const std::string& s) { return !s.empty(); }),
+            "0/1 nodes are available: 1 node(s) were unschedulable.");
+  Ok({"uncordon", node});
+  EXPECT_EQ(WaitFor({"pod", "waits"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Running"; }),
+            "Running");
+
+  Ok({"taint", "nodes", node, "spot=true:NoSchedule"});
+  Ok({"apply", "-f", Pod("refused", "sleep 300")});
+  EXPECT_EQ(WaitFor({"pod", "refused"},
+                    "{.status.conditions[?(@.type==\"PodScheduled\")].message}",
+                    [](const std::string& s) { return !s.empty(); }),
+            "0/1 nodes are available: 1 node(s) had untolerated taint {spot: true}.");
+  Ok({"apply", "-f", Pod("tolerates", "sleep 300",
+                         "  tolerations: [{key: spot, operator: Equal, value: \"true\", "
+                         "effect: NoSchedule}]\n")});
+  EXPECT_EQ(WaitFor({"pod", "tolerates"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Running"; }),
+            "Running");
+  EXPECT_EQ(Ok({"get", "pod", "refused", "-o", "jsonpath={.status.phase}"}), "Pending");
+  Ok({"taint", "nodes", node, "spot=true:NoSchedule-"});
+  EXPECT_EQ(WaitFor({"pod", "refused"}, "{.status.phase}",
+                    [](const std::string& s) { return s == "Running"; }),
+            "Running");
+}
+
 TEST_F(KubeletTest, ExitCodesAndRestartPolicyShowInPodStatus) {
   Ok({"apply", "-f", Pod("fails", "echo failing; exit 3", "  restartPolicy: Never\n")});
   Ok({"apply", "-f",

@@ -93,6 +93,48 @@ TEST(ScheduleTest, UnschedulableSaysWhyInTheSchedulersWords) {
   EXPECT_EQ(Schedule(pinned, nodes, std::vector<json>{}).node, "n1");
 }
 
+// `kubectl cordon` (spec.unschedulable) and `kubectl taint`: kube-scheduler's NodeUnschedulable
+// and TaintToleration filters, in its words; PreferNoSchedule does not filter; tolerations
+// match by Exists (an empty key: every taint) or Equal, an empty effect matching every effect.
+TEST(ScheduleTest, CordonedAndTaintedNodesTakeOnlyPodsThatTolerateThemSayingWhy) {
+  std::vector<NodeInfo> nodes = {{"n0", {}, 8}, {"n1", {}, 8}, {"n2", {}, 8}};
+  ReadNodeSpec(json::parse(R"({"spec": {"unschedulable": true}})"), nodes[0]);
+  ReadNodeSpec(json::parse(R"({"spec": {"taints": [
+                 {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}]}})"),
+               nodes[1]);
+  ReadNodeSpec(json::parse(R"({"spec": {"taints": [
+                 {"key": "aws.amazon.com/spot-itn", "effect": "NoExecute"},
+                 {"key": "soon", "effect": "PreferNoSchedule"}]}})"),
+               nodes[2]);
+  ScheduleResult r = Schedule(GpuPod("p", 1), nodes, std::vector<json>{});
+  EXPECT_TRUE(r.node.empty());
+  EXPECT_EQ(r.message,
+            "0/3 nodes are available: 1 node(s) had untolerated taint {aws.amazon.com/spot-itn: }, "
+            "1 node(s) had untolerated taint {cloud.google.com/gke-spot: true}, 1 node(s) were "
+            "unschedulable.");
+  struct Case {
+    const char* tolerations;
+    const char* node;
+  } cases[] = {
+      {R"([{"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}])",
+       "n0"},
+      {R"([{"key": "cloud.google.com/gke-spot", "value": "true"}])", "n1"},
+      {R"([{"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "false"}])", ""},
+      {R"([{"key": "aws.amazon.com/spot-itn", "operator": "Exists", "effect": "NoExecute"}])", "n2"},
+      {R"([{"key": "aws.amazon.com/spot-itn", "operator": "Exists", "effect": "NoSchedule"}])", ""},
+  };
+  for (const Case& c : cases) {
+    json pod = GpuPod("p", 1);
+    pod["spec"]["tolerations"] = json::parse(c.tolerations);
+    EXPECT_EQ(Schedule(pod, nodes, std::vector<json>{}).node, c.node) << c.tolerations;
+  }
+  json everything = GpuPod("p", 1);
+  everything["spec"]["tolerations"] = json::parse(R"([{"operator": "Exists"}])");
+  EXPECT_FALSE(Schedule(everything, nodes, std::vector<json>{}).node.empty());
+  ReadNodeSpec(json::parse(R"({"spec": {}})"), nodes[0]);  // uncordoned
+  EXPECT_EQ(Schedule(GpuPod("p", 1), nodes, std::vector<json>{}).node, "n0");
+}
+
 // The kubelet builds the usage once per pass and records each bind in it: pods bound in the
 // same pass get distinct GPUs, and the node fills up, without another look at every pod.
 TEST(ScheduleTest, APassBindsAgainstOneUsageTableUpdatedAsItBinds) {
