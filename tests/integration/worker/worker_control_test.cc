@@ -875,6 +875,14 @@ TEST_F(WorkerControlTest, AKilledRankIsRebuiltFromItsBuddysCopyLosingAtMostOneSt
   const std::vector<int> peers = {holder[{held, 0}], holder[{held, 1}], holder[{held, 2}]};
   EXPECT_EQ(peers[0], 1) << "rank 0's part comes from its buddy";
   Rendezvous(2, {1, 2, 3}, peers, held, /*buddies=*/true);
+  const pb::WorkerStatus resumed = WaitFor(
+      1, [](auto& s) { return s.generation() == 2 && s.phase() != pb::JOINING; }, 120s);
+  if (resumed.phase() == pb::FAILED) {  // fail now, and end the step stream with the workers
+    ADD_FAILURE() << "generation 2 failed: " << resumed.last_error();
+    for (Worker& w : workers_)
+      if (w.process && w.process->pid() > 0) kill(w.process->pid(), SIGKILL);
+    return;
+  }
   std::string logs;
   for (int i : {1, 2, 3}) {
     auto r = workers_[i].process->Wait(300s);
