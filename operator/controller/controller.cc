@@ -714,10 +714,10 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
           worker::WorkerClient* c = worker_of(pod);
           if (!c) continue;
-          Status s = c->Rendezvous(a.generation, static_cast<int>(a.pods.size()),
-                                   static_cast<int>(rank), store, peers,
-                                   peers.empty() ? 0 : a.state_step, members,
-                                   members.empty() ? static_cast<int>(rank) : a.wards[rank]);
+          Status s =
+              c->Rendezvous(a.generation, static_cast<int>(a.pods.size()), static_cast<int>(rank),
+                            store, peers, peers.empty() ? 0 : a.state_step, members,
+                            members.empty() ? static_cast<int>(rank) : a.wards[rank]);
           // Already there (a repeated call after a crash) is success.
           if (!s.ok() && s.message().find("not newer") == std::string::npos) done = s;
         }

@@ -474,9 +474,9 @@ class Decider {
     Emit("Warning", "WorkerFailed",
          cause + "; restart " + std::to_string(st_.restarts) + " of " +
              std::to_string(spec_->restart_policy.max_restarts) +
-             (from_memory ? " now, at the survivors' size from their memory"
-                          : " in " + std::to_string(backoff.count()) +
-                                " s from the newest checkpoint"));
+             (from_memory
+                  ? " now, at the survivors' size from their memory"
+                  : " in " + std::to_string(backoff.count()) + " s from the newest checkpoint"));
     StartGeneration(/*recovery=*/true);
     return true;
   }
@@ -670,8 +670,7 @@ class Decider {
       r.members = st_.members;
       r.recovery = true;
       r.started = o_.now;
-      r.reason = "recovery at the survivors' " +
-                 std::to_string(st_.members.size() * GpusPerPod()) +
+      r.reason = "recovery at the survivors' " + std::to_string(st_.members.size() * GpusPerPod()) +
                  " GPUs from their memory (the lost GPUs come back by a live scale-up)";
       st_.rescale = r;
       st_.restart_not_before.reset();
@@ -941,8 +940,8 @@ class Decider {
           if (o_.now - r.started > timeout) Abandon(waiting);
           // A pod's phase changing wakes the controller (the informer); its worker starting to
           // answer does not: once every pod waited for runs, ask again soon.
-          plan_.requeue_after = all_running ? std::min(options_.poll, kWorkerStartPoll)
-                                            : options_.poll;
+          plan_.requeue_after =
+              all_running ? std::min(options_.poll, kWorkerStartPoll) : options_.poll;
           return;
         }
         if (r.recovery || st_.members.empty()) {
@@ -1029,11 +1028,10 @@ class Decider {
       for (int k : plan.missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(k);
       Emit("Warning", "BuddyCopiesLost",
            "generation " + std::to_string(st_.generation) + ": " +
-               (holders == 0 ? std::string("no survivor holds a buddy copy")
-                : ranks.empty()
-                    ? std::string("no step has every rank's part held by a survivor")
-                    : "no survivor holds the state of rank " + ranks +
-                          " (lost with the rank keeping its copy)") +
+               (holders == 0    ? std::string("no survivor holds a buddy copy")
+                : ranks.empty() ? std::string("no step has every rank's part held by a survivor")
+                                : "no survivor holds the state of rank " + ranks +
+                                      " (lost with the rank keeping its copy)") +
                "; resuming from the store's newest checkpoint");
       return;
     }

@@ -147,7 +147,7 @@ struct WorkerReport {
   bool last_error_permanent = false;              // the spec must change before a restart can help
   std::optional<double> gpu_utilization_percent;  // none on CPU workers
   std::vector<planner::StepSample> recent_steps;  // the newest steps, for the anomaly rule
-  std::vector<planner::HeldPartView> held;         // buddy copies it holds in memory
+  std::vector<planner::HeldPartView> held;        // buddy copies it holds in memory
 };
 
 struct PodView {

@@ -222,7 +222,8 @@ void ReadNodeSpec(const json& node, NodeInfo& info) {
   info.unschedulable = spec.is_object() && spec.value("unschedulable", false) == true;
   info.taints.clear();
   for (const json& t : Field(spec, "taints"))
-    info.taints.push_back({StringField(t, "key"), StringField(t, "value"), StringField(t, "effect")});
+    info.taints.push_back(
+        {StringField(t, "key"), StringField(t, "value"), StringField(t, "effect")});
 }
 
 ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,

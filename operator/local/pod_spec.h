@@ -59,7 +59,7 @@ struct NodeInfo {
   std::string name;
   std::map<std::string, std::string> labels;
   int64_t gpus = 0;
-  bool unschedulable = false;  // spec.unschedulable: cordoned (`kubectl cordon`, a drain)
+  bool unschedulable = false;      // spec.unschedulable: cordoned (`kubectl cordon`, a drain)
   std::vector<Taint> taints = {};  // spec.taints
 };
 

@@ -543,9 +543,8 @@ StatusOr<std::function<StatusOr<uint64_t>()>> CaptureBuddyCopy(Trainer& trainer,
     part["worldSize"] = c->world_size;
     part["zeroStage"] = c->zero_stage;
     part["configHash"] = c->config_hash;
-    TIDAL_RETURN_IF_ERROR(memory.Put(StepDirectory(c->step) + "/" +
-                                         BuddyPartName(c->rank, c->world_size),
-                                     part.dump()));
+    TIDAL_RETURN_IF_ERROR(memory.Put(
+        StepDirectory(c->step) + "/" + BuddyPartName(c->rank, c->world_size), part.dump()));
     return shard.entry.size;
   });
 }

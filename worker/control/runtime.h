@@ -150,8 +150,7 @@ class WorkerRuntime {
   // With `from.peers`, the generation resumes from their live checkpoint of `from.step`, or from
   // the store's newest when that cannot be read.
   // With `ring`, the generation keeps buddy copies (RuntimeOptions::buddy_every).
-  Status Rendezvous(const engine::Membership& membership, LiveState from = {},
-                    BuddyRing ring = {});
+  Status Rendezvous(const engine::Membership& membership, LiveState from = {}, BuddyRing ring = {});
   // A full checkpoint at the next agreed step boundary; with `pause`, hold after it. Waits
   // until it is committed, the generation ends, or `deadline`. `barrier_id` names the barrier
   // (the operator sends one id to every rank, increasing within a generation; 0: unnamed): a

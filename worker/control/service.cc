@@ -161,9 +161,9 @@ class Service final : public pb::WorkerControl::Service {
       const auto colon = address.rfind(':');
       int port = 0;
       if (colon == std::string::npos || colon == 0 || !ParsePort(address.substr(colon + 1), &port))
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            name + "[" + std::to_string(i) + "]: expected HOST:PORT, got \"" +
-                                address + "\"");
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            name + "[" + std::to_string(i) + "]: expected HOST:PORT, got \"" + address + "\"");
       out.push_back(address);
     }
     return std::nullopt;

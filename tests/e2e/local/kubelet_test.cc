@@ -160,13 +160,13 @@ TEST_F(KubeletTest, ACordonedOrTaintedNodeTakesOnlyPodsThatTolerateItAndSaysWhy)
 
   Ok({"taint", "nodes", node, "spot=true:NoSchedule"});
   Ok({"apply", "-f", Pod("refused", "sleep 300")});
-  EXPECT_EQ(WaitFor({"pod", "refused"},
-                    "{.status.conditions[?(@.type==\"PodScheduled\")].message}",
+  EXPECT_EQ(WaitFor({"pod", "refused"}, "{.status.conditions[?(@.type==\"PodScheduled\")].message}",
                     [](const std::string& s) { return !s.empty(); }),
             "0/1 nodes are available: 1 node(s) had untolerated taint {spot: true}.");
-  Ok({"apply", "-f", Pod("tolerates", "sleep 300",
-                         "  tolerations: [{key: spot, operator: Equal, value: \"true\", "
-                         "effect: NoSchedule}]\n")});
+  Ok({"apply", "-f",
+      Pod("tolerates", "sleep 300",
+          "  tolerations: [{key: spot, operator: Equal, value: \"true\", "
+          "effect: NoSchedule}]\n")});
   EXPECT_EQ(WaitFor({"pod", "tolerates"}, "{.status.phase}",
                     [](const std::string& s) { return s == "Running"; }),
             "Running");

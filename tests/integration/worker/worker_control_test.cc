@@ -142,9 +142,8 @@ class WorkerControlTest : public ::testing::Test {
       for (int m : members) ring.push_back(workers_[m].address);
     const int world = static_cast<int>(members.size());
     for (int rank = 0; rank < world; ++rank) {
-      Status s = workers_[members[rank]].client->Rendezvous(generation, world, rank, store,
-                                                            addresses, step, ring,
-                                                            (rank + world - 1) % world);
+      Status s = workers_[members[rank]].client->Rendezvous(
+          generation, world, rank, store, addresses, step, ring, (rank + world - 1) % world);
       ASSERT_TRUE(s.ok()) << s.ToString();
     }
   }
@@ -850,7 +849,8 @@ TEST_F(WorkerControlTest, AKilledRankIsRebuiltFromItsBuddysCopyLosingAtMostOneSt
   std::map<int64_t, std::set<int>> parts;  // step → ranks whose part a survivor holds
   std::map<std::pair<int64_t, int>, int> holder;
   for (int i : {1, 2}) {
-    pb::WorkerStatus s = WaitFor(i, [](auto& s) { return s.phase() == pb::FAILED; }, 90s);
+    pb::WorkerStatus s = WaitFor(
+        i, [](auto& s) { return s.phase() == pb::FAILED; }, 90s);
     for (const auto& h : s.held_parts()) {
       EXPECT_EQ(h.generation(), 1);
       EXPECT_EQ(h.world_size(), 3);

@@ -551,7 +551,8 @@ int64_t RunThreeRanksWithBuddies(Sim& sim) {
 // The pod that keeps `pod`'s copy in the current generation.
 std::string KeeperOf(const Sim& sim, const std::string& pod) {
   const auto members = sim.status().members;
-  const int rank = static_cast<int>(std::find(members.begin(), members.end(), pod) - members.begin());
+  const int rank =
+      static_cast<int>(std::find(members.begin(), members.end(), pod) - members.begin());
   for (const std::string& m : members)
     if (sim.ward_of_.count(m) && sim.ward_of_.at(m) == rank) return m;
   return "";

@@ -120,7 +120,8 @@ TEST(ScheduleTest, CordonedAndTaintedNodesTakeOnlyPodsThatTolerateThemSayingWhy)
        "n0"},
       {R"([{"key": "cloud.google.com/gke-spot", "value": "true"}])", "n1"},
       {R"([{"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "false"}])", ""},
-      {R"([{"key": "aws.amazon.com/spot-itn", "operator": "Exists", "effect": "NoExecute"}])", "n2"},
+      {R"([{"key": "aws.amazon.com/spot-itn", "operator": "Exists", "effect": "NoExecute"}])",
+       "n2"},
       {R"([{"key": "aws.amazon.com/spot-itn", "operator": "Exists", "effect": "NoSchedule"}])", ""},
   };
   for (const Case& c : cases) {

@@ -39,8 +39,8 @@ TEST(BuddyWardsTest, EveryCopyIsOnAnotherNodeWhenNoNodeHoldsMoreThanHalfTheRanks
     const std::vector<int> ward = BuddyWards(nodes);
     ExpectPermutationWithoutSelf(ward);
     for (size_t r = 0; r < nodes.size(); ++r)
-      EXPECT_NE(nodes[r], nodes[ward[r]]) << "rank " << r << " keeps rank " << ward[r]
-                                          << "'s copy on its own node " << nodes[r];
+      EXPECT_NE(nodes[r], nodes[ward[r]])
+          << "rank " << r << " keeps rank " << ward[r] << "'s copy on its own node " << nodes[r];
   }
 }
 
