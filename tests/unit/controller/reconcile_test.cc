@@ -584,6 +584,29 @@ TEST(Reconcile, ALostWorkerIsRebuiltFromTheSurvivorsBuddyCopiesAndTheStoreIsNotR
   EXPECT_EQ(sim.resumed_from_store_, from_store) << "the scale-up read the store";
 }
 
+// A recovery starts no cooldown: with cooldownSeconds 300 the GPU the survivors lost still comes
+// back on the next passes, not five minutes later. (The window, not spec.replicas, asks for 3:
+// a count asked for by hand ignores the cooldown anyway.)
+TEST(Reconcile, TheGpuLostToARecoveryComesBackWithoutWaitingForTheCooldown) {
+  const std::string window = R"({"optimization": {"globalBatchSize": 12}, "elastic": {"maxGPUs": 3,
+      "schedule": [{"name": "all-day", "start": "0 0 * * *", "end": "59 23 * * *", "gpus": 3}]}})";
+  Sim sim(Spec(window));
+  RunThreeRanksWithBuddies(sim);
+  json slow = Spec(window);
+  slow["elastic"]["cooldownSeconds"] = 300;
+  sim.SetSpec(slow);
+  sim.now_ += 600s;  // the start's own cooldown is over
+  sim.Reconcile();
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.Until([&] { return sim.status().current_gpus == 2 && !sim.status().rescale; }, 6);
+  sim.Until(
+      [&] {
+        return sim.status().phase == "Running" && sim.status().current_gpus == 3 &&
+               !sim.status().rescale;
+      },
+      20);  // 20 passes: 20 simulated seconds, far inside 300
+}
+
 // Without buddy copies (buddyEverySteps: 0) the same loss waits for the backoff and a
 // replacement, and resumes from the store.
 TEST(Reconcile, WithoutBuddyCopiesALostWorkerWaitsForTheBackoffAndResumesFromTheStore) {
