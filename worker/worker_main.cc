@@ -2,13 +2,17 @@
 //   tidal-worker --spec FILE --token-file FILE [--listen HOST:PORT] [--pod-ip IP]
 //                [--checkpoint-uri URI] [--tls-cert FILE --tls-key FILE] [--port-file FILE]
 //                [--max-steps K] [--intra-op-threads N] [--collective-timeout-seconds S]
-//                [--metrics-listen HOST:PORT]
+//                [--metrics-listen HOST:PORT] [--drain-seconds S]
 // Reads the TrainingJob (mounted), serves the control API (tidal.worker.v1) and /metrics
 // (worker/control/metrics.h), and waits for its
 // first Rendezvous; then trains generation after generation until the last step (exit 0), a
-// Shutdown call or SIGTERM (checkpointed first, exit 0). Environment fallbacks: TIDAL_SPEC_FILE,
-// TIDAL_TOKEN_FILE, POD_IP, TIDAL_CHECKPOINT_URI, TIDAL_S3_SECRET_DIR, TIDAL_INTRA_OP_THREADS;
-// TIDAL_DATASET_STORE (set by the operator) replaces spec.dataset.uri with the prepared store.
+// Shutdown call or SIGTERM (checkpointed first, exit 0). A SIGTERM during a generation with
+// --drain-seconds S > 0 is a notice (a drain, an eviction, `kubectl delete pod`): training goes
+// on while the operator moves the job off this pod live, and ends with its Shutdown call; only
+// when none comes within S seconds does the worker leave on its own, checkpointing to the store.
+// Environment fallbacks: TIDAL_SPEC_FILE, TIDAL_TOKEN_FILE, POD_IP, TIDAL_CHECKPOINT_URI,
+// TIDAL_S3_SECRET_DIR, TIDAL_INTRA_OP_THREADS, TIDAL_DRAIN_SECONDS; TIDAL_DATASET_STORE (set by
+// the operator) replaces spec.dataset.uri with the prepared store.
 #include <pthread.h>
 #include <signal.h>
 
@@ -54,7 +58,10 @@ constexpr const char* kUsage =
     "  --max-steps K       stop after K optimizer steps (default spec.optimization.maxSteps)\n"
     "  --intra-op-threads N   LibTorch threads (default: every core)\n"
     "  --collective-timeout-seconds S   bound on a join or a collective (default 120)\n"
-    "  --base-dir DIR      resolve relative model/dataset paths there (default: the spec's)\n";
+    "  --base-dir DIR      resolve relative model/dataset paths there (default: the spec's)\n"
+    "  --drain-seconds S   after a SIGTERM in a generation, train on up to S seconds for the\n"
+    "                      operator's Shutdown (it moves the job off this pod live); 0, the\n"
+    "                      default: checkpoint to the store and leave at once\n";
 
 struct Args {
   std::string spec, token_file, listen, pod_ip, checkpoint_uri, tls_cert, tls_key, port_file,
@@ -62,6 +69,7 @@ struct Args {
   std::optional<int64_t> max_steps;
   int intra_op_threads = 0;
   int collective_timeout_s = 120;
+  int drain_seconds = 0;
 };
 
 StatusOr<Args> ParseArgs(int argc, char** argv, const std::map<std::string, std::string>& env) {
@@ -77,6 +85,10 @@ StatusOr<Args> ParseArgs(int argc, char** argv, const std::map<std::string, std:
   if (const std::string threads = from_env("TIDAL_INTRA_OP_THREADS"); !threads.empty()) {
     TIDAL_ASSIGN_OR_RETURN(a.intra_op_threads,
                            tidal::ParseIntFlag<int>("TIDAL_INTRA_OP_THREADS", threads, 1));
+  }
+  if (const std::string drain = from_env("TIDAL_DRAIN_SECONDS"); !drain.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(a.drain_seconds,
+                           tidal::ParseIntFlag<int>("TIDAL_DRAIN_SECONDS", drain, 0));
   }
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -107,6 +119,8 @@ StatusOr<Args> ParseArgs(int argc, char** argv, const std::map<std::string, std:
       TIDAL_ASSIGN_OR_RETURN(a.max_steps, tidal::ParseIntFlag<int64_t>(flag, value, 1));
     } else if (flag == "--intra-op-threads") {
       TIDAL_ASSIGN_OR_RETURN(a.intra_op_threads, tidal::ParseIntFlag<int>(flag, value, 1));
+    } else if (flag == "--drain-seconds") {
+      TIDAL_ASSIGN_OR_RETURN(a.drain_seconds, tidal::ParseIntFlag<int>(flag, value, 0));
     } else if (flag == "--collective-timeout-seconds") {
       TIDAL_ASSIGN_OR_RETURN(a.collective_timeout_s, tidal::ParseIntFlag<int>(flag, value, 1));
     } else {
@@ -263,12 +277,25 @@ struct ExitSignal {
   std::mutex mu;
   std::condition_variable cv;
   std::string reason;
+  bool shutdown_call = false;  // the operator's Shutdown came (perhaps after a SIGTERM)
   void Raise(std::string why) {
     std::lock_guard<std::mutex> lock(mu);
     if (reason.empty()) reason = std::move(why);
     cv.notify_all();
   }
+  void RaiseShutdownCall() {
+    std::lock_guard<std::mutex> lock(mu);
+    shutdown_call = true;
+    if (reason.empty()) reason = "Shutdown call";
+    cv.notify_all();
+  }
 };
+
+bool InGeneration(tidal::worker::Phase phase) {
+  using tidal::worker::Phase;
+  return phase == Phase::kJoining || phase == Phase::kRunning || phase == Phase::kCheckpointing ||
+         phase == Phase::kPaused;
+}
 
 }  // namespace
 
@@ -361,7 +388,7 @@ int main(int argc, char** argv) {
     };
   }
   tidal::worker::WorkerRuntime runtime(std::move(*options));
-  server_options.on_shutdown = [&exit_signal] { exit_signal.Raise("Shutdown call"); };
+  server_options.on_shutdown = [&exit_signal] { exit_signal.RaiseShutdownCall(); };
   auto server = tidal::worker::ControlServer::Start(runtime, server_options);
   if (!server.ok()) return Fail(server.status());
   if (!args->port_file.empty()) {
@@ -381,6 +408,27 @@ int main(int argc, char** argv) {
     while (exit_signal.reason.empty() && !runtime.exited())
       exit_signal.cv.wait_for(lock, std::chrono::milliseconds(200));
     reason = exit_signal.reason.empty() ? "finished" : exit_signal.reason;
+    // A SIGTERM in a generation is the notice of a drain or a deletion: the operator sees the
+    // pod terminating and moves the job off it live (its peers read this rank's state from its
+    // memory), then calls Shutdown. Leaving now would end the generation for every rank.
+    if (reason == "SIGTERM" && args->drain_seconds > 0 && InGeneration(runtime.State().phase)) {
+      tidal::LogInfo("SIGTERM: training goes on while the operator moves the job off this pod",
+                     {{"job", job_name},
+                      {"step", runtime.State().step},
+                      {"wait_s", args->drain_seconds}});
+      const auto deadline =
+          std::chrono::steady_clock::now() + std::chrono::seconds(args->drain_seconds);
+      while (!exit_signal.shutdown_call && !runtime.exited() &&
+             std::chrono::steady_clock::now() < deadline)
+        exit_signal.cv.wait_for(lock, std::chrono::milliseconds(200));
+      if (exit_signal.shutdown_call) {
+        reason = "Shutdown call after SIGTERM";
+      } else if (!runtime.exited()) {
+        tidal::LogWarn(
+            "SIGTERM: no Shutdown from the operator in time; leaving with a checkpoint to the store",
+            {{"job", job_name}, {"waited_s", args->drain_seconds}});
+      }
+    }
   }
   const bool succeeded = runtime.State().phase == tidal::worker::Phase::kSucceeded;
   runtime.Shutdown(reason);  // checkpoints a running generation first

@@ -207,6 +207,11 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
     env.push_back({{"name", "TIDAL_CHECKPOINT_URI"}, {"value", options.default_checkpoint_uri}});
   if (!options.dataset_store.empty())
     env.push_back({{"name", "TIDAL_DATASET_STORE"}, {"value", options.dataset_store}});
+  // After its SIGTERM (a drain, an eviction, a deletion) a worker trains on for the operator to
+  // move the job off its pod live, for half the grace period; the other half is left for it to
+  // checkpoint to the store and leave on its own if the operator does not come.
+  env.push_back({{"name", "TIDAL_DRAIN_SECONDS"},
+                 {"value", std::to_string(spec.worker.termination_grace_period_seconds / 2)}});
   json volumes = json::array(
       {{{"name", "job"}, {"configMap", {{"name", SpecConfigMapName(job.name)}}}},
        {{"name", "token"},

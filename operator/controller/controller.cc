@@ -114,6 +114,22 @@ bool NodeSilent(const kube::Node& node) {
   return false;
 }
 
+// Why the pod's node wants it gone though it still runs it ("" when not): cordoned (`kubectl
+// cordon`, the first step of `kubectl drain`), or tainted NoExecute with a taint the pod does
+// not tolerate for good (the taint manager evicts it, at once or after tolerationSeconds).
+std::string NodeNotice(const json& pod, const kube::Node& node) {
+  const std::string& name = node.metadata.name;
+  if (node.unschedulable) return "node " + name + " is cordoned";
+  for (const kube::Taint& t : node.taints) {
+    if (t.effect != "NoExecute") continue;
+    const kube::Toleration toleration = kube::TolerationOf(pod, t);
+    if (toleration.tolerated && !toleration.seconds) continue;
+    return "node " + name + " has taint " + t.key + (t.value.empty() ? "" : "=" + t.value) +
+           ":NoExecute";
+  }
+  return "";
+}
+
 bool IsPrepPod(const json& pod) {
   const json& md = pod["metadata"];
   auto labels = md.find("labels");
@@ -478,16 +494,18 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   o.token_exists = secrets_->store().Get(o.namespace_, TokenSecretName(o.name)) != nullptr;
   o.spec_config_exists = configs_->store().Get(o.namespace_, SpecConfigMapName(o.name)) != nullptr;
   for (const kube::ObjectPtr& p : pods_->store().ByIndex("controller-uid", o.uid)) {
-    if (IsPrepPod(*p))
+    if (IsPrepPod(*p)) {
       o.prep_pods.push_back(PrepViewOf(*p));
-    else
-      o.pods.push_back(ViewOf(*p));
-  }
-  for (PodView& p : o.pods) {
-    if (p.node.empty()) continue;
-    kube::ObjectPtr node = nodes_->store().Get("", p.node);
-    auto parsed = node ? kube::NodeFromJson(*node) : StatusOr<kube::Node>(NotFound(""));
-    p.node_lost = !parsed.ok() || NodeSilent(*parsed);
+      continue;
+    }
+    PodView view = ViewOf(*p);
+    if (!view.node.empty()) {
+      kube::ObjectPtr node = nodes_->store().Get("", view.node);
+      auto parsed = node ? kube::NodeFromJson(*node) : StatusOr<kube::Node>(NotFound(""));
+      view.node_lost = !parsed.ok() || NodeSilent(*parsed);
+      if (parsed.ok()) view.node_notice = NodeNotice(*p, *parsed);
+    }
+    o.pods.push_back(std::move(view));
   }
   // Ask every running worker at once; a silent one is remembered from its first silence.
   RefreshTls(connections, o);

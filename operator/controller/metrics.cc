@@ -65,7 +65,7 @@ OperatorMetrics::OperatorMetrics()
           prometheus::BuildHistogram()
               .Name("tidal_trainingjob_rescale_duration_seconds")
               .Help("Time from a rescale decision to every member running the new "
-                    "generation, in seconds, by kind (start, resume, scale_up, scale_down, "
+                    "generation, in seconds, by kind (start, resume, scale_up, scale_down, drain, "
                     "recovery).")
               .Register(*registry_)),
       restarts_(prometheus::BuildCounter()
@@ -91,7 +91,7 @@ OperatorMetrics::OperatorMetrics()
   reconcile_ok_ = &reconcile_duration_.Add({{"result", "ok"}}, pass);
   reconcile_error_ = &reconcile_duration_.Add({{"result", "error"}}, pass);
   const auto rescale = metrics::ExponentialBuckets(0.5, 2, 14);
-  for (const char* kind : {"start", "resume", "scale_up", "scale_down", "recovery"})
+  for (const char* kind : {"start", "resume", "scale_up", "scale_down", "drain", "recovery"})
     rescale_by_kind_[kind] = &rescale_duration_.Add({{"kind", kind}}, rescale);
   std::lock_guard<std::mutex> lock(mu_);
   RecountPhases();

@@ -125,11 +125,12 @@ class Decider {
     if (Succeeded()) return Finish();
     if (FailuresHandled()) return Finish();
     if (HeldForAnomaly()) return Finish();
+    if (st_.rescale && LeavingMembersStopAScaleUp()) st_.rescale.reset();
     if (st_.rescale) {
       Advance();
     } else if (st_.members.empty()) {
       if (DataReady()) StartGeneration(/*recovery=*/st_.generation > 0);
-    } else {
+    } else if (!MoveOffLeavingMembers()) {
       MaybeRescale();
     }
     CollectStrays();
@@ -195,7 +196,8 @@ class Decider {
     if (!pod) return {"pod " + name + " is gone", true};
     if (pod->phase == "Failed")
       return {"pod " + name + " failed" + (pod->reason.empty() ? "" : ": " + pod->reason), true};
-    if (pod->deleting) return {"pod " + name + " is being deleted", true};
+    if (pod->deleting && !Serves(name, generation))
+      return {"pod " + name + " is being deleted", true};
     if (const WorkerReport* r = Report(name)) {
       if (r->phase == "Failed" && r->generation >= generation && generation > 0) {
         if (r->last_error_permanent)
@@ -215,6 +217,21 @@ class Decider {
                   std::to_string(options_.unreachable_after.count()) + " s",
               true};
     return {};
+  }
+  // Its worker answers in `generation` and takes part in it (trains, checkpoints or holds).
+  bool Serves(const std::string& name, int64_t generation) const {
+    const WorkerReport* r = Report(name);
+    return r && generation > 0 && r->generation == generation &&
+           (r->phase == "Running" || r->phase == "Checkpointing" || r->phase == "Paused");
+  }
+  // Why `name` must leave while its worker may still train ("" when it need not): its pod is
+  // being deleted (an eviction, a drain, `kubectl delete pod`: the kubelet sent SIGTERM), or its
+  // node is cordoned or tainted NoExecute.
+  std::string LeaveNotice(const std::string& name) const {
+    const PodView* pod = Pod(name);
+    if (!pod) return "";
+    if (pod->deleting) return "pod " + name + " is being deleted";
+    return pod->node_notice.empty() ? "" : pod->node_notice + " (pod " + name + ")";
   }
   // A pod deleted on a node that stopped answering stays Terminating: no kubelet confirms that
   // its processes are gone. Once its grace period is over (deletionTimestamp), it is deleted
@@ -401,12 +418,17 @@ class Decider {
           members.push_back(m);
     }
     std::vector<std::string> failed, permanent;
+    std::vector<std::string> leaving;  // alive, but told to go: no survivor of a recovery
     for (const std::string& m : members) {
       const Failure f = FailureOf(m, generation);
       if (!f.cause.empty()) causes.push_back(f.cause);
       if (f.permanent) permanent.push_back(f.cause);
-      (f.pod_lost ? failed : survivors).push_back(m);
+      if (f.cause.empty() && !LeaveNotice(m).empty())
+        leaving.push_back(m);
+      else
+        (f.pod_lost ? failed : survivors).push_back(m);
     }
+    failed.insert(failed.end(), leaving.begin(), leaving.end());
     if (causes.empty()) {
       const std::string stall = Stall();
       if (stall.empty()) return false;
@@ -774,6 +796,102 @@ class Decider {
          r.reason + "; creating " + std::to_string(slots.size()) + " pod(s), training goes on");
   }
 
+  // The members that must leave while their workers still train in the current generation,
+  // and why (LeaveNotice).
+  std::vector<std::string> LeavingMembers(std::string* why = nullptr) const {
+    std::vector<std::string> leaving;
+    for (const std::string& m : st_.members) {
+      const std::string notice = LeaveNotice(m);
+      if (notice.empty() || !Serves(m, st_.generation)) continue;
+      leaving.push_back(m);
+      if (why) *why += (why->empty() ? "" : "; ") + notice;
+    }
+    return leaving;
+  }
+
+  // A scale-up still waiting for its pods when a member must leave gives way: its pods are
+  // deleted and the move off comes first (its GPUs are planned again after it).
+  bool LeavingMembersStopAScaleUp() {
+    const RescaleState& r = *st_.rescale;
+    if (r.stage != Stage::kWaitingForPods || r.recovery || r.drain || LeavingMembers().empty())
+      return false;
+    if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, "a member must leave first");
+    Emit("Normal", "ScaleUpCancelled", "a member must leave first: " + r.reason);
+    return true;
+  }
+
+  // Members that must leave (LeaveNotice) while their workers train are moved off live, before
+  // their pods go: a live scale-down to the others when those are an allowed size (the GPUs come
+  // back elsewhere by a scale-up, with no cooldown), else replacements first where idle GPUs
+  // allow (make before break); with neither, training goes on until the pod goes, and the
+  // recovery from buddy copies takes over. True when it acted (or holds for want of GPUs).
+  bool MoveOffLeavingMembers() {
+    std::string why;
+    const std::vector<std::string> leaving = LeavingMembers(&why);
+    if (leaving.empty()) return false;
+    std::vector<std::string> stay;
+    for (const std::string& m : st_.members)
+      if (std::find(leaving.begin(), leaving.end(), m) == leaving.end()) stay.push_back(m);
+    const int64_t held = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
+    const int64_t stay_gpus = static_cast<int64_t>(stay.size()) * GpusPerPod();
+    const auto allowed = spec_->AllowedGpuCounts();
+    RescaleState r;
+    r.target_generation = st_.generation + 1;
+    r.started = o_.now;
+    r.drain = true;
+    if (!stay.empty() && std::find(allowed.begin(), allowed.end(), stay_gpus) != allowed.end()) {
+      r.stage = Stage::kBarrier;
+      r.members = stay;
+      r.reason = why + ": scale " + std::to_string(held) + " -> " + std::to_string(stay_gpus) +
+                 " GPUs live, off the leaving pod(s)";
+      st_.phase = "Scaling";
+      st_.rescale = r;
+      Emit("Normal", "MovingOff",
+           r.reason + "; their GPUs come back elsewhere by a scale-up once there are any");
+      Advance();
+      return true;
+    }
+    // The others alone are too few: as many new pods as leave, on GPUs that are idle now (and
+    // not again before the hold after an abandoned attempt is over).
+    const int64_t need = static_cast<int64_t>(leaving.size()) * GpusPerPod();
+    const bool holding = st_.scale_up_not_before && o_.now < *st_.scale_up_not_before;
+    if (o_.idle_gpus < need || holding) {
+      const std::string blocked = why + ": no move off is possible: the others' " +
+                                  std::to_string(stay_gpus) +
+                                  " GPUs are not an allowed size and " + std::to_string(need) +
+                                  " idle GPUs for replacements are not there (" +
+                                  std::to_string(o_.idle_gpus) + " are" +
+                                  (holding ? ", or a replacement was just abandoned" : "") +
+                                  "); training goes on";
+      if (st_.gpus_reason != blocked) Emit("Warning", "MoveOffBlocked", blocked);
+      st_.gpus_reason = blocked;
+      st_.phase = "Running";
+      plan_.requeue_after = options_.poll;
+      return true;
+    }
+    r.stage = Stage::kWaitingForPods;
+    r.members = stay;
+    std::set<int> used;
+    for (const PodView& p : o_.pods) used.insert(p.slot);
+    std::vector<int> slots;
+    for (int slot = 0; slots.size() < leaving.size(); ++slot) {
+      if (used.count(slot)) continue;
+      slots.push_back(slot);
+      const std::string name = o_.name + "-worker-" + std::to_string(slot);
+      r.members.push_back(name);
+      r.new_pods.push_back(name);
+    }
+    r.reason = why + ": " + std::to_string(r.new_pods.size()) +
+               " replacement pod(s) first, then a live rescale off the leaving pod(s)";
+    st_.rescale = r;
+    Action& a = Do(Action::Kind::kCreatePods, r.new_pods, r.reason);
+    a.slots = slots;
+    a.generation = r.target_generation;
+    Emit("Normal", "MovingOff", r.reason + "; training goes on meanwhile");
+    plan_.requeue_after = options_.poll;
+    return true;
+  }
+
   // The anomaly rule (spec.anomaly, planner/anomaly.h) over the members' newest steps: an
   // Event and the LossAnomaly condition for a rise; with action Pause, the members are
   // checkpointed and held (phase Paused) until acknowledgedStep reaches the rise's last step.
@@ -1101,7 +1219,8 @@ class Decider {
       st_.members = r.members;
       // A recovery starts no cooldown: the GPUs it lost are wanted back as soon as they can be
       // had (a recovery at the survivors' size is followed by a scale-up).
-      if (!(r.recovery && st_.restarts > 0)) st_.last_membership_change = o_.now;
+      // Nor does a move off pods that had to leave: their GPUs are wanted back elsewhere.
+      if (!(r.recovery && st_.restarts > 0) && !r.drain) st_.last_membership_change = o_.now;
       st_.current_gpus = static_cast<int64_t>(r.members.size()) * GpusPerPod();
       Emit("Normal", "Rendezvous",
            "generation " + std::to_string(r.target_generation) + " at " +
@@ -1151,6 +1270,7 @@ class Decider {
     plan_.finished_rescale =
         Plan::FinishedRescale{recovery  ? (st_.restarts > 0 ? "recovery" : "start")
                               : all_new ? "resume"
+                              : r.drain ? "drain"
                                         : (r.new_pods.empty() ? "scale_down" : "scale_up"),
                               r.started};
     st_.rescale.reset();
@@ -1524,6 +1644,7 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     rs.new_pods = in.Strings(*r, in_r, "newPods");
     rs.reason = in.Get<std::string>(*r, in_r, "reason", "");
     rs.recovery = in.Get<bool>(*r, in_r, "recovery", false);
+    rs.drain = in.Get<bool>(*r, in_r, "drain", false);
     rs.started = in.Time(*r, in_r, "started").value_or(Clock::time_point{});
     rs.waiting_for = in.Get<std::string>(*r, in_r, "waitingFor", "");
     rs.state_peers = in.Strings(*r, in_r, "statePeers");
@@ -1605,6 +1726,7 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
                     {"reason", r.reason},
                     {"recovery", r.recovery},
                     {"started", kube::FormatTime(r.started)}};
+    if (r.drain) j["rescale"]["drain"] = true;
     if (!r.waiting_for.empty()) j["rescale"]["waitingFor"] = r.waiting_for;
     if (!r.state_peers.empty()) {
       j["rescale"]["statePeers"] = r.state_peers;

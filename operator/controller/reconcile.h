@@ -14,6 +14,11 @@
 //   Rendezvous      status.generation + 1 and the new members written, then Rendezvous on
 //                   each new member (rank order = member order); surplus ranks Shutdown and
 //                   their pods deleted. Done when every member reports the new generation.
+// Drain: a member whose pod is being deleted (an eviction, `kubectl drain`, `kubectl delete pod`)
+// or whose node is cordoned or tainted NoExecute, while its worker still trains, is moved off
+// live: a scale-down without it when the rest is an allowed size (its GPUs come back elsewhere
+// by a scale-up), else replacements first, make before break. Its worker trains on after its
+// SIGTERM until the Shutdown that ends the move (TIDAL_DRAIN_SECONDS): no step is lost.
 // Recovery: a member pod that failed, vanished, or reports FAILED ends the generation. The
 // restart is counted (Failed beyond maxRestarts), the failed pods are deleted, and after the
 // backoff (backoffSeconds × 2^(restarts-1), at most 10 minutes) the survivors plus
@@ -51,6 +56,9 @@ struct RescaleState {
   std::string reason;                 // "scale 2 -> 4 GPUs: schedule window night"
   Clock::time_point started;
   bool recovery = false;  // a recovery's rendezvous (no barrier: the old generation is gone)
+  // A move off members that must leave (their pod is being deleted, or their node cordoned or
+  // tainted NoExecute) while their workers still train: live, and it starts no cooldown.
+  bool drain = false;
   // WaitingForPods: the pods not ready yet and why ("job-worker-2 (Pending: Unschedulable)",
   // "job-worker-0 (Running; worker does not answer: ...)"), as of the last reconcile.
   std::string waiting_for;
@@ -162,6 +170,9 @@ struct PodView {
   std::string node;    // spec.nodeName
   // Its node is gone or its Ready condition is not True: its kubelet answers nothing.
   bool node_lost = false;
+  // Why its node wants it gone though it runs ("" when not): "node n1 is cordoned", "node n1
+  // has taint k=v:NoExecute" (one the pod does not tolerate, or only for tolerationSeconds).
+  std::string node_notice;
   std::optional<Clock::time_point> deletion_deadline;  // metadata.deletionTimestamp
 };
 

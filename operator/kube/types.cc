@@ -426,6 +426,44 @@ int64_t Node::AllocatableGpus() const {
 
 bool Node::Ready() const { return ConditionTrue(conditions, "Ready"); }
 
+std::vector<Taint> TaintsOf(const json& node) {
+  std::vector<Taint> taints;
+  auto spec = node.find("spec");
+  if (spec == node.end() || !spec->is_object()) return taints;
+  auto list = spec->find("taints");
+  if (list == spec->end() || !list->is_array()) return taints;
+  auto text = [](const json& o, const char* key) {
+    auto it = o.find(key);
+    return it != o.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  for (const json& t : *list)
+    if (t.is_object())
+      taints.push_back({text(t, "key"), text(t, "value"), text(t, "effect"), text(t, "timeAdded")});
+  return taints;
+}
+
+Toleration TolerationOf(const json& pod, const Taint& taint) {
+  Toleration out;
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return out;
+  auto list = spec->find("tolerations");
+  if (list == spec->end() || !list->is_array()) return out;
+  for (const json& t : *list) {
+    if (!t.is_object()) continue;
+    const std::string key = t.value("key", ""), op = t.value("operator", "");
+    const std::string effect = t.value("effect", "");
+    if (!effect.empty() && effect != taint.effect) continue;
+    const bool matches = op == "Exists" ? key.empty() || key == taint.key
+                                        : (op.empty() || op == "Equal") && key == taint.key &&
+                                              t.value("value", "") == taint.value;
+    if (!matches) continue;
+    out.tolerated = true;
+    if (auto s = t.find("tolerationSeconds"); s != t.end() && s->is_number_integer())
+      out.seconds = std::min(out.seconds.value_or(s->get<int64_t>()), s->get<int64_t>());
+  }
+  return out;
+}
+
 StatusOr<Node> NodeFromJson(const json& object) {
   Node node;
   node.raw = object;
@@ -433,6 +471,7 @@ StatusOr<Node> NodeFromJson(const json& object) {
   Fields spec(Child(object, "spec"), "spec");
   spec.Bool("unschedulable", node.unschedulable);
   TIDAL_RETURN_IF_ERROR(spec.status());
+  node.taints = TaintsOf(object);
   Fields status(Child(object, "status"), "status");
   status.StringMap("capacity", node.capacity).StringMap("allocatable", node.allocatable);
   ReadConditions(status, "conditions", node.conditions);

@@ -104,9 +104,32 @@ struct ConfigMap {
   nlohmann::json raw = nlohmann::json::object();
 };
 
+// A node taint (spec.taints): key, value, effect (NoSchedule, PreferNoSchedule, NoExecute),
+// and when a NoExecute one was put on (timeAdded, RFC 3339; "" when not said).
+struct Taint {
+  std::string key, value, effect, time_added = {};
+};
+// The node object's spec.taints; entries that are not objects are skipped.
+std::vector<Taint> TaintsOf(const nlohmann::json& node);
+
+// How the pod's spec.tolerations take `taint`, as the scheduler and the taint manager match
+// them: operator Exists (any value; an empty key: every taint) or Equal (the default: the same
+// value); an empty effect tolerates every effect.
+struct Toleration {
+  bool tolerated = false;
+  // For a tolerated NoExecute taint: the shortest tolerationSeconds among the matching
+  // tolerations (≤ 0: evicted at once), none when no matching toleration sets one (forever).
+  std::optional<int64_t> seconds = {};
+};
+Toleration TolerationOf(const nlohmann::json& pod, const Taint& taint);
+inline bool Tolerates(const nlohmann::json& pod, const Taint& taint) {
+  return TolerationOf(pod, taint).tolerated;
+}
+
 struct Node {
   ObjectMeta metadata;
   bool unschedulable = false;
+  std::vector<Taint> taints;  // spec.taints (read only: written back through `raw`)
   std::map<std::string, std::string> capacity, allocatable;
   std::vector<Condition> conditions;
   nlohmann::json raw = nlohmann::json::object();

@@ -146,7 +146,8 @@ class RequestContext {
     if (!r) return NotFoundPath();
     if (!ns.empty() && !r->namespaced) return NotFoundPath();
     if (!sub.empty() && !((sub == "status" && r->status_subresource) ||
-                          (sub == "scale" && r->scale) || (sub == "log" && r->log_subresource)))
+                          (sub == "scale" && r->scale) || (sub == "log" && r->log_subresource) ||
+                          (sub == "eviction" && r->eviction_subresource)))
       return NotFoundPath();
     if (r->kind == "SelfSubjectAccessReview") return AccessReview();
     if (r->namespaced && ns.empty() && !name.empty()) return NotFoundPath();
@@ -219,6 +220,7 @@ class RequestContext {
     ObjectWriter& writer = *s_.writer_;
     const std::string& m = req_.method;
     if (sub == "log") return Logs(r, ns, name);
+    if (sub == "eviction") return Evict(r, ns, name);
     if (name.empty()) {
       if (m == "GET") {
         if (req_.QueryValue("watch").value_or("") == "true" || req_.QueryValue("watch") == "1")
@@ -264,6 +266,32 @@ class RequestContext {
       return ReplyResult(writer.Delete(r, ns, name, options));
     }
     MethodNotAllowed();
+  }
+
+  // POST pods/{name}/eviction, a policy/v1 Eviction: what `kubectl drain` sends. Its
+  // deleteOptions go to a graceful delete of the pod (grace period, preconditions), as the
+  // apiserver's eviction handler does for a pod no PodDisruptionBudget covers: tidal local keeps
+  // none, so no eviction is refused with 429.
+  void Evict(const ResourceInfo& r, const std::string& ns, const std::string& name) {
+    if (req_.method != "POST") return MethodNotAllowed();
+    auto body = ParseBody();
+    if (!body) return;
+    if (!body->is_object() || body->value("kind", "") != "Eviction")
+      return Reply(ErrorResponse(BadRequest("the body must be a policy/v1 Eviction")));
+    const json meta = body->value("metadata", json::object());
+    if (!meta.is_object() || meta.value("name", "") != name)
+      return Reply(
+          ErrorResponse(BadRequest("name in URL does not match name in Eviction object")));
+    json options = body->value("deleteOptions", json::object());
+    if (!options.is_object())
+      return Reply(ErrorResponse(BadRequest("deleteOptions: expected an object")));
+    ApiResult deleted = s_.writer_->Delete(r, ns, name, options);
+    if (!deleted.ok()) return ReplyResult(deleted);
+    Reply(JsonResponse(201, {{"kind", "Status"},
+                             {"apiVersion", "v1"},
+                             {"metadata", json::object()},
+                             {"status", "Success"},
+                             {"code", 201}}));
   }
 
   void Get(const ResourceInfo& r, const std::string& ns, const std::string& name) {

@@ -227,7 +227,11 @@ void ProcessKubelet::Pass() {
       if (!deleting) Bind(pod, schedulable, usage);
       continue;
     }
-    if (nodes.count(node)) Sync(pod);
+    if (!nodes.count(node)) continue;
+    if (!deleting)
+      for (const NodeInfo& n : schedulable)
+        if (n.name == node) EvictForTaints(pod, n);
+    Sync(pod);
   }
   // Pods gone from the store without a graceful end (force deletion): kill at once. So are
   // those of a lost node (its power is off).
@@ -292,6 +296,42 @@ void ProcessKubelet::MarkNode(const std::string& name, bool lost) {
   api_.writer().Update(*nodes, "", name, status, "status", WriteOptions{});
   Log("info", lost ? "node lost: its processes are killed and it posts nothing more" : "node back",
       {{"node", name}});
+}
+
+void ProcessKubelet::EvictForTaints(const json& pod, const NodeInfo& node) {
+  std::optional<std::chrono::system_clock::time_point> evict_at;
+  std::string why;
+  const auto now = std::chrono::system_clock::now();
+  for (const Taint& t : node.taints) {
+    if (t.effect != "NoExecute") continue;
+    const kube::Toleration toleration = kube::TolerationOf(pod, t);
+    if (toleration.tolerated && !toleration.seconds) continue;  // tolerated for good
+    auto added = now;
+    if (auto parsed = kube::ParseRfc3339(t.time_added); !t.time_added.empty() && parsed.ok())
+      added = *parsed;
+    else
+      added = taint_seen_.try_emplace(node.name + "\n" + t.key, now).first->second;
+    const auto at = toleration.tolerated
+                        ? added + std::chrono::seconds(std::max<int64_t>(0, *toleration.seconds))
+                        : added;
+    if (!evict_at || at < *evict_at) {
+      evict_at = at;
+      why = t.key + (t.value.empty() ? "" : "=" + t.value) + ":NoExecute";
+    }
+  }
+  if (!evict_at || now < *evict_at) return;
+  auto pods = api_.registry().Find("", "v1", "pods");
+  const json& meta = Field(pod, "metadata");
+  const std::string ns = StringField(meta, "namespace"), name = StringField(meta, "name");
+  if (!pods) return;
+  // With the pod's own grace period, as upstream's taint eviction controller deletes.
+  ApiResult deleted = api_.writer().Delete(
+      *pods, ns, name, {{"preconditions", {{"uid", StringField(meta, "uid")}}}});
+  if (!deleted.ok()) return;
+  RecordEvent(pod, "Normal", "TaintManagerEviction", "Marking for deletion Pod " + ns + "/" + name,
+              "taint-eviction-controller");
+  Log("info", "taint eviction",
+      {{"pod", ns + "/" + name}, {"node", node.name}, {"taint", why}});
 }
 
 void ProcessKubelet::Bind(const json& pod, const std::vector<NodeInfo>& nodes, GpuUsage& usage) {

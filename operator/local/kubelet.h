@@ -78,6 +78,9 @@ class ProcessKubelet {
   // The nodes annotated lost; a node that becomes lost (or comes back) is handled here.
   std::set<std::string> LostNodes();
   void MarkNode(const std::string& name, bool lost);
+  // The taint manager's part: pods on a node with a NoExecute taint they do not tolerate (or
+  // tolerate only for tolerationSeconds, now over) are deleted gracefully.
+  void EvictForTaints(const nlohmann::json& pod, const NodeInfo& node);
   void Sync(const nlohmann::json& pod);
   void Terminate(PodRuntime& runtime, const nlohmann::json& pod);
   Status Materialise(PodRuntime& runtime, const nlohmann::json& pod);
@@ -102,6 +105,8 @@ class ProcessKubelet {
   std::map<std::string, std::unique_ptr<PodRuntime>> pods_;  // by uid, loop thread only
   std::set<std::string> ips_in_use_;                         // loop thread only
   std::set<std::string> lost_;                               // loop thread only
+  // When this kubelet first saw a NoExecute taint without timeAdded, by node and taint key.
+  std::map<std::string, std::chrono::system_clock::time_point> taint_seen_;  // loop thread only
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

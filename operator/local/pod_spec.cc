@@ -202,28 +202,10 @@ ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
   return Schedule(pod, nodes, usage);
 }
 
-bool Tolerates(const json& pod, const Taint& taint) {
-  for (const json& t : Field(Field(pod, "spec"), "tolerations")) {
-    const std::string key = StringField(t, "key"), op = StringField(t, "operator");
-    const std::string effect = StringField(t, "effect");
-    if (!effect.empty() && effect != taint.effect) continue;
-    if (op == "Exists") {
-      if (key.empty() || key == taint.key) return true;
-      continue;
-    }
-    if ((op.empty() || op == "Equal") && key == taint.key && StringField(t, "value") == taint.value)
-      return true;
-  }
-  return false;
-}
-
 void ReadNodeSpec(const json& node, NodeInfo& info) {
   const json& spec = Field(node, "spec");
   info.unschedulable = spec.is_object() && spec.value("unschedulable", false) == true;
-  info.taints.clear();
-  for (const json& t : Field(spec, "taints"))
-    info.taints.push_back(
-        {StringField(t, "key"), StringField(t, "value"), StringField(t, "effect")});
+  info.taints = kube::TaintsOf(node);
 }
 
 ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "operator/kube/types.h"
 
 namespace tidal::local {
 
@@ -50,10 +51,8 @@ std::string ImageRepository(const std::string& image);
 // Not a whole non-negative number → an error naming the field.
 StatusOr<int64_t> PodGpuRequest(const nlohmann::json& pod);
 
-// A node taint (spec.taints): key, value, effect (NoSchedule, PreferNoSchedule, NoExecute).
-struct Taint {
-  std::string key, value, effect;
-};
+using kube::Taint;
+using kube::Tolerates;
 
 struct NodeInfo {
   std::string name;
@@ -63,10 +62,6 @@ struct NodeInfo {
   std::vector<Taint> taints = {};  // spec.taints
 };
 
-// Whether `pod`'s spec.tolerations tolerate `taint`, as the scheduler and the taint manager
-// match them: operator Exists (any value; an empty key: every taint) or Equal (the default:
-// the same value), and an empty effect tolerates every effect.
-bool Tolerates(const nlohmann::json& pod, const Taint& taint);
 // The node's fields the scheduler reads from its object: spec.unschedulable and spec.taints.
 void ReadNodeSpec(const nlohmann::json& node, NodeInfo& info);
 

@@ -194,6 +194,36 @@ Status Object(std::string_view raw, json& object, const FieldFn& body) {
   });
 }
 
+// meta/v1 DeleteOptions: gracePeriodSeconds = 1, preconditions = 2 (uid = 1,
+// resourceVersion = 2), orphanDependents = 3, propagationPolicy = 4, dryRun = 5.
+Status DeleteOptions(std::string_view raw, json& object) {
+  return Walk(raw, [&](const Reader::Field& f) -> Status {
+    switch (f.number) {
+      case 1:
+        object["gracePeriodSeconds"] = static_cast<int64_t>(f.varint);
+        break;
+      case 2:
+        return Walk(f.bytes, [&](const Reader::Field& p) -> Status {
+          if (p.number == 1) object["preconditions"]["uid"] = std::string(p.bytes);
+          if (p.number == 2) object["preconditions"]["resourceVersion"] = std::string(p.bytes);
+          return OkStatus();
+        });
+      case 3:
+        object["orphanDependents"] = f.varint != 0;
+        break;
+      case 4:
+        object["propagationPolicy"] = std::string(f.bytes);
+        break;
+      case 5:
+        object["dryRun"].push_back(std::string(f.bytes));
+        break;
+      default:
+        break;
+    }
+    return OkStatus();
+  });
+}
+
 }  // namespace
 
 StatusOr<json> DecodeKubeProtobuf(const std::string& body) {
@@ -268,30 +298,16 @@ StatusOr<json> DecodeKubeProtobuf(const std::string& body) {
   }
   if (kind == "DeleteOptions") {  // meta/v1, under whichever group the client names
     object = {{"apiVersion", api_version}, {"kind", kind}};
-    TIDAL_RETURN_IF_ERROR(Walk(raw, [&](const Reader::Field& f) -> Status {
-      switch (f.number) {
-        case 1:
-          object["gracePeriodSeconds"] = static_cast<int64_t>(f.varint);
-          break;
-        case 2:  // preconditions: uid = 1, resourceVersion = 2
-          return Walk(f.bytes, [&](const Reader::Field& p) -> Status {
-            if (p.number == 1) object["preconditions"]["uid"] = std::string(p.bytes);
-            if (p.number == 2) object["preconditions"]["resourceVersion"] = std::string(p.bytes);
-            return OkStatus();
-          });
-        case 3:
-          object["orphanDependents"] = f.varint != 0;
-          break;
-        case 4:
-          object["propagationPolicy"] = std::string(f.bytes);
-          break;
-        case 5:
-          object["dryRun"].push_back(std::string(f.bytes));
-          break;
-        default:
-          break;
-      }
-      return OkStatus();
+    TIDAL_RETURN_IF_ERROR(DeleteOptions(raw, object));
+    return object;
+  }
+  if (kind == "Eviction") {  // policy/v1: metadata = 1, deleteOptions = 2
+    object = {{"apiVersion", api_version}, {"kind", kind}};
+    TIDAL_RETURN_IF_ERROR(Object(raw, object, [&](const Reader::Field& f) -> Status {
+      if (f.number != 2) return OkStatus();
+      TIDAL_RETURN_IF_ERROR(Expect(f, 2, "deleteOptions"));
+      object["deleteOptions"] = json::object();
+      return DeleteOptions(f.bytes, object["deleteOptions"]);
     }));
     return object;
   }

@@ -34,6 +34,7 @@ std::vector<ResourceInfo> BuiltinResources() {
   ResourceInfo pods = Builtin("", "v1", "pods", "pod", "Pod", true, {"po"});
   pods.categories = {"all"};
   pods.log_subresource = true;
+  pods.eviction_subresource = true;
   add(pods, true);
   ResourceInfo services = Builtin("", "v1", "services", "service", "Service", true, {"svc"});
   services.categories = {"all"};
@@ -333,6 +334,16 @@ std::optional<nlohmann::json> Registry::ResourceList(const std::string& group,
                            {"version", "v1"},
                            {"kind", "Scale"},
                            {"verbs", {"get", "patch", "update"}}});
+    // kubectl drain evicts when this entry is listed (with its group and version), and
+    // deletes otherwise.
+    if (r.eviction_subresource)
+      resources.push_back({{"name", r.plural + "/eviction"},
+                           {"singularName", ""},
+                           {"namespaced", r.namespaced},
+                           {"group", "policy"},
+                           {"version", "v1"},
+                           {"kind", "Eviction"},
+                           {"verbs", {"create"}}});
     if (r.log_subresource)
       resources.push_back({{"name", r.plural + "/log"},
                            {"singularName", ""},

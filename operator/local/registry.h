@@ -42,6 +42,7 @@ struct ResourceInfo {
   bool status_subresource = false;
   std::optional<ScaleSpec> scale;
   bool log_subresource = false;                // pods/log
+  bool eviction_subresource = false;           // pods/eviction (policy/v1 Eviction)
   bool custom = false;                         // from a CustomResourceDefinition
   nlohmann::json schema;                       // openAPIV3Schema (custom kinds), null otherwise
   std::vector<PrinterColumn> printer_columns;  // custom kinds only

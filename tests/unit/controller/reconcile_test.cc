@@ -94,6 +94,14 @@ class Sim {
     ASSERT_TRUE(done()) << "status: " << status_json_.dump();
   }
 
+  // Someone else deletes the pod (an eviction, `kubectl drain`, `kubectl delete pod`): it is
+  // marked terminating, and its worker, told by SIGTERM, trains on (TIDAL_DRAIN_SECONDS)
+  // until the operator's Shutdown; the pod goes when the operator deletes it too.
+  void DeleteFromOutside(const std::string& pod) {
+    pods_[pod].deleting = true;
+    pods_[pod].deletion_deadline = now_ + 120s;
+  }
+
   JobStatus status() const {  // an unreadable one: its conditions only
     Observed o;
     ObserveStatus(status_json_, o);
@@ -605,6 +613,122 @@ TEST(Reconcile, TheGpuLostToARecoveryComesBackWithoutWaitingForTheCooldown) {
                !sim.status().rescale;
       },
       20);  // 20 passes: 20 simulated seconds, far inside 300
+}
+
+// A drain (DESIGN.md §4): a member whose pod is deleted from outside (an eviction, `kubectl
+// drain`, `kubectl delete pod`) or whose node is cordoned or tainted NoExecute, while its worker
+// still trains, is moved off live: the others (an allowed size) rendezvous reading its state from
+// its memory, it is shut down once they run, and its GPU comes back elsewhere by a scale-up with
+// no cooldown (the window asks for 3, cooldownSeconds 300). No restart, no step lost, the store
+// not read; with a leader dying every second or third pass too.
+TEST(Reconcile, AMemberThatMustLeaveIsMovedOffLiveLosingNoStepAndItsGpuComesBack) {
+  const std::string window = R"({"optimization": {"globalBatchSize": 12}, "elastic": {"maxGPUs": 3,
+      "cooldownSeconds": 300,
+      "schedule": [{"name": "all-day", "start": "0 0 * * *", "end": "59 23 * * *", "gpus": 3}]}})";
+  for (const std::string notice : {"deleted", "cordoned", "NoExecute"})
+    for (int lose : {0, 2, 3}) {
+      SCOPED_TRACE(notice + ", a leader dying every " + std::to_string(lose));
+      Sim sim(Spec(window));
+      RunThreeRanksWithBuddies(sim);
+      sim.now_ += 600s;  // the start's own cooldown is over
+      sim.Reconcile();
+      const int from_store = sim.resumed_from_store_;
+      const int64_t generation = sim.status().generation;
+      sim.lose_actions_every_ = lose;
+      if (notice == "deleted")
+        sim.DeleteFromOutside("job-worker-1");
+      else
+        sim.pods_["job-worker-1"].node_notice =
+            notice == "cordoned" ? "node n1 is cordoned" : "node n1 has taint spot:NoExecute";
+      // Every step trained before the move is where the others go on from.
+      int64_t paused_at = 0;
+      sim.Until([&] {
+        for (const auto& [name, r] : sim.reports_)
+          if (r.generation == generation && r.phase == "Paused") paused_at = r.step;
+        return sim.status().generation > generation && !sim.status().rescale;
+      }, 20);
+      EXPECT_GT(paused_at, 0);
+      EXPECT_EQ(sim.last_resumed_step_, paused_at) << "steps lost or trained again";
+      EXPECT_EQ(sim.status().members, Names({0, 2}));
+      EXPECT_EQ(sim.status().restarts, 0);
+      EXPECT_TRUE(sim.HasEvent("MovingOff"));
+      EXPECT_FALSE(sim.HasEvent("WorkerFailed"));
+      EXPECT_EQ(sim.resumed_from_store_, from_store) << "the move read the store";
+      EXPECT_EQ(std::count(sim.shutdown_.begin(), sim.shutdown_.end(), "job-worker-1"), 1);
+      if (notice != "deleted") sim.pods_.erase("job-worker-1");  // its node lets it go
+      sim.Until(
+          [&] {
+            return sim.status().phase == "Running" && sim.status().current_gpus == 3 &&
+                   !sim.status().rescale;
+          },
+          20);  // 20 simulated seconds, far inside the cooldown
+      // Slot 1 is taken again once its old pod is gone: by a new pod, of a later generation.
+      EXPECT_GT(sim.pods_["job-worker-1"].created_for_generation, generation);
+      EXPECT_EQ(sim.status().restarts, 0);
+    }
+}
+
+// The others alone are not an allowed size (minGPUs 2 of 2): a replacement pod comes first,
+// then a live rescale onto it and off the leaving pod, which goes once the new generation runs.
+// With no idle GPU for a replacement the job trains on and says why; when the pod is finally
+// gone, the recovery takes over.
+TEST(Reconcile, AMemberThatMustLeaveWhenTheOthersAreTooFewIsReplacedFirst) {
+  {
+    Sim sim(Spec(R"({"elastic": {"maxGPUs": 2}})"));
+    sim.Until([&] { return sim.status().phase == "Running"; });
+    for (int i = 0; i < 3; ++i) sim.Reconcile();
+    const int from_store = sim.resumed_from_store_;
+    sim.DeleteFromOutside("job-worker-0");
+    sim.Reconcile();
+    ASSERT_TRUE(sim.status().rescale);
+    EXPECT_EQ(sim.status().rescale->new_pods, Names({2}));
+    EXPECT_EQ(sim.reports_["job-worker-0"].phase, "Running") << "training stopped for the move";
+    sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
+    EXPECT_EQ(sim.status().members, Names({1, 2}));
+    EXPECT_EQ(sim.status().restarts, 0);
+    EXPECT_EQ(sim.resumed_from_store_, from_store);
+    EXPECT_FALSE(sim.pods_.count("job-worker-0"));
+  }
+  {
+    Sim sim(Spec(R"({"elastic": {"maxGPUs": 2}})"));
+    sim.Until([&] { return sim.status().phase == "Running"; });
+    sim.idle_gpus_ = 0;
+    sim.DeleteFromOutside("job-worker-0");
+    for (int i = 0; i < 5; ++i) sim.Reconcile();
+    EXPECT_TRUE(sim.HasEvent("MoveOffBlocked"));
+    EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "MoveOffBlocked"), 1);
+    EXPECT_EQ(sim.status().generation, 1);
+    EXPECT_FALSE(sim.status().rescale);
+    EXPECT_NE(sim.status().gpus_reason.find("idle GPUs for replacements"), std::string::npos)
+        << sim.status().gpus_reason;
+    sim.pods_.erase("job-worker-0");  // its grace period is over
+    sim.reports_.erase("job-worker-0");
+    sim.idle_gpus_ = 8;
+    sim.Until([&] { return sim.status().phase == "Recovering"; });
+    EXPECT_EQ(sim.status().restarts, 1);
+  }
+}
+
+// A scale-up waiting for its pods when a member must leave gives way: its pods go, the move
+// comes first, and the job then grows to the size asked for.
+TEST(Reconcile, AMemberThatMustLeaveCancelsAScaleUpStillWaitingForItsPods) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.pods_stay_pending_ = true;
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  sim.Reconcile();
+  ASSERT_TRUE(sim.status().rescale);
+  sim.pods_stay_pending_ = false;
+  sim.pods_["job-worker-1"].node_notice = "node n1 is cordoned";
+  sim.Reconcile();
+  EXPECT_TRUE(sim.HasEvent("ScaleUpCancelled"));
+  EXPECT_TRUE(sim.HasEvent("MovingOff"));
+  sim.pods_["job-worker-1"].node_notice.clear();  // uncordoned: nothing else moves it
+  sim.Until([&] {
+    return sim.status().current_gpus == 4 && !sim.status().rescale &&
+           sim.status().phase == "Running";
+  });
+  EXPECT_EQ(sim.status().restarts, 0);
 }
 
 // Without buddy copies (buddyEverySteps: 0) the same loss waits for the backoff and a
