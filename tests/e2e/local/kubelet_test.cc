@@ -177,6 +177,78 @@ TEST_F(KubeletTest, ACordonedOrTaintedNodeTakesOnlyPodsThatTolerateItAndSaysWhy)
             "Running");
 }
 
+// `kubectl drain` (cordon, then the Eviction API: policy/v1 Eviction POSTed to pods/{name}/eviction,
+// found in discovery) stops a pod gracefully: SIGTERM, which it traps, and it is gone before
+// drain returns. kubectl says "evicted" only when it used the Eviction API ("deleted" otherwise).
+// An Eviction for another name, or for a pod that is not there, is refused as upstream does.
+TEST_F(KubeletTest, KubectlDrainEvictsThroughTheEvictionApiAndThePodStopsGracefully) {
+  const std::string node = Ok({"get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"});
+  Ok({"apply", "-f",
+      Pod("drained", "trap \"echo term > /work/drained-term; exit 0\" TERM; echo up; "
+                     "while true; do sleep 0.1; done")});
+  WaitFor({"pod", "drained"}, "{.status.phase}", [](const std::string& s) { return s == "Running"; });
+  ProcessResult drain = Kubectl({"drain", node, "--force", "--grace-period=10", "--timeout=60s"});
+  EXPECT_EQ(drain.exit_code, 0) << drain.out << drain.err;
+  EXPECT_NE(drain.out.find("pod/drained evicted"), std::string::npos) << drain.out << drain.err;
+  EXPECT_NE(drain.out.find("node/" + node + " drained"), std::string::npos) << drain.out;
+  EXPECT_EQ(Ok({"get", "node", node, "-o", "jsonpath={.spec.unschedulable}"}), "true");
+  EXPECT_EQ(ReadWork("drained-term"), "term\n") << "the pod was not stopped with SIGTERM";
+  EXPECT_NE(Kubectl({"get", "pod", "drained"}).err.find("NotFound"), std::string::npos);
+  Ok({"uncordon", node});
+
+  Ok({"apply", "-f", Pod("kept", "sleep 300")});
+  const std::string mismatch = WriteFile(
+      "eviction.json",
+      R"({"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": "other"}})");
+  ProcessResult wrong =
+      Kubectl({"create", "--raw", "/api/v1/namespaces/default/pods/kept/eviction", "-f", mismatch});
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.err.find("name in URL does not match name in Eviction object"),
+            std::string::npos)
+      << wrong.err;
+  ProcessResult missing = Kubectl(
+      {"create", "--raw", "/api/v1/namespaces/default/pods/other/eviction", "-f", mismatch});
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.err.find("NotFound"), std::string::npos) << missing.err;
+  EXPECT_EQ(Ok({"get", "pod", "kept", "-o", "jsonpath={.metadata.deletionTimestamp}"}), "");
+}
+
+// The taint manager: a NoExecute taint evicts the pods that do not tolerate it at once (Event
+// TaintManagerEviction), those that tolerate it for tolerationSeconds after that, and leaves
+// those that tolerate it for good.
+TEST_F(KubeletTest, ANoExecuteTaintEvictsThePodsThatDoNotTolerateItForGood) {
+  const std::string node = Ok({"get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"});
+  Ok({"apply", "-f", Pod("intolerant", "sleep 300")});
+  Ok({"apply", "-f",
+      Pod("brief", "sleep 300",
+          "  tolerations: [{key: maintenance, operator: Exists, effect: NoExecute, "
+          "tolerationSeconds: 3}]\n")});
+  Ok({"apply", "-f",
+      Pod("tolerant", "sleep 300",
+          "  tolerations: [{key: maintenance, operator: Exists, effect: NoExecute}]\n")});
+  for (const char* pod : {"intolerant", "brief", "tolerant"})
+    WaitFor({"pod", pod}, "{.status.phase}", [](const std::string& s) { return s == "Running"; });
+  Ok({"taint", "nodes", node, "maintenance=now:NoExecute"});
+  const auto tainted = std::chrono::steady_clock::now();
+  auto gone = [&](const char* pod) {
+    return WaitUntilTrue(
+        [&] { return Kubectl({"get", "pod", pod}).err.find("NotFound") != std::string::npos; },
+        30s);
+  };
+  EXPECT_TRUE(gone("intolerant"));
+  EXPECT_TRUE(gone("brief"));
+  EXPECT_GE(std::chrono::steady_clock::now() - tainted, 3s) << "evicted before tolerationSeconds";
+  // "brief" went after its 3 s: "tolerant", there all along, was kept.
+  EXPECT_EQ(Ok({"get", "pod", "tolerant", "-o", "jsonpath={.status.phase}"}), "Running");
+  EXPECT_EQ(Ok({"get", "pod", "tolerant", "-o", "jsonpath={.metadata.deletionTimestamp}"}), "");
+  const std::string events =
+      Ok({"get", "events", "--field-selector", "reason=TaintManagerEviction", "-o",
+          "jsonpath={.items[*].message}"});
+  EXPECT_NE(events.find("Marking for deletion Pod default/intolerant"), std::string::npos)
+      << events;
+  EXPECT_EQ(events.find("default/tolerant"), std::string::npos) << events;
+}
+
 TEST_F(KubeletTest, ExitCodesAndRestartPolicyShowInPodStatus) {
   Ok({"apply", "-f", Pod("fails", "echo failing; exit 3", "  restartPolicy: Never\n")});
   Ok({"apply", "-f",

@@ -120,6 +120,35 @@ TEST(TypesTest, NodeGpusServiceAndConfigMap) {
   EXPECT_EQ(cm->data.at("a"), "b");
 }
 
+// The taint manager's matching: Exists (an empty key: every taint) or Equal on the value; an
+// empty effect matches every effect; of several matching tolerations the shortest
+// tolerationSeconds counts, and one without any tolerates for good only when none sets one.
+TEST(TypesTest, TolerationsMatchTaintsAndTheShortestTolerationSecondsCounts) {
+  auto node = NodeFromJson(json::parse(R"({"metadata": {"name": "n1"}, "spec": {"taints": [
+      {"key": "spot", "value": "true", "effect": "NoExecute", "timeAdded": "2026-11-27T06:00:00Z"},
+      {"key": "gpu", "effect": "NoSchedule"}, 7]}})"));
+  ASSERT_TRUE(node.ok()) << node.status().message();
+  ASSERT_EQ(node->taints.size(), 2u);
+  EXPECT_EQ(node->taints[0].time_added, "2026-11-27T06:00:00Z");
+  const Taint spot = node->taints[0];
+  auto pod = [](const char* tolerations) {
+    return nlohmann::json::parse(std::string(R"({"spec": {"tolerations": )") + tolerations + "}}");
+  };
+  EXPECT_FALSE(TolerationOf(pod("[]"), spot).tolerated);
+  EXPECT_FALSE(TolerationOf(pod(R"([{"key": "spot", "value": "false"}])"), spot).tolerated);
+  EXPECT_FALSE(TolerationOf(pod(R"([{"key": "spot", "value": "true", "effect": "NoSchedule"}])"),
+                            spot).tolerated);
+  const Toleration forever = TolerationOf(pod(R"([{"key": "spot", "value": "true"}])"), spot);
+  EXPECT_TRUE(forever.tolerated);
+  EXPECT_FALSE(forever.seconds);
+  const Toleration brief = TolerationOf(
+      pod(R"([{"operator": "Exists"}, {"key": "spot", "operator": "Exists", "tolerationSeconds": 30},
+             {"key": "spot", "value": "true", "effect": "NoExecute", "tolerationSeconds": 5}])"),
+      spot);
+  EXPECT_TRUE(brief.tolerated);
+  EXPECT_EQ(brief.seconds, 5);
+}
+
 TEST(TypesTest, CrdAndStatus) {
   json crd_json = {
       {"apiVersion", "apiextensions.k8s.io/v1"},

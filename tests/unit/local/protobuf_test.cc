@@ -49,6 +49,34 @@ TEST(KubeProtobufTest, KubectlCreateNamespaceAndHelmDeleteOptionsDecode) {
   EXPECT_EQ((*options)["kind"], "DeleteOptions");
 }
 
+// Protobuf by hand: a length-delimited field, and a varint one.
+std::string Bytes(int field, const std::string& value) {
+  std::string out(1, static_cast<char>(field << 3 | 2));
+  out += static_cast<char>(value.size());  // short values: one-byte lengths
+  return out + value;
+}
+std::string Varint(int field, uint8_t value) {
+  return std::string{static_cast<char>(field << 3), static_cast<char>(value)};
+}
+
+// kubectl drain POSTs its Eviction as JSON; clients on client-go's protobuf content type
+// (cluster autoscalers, node-termination handlers) send policy/v1 Eviction { metadata = 1,
+// deleteOptions = 2 }.
+TEST(KubeProtobufTest, AProtobufEvictionDecodesWithItsDeleteOptions) {
+  const std::string eviction =
+      Bytes(1, Bytes(1, "drained") + Bytes(3, "default")) +
+      Bytes(2, Varint(1, 10) + Bytes(2, Bytes(1, "uid-1")));
+  const std::string body = std::string("k8s\0", 4) +
+                           Bytes(1, Bytes(1, "policy/v1") + Bytes(2, "Eviction")) +
+                           Bytes(2, eviction);
+  auto decoded = DecodeKubeProtobuf(body);
+  ASSERT_TRUE(decoded.ok()) << decoded.status().message();
+  EXPECT_EQ(*decoded, nlohmann::json::parse(R"({
+      "apiVersion": "policy/v1", "kind": "Eviction",
+      "metadata": {"name": "drained", "namespace": "default"},
+      "deleteOptions": {"gracePeriodSeconds": 10, "preconditions": {"uid": "uid-1"}}})"));
+}
+
 TEST(KubeProtobufTest, MalformedBodiesAndUnknownKindsAreRefusedNotCrashed) {
   std::string secret = Fixture("secret.bin");
   // Every truncation is either a clean error or (at a field boundary) a shorter object.
