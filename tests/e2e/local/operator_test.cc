@@ -222,6 +222,119 @@ TEST_F(OperatorTest, KillNineOfAWorkerIsRebuiltFromItsBuddysCopyLosingAtMostOneS
   EXPECT_EQ(worlds, (std::set<int>{1, 2}));
 }
 
+// Two nodes of 2 GPUs, and every container's output kept after its pod is gone: rank 0 may
+// move from pod to pod, and each step is logged by the rank 0 of the generation that trained it.
+class DrainTest : public OperatorTest {
+ protected:
+  std::vector<std::string> ExtraClusterArgs() override {
+    return {"--nodes", "2", "--gpus", "2", "--keep-logs"};
+  }
+  // Every kept log line of every pod that is gone.
+  std::vector<nlohmann::json> KeptLogLines() {
+    std::vector<nlohmann::json> lines;
+    const fs::path archive = dir_ / "data" / "logs-archive" / "default";
+    if (!fs::exists(archive)) return lines;
+    for (const auto& pod : fs::directory_iterator(archive))
+      for (const auto& file : fs::directory_iterator(pod.path())) {
+        std::ifstream in(file.path());
+        for (std::string line; std::getline(in, line);) {
+          auto j = nlohmann::json::parse(line, nullptr, false);
+          if (j.is_object()) lines.push_back(std::move(j));
+        }
+      }
+    return lines;
+  }
+  std::string NodeOf(const std::string& pod) {
+    return Ok({"get", "pod", pod, "-o", "jsonpath={.spec.nodeName}"});
+  }
+};
+
+// The notice a drain gives, as a user gives it: `kubectl delete pod` of a worker, then `kubectl
+// drain` of the node that holds rank 0. Each time the operator moves the job off the pod live,
+// while its worker trains on after its SIGTERM, and scales back to 2 GPUs elsewhere: no restart,
+// no step lost or trained twice (every step once, across the logs of every rank 0, with the
+// uninterrupted run's loss to 1e-5), the store never read; drain evicts through the Eviction API
+// and returns once the pods are gone.
+TEST_F(DrainTest, KubectlDeletePodAndKubectlDrainMoveTheJobOffLiveLosingNoStep) {
+  constexpr int kSteps = 200;
+  const auto reference = ReferenceLosses(JobYaml("moving", kSteps), kSteps);
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+  Ok({"apply", "-f",
+      JobYaml("moving", kSteps, "  replicas: 2\n",
+              "{minGPUs: 1, maxGPUs: 2, cooldownSeconds: 0, scaleUpTimeoutSeconds: 120}")});
+  WaitInt(
+      "moving", "{.status.step}", [](int64_t s) { return s >= 8; }, 180s);
+  ASSERT_EQ(Int("moving", "{.status.gpus.current}"), 2);
+  int64_t generation = Int("moving", "{.status.generation}");
+
+  // 1. kubectl delete pod: it returns once the pod is gone, long before its 120 s of grace.
+  const auto deleted = std::chrono::steady_clock::now();
+  Ok({"delete", "pod", "moving-worker-1"});
+  EXPECT_LT(std::chrono::steady_clock::now() - deleted, 60s);
+  WaitInt(
+      "moving", "{.status.generation}", [&](int64_t g) { return g >= generation + 2; }, 120s);
+  WaitInt(
+      "moving", "{.status.gpus.current}", [](int64_t n) { return n == 2; }, 120s);
+  generation = Int("moving", "{.status.generation}");
+  const int64_t step = Int("moving", "{.status.step}");
+  ASSERT_LT(step, kSteps - 20) << "the job is nearly over: too little left to drain";
+
+  // 2. kubectl drain of rank 0's node.
+  const std::string rank0 = Status("moving", "{.status.members[0]}");
+  const std::string node = NodeOf(rank0);
+  ASSERT_FALSE(node.empty());
+  ProcessResult drain =
+      Kubectl({"drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=90s"});
+  EXPECT_EQ(drain.exit_code, 0) << drain.out << drain.err;
+  EXPECT_NE(drain.out.find("pod/" + rank0 + " evicted"), std::string::npos) << drain.out;
+  WaitInt(
+      "moving", "{.status.generation}", [&](int64_t g) { return g > generation; }, 120s);
+  WaitInt(
+      "moving", "{.status.gpus.current}", [](int64_t n) { return n == 2; }, 120s);
+  for (const std::string& m :
+       {Status("moving", "{.status.members[0]}"), Status("moving", "{.status.members[1]}")})
+    EXPECT_NE(NodeOf(m), node) << m << " runs on the drained node";
+
+  EXPECT_EQ(WaitFor(
+                {"tj", "moving"}, "{.status.phase}",
+                [](const std::string& p) { return p == "Succeeded"; }, 300s),
+            "Succeeded")
+      << LogTail();
+  EXPECT_EQ(Int("moving", "{.status.restarts}"), 0);
+  const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
+  EXPECT_NE(events.find("MovingOff"), std::string::npos) << events;
+  EXPECT_EQ(events.find("WorkerFailed"), std::string::npos) << events;
+  // Every pod gone, every log kept: each step once, with the reference loss.
+  Ok({"delete", "tj", "moving"});
+  std::map<int64_t, std::vector<double>> losses;
+  std::string resumed, drained;
+  WaitUntilTrue(
+      [&] {
+        losses.clear();
+        resumed.clear();
+        drained.clear();
+        for (const nlohmann::json& j : KeptLogLines()) {
+          const std::string msg = j.value("msg", "");
+          if (msg == "step") losses[j["step"].get<int64_t>()].push_back(j["loss"].get<double>());
+          if (msg.rfind("resumed", 0) == 0) resumed += msg + "\n";
+          if (msg.rfind("SIGTERM: training goes on", 0) == 0) drained += msg + "\n";
+        }
+        return losses.size() >= reference.size();
+      },
+      20s);
+  EXPECT_EQ(losses.size(), reference.size()) << "a step was lost";
+  for (const auto& [s, seen] : losses) {
+    EXPECT_EQ(seen.size(), 1u) << "step " << s << " ran " << seen.size() << " times";
+    ASSERT_TRUE(reference.count(s)) << "step " << s << " is past the last one";
+    EXPECT_LE(std::abs(seen[0] - reference.at(s)) / std::abs(reference.at(s)), 1e-5)
+        << "step " << s;
+  }
+  EXPECT_EQ(resumed.find("resumed\n"), std::string::npos) << "read the store: " << resumed;
+  EXPECT_NE(resumed.find("resumed from peers"), std::string::npos) << resumed;
+  EXPECT_GE(std::count(drained.begin(), drained.end(), '\n'), 2) << "no worker trained on after "
+                                                                    "its SIGTERM: " << drained;
+}
+
 // A worker that answers but makes no progress: rank 0's training thread hangs after step 8 of
 // generation 1 (TIDAL_TEST_STALL_AT_STEP) while its control API goes on answering, and rank 1
 // waits in its next collective. After progressDeadlineSeconds the job is Stalled, its pods
