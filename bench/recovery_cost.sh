@@ -2,10 +2,11 @@
 # bench/recovery_cost.sh [BUILD_DIR] [ROUNDS] — what a lost worker costs (kill -9 of a worker's
 # process) when the job recovers from its buddy copies in the survivors' memory, against the same
 # job recovering from the store's newest checkpoint (buddyEverySteps: 0), measured in the same
-# run on `tidal local` (4 GPUs, the tiny preset on CPU): two jobs of 2 GPUs side by side, alike
-# but for buddyEverySteps, each killed in turn once per round. Both store a full checkpoint every
-# 10 steps and are killed halfway between two (step 10k + 5), the average case of a kill at a
-# random step. Every round's two jobs are new (each kill is the first of its restart streak).
+# run on `tidal local` (4 GPUs, the tiny preset on CPU; PRESET=small for the small one): two
+# jobs of 2 GPUs side by side, alike but for buddyEverySteps, each killed in turn once per
+# round. Both store a full checkpoint every 10 steps and are killed halfway between two (step
+# 10k + 5), the average case of a kill at a random step. Every round's two jobs are new (each
+# kill is the first of its restart streak).
 # Both may train at 1 GPU (minGPUs 1, replicas 2): with copies the survivor trains
 # on alone at once from its memory and the lost GPU comes back by a live scale-up; without, the
 # job waits for the backoff (1 s) and a replacement pod, and resumes from the store.
@@ -33,7 +34,7 @@ apiVersion: tidal.dev/v1alpha1
 kind: TrainingJob
 metadata: {name: $1}
 spec:
-  model: {preset: tiny, seed: 0}
+  model: {preset: $preset, seed: 0}
   dataset: {uri: "$root/examples/data/sample.jsonl", format: text, maxSeqLen: 32}
   lora: {rank: 8, alpha: 16, dropout: 0.05, targetModules: [q_proj, k_proj, v_proj, o_proj]}
   optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 8, microBatchSize: 2,

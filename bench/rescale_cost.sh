@@ -4,7 +4,8 @@
 # while the job trains, a live barrier keeps the state in the ranks' memory, the new generation
 # reads its slices from them) against a full stop-and-restart of the same job from its
 # checkpoint (suspend: checkpoint to the store and remove every pod; then resume at the new
-# size), measured in the same run on `tidal local` (1 node, 4 GPUs, the tiny preset on CPU).
+# size), measured in the same run on `tidal local` (1 node, 4 GPUs, the tiny preset on CPU;
+# PRESET=small for the small one).
 # Each round does the four in turn: live 2 -> 4, live 4 -> 2, restart 2 -> 4, restart 4 -> 2.
 #
 # Lost time of one change = (time of the first step finished at the new size - the decision)
@@ -28,7 +29,7 @@ apiVersion: tidal.dev/v1alpha1
 kind: TrainingJob
 metadata: {name: rc}
 spec:
-  model: {preset: tiny, seed: 0}
+  model: {preset: $preset, seed: 0}
   dataset: {uri: "$root/examples/data/sample.jsonl", format: text, maxSeqLen: 32}
   lora: {rank: 8, alpha: 16, dropout: 0.05, targetModules: [q_proj, k_proj, v_proj, o_proj]}
   optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 8, microBatchSize: 2,

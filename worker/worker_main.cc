@@ -412,20 +412,22 @@ int main(int argc, char** argv) {
     // pod terminating and moves the job off it live (its peers read this rank's state from its
     // memory), then calls Shutdown. Leaving now would end the generation for every rank.
     if (reason == "SIGTERM" && args->drain_seconds > 0 && InGeneration(runtime.State().phase)) {
-      tidal::LogInfo("SIGTERM: training goes on while the operator moves the job off this pod",
-                     {{"job", job_name},
-                      {"step", runtime.State().step},
-                      {"wait_s", args->drain_seconds}});
+      tidal::LogInfo(
+          "SIGTERM: training goes on while the operator moves the job off this pod",
+          {{"job", job_name}, {"step", runtime.State().step}, {"wait_s", args->drain_seconds}});
       const auto deadline =
           std::chrono::steady_clock::now() + std::chrono::seconds(args->drain_seconds);
+      // Also over once the generation is (a peer failed; the operator replaces this pod
+      // rather than move off it): nothing is left to hand over.
       while (!exit_signal.shutdown_call && !runtime.exited() &&
-             std::chrono::steady_clock::now() < deadline)
+             InGeneration(runtime.State().phase) && std::chrono::steady_clock::now() < deadline)
         exit_signal.cv.wait_for(lock, std::chrono::milliseconds(200));
       if (exit_signal.shutdown_call) {
         reason = "Shutdown call after SIGTERM";
-      } else if (!runtime.exited()) {
+      } else if (!runtime.exited() && InGeneration(runtime.State().phase)) {
         tidal::LogWarn(
-            "SIGTERM: no Shutdown from the operator in time; leaving with a checkpoint to the store",
+            "SIGTERM: no Shutdown from the operator in time; leaving with a checkpoint to the "
+            "store",
             {{"job", job_name}, {"waited_s", args->drain_seconds}});
       }
     }

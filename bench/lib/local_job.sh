@@ -1,8 +1,12 @@
 # bench/lib/local_job.sh [BUILD_DIR] [ROUNDS] — sourced by the benches that drive jobs on
 # `tidal local` with kubectl (rescale_cost.sh, recovery_cost.sh), with their arguments: the
 # cluster, the steps rank 0 logs, waits on the status. Sets $build (absolute), $rounds, $root,
-# $work, $data, $cluster_pid; cleans up on exit (KEEP=1 keeps the work directory).
+# $work, $data, $cluster_pid, $preset; cleans up on exit (KEEP=1 keeps the work directory).
+# PRESET=small runs the jobs on the small preset (~100 M parameters) instead of tiny.
 build=${1:-build}
+preset=${PRESET:-tiny}
+[[ "$preset" =~ ^(tiny|small)$ ]] ||
+  { echo "$(basename "$0"): PRESET: expected tiny or small, got \"$preset\"" >&2; exit 2; }
 rounds=${2:-2}
 root=$(cd "$(dirname "$0")/.." && pwd)
 case "$build" in /*) ;; *) build="$root/$build" ;; esac

@@ -778,22 +778,30 @@ class Decider {
     }
     r.stage = Stage::kWaitingForPods;
     r.members = st_.members;
-    std::set<int> used;
-    for (const PodView& p : o_.pods) used.insert(p.slot);
-    std::vector<int> slots;
-    for (int slot = 0; static_cast<int64_t>(r.members.size()) < want_pods; ++slot) {
-      if (used.count(slot)) continue;
-      slots.push_back(slot);
-      const std::string name = o_.name + "-worker-" + std::to_string(slot);
-      r.members.push_back(name);
-      r.new_pods.push_back(name);
-    }
+    const std::vector<int> slots =
+        AddNewPods(r, want_pods - static_cast<int64_t>(r.members.size()));
     st_.rescale = r;
     Action& a = Do(Action::Kind::kCreatePods, r.new_pods, r.reason);
     a.slots = slots;
     a.generation = r.target_generation;
     Emit("Normal", "ScalingUp",
          r.reason + "; creating " + std::to_string(slots.size()) + " pod(s), training goes on");
+  }
+
+  // Adds `n` new pods to a change under way (members and new_pods), in the lowest slots no pod
+  // of the job holds (a terminating one included: its name is still taken). Returns the slots.
+  std::vector<int> AddNewPods(RescaleState& r, int64_t n) const {
+    std::set<int> used;
+    for (const PodView& p : o_.pods) used.insert(p.slot);
+    std::vector<int> slots;
+    for (int slot = 0; static_cast<int64_t>(slots.size()) < n; ++slot) {
+      if (used.count(slot)) continue;
+      slots.push_back(slot);
+      const std::string name = o_.name + "-worker-" + std::to_string(slot);
+      r.members.push_back(name);
+      r.new_pods.push_back(name);
+    }
+    return slots;
   }
 
   // The members that must leave while their workers still train in the current generation,
@@ -856,13 +864,11 @@ class Decider {
     const int64_t need = static_cast<int64_t>(leaving.size()) * GpusPerPod();
     const bool holding = st_.scale_up_not_before && o_.now < *st_.scale_up_not_before;
     if (o_.idle_gpus < need || holding) {
-      const std::string blocked = why + ": no move off is possible: the others' " +
-                                  std::to_string(stay_gpus) +
-                                  " GPUs are not an allowed size and " + std::to_string(need) +
-                                  " idle GPUs for replacements are not there (" +
-                                  std::to_string(o_.idle_gpus) + " are" +
-                                  (holding ? ", or a replacement was just abandoned" : "") +
-                                  "); training goes on";
+      const std::string blocked =
+          why + ": no move off is possible: the others' " + std::to_string(stay_gpus) +
+          " GPUs are not an allowed size and " + std::to_string(need) +
+          " idle GPUs for replacements are not there (" + std::to_string(o_.idle_gpus) + " are" +
+          (holding ? ", or a replacement was just abandoned" : "") + "); training goes on";
       if (st_.gpus_reason != blocked) Emit("Warning", "MoveOffBlocked", blocked);
       st_.gpus_reason = blocked;
       st_.phase = "Running";
@@ -871,16 +877,7 @@ class Decider {
     }
     r.stage = Stage::kWaitingForPods;
     r.members = stay;
-    std::set<int> used;
-    for (const PodView& p : o_.pods) used.insert(p.slot);
-    std::vector<int> slots;
-    for (int slot = 0; slots.size() < leaving.size(); ++slot) {
-      if (used.count(slot)) continue;
-      slots.push_back(slot);
-      const std::string name = o_.name + "-worker-" + std::to_string(slot);
-      r.members.push_back(name);
-      r.new_pods.push_back(name);
-    }
+    const std::vector<int> slots = AddNewPods(r, static_cast<int64_t>(leaving.size()));
     r.reason = why + ": " + std::to_string(r.new_pods.size()) +
                " replacement pod(s) first, then a live rescale off the leaving pod(s)";
     st_.rescale = r;

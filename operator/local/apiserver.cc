@@ -145,9 +145,9 @@ class RequestContext {
     auto r = s_.registry_.Find(group, version, plural);
     if (!r) return NotFoundPath();
     if (!ns.empty() && !r->namespaced) return NotFoundPath();
-    if (!sub.empty() && !((sub == "status" && r->status_subresource) ||
-                          (sub == "scale" && r->scale) || (sub == "log" && r->log_subresource) ||
-                          (sub == "eviction" && r->eviction_subresource)))
+    if (!sub.empty() &&
+        !((sub == "status" && r->status_subresource) || (sub == "scale" && r->scale) ||
+          (sub == "log" && r->log_subresource) || (sub == "eviction" && r->eviction_subresource)))
       return NotFoundPath();
     if (r->kind == "SelfSubjectAccessReview") return AccessReview();
     if (r->namespaced && ns.empty() && !name.empty()) return NotFoundPath();
@@ -280,8 +280,7 @@ class RequestContext {
       return Reply(ErrorResponse(BadRequest("the body must be a policy/v1 Eviction")));
     const json meta = body->value("metadata", json::object());
     if (!meta.is_object() || meta.value("name", "") != name)
-      return Reply(
-          ErrorResponse(BadRequest("name in URL does not match name in Eviction object")));
+      return Reply(ErrorResponse(BadRequest("name in URL does not match name in Eviction object")));
     json options = body->value("deleteOptions", json::object());
     if (!options.is_object())
       return Reply(ErrorResponse(BadRequest("deleteOptions: expected an object")));

@@ -330,8 +330,7 @@ void ProcessKubelet::EvictForTaints(const json& pod, const NodeInfo& node) {
   if (!deleted.ok()) return;
   RecordEvent(pod, "Normal", "TaintManagerEviction", "Marking for deletion Pod " + ns + "/" + name,
               "taint-eviction-controller");
-  Log("info", "taint eviction",
-      {{"pod", ns + "/" + name}, {"node", node.name}, {"taint", why}});
+  Log("info", "taint eviction", {{"pod", ns + "/" + name}, {"node", node.name}, {"taint", why}});
 }
 
 void ProcessKubelet::Bind(const json& pod, const std::vector<NodeInfo>& nodes, GpuUsage& usage) {

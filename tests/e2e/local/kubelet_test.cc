@@ -177,16 +177,19 @@ TEST_F(KubeletTest, ACordonedOrTaintedNodeTakesOnlyPodsThatTolerateItAndSaysWhy)
             "Running");
 }
 
-// `kubectl drain` (cordon, then the Eviction API: policy/v1 Eviction POSTed to pods/{name}/eviction,
-// found in discovery) stops a pod gracefully: SIGTERM, which it traps, and it is gone before
-// drain returns. kubectl says "evicted" only when it used the Eviction API ("deleted" otherwise).
-// An Eviction for another name, or for a pod that is not there, is refused as upstream does.
+// `kubectl drain` (cordon, then the Eviction API: policy/v1 Eviction POSTed to
+// pods/{name}/eviction, found in discovery) stops a pod gracefully: SIGTERM, which it traps, and it
+// is gone before drain returns. kubectl says "evicted" only when it used the Eviction API
+// ("deleted" otherwise). An Eviction for another name, or for a pod that is not there, is refused
+// as upstream does.
 TEST_F(KubeletTest, KubectlDrainEvictsThroughTheEvictionApiAndThePodStopsGracefully) {
   const std::string node = Ok({"get", "nodes", "-o", "jsonpath={.items[0].metadata.name}"});
   Ok({"apply", "-f",
-      Pod("drained", "trap \"echo term > /work/drained-term; exit 0\" TERM; echo up; "
-                     "while true; do sleep 0.1; done")});
-  WaitFor({"pod", "drained"}, "{.status.phase}", [](const std::string& s) { return s == "Running"; });
+      Pod("drained",
+          "trap \"echo term > /work/drained-term; exit 0\" TERM; echo up; "
+          "while true; do sleep 0.1; done")});
+  WaitFor({"pod", "drained"}, "{.status.phase}",
+          [](const std::string& s) { return s == "Running"; });
   ProcessResult drain = Kubectl({"drain", node, "--force", "--grace-period=10", "--timeout=60s"});
   EXPECT_EQ(drain.exit_code, 0) << drain.out << drain.err;
   EXPECT_NE(drain.out.find("pod/drained evicted"), std::string::npos) << drain.out << drain.err;
@@ -203,8 +206,7 @@ TEST_F(KubeletTest, KubectlDrainEvictsThroughTheEvictionApiAndThePodStopsGracefu
   ProcessResult wrong =
       Kubectl({"create", "--raw", "/api/v1/namespaces/default/pods/kept/eviction", "-f", mismatch});
   EXPECT_NE(wrong.exit_code, 0);
-  EXPECT_NE(wrong.err.find("name in URL does not match name in Eviction object"),
-            std::string::npos)
+  EXPECT_NE(wrong.err.find("name in URL does not match name in Eviction object"), std::string::npos)
       << wrong.err;
   ProcessResult missing = Kubectl(
       {"create", "--raw", "/api/v1/namespaces/default/pods/other/eviction", "-f", mismatch});
@@ -232,7 +234,9 @@ TEST_F(KubeletTest, ANoExecuteTaintEvictsThePodsThatDoNotTolerateItForGood) {
   const auto tainted = std::chrono::steady_clock::now();
   auto gone = [&](const char* pod) {
     return WaitUntilTrue(
-        [&] { return Kubectl({"get", "pod", pod}).err.find("NotFound") != std::string::npos; },
+        [&] {
+          return Kubectl({"get", "pod", pod}).err.find("NotFound") != std::string::npos;
+        },
         30s);
   };
   EXPECT_TRUE(gone("intolerant"));
@@ -241,9 +245,8 @@ TEST_F(KubeletTest, ANoExecuteTaintEvictsThePodsThatDoNotTolerateItForGood) {
   // "brief" went after its 3 s: "tolerant", there all along, was kept.
   EXPECT_EQ(Ok({"get", "pod", "tolerant", "-o", "jsonpath={.status.phase}"}), "Running");
   EXPECT_EQ(Ok({"get", "pod", "tolerant", "-o", "jsonpath={.metadata.deletionTimestamp}"}), "");
-  const std::string events =
-      Ok({"get", "events", "--field-selector", "reason=TaintManagerEviction", "-o",
-          "jsonpath={.items[*].message}"});
+  const std::string events = Ok({"get", "events", "--field-selector", "reason=TaintManagerEviction",
+                                 "-o", "jsonpath={.items[*].message}"});
   EXPECT_NE(events.find("Marking for deletion Pod default/intolerant"), std::string::npos)
       << events;
   EXPECT_EQ(events.find("default/tolerant"), std::string::npos) << events;

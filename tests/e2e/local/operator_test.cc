@@ -332,7 +332,8 @@ TEST_F(DrainTest, KubectlDeletePodAndKubectlDrainMoveTheJobOffLiveLosingNoStep) 
   EXPECT_EQ(resumed.find("resumed\n"), std::string::npos) << "read the store: " << resumed;
   EXPECT_NE(resumed.find("resumed from peers"), std::string::npos) << resumed;
   EXPECT_GE(std::count(drained.begin(), drained.end(), '\n'), 2) << "no worker trained on after "
-                                                                    "its SIGTERM: " << drained;
+                                                                    "its SIGTERM: "
+                                                                 << drained;
 }
 
 // A worker that answers but makes no progress: rank 0's training thread hangs after step 8 of

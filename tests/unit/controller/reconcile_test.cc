@@ -642,11 +642,13 @@ TEST(Reconcile, AMemberThatMustLeaveIsMovedOffLiveLosingNoStepAndItsGpuComesBack
             notice == "cordoned" ? "node n1 is cordoned" : "node n1 has taint spot:NoExecute";
       // Every step trained before the move is where the others go on from.
       int64_t paused_at = 0;
-      sim.Until([&] {
-        for (const auto& [name, r] : sim.reports_)
-          if (r.generation == generation && r.phase == "Paused") paused_at = r.step;
-        return sim.status().generation > generation && !sim.status().rescale;
-      }, 20);
+      sim.Until(
+          [&] {
+            for (const auto& [name, r] : sim.reports_)
+              if (r.generation == generation && r.phase == "Paused") paused_at = r.step;
+            return sim.status().generation > generation && !sim.status().rescale;
+          },
+          20);
       EXPECT_GT(paused_at, 0);
       EXPECT_EQ(sim.last_resumed_step_, paused_at) << "steps lost or trained again";
       EXPECT_EQ(sim.status().members, Names({0, 2}));

@@ -136,8 +136,9 @@ TEST(TypesTest, TolerationsMatchTaintsAndTheShortestTolerationSecondsCounts) {
   };
   EXPECT_FALSE(TolerationOf(pod("[]"), spot).tolerated);
   EXPECT_FALSE(TolerationOf(pod(R"([{"key": "spot", "value": "false"}])"), spot).tolerated);
-  EXPECT_FALSE(TolerationOf(pod(R"([{"key": "spot", "value": "true", "effect": "NoSchedule"}])"),
-                            spot).tolerated);
+  EXPECT_FALSE(
+      TolerationOf(pod(R"([{"key": "spot", "value": "true", "effect": "NoSchedule"}])"), spot)
+          .tolerated);
   const Toleration forever = TolerationOf(pod(R"([{"key": "spot", "value": "true"}])"), spot);
   EXPECT_TRUE(forever.tolerated);
   EXPECT_FALSE(forever.seconds);

@@ -63,9 +63,8 @@ std::string Varint(int field, uint8_t value) {
 // (cluster autoscalers, node-termination handlers) send policy/v1 Eviction { metadata = 1,
 // deleteOptions = 2 }.
 TEST(KubeProtobufTest, AProtobufEvictionDecodesWithItsDeleteOptions) {
-  const std::string eviction =
-      Bytes(1, Bytes(1, "drained") + Bytes(3, "default")) +
-      Bytes(2, Varint(1, 10) + Bytes(2, Bytes(1, "uid-1")));
+  const std::string eviction = Bytes(1, Bytes(1, "drained") + Bytes(3, "default")) +
+                               Bytes(2, Varint(1, 10) + Bytes(2, Bytes(1, "uid-1")));
   const std::string body = std::string("k8s\0", 4) +
                            Bytes(1, Bytes(1, "policy/v1") + Bytes(2, "Eviction")) +
                            Bytes(2, eviction);
