@@ -417,14 +417,20 @@ int main(int argc, char** argv) {
           {{"job", job_name}, {"step", runtime.State().step}, {"wait_s", args->drain_seconds}});
       const auto deadline =
           std::chrono::steady_clock::now() + std::chrono::seconds(args->drain_seconds);
-      // Also over once the generation is (a peer failed; the operator replaces this pod
-      // rather than move off it): nothing is left to hand over.
-      while (!exit_signal.shutdown_call && !runtime.exited() &&
-             InGeneration(runtime.State().phase) && std::chrono::steady_clock::now() < deadline)
+      // Also over once the generation failed (a peer is gone; the operator replaces this pod
+      // rather than move off it) or the job finished: nothing is left to hand over. (Waiting,
+      // between two generations it takes part in, is not over.)
+      auto over = [&runtime] {
+        const tidal::worker::Phase phase = runtime.State().phase;
+        return phase == tidal::worker::Phase::kFailed ||
+               phase == tidal::worker::Phase::kSucceeded;
+      };
+      while (!exit_signal.shutdown_call && !runtime.exited() && !over() &&
+             std::chrono::steady_clock::now() < deadline)
         exit_signal.cv.wait_for(lock, std::chrono::milliseconds(200));
       if (exit_signal.shutdown_call) {
         reason = "Shutdown call after SIGTERM";
-      } else if (!runtime.exited() && InGeneration(runtime.State().phase)) {
+      } else if (!runtime.exited() && !over()) {
         tidal::LogWarn(
             "SIGTERM: no Shutdown from the operator in time; leaving with a checkpoint to the "
             "store",

@@ -410,7 +410,8 @@ void TrainingJobController::RefreshTls(WorkerConnections& connections, const Obs
 
 Plan TrainingJobController::DecideWithCapacity(Observed& observed) {
   std::lock_guard<std::mutex> lock(capacity_mu_);
-  observed.idle_gpus = IdleGpus();
+  observed.idle_gpus =
+      IdleGpus(observed.spec.ok() ? observed.spec->worker.tolerations : json::array());
   Plan plan = Decide(observed, options_.reconcile);
   if (observed.spec.ok())
     for (const Action& a : plan.actions)
@@ -421,15 +422,18 @@ Plan TrainingJobController::DecideWithCapacity(Observed& observed) {
   return plan;
 }
 
-int64_t TrainingJobController::IdleGpus() {
+int64_t TrainingJobController::IdleGpus(const json& tolerations) {
   int64_t allocatable = 0;
   std::set<std::string> closed;  // nodes that offer nothing
+  const json worker = {{"spec", {{"tolerations", tolerations}}}};
   for (const kube::ObjectPtr& n : nodes_->store().List()) {
     auto node = kube::NodeFromJson(*n);
-    // A node that is not Ready (lost, its kubelet silent) or cordoned (`kubectl cordon`, a
-    // drain) offers nothing, and what its pods hold is not taken from the others.
-    if (node.ok() && (NodeSilent(*node) || node->unschedulable)) closed.insert(node->metadata.name);
-    if (!node.ok() || node->unschedulable || NodeSilent(*node)) continue;
+    // A node that is not Ready (lost, its kubelet silent), cordoned (`kubectl cordon`, a
+    // drain) or about to evict the job's workers (NodeNotice: a NoExecute taint) offers
+    // nothing, and what its pods hold is not taken from the others.
+    const bool shut = !node.ok() || NodeSilent(*node) || !NodeNotice(worker, *node).empty();
+    if (node.ok() && shut) closed.insert(node->metadata.name);
+    if (shut) continue;
     auto it = node->allocatable.find("nvidia.com/gpu");
     if (it != node->allocatable.end()) allocatable += std::atoll(it->second.c_str());
   }

@@ -74,7 +74,8 @@ class TrainingJobController {
   // Allocatable nvidia.com/gpu of schedulable nodes minus what bound, unfinished pods request,
   // minus what pods this controller decided to create (and the cache does not show yet)
   // will. Under capacity_mu_.
-  int64_t IdleGpus();
+  // `tolerations`: the job's workers' (spec.worker.tolerations), for NoExecute taints.
+  int64_t IdleGpus(const nlohmann::json& tolerations);
   // Observes the capacity, decides and books the GPUs of the pods the plan creates, as one
   // step: two jobs reconciled at once cannot both plan for the same idle GPUs.
   Plan DecideWithCapacity(Observed& observed);

@@ -788,11 +788,42 @@ class Decider {
          r.reason + "; creating " + std::to_string(slots.size()) + " pod(s), training goes on");
   }
 
+  // A member told to leave since the change began (its pod deleted, its node cordoned or
+  // tainted) is left out of the next generation when the others are still an allowed size: it
+  // stays a state peer, and goes once the new generation runs. (Else it joins, and is moved off
+  // on its own after.)
+  void DropLeavingMembers(RescaleState& r) {
+    std::vector<std::string> staying;
+    std::string why;
+    for (const std::string& m : r.members) {
+      const std::string notice = LeaveNotice(m);
+      if (notice.empty())
+        staying.push_back(m);
+      else
+        why += (why.empty() ? "" : "; ") + notice;
+    }
+    if (staying.size() == r.members.size() || staying.empty()) return;
+    const int64_t gpus = static_cast<int64_t>(staying.size()) * GpusPerPod();
+    const auto allowed = spec_->AllowedGpuCounts();
+    if (std::find(allowed.begin(), allowed.end(), gpus) == allowed.end()) return;
+    r.members = staying;
+    r.drain = true;
+    r.reason += "; without the pod(s) that must leave: " + why;
+    Emit("Normal", "MovingOff", why + ": left out of generation " +
+                                    std::to_string(r.target_generation));
+  }
+
   // Adds `n` new pods to a change under way (members and new_pods), in the lowest slots no pod
-  // of the job holds (a terminating one included: its name is still taken). Returns the slots.
+  // of the job holds (a terminating one included: its name is still taken, and so is one this
+  // plan deletes). Returns the slots.
   std::vector<int> AddNewPods(RescaleState& r, int64_t n) const {
     std::set<int> used;
     for (const PodView& p : o_.pods) used.insert(p.slot);
+    const std::string prefix = o_.name + "-worker-";
+    for (const Action& a : plan_.actions)
+      if (a.kind == Action::Kind::kDeletePods)
+        for (const std::string& p : a.pods)
+          if (p.rfind(prefix, 0) == 0) used.insert(std::atoi(p.c_str() + prefix.size()));
     std::vector<int> slots;
     for (int slot = 0; static_cast<int64_t>(slots.size()) < n; ++slot) {
       if (used.count(slot)) continue;
@@ -1093,6 +1124,7 @@ class Decider {
           r.state_peers = st_.members;
           r.state_step = Report(st_.members.front())->step;
         }
+        DropLeavingMembers(r);
         r.stage = Stage::kRendezvous;
         Rendezvous();
         return;
@@ -1266,8 +1298,8 @@ class Decider {
     const bool all_new = r.new_pods.size() == r.members.size();
     plan_.finished_rescale =
         Plan::FinishedRescale{recovery  ? (st_.restarts > 0 ? "recovery" : "start")
-                              : all_new ? "resume"
                               : r.drain ? "drain"
+                              : all_new ? "resume"
                                         : (r.new_pods.empty() ? "scale_down" : "scale_up"),
                               r.started};
     st_.rescale.reset();
@@ -1298,9 +1330,18 @@ class Decider {
     }
     for (const Action& a : plan_.actions)
       if (a.kind == Action::Kind::kDeletePods) known.insert(a.pods.begin(), a.pods.end());
-    std::vector<std::string> strays;
+    std::vector<std::string> strays, leaving;
     for (const PodView& p : o_.pods)
-      if (!known.count(p.name) && !p.deleting && p.phase != "Succeeded") strays.push_back(p.name);
+      if (!known.count(p.name) && !p.deleting && p.phase != "Succeeded")
+        strays.push_back(p.name);
+      else if (!known.count(p.name) && p.deleting && Report(p.name) &&
+               Report(p.name)->phase != "Succeeded")
+        leaving.push_back(p.name);
+    // A pod moved off that still answers (its Shutdown was lost with a crashed leader) waits in
+    // its grace period for one: it is sent again, so that its deletion ends now.
+    if (!leaving.empty())
+      Do(Action::Kind::kShutdown, leaving,
+         "moved off: not a member of generation " + std::to_string(st_.generation));
     if (strays.empty()) return;
     Do(Action::Kind::kShutdown, strays,
        "not a member of generation " + std::to_string(st_.generation));

@@ -459,7 +459,8 @@ Toleration TolerationOf(const json& pod, const Taint& taint) {
     if (!matches) continue;
     out.tolerated = true;
     if (auto s = t.find("tolerationSeconds"); s != t.end() && s->is_number_integer())
-      out.seconds = std::min(out.seconds.value_or(s->get<int64_t>()), s->get<int64_t>());
+      out.seconds = s->get<int64_t>();
+    return out;  // the first toleration that matches counts (GetMatchingTolerations)
   }
   return out;
 }

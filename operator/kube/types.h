@@ -117,8 +117,8 @@ std::vector<Taint> TaintsOf(const nlohmann::json& node);
 // value); an empty effect tolerates every effect.
 struct Toleration {
   bool tolerated = false;
-  // For a tolerated NoExecute taint: the shortest tolerationSeconds among the matching
-  // tolerations (≤ 0: evicted at once), none when no matching toleration sets one (forever).
+  // For a tolerated NoExecute taint: the tolerationSeconds of the first matching toleration,
+  // as upstream's taint manager takes it (≤ 0: evicted at once; none: tolerated for good).
   std::optional<int64_t> seconds = {};
 };
 Toleration TolerationOf(const nlohmann::json& pod, const Taint& taint);

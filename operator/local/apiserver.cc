@@ -284,7 +284,12 @@ class RequestContext {
     json options = body->value("deleteOptions", json::object());
     if (!options.is_object())
       return Reply(ErrorResponse(BadRequest("deleteOptions: expected an object")));
-    ApiResult deleted = s_.writer_->Delete(r, ns, name, options);
+    // A dry run (`kubectl drain --dry-run=server`) checks the pod is there and deletes nothing.
+    const json dry = options.value("dryRun", json::array());
+    const bool dry_run = Options().dry_run || (dry.is_array() && !dry.empty());
+    if (dry_run && !s_.store_->Get({r.storage_resource(), ns, name}))
+      return Reply(ErrorResponse(NotFoundError(r, name)));
+    ApiResult deleted = dry_run ? ApiResult{} : s_.writer_->Delete(r, ns, name, options);
     if (!deleted.ok()) return ReplyResult(deleted);
     Reply(JsonResponse(201, {{"kind", "Status"},
                              {"apiVersion", "v1"},

@@ -200,6 +200,7 @@ void ProcessKubelet::Pass() {
   const std::vector<ObjectPtr> pods = api_.store().List("/pods", "");
   std::set<std::string> nodes;
   std::vector<NodeInfo> schedulable;
+  std::set<std::string> no_execute;  // node + "\n" + key of every NoExecute taint there now
   for (const NodeInfo& n : options_.nodes) {
     if (lost.count(n.name)) continue;
     nodes.insert(n.name);
@@ -207,7 +208,11 @@ void ProcessKubelet::Pass() {
     // What `kubectl cordon` and `kubectl taint` changed on the Node object.
     if (ObjectPtr object = api_.store().Get({"/nodes", "", n.name}))
       ReadNodeSpec(*object, schedulable.back());
+    for (const Taint& t : schedulable.back().taints)
+      if (t.effect == "NoExecute") no_execute.insert(n.name + "\n" + t.key);
   }
+  // A taint removed and put back later is timed afresh.
+  std::erase_if(taint_seen_, [&](const auto& seen) { return !no_execute.count(seen.first); });
   // What the scheduler and the IP allocator need from all pods, gathered once per pass.
   GpuUsage usage;
   ips_in_use_ = {"127.0.0.1"};

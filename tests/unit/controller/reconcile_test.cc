@@ -711,6 +711,37 @@ TEST(Reconcile, AMemberThatMustLeaveWhenTheOthersAreTooFewIsReplacedFirst) {
   }
 }
 
+// A member told to leave while a rescale is past its pods (at its barrier) is left out of the
+// next generation when the others are still an allowed size: it stays a state peer, is shut
+// down once the new generation runs, and the job then grows to the size asked for. No restart.
+TEST(Reconcile, AMemberThatMustLeaveDuringARescalesBarrierIsLeftOutOfTheNextGeneration) {
+  const std::string four = R"({"replicas": 4, "optimization": {"globalBatchSize": 24},
+                               "elastic": {"minGPUs": 1}})";
+  Sim sim(Spec(four));
+  sim.Until([&] { return sim.status().phase == "Running" && sim.status().current_gpus == 4; });
+  for (int i = 0; i < 3; ++i) sim.Reconcile();
+  const int64_t generation = sim.status().generation;
+  const int from_store = sim.resumed_from_store_;
+  json three = Spec(four);
+  three["replicas"] = 3;
+  sim.SetSpec(three);
+  sim.Reconcile();  // the barrier: every rank pauses
+  ASSERT_TRUE(sim.status().rescale);
+  ASSERT_EQ(StageName(sim.status().rescale->stage), std::string("Barrier"));
+  sim.DeleteFromOutside("job-worker-1");
+  sim.Until([&] { return sim.status().generation > generation && !sim.status().rescale; }, 10);
+  EXPECT_EQ(sim.status().members, Names({0, 2}));
+  EXPECT_TRUE(sim.HasEvent("MovingOff"));
+  EXPECT_EQ(std::count(sim.shutdown_.begin(), sim.shutdown_.end(), "job-worker-1"), 1);
+  EXPECT_EQ(sim.resumed_from_store_, from_store);
+  sim.Until([&] {
+    return sim.status().current_gpus == 3 && !sim.status().rescale &&
+           sim.status().phase == "Running";
+  });
+  EXPECT_EQ(sim.status().restarts, 0);
+  EXPECT_FALSE(sim.HasEvent("WorkerFailed"));
+}
+
 // A scale-up waiting for its pods when a member must leave gives way: its pods go, the move
 // comes first, and the job then grows to the size asked for.
 TEST(Reconcile, AMemberThatMustLeaveCancelsAScaleUpStillWaitingForItsPods) {

@@ -121,8 +121,8 @@ TEST(TypesTest, NodeGpusServiceAndConfigMap) {
 }
 
 // The taint manager's matching: Exists (an empty key: every taint) or Equal on the value; an
-// empty effect matches every effect; of several matching tolerations the shortest
-// tolerationSeconds counts, and one without any tolerates for good only when none sets one.
+// empty effect matches every effect; of several matching tolerations the first counts, with
+// its tolerationSeconds or for good (upstream's GetMatchingTolerations).
 TEST(TypesTest, TolerationsMatchTaintsAndTheShortestTolerationSecondsCounts) {
   auto node = NodeFromJson(json::parse(R"({"metadata": {"name": "n1"}, "spec": {"taints": [
       {"key": "spot", "value": "true", "effect": "NoExecute", "timeAdded": "2026-11-27T06:00:00Z"},
@@ -143,11 +143,17 @@ TEST(TypesTest, TolerationsMatchTaintsAndTheShortestTolerationSecondsCounts) {
   EXPECT_TRUE(forever.tolerated);
   EXPECT_FALSE(forever.seconds);
   const Toleration brief = TolerationOf(
-      pod(R"([{"operator": "Exists"}, {"key": "spot", "operator": "Exists", "tolerationSeconds": 30},
+      pod(R"([{"key": "other", "operator": "Exists"},
+             {"key": "spot", "operator": "Exists", "tolerationSeconds": 30},
              {"key": "spot", "value": "true", "effect": "NoExecute", "tolerationSeconds": 5}])"),
       spot);
   EXPECT_TRUE(brief.tolerated);
-  EXPECT_EQ(brief.seconds, 5);
+  EXPECT_EQ(brief.seconds, 30);
+  const Toleration everything = TolerationOf(
+      pod(R"([{"operator": "Exists"}, {"key": "spot", "operator": "Exists", "tolerationSeconds": 5}])"),
+      spot);
+  EXPECT_TRUE(everything.tolerated);
+  EXPECT_FALSE(everything.seconds);
 }
 
 TEST(TypesTest, CrdAndStatus) {
