@@ -123,7 +123,7 @@ TEST(TypesTest, NodeGpusServiceAndConfigMap) {
 // The taint manager's matching: Exists (an empty key: every taint) or Equal on the value; an
 // empty effect matches every effect; of several matching tolerations the first counts, with
 // its tolerationSeconds or for good (upstream's GetMatchingTolerations).
-TEST(TypesTest, TolerationsMatchTaintsAndTheShortestTolerationSecondsCounts) {
+TEST(TypesTest, TolerationsMatchTaintsAndTheFirstMatchingOneCounts) {
   auto node = NodeFromJson(json::parse(R"({"metadata": {"name": "n1"}, "spec": {"taints": [
       {"key": "spot", "value": "true", "effect": "NoExecute", "timeAdded": "2026-11-27T06:00:00Z"},
       {"key": "gpu", "effect": "NoSchedule"}, 7]}})"));
