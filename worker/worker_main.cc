@@ -422,8 +422,7 @@ int main(int argc, char** argv) {
       // between two generations it takes part in, is not over.)
       auto over = [&runtime] {
         const tidal::worker::Phase phase = runtime.State().phase;
-        return phase == tidal::worker::Phase::kFailed ||
-               phase == tidal::worker::Phase::kSucceeded;
+        return phase == tidal::worker::Phase::kFailed || phase == tidal::worker::Phase::kSucceeded;
       };
       while (!exit_signal.shutdown_call && !runtime.exited() && !over() &&
              std::chrono::steady_clock::now() < deadline)

@@ -809,8 +809,8 @@ class Decider {
     r.members = staying;
     r.drain = true;
     r.reason += "; without the pod(s) that must leave: " + why;
-    Emit("Normal", "MovingOff", why + ": left out of generation " +
-                                    std::to_string(r.target_generation));
+    Emit("Normal", "MovingOff",
+         why + ": left out of generation " + std::to_string(r.target_generation));
   }
 
   // Adds `n` new pods to a change under way (members and new_pods), in the lowest slots no pod

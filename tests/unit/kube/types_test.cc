@@ -142,11 +142,10 @@ TEST(TypesTest, TolerationsMatchTaintsAndTheFirstMatchingOneCounts) {
   const Toleration forever = TolerationOf(pod(R"([{"key": "spot", "value": "true"}])"), spot);
   EXPECT_TRUE(forever.tolerated);
   EXPECT_FALSE(forever.seconds);
-  const Toleration brief = TolerationOf(
-      pod(R"([{"key": "other", "operator": "Exists"},
+  const Toleration brief = TolerationOf(pod(R"([{"key": "other", "operator": "Exists"},
              {"key": "spot", "operator": "Exists", "tolerationSeconds": 30},
              {"key": "spot", "value": "true", "effect": "NoExecute", "tolerationSeconds": 5}])"),
-      spot);
+                                        spot);
   EXPECT_TRUE(brief.tolerated);
   EXPECT_EQ(brief.seconds, 30);
   const Toleration everything = TolerationOf(
