@@ -12,7 +12,8 @@
 // when none comes within S seconds does the worker leave on its own, checkpointing to the store.
 // Environment fallbacks: TIDAL_SPEC_FILE, TIDAL_TOKEN_FILE, POD_IP, TIDAL_CHECKPOINT_URI,
 // TIDAL_S3_SECRET_DIR, TIDAL_INTRA_OP_THREADS, TIDAL_DRAIN_SECONDS; TIDAL_DATASET_STORE (set by
-// the operator) replaces spec.dataset.uri with the prepared store.
+// the operator) replaces spec.dataset.uri with the prepared store; TIDAL_KEEP_ENGINE=0 builds
+// the engine anew for every generation instead of keeping it (a baseline for benches).
 #include <pthread.h>
 #include <signal.h>
 
@@ -222,6 +223,14 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
   o.policy.snapshot_every = job->checkpoint.snapshot_every_steps;
   o.policy.keep = static_cast<int>(job->checkpoint.keep);
   o.buddy_every = job->checkpoint.buddy_every_steps;
+  // The engine kept from one generation to the next (TIDAL_KEEP_ENGINE=0: built anew each
+  // time, the baseline of bench/rescale_cost.sh).
+  if (auto keep = env.find("TIDAL_KEEP_ENGINE"); keep != env.end()) {
+    if (keep->second != "0" && keep->second != "1")
+      return tidal::InvalidArgument("TIDAL_KEEP_ENGINE: expected 0 or 1, got \"" + keep->second +
+                                    "\"");
+    o.keep_engine = keep->second == "1";
+  }
   const bool any_s3 = o.policy.uri.rfind("s3://", 0) == 0 ||
                       o.config.dataset.uri.rfind("s3://", 0) == 0 ||
                       o.config.dataset.prepared_uri.rfind("s3://", 0) == 0 ||

@@ -560,7 +560,28 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const 
   engine::Membership m = membership;
   m.interface_host = options_.interface_host;
   m.timeout = options_.collective_timeout;
-  TIDAL_ASSIGN_OR_RETURN(auto session, engine::Session::Join(options_.config, m, options_.session));
+  TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<engine::Session> session, EnterGeneration(m));
+  const Status ended = TrainGeneration(*session, m, from, ring);
+  // Kept however the generation ended: its base weights are never written, and everything
+  // that training changes is rebuilt by the next generation's resume.
+  if (options_.keep_engine && session->usable()) kept_session_ = std::move(session);
+  return ended;
+}
+
+StatusOr<std::unique_ptr<engine::Session>> WorkerRuntime::EnterGeneration(
+    const engine::Membership& m) {
+  std::unique_ptr<engine::Session> session = std::move(kept_session_);
+  if (!session) return engine::Session::Join(options_.config, m, options_.session);
+  Status regrouped = session->Regroup(m, options_.session);
+  if (regrouped.ok()) return session;
+  // A group that cannot form fails the generation as a Join's would; the engine is kept for
+  // the next one when it survived.
+  if (session->usable()) kept_session_ = std::move(session);
+  return regrouped;
+}
+
+Status WorkerRuntime::TrainGeneration(engine::Session& session, const engine::Membership& m,
+                                      const LiveState& from, const BuddyRing& ring) {
   checkpoint::CheckpointPolicy policy = options_.policy;
   policy.resume = true;  // every generation starts from the newest usable checkpoint
   policy.on_commit = [this](const checkpoint::CommitInfo& commit) {
@@ -588,9 +609,9 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const 
       policy.peer_resume = std::move(*peers);
     }
   }
-  // Declared after the session: destroyed first (its writer thread ends before the group).
+  // Destroyed before the session leaves its group (its writer thread ends first).
   TIDAL_ASSIGN_OR_RETURN(auto hooks, checkpoint::MakeCheckpointHooks(policy, options_.s3));
-  Status started = session->Start(*hooks);
+  Status started = session.Start(*hooks);
   // Every rank of this generation has read what it needed (or given up on it): the previous
   // generation's live checkpoint is of no more use.
   peer_state_.Clear();
@@ -602,20 +623,20 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const 
   TIDAL_RETURN_IF_ERROR(started);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    state_.step = session->step();
-    state_.max_steps = session->max_steps();
+    state_.step = session.step();
+    state_.max_steps = session.max_steps();
     state_.last_error.clear();
     state_.last_error_permanent = false;
     state_.phase = Phase::kRunning;
     changed_.notify_all();
   }
   LogInfo("generation running",
-          {{"world_size", m.world_size}, {"resumed_at_step", session->step()}});
+          {{"world_size", m.world_size}, {"resumed_at_step", session.step()}});
   std::unique_ptr<Buddy> buddy;
   if (options_.buddy_every > 0 && m.world_size > 1 && !ring.members.empty() &&
       ring.ward != m.rank && options_.read_peer_object)
     buddy = std::make_unique<Buddy>(*this, m, ring);
-  return TrainUntilLeave(*session, *hooks, buddy.get());
+  return TrainUntilLeave(session, *hooks, buddy.get());
 }
 
 Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks,

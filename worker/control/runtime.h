@@ -135,6 +135,10 @@ struct RuntimeOptions {
   // ward's part is copied with it. Null: no buddy copies.
   std::function<StatusOr<std::string>(const std::string& address, const std::string& key)>
       read_peer_object;
+  // The engine (model, data, the base weights this rank still holds) is kept from one
+  // generation to the next: engine::Session::Regroup. False (TIDAL_KEEP_ENGINE=0): every
+  // generation builds it anew (Join), the way to measure what keeping it saves.
+  bool keep_engine = true;
 };
 
 class WorkerRuntime {
@@ -197,6 +201,10 @@ class WorkerRuntime {
   // finished).
   Status RunGeneration(const engine::Membership& membership, const LiveState& from,
                        const BuddyRing& ring);
+  // The session for `m`: the kept one regrouped, or a new one.
+  StatusOr<std::unique_ptr<engine::Session>> EnterGeneration(const engine::Membership& m);
+  Status TrainGeneration(engine::Session& session, const engine::Membership& m,
+                         const LiveState& from, const BuddyRing& ring);
   class Buddy;  // a generation's buddy copies (runtime.cc)
   Status TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks, Buddy* buddy);
   // In PAUSED: waits for Resume, a reason to leave, or a checkpoint request (kAgree: every rank
@@ -236,6 +244,8 @@ class WorkerRuntime {
   std::deque<StepEvent> events_;   // the newest kMaxEvents
   objstore::MemoryStore peer_state_;
   uint64_t next_seq_ = 1;
+  // The last generation's session, kept for the next (the training thread's alone).
+  std::unique_ptr<engine::Session> kept_session_;
   std::thread thread_;
 };
 

@@ -37,34 +37,40 @@ Status WriteJsonFile(const std::string& path, const nlohmann::json& json) {
 
 class TrainerSession final : public Session {
  public:
-  TrainerSession(Membership membership, std::unique_ptr<StoreServer> store)
-      : membership_(std::move(membership)), store_(std::move(store)) {}
+  TrainerSession(Membership membership, TrainConfig config, std::unique_ptr<StoreServer> store)
+      : membership_(std::move(membership)), config_(std::move(config)), store_(std::move(store)) {}
   ~TrainerSession() override {
     trainer_.reset();  // leaves the process group before rank 0's store goes away
     store_.reset();
   }
 
-  Status Build(const TrainConfig& config, const SessionOptions& options) {
-    const bool cuda = compat::CudaAvailable();
+  static StatusOr<std::unique_ptr<Comm>> Connect(const TrainConfig& config, const Membership& m,
+                                                 const SessionOptions& options) {
     ProcessGroupOptions group;
-    group.store_host = membership_.store_host;
-    group.store_port = membership_.store_port;
-    group.rank = membership_.rank;
-    group.world_size = membership_.world_size;
-    group.interface_host = membership_.interface_host;
-    group.timeout = membership_.timeout;
-    group.use_cuda = cuda;
+    group.store_host = m.store_host;
+    group.store_port = m.store_port;
+    group.rank = m.rank;
+    group.world_size = m.world_size;
+    group.interface_host = m.interface_host;
+    group.timeout = m.timeout;
+    group.use_cuda = compat::CudaAvailable();
     group.cuda_device = options.cuda_device;
     // The job and the generation: a rank that reached another generation's store, or
     // another job's, waits (and times out) instead of reading foreign addresses.
-    group.key_prefix = config.namespace_ + "/" + config.name + "/generation-" +
-                       std::to_string(membership_.generation);
+    group.key_prefix =
+        config.namespace_ + "/" + config.name + "/generation-" + std::to_string(m.generation);
     const auto start = std::chrono::steady_clock::now();
     TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, ConnectProcessGroup(group));
     LogInfo("process group connected",
-            {{"world_size", membership_.world_size},
+            {{"world_size", m.world_size},
              {"seconds",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
+    return comm;
+  }
+
+  Status Build(const TrainConfig& config, const SessionOptions& options) {
+    const bool cuda = compat::CudaAvailable();
+    TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, Connect(config, membership_, options));
     TrainerOptions trainer_options;
     trainer_options.max_steps = options.max_steps;
     TIDAL_ASSIGN_OR_RETURN(trainer_options.data, OpenData(config, options, *comm));
@@ -85,17 +91,66 @@ class TrainerSession final : public Session {
 
   // Rank 0 prepares the data (tidal-prep's work when spec.dataset.uri names JSONL) while the
   // others wait at a barrier that also tells them whether it worked; then every rank opens it.
-  StatusOr<std::unique_ptr<data::RowSource>> OpenData(const TrainConfig& config,
-                                                      const SessionOptions& options, Comm& comm) {
+  // A rank that regroups has its rows open already (and, as rank 0, prepared them in an
+  // earlier generation): it takes part in the barrier with `prepared` already done.
+  static Status DataBarrier(const TrainConfig& config, const SessionOptions& options, Comm& comm,
+                            bool already_open) {
     if (!options.data) return Internal("session: no data provider");
     Status prepared;
-    if (comm.rank() == 0) prepared = options.data->Prepare(config);
+    if (comm.rank() == 0 && !already_open) prepared = options.data->Prepare(config);
     std::vector<int64_t> failed{prepared.ok() ? 0 : 1};
     TIDAL_RETURN_IF_ERROR(comm.AllReduceSumHost(failed));
     if (!prepared.ok()) return prepared;
     if (failed[0] > 0)
       return FailedPrecondition("rank 0 could not prepare spec.dataset (its log says why)");
+    return OkStatus();
+  }
+  StatusOr<std::unique_ptr<data::RowSource>> OpenData(const TrainConfig& config,
+                                                      const SessionOptions& options, Comm& comm) {
+    TIDAL_RETURN_IF_ERROR(DataBarrier(config, options, comm, /*already_open=*/false));
     return options.data->Open(config, comm.rank());
+  }
+
+  Status Regroup(const Membership& next, const SessionOptions& options) override {
+    if (!usable_ || !trainer_) return FailedPrecondition("session: its engine did not survive");
+    try {
+      return RegroupOrThrow(next, options);
+    } catch (const std::exception& e) {
+      usable_ = false;
+      return Unavailable("rank " + std::to_string(next.rank) +
+                         " could not regroup into generation " + std::to_string(next.generation) +
+                         ": " + FirstLine(e.what()));
+    }
+  }
+  bool usable() const override { return usable_ && trainer_ != nullptr; }
+
+  Status RegroupOrThrow(const Membership& next, const SessionOptions& options) {
+    if (next.world_size < 1 || next.rank < 0 || next.rank >= next.world_size)
+      return InvalidArgument("rank " + std::to_string(next.rank) + " is outside world size " +
+                             std::to_string(next.world_size));
+    TIDAL_RETURN_IF_ERROR(config_.ValidateForWorldSize(next.world_size));
+    const auto start = std::chrono::steady_clock::now();
+    // The old group goes before its store (rank 0's), and both before the new store may take
+    // the same port.
+    trainer_->LeaveGroup();
+    store_.reset();
+    membership_ = next;
+    if (next.rank == 0 && next.world_size > 1 && next.rank0_hosts_store) {
+      TIDAL_ASSIGN_OR_RETURN(store_, StoreServer::Start(next.store_host, next.store_port));
+    }
+    // Until here a failure leaves the engine whole: a later Regroup can try again.
+    TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, Connect(config_, next, options));
+    TIDAL_RETURN_IF_ERROR(DataBarrier(config_, options, *comm, /*already_open=*/true));
+    Status joined = trainer_->JoinGroup(std::move(comm));
+    if (!joined.ok()) {
+      usable_ = false;
+      return joined;
+    }
+    LogInfo("engine kept",
+            {{"world_size", next.world_size},
+             {"seconds",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
+    return OkStatus();
   }
 
   const Membership& membership() const override { return membership_; }
@@ -204,8 +259,10 @@ class TrainerSession final : public Session {
   }
 
   Membership membership_;
+  TrainConfig config_;
   std::unique_ptr<StoreServer> store_;  // rank 0 only
   std::unique_ptr<Trainer> trainer_;
+  bool usable_ = true;
 };
 
 }  // namespace
@@ -223,7 +280,7 @@ StatusOr<std::unique_ptr<Session>> Session::Join(const TrainConfig& config,
   if (membership.rank == 0 && membership.world_size > 1 && membership.rank0_hosts_store) {
     TIDAL_ASSIGN_OR_RETURN(store, StoreServer::Start(membership.store_host, membership.store_port));
   }
-  auto session = std::make_unique<TrainerSession>(membership, std::move(store));
+  auto session = std::make_unique<TrainerSession>(membership, config, std::move(store));
   try {
     TIDAL_RETURN_IF_ERROR(session->Build(config, options));
   } catch (const std::exception& e) {

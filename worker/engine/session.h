@@ -2,8 +2,10 @@
 // process group and the trainer built on it. The one way a rank starts: tidal-worker's control
 // runtime and tidal-train's local loop (RunRank) both drive a Session. No LibTorch types, so the
 // worker's control code (gRPC, state machine) stays out of LibTorch's headers. A rescale or a
-// recovery ends the session and starts another with the new membership; state crosses over through
-// a checkpoint: a live one in the ranks' memory for a rescale, the store's for a recovery.
+// recovery moves the session to the new membership (Regroup: the engine stays, only the process
+// group and the shard boundaries change) or, in a new process, starts one (Join); training state
+// crosses over through a checkpoint: a live one in the ranks' memory for a rescale, a buddy's
+// copy or the store's for a recovery.
 #pragma once
 
 #include <chrono>
@@ -60,6 +62,15 @@ class Session {
                                                  const Membership& membership,
                                                  const SessionOptions& options);
   virtual ~Session() = default;
+
+  // The engine kept across generations: this rank leaves the ended generation's process group
+  // and joins `next`'s, keeping its process, model, data and the base weights it still holds
+  // (worker/engine/trainer.h: JoinGroup); the ranks that join fresh (Join) and the ones that
+  // regroup take part in the same collectives, so a generation may mix both. Afterwards the
+  // session is at step 0 with initial adapters, as Join leaves it: resuming is the hooks' job.
+  // On failure, usable() says whether a later Regroup may still be tried.
+  virtual Status Regroup(const Membership& next, const SessionOptions& options) = 0;
+  virtual bool usable() const = 0;
 
   virtual const Membership& membership() const = 0;
   virtual int64_t step() const = 0;

@@ -35,11 +35,13 @@ Trainer::Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm, TrainerO
       optimizer_(AdamWOptions{config.optimization.beta1, config.optimization.beta2,
                               config.optimization.eps, config.optimization.weight_decay,
                               config.optimization.offload_optimizer == "cpu"}),
-      schedule_([&] {
-        OptimizationSpec spec = config.optimization;
-        if (options_.max_steps) spec.max_steps = *options_.max_steps;
-        return spec;
-      }()) {}
+      schedule_(ScheduleSpec()) {}
+
+OptimizationSpec Trainer::ScheduleSpec() const {
+  OptimizationSpec spec = config_.optimization;
+  if (options_.max_steps) spec.max_steps = *options_.max_steps;
+  return spec;
+}
 
 Trainer::~Trainer() = default;
 
@@ -59,69 +61,23 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
 Status Trainer::Initialize() {
   const auto& opt = config_.optimization;
   max_steps_ = options_.max_steps.value_or(opt.max_steps);
-  accumulation_ = config_.GradientAccumulation(comm_->world_size());
-  TIDAL_ASSIGN_OR_RETURN(auto dtype, ComputeDtype(opt.precision, options_.device));
-  if (dtype == torch::kFloat16) loss_scale_ = kInitialLossScale;
+  TIDAL_ASSIGN_OR_RETURN(dtype_, ComputeDtype(opt.precision, options_.device));
 
-  std::unique_ptr<HfCheckpoint> hf;
   ModelConfig model_config;
   if (!config_.model.preset.empty()) {
     TIDAL_ASSIGN_OR_RETURN(model_config, PresetModelConfig(config_.model.preset));
   } else {
-    TIDAL_ASSIGN_OR_RETURN(hf, options_.model_files
-                                   ? HfCheckpoint::Open(std::move(options_.model_files))
-                                   : HfCheckpoint::Open(config_.model.uri));
-    model_config = hf->config();
+    TIDAL_ASSIGN_OR_RETURN(hf_, options_.model_files
+                                    ? HfCheckpoint::Open(std::move(options_.model_files))
+                                    : HfCheckpoint::Open(config_.model.uri));
+    model_config = hf_->config();
   }
   for (const std::string& note : model_config.notes)
     LogInfo("config.json key not acted on", {{"model", config_.model.uri}, {"note", note}});
   data_ = std::move(options_.data);
   TIDAL_RETURN_IF_ERROR(CheckJobFitsModel(config_, model_config, data_->manifest().tokenizer));
   model_ = std::make_unique<DecoderModel>(model_config, config_.lora);
-  // The load's own host memory — this rank's ZeRO slices and the reads' buffers: the kernel's
-  // peak restarted here (data preparation and an earlier generation of this process do not
-  // count).
-  const bool peak_reset = ResetPeakRss();
-  const std::optional<ProcessMemory> before_load = ReadProcessMemory();
-  params_ = std::make_unique<ShardedParameters>(
-      *model_, *comm_, ShardingOptions{opt.zero_stage, options_.device, dtype});
-  const uint64_t init_seed = config_.model.init_seed;
-  const auto load_start = std::chrono::steady_clock::now();
-  // A large model takes minutes: a progress line every 5 s (share loaded, bytes read, ETA).
-  auto last_progress = load_start;
-  auto progress = [&](int64_t loaded, int64_t total) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_progress < std::chrono::seconds(5) || loaded >= total) return;
-    last_progress = now;
-    const double seconds = std::chrono::duration<double>(now - load_start).count();
-    const double share = static_cast<double>(loaded) / static_cast<double>(total);
-    nlohmann::json fields = {{"model", hf ? config_.model.uri : config_.model.preset},
-                             {"loaded", std::round(share * 1000) / 1000},
-                             {"seconds", std::round(seconds)},
-                             {"eta_s", std::round(seconds * (1 - share) / share)}};
-    if (hf) fields["bytes_read"] = hf->BytesRead();
-    LogInfo("loading model", fields);
-  };
-  TIDAL_RETURN_IF_ERROR(params_->Load(
-      hf ? hf->Reader(*model_, init_seed) : RandomInitReader(*model_, init_seed), progress));
-  if (hf) {
-    const std::optional<ProcessMemory> after_load = ReadProcessMemory();
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-    LogInfo("model loaded",
-            {{"model", config_.model.uri},
-             {"bytes_read", hf->BytesRead()},
-             {"verified", hf->verified()},
-             {"seconds", seconds},
-             {"mb_per_s", std::round(hf->BytesRead() / 1e6 / std::max(seconds, 1e-9))},
-             {"resident_param_bytes", params_->ResidentParameterBytes()},
-             // Host memory: the process before its slices were allocated, and its peak since
-             // then when the reset worked (slices and read buffers) — what a rank held while
-             // loading; -1 if unknown.
-             {"rss_before_load_bytes", before_load ? before_load->rss_bytes : -1},
-             {"peak_rss_bytes", after_load ? after_load->peak_rss_bytes : -1},
-             {"peak_rss_since_load", peak_reset}});
-  }
+  TIDAL_RETURN_IF_ERROR(StartGeneration(nullptr));
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
   LogInfo("engine ready", {{"model_type", model_config.model_type},
                            {"params_total", model_config.BaseParameterCount()},
@@ -136,6 +92,94 @@ Status Trainer::Initialize() {
                            {"tokenizer", data_->manifest().tokenizer.description},
                            {"resident_param_bytes", params_->ResidentParameterBytes()}});
   return OkStatus();
+}
+
+Status Trainer::StartGeneration(KeptBaseWeights* kept) {
+  const auto& opt = config_.optimization;
+  accumulation_ = config_.GradientAccumulation(comm_->world_size());
+  step_ = 0;
+  good_steps_ = 0;
+  loss_scale_ = dtype_ == torch::kFloat16 ? kInitialLossScale : 1.0;
+  schedule_ = LrSchedule(ScheduleSpec());
+  optimizer_.Reset();
+  warmed_ = false;
+  // The load's own host memory — this rank's ZeRO slices and the reads' buffers: the kernel's
+  // peak restarted here (data preparation and an earlier generation of this process do not
+  // count).
+  const bool peak_reset = ResetPeakRss();
+  const std::optional<ProcessMemory> before_load = ReadProcessMemory();
+  params_ = std::make_unique<ShardedParameters>(
+      *model_, *comm_, ShardingOptions{opt.zero_stage, options_.device, dtype_});
+  const uint64_t init_seed = config_.model.init_seed;
+  const auto load_start = std::chrono::steady_clock::now();
+  // A large model takes minutes: a progress line every 5 s (share loaded, bytes read, ETA).
+  auto last_progress = load_start;
+  const uint64_t bytes_before = hf_ ? hf_->BytesRead() : 0;
+  auto progress = [&](int64_t loaded, int64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_progress < std::chrono::seconds(5) || loaded >= total) return;
+    last_progress = now;
+    const double seconds = std::chrono::duration<double>(now - load_start).count();
+    const double share = static_cast<double>(loaded) / static_cast<double>(total);
+    nlohmann::json fields = {{"model", hf_ ? config_.model.uri : config_.model.preset},
+                             {"loaded", std::round(share * 1000) / 1000},
+                             {"seconds", std::round(seconds)},
+                             {"eta_s", std::round(seconds * (1 - share) / share)}};
+    if (hf_) fields["bytes_read"] = hf_->BytesRead() - bytes_before;
+    LogInfo("loading model", fields);
+  };
+  TIDAL_RETURN_IF_ERROR(
+      params_->Load(hf_ ? hf_->Reader(*model_, init_seed) : RandomInitReader(*model_, init_seed),
+                    progress, kept));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  if (kept) {
+    LogInfo("base weights kept",
+            {{"model", hf_ ? config_.model.uri : config_.model.preset},
+             {"world_size", comm_->world_size()},
+             {"elements_from_memory", kept->reused},
+             {"elements_read", kept->read},
+             {"bytes_read", hf_ ? hf_->BytesRead() - bytes_before : uint64_t{0}},
+             {"seconds", seconds},
+             {"resident_param_bytes", params_->ResidentParameterBytes()}});
+  } else if (hf_) {
+    const std::optional<ProcessMemory> after_load = ReadProcessMemory();
+    LogInfo("model loaded",
+            {{"model", config_.model.uri},
+             {"bytes_read", hf_->BytesRead()},
+             {"verified", hf_->verified()},
+             {"seconds", seconds},
+             {"mb_per_s", std::round(hf_->BytesRead() / 1e6 / std::max(seconds, 1e-9))},
+             {"resident_param_bytes", params_->ResidentParameterBytes()},
+             // Host memory: the process before its slices were allocated, and its peak since
+             // then when the reset worked (slices and read buffers) — what a rank held while
+             // loading; -1 if unknown.
+             {"rss_before_load_bytes", before_load ? before_load->rss_bytes : -1},
+             {"peak_rss_bytes", after_load ? after_load->peak_rss_bytes : -1},
+             {"peak_rss_since_load", peak_reset}});
+  }
+  return OkStatus();
+}
+
+void Trainer::LeaveGroup() {
+  if (!comm_) return;
+  kept_ = params_->ReleaseBaseWeights();
+  params_.reset();
+  comm_.reset();
+}
+
+Status Trainer::JoinGroup(std::unique_ptr<Comm> comm) {
+  if (comm_) return Internal("trainer: JoinGroup while still in a group (LeaveGroup first)");
+  if (!params_ && kept_.blocks.empty())
+    return Internal("trainer: a JoinGroup that failed left nothing to join with");
+  TIDAL_RETURN_IF_ERROR(config_.ValidateForWorldSize(comm->world_size()));
+  if (comm->device() != options_.device)
+    return Internal("the process group's collectives run on " + comm->device().str() +
+                    " but the trainer's tensors are on " + options_.device.str());
+  comm_ = std::move(comm);
+  KeptBaseWeights kept = std::move(kept_);
+  kept_ = {};
+  return StartGeneration(&kept);
 }
 
 // This rank's next `warmupPercent` of an epoch, fetched into the node-local cache before its

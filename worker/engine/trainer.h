@@ -32,12 +32,24 @@ struct TrainerOptions {
   std::unique_ptr<ModelFiles> model_files;
 };
 
+class HfCheckpoint;
+
 class Trainer {
  public:
   static StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                    std::unique_ptr<Comm> comm,
                                                    TrainerOptions options);
   ~Trainer();
+
+  // The engine across generations: LeaveGroup ends this generation's process group and keeps
+  // the model, the data and this rank's base weights; JoinGroup shards the parameters for the
+  // next group, copying what this rank kept and reading only the rest from spec.model (or the
+  // seeded initialisation), and starts from the state Create starts from — step 0, no
+  // optimizer state, initial adapters — for the resume to overwrite. Between the two the
+  // trainer has no group and must not step. A JoinGroup that fails leaves it unusable.
+  void LeaveGroup();
+  Status JoinGroup(std::unique_ptr<Comm> comm);
+  bool in_group() const { return comm_ != nullptr; }
 
   // One optimizer step over the next global batch.
   StatusOr<StepRecord> Step();
@@ -64,12 +76,19 @@ class Trainer {
  private:
   Trainer(const TrainConfig& config, std::unique_ptr<Comm> comm, TrainerOptions options);
   Status Initialize();
+  // The part of a start that depends on the group: gradient accumulation, the initial state,
+  // the parameters sharded for it (from `kept` where it holds them).
+  Status StartGeneration(KeptBaseWeights* kept);
+  OptimizationSpec ScheduleSpec() const;
 
   TrainConfig config_;
   std::unique_ptr<Comm> comm_;
   TrainerOptions options_;
   std::unique_ptr<DecoderModel> model_;
+  std::unique_ptr<HfCheckpoint> hf_;  // spec.model.uri's files, kept open for later generations
+  torch::ScalarType dtype_ = torch::kFloat32;
   std::unique_ptr<ShardedParameters> params_;
+  KeptBaseWeights kept_;  // between LeaveGroup and JoinGroup
   std::unique_ptr<data::RowSource> data_;
   // Sequences of the run this rank reads at `step` (micro-batches in order).
   std::vector<uint64_t> RankSequences(int64_t step) const;

@@ -1,6 +1,7 @@
 // worker/engine/zero.cc
 #include "worker/engine/zero.h"
 
+#include <algorithm>
 #include <set>
 #include <stdexcept>
 
@@ -147,7 +148,8 @@ ShardedParameters::ShardedParameters(const DecoderModel& model, Comm& comm, Shar
 
 ShardedParameters::~ShardedParameters() = default;
 
-Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& progress) {
+Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& progress,
+                               KeptBaseWeights* kept) {
   torch::NoGradGuard no_grad;
   const int64_t world = comm_.world_size(), rank = comm_.rank();
   // What this rank keeps of each parameter: [begin, end) of its flat buffer, and their sum.
@@ -164,26 +166,67 @@ Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& 
             kept_range(*flat, k, model_.blocks()[b].params[flat->param_index[k]]);
         total += std::max<int64_t>(0, end - begin);
       }
+  if (kept && kept->blocks.size() != blocks_.size())
+    return Internal("kept base weights of " + std::to_string(kept->blocks.size()) +
+                    " blocks for a model of " + std::to_string(blocks_.size()));
   for (size_t b = 0; b < blocks_.size(); ++b) {
     const BlockSpec& spec = model_.blocks()[b];
+    // The last generation's copy of this block's frozen flat, where it can serve: same dtype
+    // and device (the same job's engine always has them).
+    KeptBaseWeights::Block* mine = nullptr;
+    if (kept && kept->blocks[b].data.defined() &&
+        kept->blocks[b].data.scalar_type() == blocks_[b]->frozen.data.scalar_type() &&
+        kept->blocks[b].data.device() == blocks_[b]->frozen.data.device())
+      mine = &kept->blocks[b];
     for (Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable}) {
       const int64_t lo = stage == 3 ? rank * (flat->padded / world) : 0;
+      const bool frozen = flat == &blocks_[b]->frozen;
       for (size_t k = 0; k < flat->param_index.size(); ++k) {
         const ParamSpec& p = spec.params[flat->param_index[k]];
         const auto [begin, end] = kept_range(*flat, k, p);
         if (begin >= end) continue;
-        auto values = read(p, begin - flat->offset[k], end - begin);
-        if (!values.ok()) return values.status();
-        if (values->numel() != end - begin)
-          return Internal("reader returned " + std::to_string(values->numel()) + " elements for " +
-                          p.name + ", expected " + std::to_string(end - begin));
-        flat->data.narrow(0, begin - lo, end - begin).copy_(values->reshape({-1}));
+        // [begin, end) in flat elements: the part the kept copy holds is copied, the parts
+        // before and after it are read.
+        int64_t copy_lo = end, copy_hi = end;
+        if (frozen && mine) {
+          copy_lo = std::clamp(mine->lo, begin, end);
+          copy_hi = std::clamp(mine->lo + mine->data.numel(), copy_lo, end);
+        }
+        for (const auto& [from, to] : {std::pair{begin, copy_lo}, std::pair{copy_hi, end}}) {
+          if (from >= to) continue;
+          auto values = read(p, from - flat->offset[k], to - from);
+          if (!values.ok()) return values.status();
+          if (values->numel() != to - from)
+            return Internal("reader returned " + std::to_string(values->numel()) +
+                            " elements for " + p.name + ", expected " + std::to_string(to - from));
+          flat->data.narrow(0, from - lo, to - from).copy_(values->reshape({-1}));
+          if (kept && frozen) kept->read += to - from;
+        }
+        if (copy_lo < copy_hi) {
+          flat->data.narrow(0, copy_lo - lo, copy_hi - copy_lo)
+              .copy_(mine->data.narrow(0, copy_lo - mine->lo, copy_hi - copy_lo));
+          kept->reused += copy_hi - copy_lo;
+        }
         loaded += end - begin;
         if (progress) progress(loaded, total);
       }
     }
+    if (kept) kept->blocks[b].data = torch::Tensor();  // one block of both at a time, at most
   }
   return OkStatus();
+}
+
+KeptBaseWeights ShardedParameters::ReleaseBaseWeights() {
+  KeptBaseWeights kept;
+  const int64_t world = comm_.world_size(), rank = comm_.rank();
+  for (auto& block : blocks_) {
+    Flat& flat = block->frozen;
+    const int64_t lo = options_.stage == 3 ? rank * (flat.padded / world) : 0;
+    kept.blocks.push_back({lo, flat.data.detach()});
+    flat.data = torch::Tensor();
+  }
+  blocks_.clear();
+  return kept;
 }
 
 StatusOr<torch::Tensor> ShardedParameters::GatherFlat(const Flat& flat, torch::ScalarType dtype) {

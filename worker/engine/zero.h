@@ -67,6 +67,19 @@ struct TrainableBlockLayout {
   int64_t owned_lo = 0, owned_hi = 0;
 };
 
+// This rank's frozen base weights, taken from one generation's parameters when it ends and
+// handed to the next generation's Load: what the new shard shares with the old one is copied in
+// memory instead of read again. Per block, the flat elements [lo, lo + data.numel()).
+struct KeptBaseWeights {
+  struct Block {
+    int64_t lo = 0;
+    torch::Tensor data;
+  };
+  std::vector<Block> blocks;
+  // Filled by Load: elements copied from here, and read from the source instead.
+  int64_t reused = 0, read = 0;
+};
+
 class ShardedParameters {
  public:
   ShardedParameters(const DecoderModel& model, Comm& comm, ShardingOptions options);
@@ -76,7 +89,15 @@ class ShardedParameters {
   // `progress`, when set, is called after each read with the elements loaded so far and the
   // elements this rank will load in all.
   using LoadProgress = std::function<void(int64_t loaded, int64_t total)>;
-  Status Load(const ParameterReader& read, const LoadProgress& progress = {});
+  // With `kept` (the last generation's base weights of this process), the frozen elements it
+  // holds are copied from it and only the rest are read; each of its blocks is freed as soon
+  // as it is used, so the two generations' shards never coexist beyond one block. Trainable
+  // weights always come from `read` (their initial values: a resume overwrites them).
+  Status Load(const ParameterReader& read, const LoadProgress& progress = {},
+              KeptBaseWeights* kept = nullptr);
+  // Moves this rank's frozen base weights out, for the next generation's Load; these
+  // parameters are unusable after it.
+  KeptBaseWeights ReleaseBaseWeights();
 
   // Runs the whole model on one micro-batch. With ctx.targets: the summed token loss (fp32
   // scalar, differentiable w.r.t. the trainable weights); without: logits.

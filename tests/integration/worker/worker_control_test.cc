@@ -222,6 +222,17 @@ class WorkerControlTest : public ::testing::Test {
   std::vector<Worker> workers_;
 };
 
+// The JSON lines of `log` whose msg is `msg`.
+std::vector<nlohmann::json> LogLines(const std::string& log, const std::string& msg) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.value("msg", "") == msg) out.push_back(j);
+  }
+  return out;
+}
+
 int64_t UnixMillis() {
   using namespace std::chrono;
   return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
@@ -685,11 +696,28 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   Rendezvous(4, {0, 1, 4}, {0, 1}, held);
 
   std::string logs;
+  std::map<int, std::string> log_of;
   for (int i : {0, 1, 4}) {
     auto r = workers_[i].process->Wait(300s);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     logs += r.err;
+    log_of[i] = r.err;
   }
+  // The ranks that stayed kept their engine: built once, regrouped into generations 2, 3 and 4.
+  // Rank 0's shard at 4 ranks and at 3 lies inside its shard at 2: it read no base weight
+  // then. A worker that joins builds its engine.
+  for (int i : {0, 1}) {
+    const auto kept = LogLines(log_of[i], "base weights kept");
+    ASSERT_EQ(kept.size(), 3u) << log_of[i];
+    EXPECT_EQ(LogLines(log_of[i], "engine ready").size(), 1u);
+    for (const auto& line : kept) {
+      const int64_t generation = line["generation"];
+      if (i == 0 && generation != 3) EXPECT_EQ(line["elements_read"], 0) << line.dump();
+      if (i == 0) EXPECT_GT(line["elements_from_memory"], 0) << line.dump();
+    }
+  }
+  EXPECT_EQ(LogLines(log_of[4], "engine ready").size(), 1u);
+  EXPECT_TRUE(LogLines(log_of[4], "base weights kept").empty());
   std::map<int64_t, int> seen;
   std::map<int64_t, int> world_of_generation;
   for (const pb::StepEvent& e : steps.events()) {

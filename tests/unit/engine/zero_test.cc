@@ -3,6 +3,8 @@
 // unsharded model.
 #include "worker/engine/zero.h"
 
+#include <atomic>
+
 #include <gtest/gtest.h>
 
 #include "tests/unit/engine/multi_rank.h"
@@ -86,6 +88,75 @@ TEST(ZeroTest, Stage3GathersBackExactlyWhatWasLoadedAndComputesTheSameLogits) {
     }
     EXPECT_TRUE(torch::allclose(Logits(sharded, model, tokens), expected_logits, 1e-5, 1e-6));
   });
+}
+
+// The engine kept across generations: a rank's next shard is filled from the base weights it
+// held in the last generation wherever they overlap, and read only where they do not; the
+// result is bit for bit what a fresh load gives, at every stage and world-size change.
+TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
+  DecoderModel model = TinyModel();
+  auto single = MakeSingleRankComm();
+  ShardedParameters reference(model, *single, {0, torch::kCPU, torch::kFloat32});
+  ASSERT_TRUE(reference.Load(RandomInitReader(model, 5)).ok());
+  const auto expected = *reference.GatherFull();
+  // The frozen elements a reader is asked for, per rank.
+  auto counting = [&](std::atomic<int64_t>& frozen_read) {
+    return [&model, &frozen_read, source = RandomInitReader(model, 5)](
+               const ParamSpec& spec, int64_t first, int64_t count) {
+      if (!spec.trainable) frozen_read += count;
+      return source(spec, first, count);
+    };
+  };
+  struct Change {
+    int stage, from, to;
+  };
+  for (const Change& change :
+       {Change{3, 2, 4}, Change{3, 4, 2}, Change{3, 2, 3}, Change{0, 2, 3}, Change{2, 4, 2}}) {
+    SCOPED_TRACE("stage " + std::to_string(change.stage) + ", " + std::to_string(change.from) +
+                 " -> " + std::to_string(change.to) + " ranks");
+    const ShardingOptions options{change.stage, torch::kCPU, torch::kFloat32};
+    std::vector<KeptBaseWeights> kept(static_cast<size_t>(change.from));
+    RunRanks(change.from, [&](Comm& comm) {
+      ShardedParameters old(model, comm, options);
+      ASSERT_TRUE(old.Load(RandomInitReader(model, 5)).ok());
+      kept[static_cast<size_t>(comm.rank())] = old.ReleaseBaseWeights();
+    });
+    std::vector<int64_t> reused(static_cast<size_t>(change.to), -1);
+    std::vector<std::atomic<int64_t>> frozen_read(static_cast<size_t>(change.to));
+    RunRanks(change.to, [&](Comm& comm) {
+      const auto r = static_cast<size_t>(comm.rank());
+      ShardedParameters next(model, comm, options);
+      // The ranks that stay bring what they held; a new rank has nothing.
+      KeptBaseWeights* mine = r < kept.size() ? &kept[r] : nullptr;
+      ASSERT_TRUE(next.Load(counting(frozen_read[r]), {}, mine).ok());
+      if (mine) {
+        reused[r] = mine->reused;
+        EXPECT_EQ(mine->read, frozen_read[r].load()) << "rank " << r;
+        for (const auto& block : mine->blocks) EXPECT_FALSE(block.data.defined()) << "not freed";
+      }
+      auto gathered = next.GatherFull();
+      ASSERT_TRUE(gathered.ok());
+      ASSERT_EQ(gathered->size(), expected.size());
+      for (size_t i = 0; i < expected.size(); ++i)
+        EXPECT_TRUE(torch::equal((*gathered)[i].second, expected[i].second)) << expected[i].first;
+    });
+    const bool replicated = change.stage < 3;
+    for (size_t r = 0; r < reused.size(); ++r) {
+      if (r >= kept.size()) {
+        EXPECT_GT(frozen_read[r].load(), 0) << "rank " << r << " is new: it reads its shard";
+      } else if (replicated || change.to > change.from) {
+        // Every base weight at stages 0-2; at stage 3, rank 0's new shard lies inside its old
+        // one when the world grows.
+        if (replicated || r == 0) EXPECT_EQ(frozen_read[r].load(), 0) << "rank " << r;
+        if (replicated || r == 0) EXPECT_GT(reused[r], 0) << "rank " << r;
+      } else if (r == 0) {
+        // Stage 3, shrinking: rank 0's new shard starts with its old one and goes on into what
+        // was another rank's.
+        EXPECT_GT(reused[r], 0);
+        EXPECT_GT(frozen_read[r].load(), 0);
+      }
+    }
+  }
 }
 
 }  // namespace
