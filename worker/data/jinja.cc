@@ -14,7 +14,6 @@ namespace tidal::data::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 100;              // nested macro calls / expression depth
-constexpr int64_t kMaxSteps = 5'000'000;        // statements, loop iterations, calls
 constexpr size_t kMaxOutputBytes = 256u << 20;  // what one render may produce
 
 enum class Flow { kNormal, kBreak, kContinue };
@@ -37,7 +36,8 @@ Status At(int line, const Status& status) {
 
 class Renderer {
  public:
-  explicit Renderer(const ParsedTemplate& parsed) : parsed_(parsed) {}
+  Renderer(const ParsedTemplate& parsed, const RenderLimits& limits)
+      : parsed_(parsed), limits_(limits) {}
 
   StatusOr<RenderResult> Run(const Dict& context) {
     Scope root;
@@ -60,7 +60,7 @@ class Renderer {
   };
 
   Status Step(int line) {
-    if (++steps_ > kMaxSteps) {
+    if (++steps_ > limits_.max_steps) {
       return InvalidArgument("template line " + std::to_string(line) +
                              ": template exceeded its execution budget");
     }
@@ -176,18 +176,28 @@ class Renderer {
 
   StatusOr<Flow> ExecFor(const Stmt& s, Scope& scope, std::string& out) {
     TIDAL_ASSIGN_OR_RETURN(Value iterable, Eval(*s.expr, scope));
-    EVAL_OR_RETURN(Value::List items, Iterate(iterable), s.line);
+    // A list is walked in place (lists are immutable, as in Jinja2's sandbox); other iterables
+    // are listed first.
+    Value::List listed;
+    const Value::List* source = &listed;
+    if (iterable.is_list()) {
+      source = &iterable.list();
+    } else {
+      EVAL_OR_RETURN(listed, Iterate(iterable), s.line);
+    }
     Scope loop_scope{{}, &scope};
     if (s.condition) {
       Value::List kept;
-      for (const auto& item : items) {
+      for (const auto& item : *source) {
         TIDAL_RETURN_IF_ERROR(Step(s.line));
         TIDAL_RETURN_IF_ERROR(Assign(s.targets, item, loop_scope, s.line));
         TIDAL_ASSIGN_OR_RETURN(Value keep, Eval(*s.condition, loop_scope));
         if (keep.Truthy()) kept.push_back(item);
       }
-      items = std::move(kept);
+      listed = std::move(kept);
+      source = &listed;
     }
+    const Value::List& items = *source;
     if (items.empty()) return ExecBody(s.else_body, scope, out);
     const int64_t length = static_cast<int64_t>(items.size());
     auto position = std::make_shared<int64_t>(0);
@@ -200,25 +210,28 @@ class Renderer {
       TIDAL_RETURN_IF_ERROR(Step(s.line));
       const Value& item = items[static_cast<size_t>(i)];
       TIDAL_RETURN_IF_ERROR(Assign(s.targets, item, loop_scope, s.line));
-      Dict loop;
-      loop.items.reserve(12);
-      loop.items.emplace_back("index", Value::Int(i + 1));
-      loop.items.emplace_back("index0", Value::Int(i));
-      loop.items.emplace_back("revindex", Value::Int(length - i));
-      loop.items.emplace_back("revindex0", Value::Int(length - i - 1));
-      loop.items.emplace_back("first", Value::Bool(i == 0));
-      loop.items.emplace_back("last", Value::Bool(i == length - 1));
-      loop.items.emplace_back("length", Value::Int(length));
-      loop.items.emplace_back("depth", Value::Int(1));
-      loop.items.emplace_back("depth0", Value::Int(0));
-      loop.items.emplace_back("previtem", i > 0 ? items[static_cast<size_t>(i - 1)]
-                                                : Value::Undefined("there is no previous item"));
-      loop.items.emplace_back("nextitem", i + 1 < length
-                                              ? items[static_cast<size_t>(i + 1)]
-                                              : Value::Undefined("there is no next item"));
-      *position = i;
-      loop.items.emplace_back("cycle", cycle);
-      loop_scope.vars["loop"] = Value::MakeNamespace(std::move(loop));
+      // Building the loop object is most of an iteration's cost where the body is short.
+      if (s.uses_loop) {
+        Dict loop;
+        loop.items.reserve(12);
+        loop.items.emplace_back("index", Value::Int(i + 1));
+        loop.items.emplace_back("index0", Value::Int(i));
+        loop.items.emplace_back("revindex", Value::Int(length - i));
+        loop.items.emplace_back("revindex0", Value::Int(length - i - 1));
+        loop.items.emplace_back("first", Value::Bool(i == 0));
+        loop.items.emplace_back("last", Value::Bool(i == length - 1));
+        loop.items.emplace_back("length", Value::Int(length));
+        loop.items.emplace_back("depth", Value::Int(1));
+        loop.items.emplace_back("depth0", Value::Int(0));
+        loop.items.emplace_back("previtem", i > 0 ? items[static_cast<size_t>(i - 1)]
+                                                  : Value::Undefined("there is no previous item"));
+        loop.items.emplace_back("nextitem", i + 1 < length
+                                                ? items[static_cast<size_t>(i + 1)]
+                                                : Value::Undefined("there is no next item"));
+        *position = i;
+        loop.items.emplace_back("cycle", cycle);
+        loop_scope.vars["loop"] = Value::MakeNamespace(std::move(loop));
+      }
       TIDAL_ASSIGN_OR_RETURN(Flow flow, ExecBody(s.body, loop_scope, out));
       if (flow == Flow::kBreak) break;
     }
@@ -550,6 +563,7 @@ class Renderer {
   }
 
   const ParsedTemplate& parsed_;
+  const RenderLimits limits_;
   Scope* root_ = nullptr;
   std::string* root_out_ = nullptr;
   std::vector<std::pair<size_t, size_t>> spans_;
@@ -564,8 +578,9 @@ StatusOr<Template> Template::Parse(std::string_view source) {
   return Template(std::make_shared<const ParsedTemplate>(std::move(parsed)));
 }
 
-StatusOr<RenderResult> Template::RenderWithSpans(const Dict& context) const {
-  return Renderer(*parsed_).Run(context);
+StatusOr<RenderResult> Template::RenderWithSpans(const Dict& context,
+                                                 const RenderLimits& limits) const {
+  return Renderer(*parsed_, limits).Run(context);
 }
 
 StatusOr<std::string> Template::Render(const nlohmann::json& context) const {

@@ -5,6 +5,7 @@
 // supported is listed in docs/chat-templates.md. Depends on nlohmann/json and common/status.h.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -26,6 +27,11 @@ struct RenderResult {
   std::vector<std::pair<size_t, size_t>> generation_spans;
 };
 
+// Bounds on one render, so that a hostile template ends in an error rather than a hang.
+struct RenderLimits {
+  int64_t max_steps = 5'000'000;  // statements executed, loop iterations, calls
+};
+
 class Template {
  public:
   // Errors (InvalidArgument) name the line: "template line 4: unexpected 'endif'".
@@ -34,8 +40,10 @@ class Template {
   // `context` must be a JSON object; its members are the template's variables.
   StatusOr<std::string> Render(const nlohmann::json& context) const;
   StatusOr<std::string> Render(const nlohmann::ordered_json& context) const;
-  // Variables as values (insertion-ordered), plus the generation spans.
-  StatusOr<RenderResult> RenderWithSpans(const Dict& context) const;
+  // Variables as values (insertion-ordered), plus the generation spans. A render that would
+  // pass `limits` ends in InvalidArgument.
+  StatusOr<RenderResult> RenderWithSpans(const Dict& context,
+                                         const RenderLimits& limits = {}) const;
 
   bool has_generation_blocks() const;
 

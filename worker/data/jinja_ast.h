@@ -76,6 +76,9 @@ struct Stmt {
   std::string attribute;  // for {% set ns.attribute = ... %}
   std::string name;
   std::vector<std::pair<std::string, ExprPtr>> params;  // macro parameters and defaults
+  // kFor: whether the body mentions `loop`. When it does not, no loop object is built per
+  // iteration (as Jinja2's compiler decides from the body's names).
+  bool uses_loop = true;
 };
 
 }  // namespace tidal::data::jinja

@@ -641,14 +641,18 @@ Dict GlobalFunctions() {
           if (args.positional.size() == 3) step = args.positional[2].integer();
         }
         if (step == 0) return InvalidArgument("range() arg 3 must not be zero");
+        // Python's len(range(...)), refused before anything is built (as Jinja2's sandbox).
+        const __int128 span = static_cast<__int128>(stop) - start;
+        const __int128 length = step > 0 ? (span > 0 ? (span + step - 1) / step : 0)
+                                         : (span < 0 ? (span + step + 1) / step : 0);
+        if (length > static_cast<__int128>(kMaxSequenceLength)) {
+          return InvalidArgument("range too big, max length is " +
+                                 std::to_string(kMaxSequenceLength));
+        }
         Value::List out;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-          if (out.size() >= kMaxSequenceLength) {
-            return InvalidArgument("range too big, max length is " +
-                                   std::to_string(kMaxSequenceLength));
-          }
-          out.push_back(Value::Int(i));
-          if ((step > 0 && i > INT64_MAX - step) || (step < 0 && i < INT64_MIN - step)) break;
+        out.reserve(static_cast<size_t>(length));
+        for (int64_t i = 0; i < static_cast<int64_t>(length); ++i) {
+          out.push_back(Value::Int(static_cast<int64_t>(start + static_cast<__int128>(i) * step)));
         }
         return Value::MakeList(std::move(out));
       }));

@@ -209,10 +209,13 @@ class Parser {
     TIDAL_RETURN_IF_ERROR(Expect(Token::Type::kBlockEnd, "end of statement block"));
     std::string end;
     ++loop_depth_;
+    const int loop_mentions = loop_mentions_;
     auto body = ParseBody({"endfor", "else"}, &end);
     --loop_depth_;
     if (!body.ok()) return body.status();
     s->body = std::move(body).value();
+    // Conservative: a mention in a nested loop or macro counts for this loop too.
+    s->uses_loop = loop_mentions_ != loop_mentions;
     if (end == "else") {
       TIDAL_RETURN_IF_ERROR(Expect(Token::Type::kBlockEnd, "end of statement block"));
       TIDAL_ASSIGN_OR_RETURN(s->else_body, ParseBody({"endfor"}, &end));
@@ -228,6 +231,7 @@ class Parser {
     if (IsOp(".")) {
       Next();
       TIDAL_ASSIGN_OR_RETURN(s->attribute, ExpectName());
+      if (first == "loop") ++loop_mentions_;  // {% set loop.x = ... %} looks `loop` up by name
     } else {
       while (IsOp(",")) {
         Next();
@@ -517,6 +521,7 @@ class Parser {
         } else {
           e = MakeExpr(Expr::Kind::kName, line);
           e->name = name;
+          if (name == "loop") ++loop_mentions_;
         }
         Next();
         return e;
@@ -739,6 +744,7 @@ class Parser {
   size_t i_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;
+  int loop_mentions_ = 0;  // `loop` names parsed so far (Stmt::uses_loop)
   bool has_generation_ = false;
 };
 

@@ -120,12 +120,20 @@ std::unique_ptr<TextEncoder> TextEncoder::Bytes() {
 }
 
 StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::FromFiles(std::string tokenizer_json,
-                                                              std::string tokenizer_config_json) {
+                                                              std::string tokenizer_config_json,
+                                                              const TextEncoder* previous) {
   std::unique_ptr<TextEncoder> e(new TextEncoder());
-  auto tokenizer = Tokenizer::FromJson(tokenizer_json);
-  if (!tokenizer.ok())
-    return Status(tokenizer.status().code(), "tokenizer.json: " + tokenizer.status().message());
-  e->tokenizer_ = std::make_unique<Tokenizer>(std::move(*tokenizer));
+  const XXH128_hash_t digest = XXH3_128bits(tokenizer_json.data(), tokenizer_json.size());
+  e->tokenizer_digest_ = Hex64(digest.high64) + Hex64(digest.low64);
+  if (previous != nullptr && previous->tokenizer_ &&
+      previous->tokenizer_digest_ == e->tokenizer_digest_) {
+    e->tokenizer_ = std::make_unique<Tokenizer>(*previous->tokenizer_);  // shares the parsed one
+  } else {
+    auto tokenizer = Tokenizer::FromJson(tokenizer_json);
+    if (!tokenizer.ok())
+      return Status(tokenizer.status().code(), "tokenizer.json: " + tokenizer.status().message());
+    e->tokenizer_ = std::make_unique<Tokenizer>(std::move(*tokenizer));
+  }
   json config = json::object();
   if (!tokenizer_config_json.empty()) {
     config = json::parse(tokenizer_config_json, nullptr, /*allow_exceptions=*/false);
@@ -161,7 +169,7 @@ StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::FromFiles(std::string tokeni
 }
 
 StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::FromModelDirectory(
-    const std::string& uri, const objstore::S3Options& s3) {
+    const std::string& uri, const objstore::S3Options& s3, const TextEncoder* previous) {
   TIDAL_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(uri, s3));
   auto tokenizer = store->Get("tokenizer.json");
   if (!tokenizer.ok()) {
@@ -177,7 +185,7 @@ StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::FromModelDirectory(
   } else if (c.status().code() != StatusCode::kNotFound) {
     return c.status();
   }
-  auto encoder = FromFiles(std::move(*tokenizer), std::move(config));
+  auto encoder = FromFiles(std::move(*tokenizer), std::move(config), previous);
   if (!encoder.ok()) return Status(encoder.status().code(), uri + "/" + encoder.status().message());
   return encoder;
 }

@@ -39,7 +39,8 @@ std::string PreparedBase(const engine::DatasetSpec& dataset) {
 }
 
 StatusOr<std::unique_ptr<TextEncoder>> EncoderFor(const engine::TrainConfig& config,
-                                                  const objstore::S3Options& s3) {
+                                                  const objstore::S3Options& s3,
+                                                  const TextEncoder* previous) {
   const std::string& model = config.model.uri;
   const std::string& tokenizer = config.dataset.tokenizer;
   if (!tokenizer.empty() && tokenizer != "bytes") {
@@ -48,14 +49,14 @@ StatusOr<std::unique_ptr<TextEncoder>> EncoderFor(const engine::TrainConfig& con
                              ": a tokenizer directory is for a preset (random-initialised) "
                              "model; spec.model.uri " +
                              model + " brings its own");
-    auto encoder = TextEncoder::FromModelDirectory(tokenizer, s3);
+    auto encoder = TextEncoder::FromModelDirectory(tokenizer, s3, previous);
     if (!encoder.ok())
       return Status(encoder.status().code(),
                     "spec.dataset.tokenizer: " + encoder.status().message());
     return encoder;
   }
   if (model.empty()) return TextEncoder::Bytes();  // a random-initialised preset
-  auto encoder = TextEncoder::FromModelDirectory(model, s3);
+  auto encoder = TextEncoder::FromModelDirectory(model, s3, previous);
   if (config.dataset.tokenizer == "bytes") {
     if (encoder.ok())
       return InvalidArgument("spec.dataset.tokenizer: bytes, but spec.model.uri " + model +
@@ -72,7 +73,17 @@ StatusOr<std::unique_ptr<TextEncoder>> EncoderFor(const engine::TrainConfig& con
 
 StatusOr<PrepResult> StoreDataProvider::Resolve(const engine::TrainConfig& config,
                                                 bool lookup_only) {
-  TIDAL_ASSIGN_OR_RETURN(auto encoder, EncoderFor(config, s3_));
+  std::shared_ptr<const TextEncoder> encoder;
+  {
+    std::shared_ptr<const TextEncoder> previous;
+    {
+      std::lock_guard<std::mutex> lock(encoder_mutex_);
+      previous = encoder_;
+    }
+    TIDAL_ASSIGN_OR_RETURN(encoder, EncoderFor(config, s3_, previous.get()));
+    std::lock_guard<std::mutex> lock(encoder_mutex_);
+    encoder_ = encoder;
+  }
   TIDAL_ASSIGN_OR_RETURN(bool is_store, IsTokenStore(config.dataset.uri, s3_));
   PrepResult result;
   if (is_store) {

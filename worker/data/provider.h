@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "worker/data/prep.h"
@@ -35,13 +36,19 @@ class StoreDataProvider : public DataProvider {
   StatusOr<PrepResult> Resolve(const engine::TrainConfig& config, bool lookup_only);
   objstore::S3Options s3_;
   std::function<void(uint64_t, uint64_t, uint64_t, uint64_t)> progress_;
+  // The last Resolve's encoder: the next one takes its tokenizer if tokenizer.json is the same
+  // (rank 0 resolves in Prepare and again in Open; tidal-train's single process a third time).
+  std::mutex encoder_mutex_;
+  std::shared_ptr<const TextEncoder> encoder_;
 };
 
 // The tokenizer spec.dataset asks for: the model's own (model.uri's tokenizer.json), or the
 // byte tokenizer for a preset or when spec.dataset.tokenizer is "bytes" — refused for a model
-// that has a tokenizer of its own. Errors name the fields.
+// that has a tokenizer of its own. Errors name the fields. `previous`: as
+// TextEncoder::FromModelDirectory's.
 StatusOr<std::unique_ptr<TextEncoder>> EncoderFor(const engine::TrainConfig& config,
-                                                  const objstore::S3Options& s3);
+                                                  const objstore::S3Options& s3,
+                                                  const TextEncoder* previous = nullptr);
 
 // A progress callback that logs tidal-prep's progress as JSON lines (percent, samples, tokens,
 // tokens/s, ETA) at most every two seconds, and once at the end.

@@ -394,8 +394,6 @@ StatusOr<std::vector<AddedToken>> ParseAddedTokens(const json& root) {
 StatusOr<std::unique_ptr<TokenizerImpl>> Parse(const json& root) {
   if (!root.is_object()) return InvalidArgument("tokenizer.json: the document must be an object");
   auto impl = std::make_unique<TokenizerImpl>();
-  TIDAL_ASSIGN_OR_RETURN(impl->model, ParseModel(root));
-  TIDAL_ASSIGN_OR_RETURN(impl->added_tokens, ParseAddedTokens(root));
   auto present = [&](const char* name) { return root.contains(name) && !root.at(name).is_null(); };
   if (present("normalizer")) {
     TIDAL_ASSIGN_OR_RETURN(impl->normalizer, ParseNormalizer(root.at("normalizer"), "normalizer"));
@@ -411,6 +409,10 @@ StatusOr<std::unique_ptr<TokenizerImpl>> Parse(const json& root) {
   if (present("decoder")) {
     TIDAL_ASSIGN_OR_RETURN(impl->decoder, ParseDecoder(root.at("decoder"), "decoder"));
   }
+  // The model last: building its vocabulary and merges is the costly part here, and a file with
+  // an unsupported component is refused without it.
+  TIDAL_ASSIGN_OR_RETURN(impl->model, ParseModel(root));
+  TIDAL_ASSIGN_OR_RETURN(impl->added_tokens, ParseAddedTokens(root));
 
   uint32_t size = static_cast<uint32_t>(impl->model->id_to_token().size());
   for (size_t i = 0; i < impl->added_tokens.size(); ++i) {
