@@ -3,9 +3,16 @@
 // for transformers + PEFT. Prints one JSON line: step time, tokens/s, the model's shape (for
 // MFU), and peak memory (CUDA: the caching allocator's peak; CPU: the process's max RSS).
 // bench/step_time_vs_python.sh and bench/gpu.sh turn pairs of lines into ratios.
+// Issue 25's costs on the same engine, in the same line: the engine built for a generation
+// (Trainer::Create: model, data, every base weight loaded) against the engine kept into the
+// next one (LeaveGroup + JoinGroup: the base weights this rank holds copied, nothing read),
+// `--generations N` times; and a buddy copy's cost to the training thread (the trainable and
+// optimizer shards copied to host memory) and to its writer, after each of the timed steps,
+// against the step time (`--buddy 1`).
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -15,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/temp_dir.h"
+#include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/data/provider.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/torch_compat.h"
@@ -61,6 +69,8 @@ int main(int argc, char** argv) {
   int64_t batch = 4, seq = 128, steps = 10, warmup = 2, rank = 16;
   int threads = 0;
   int stage = 0;
+  int64_t generations = 0;
+  bool buddy = false;
   std::string hf_config_out;  // set: write the preset's config.json there and exit
   for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
@@ -94,6 +104,10 @@ int main(int argc, char** argv) {
       targets = SplitComma(value);
     else if (flag == "--data")
       data = value;
+    else if (flag == "--generations")
+      generations = number();
+    else if (flag == "--buddy")
+      buddy = number() != 0;
     else if (flag == "--hf-config-out")
       hf_config_out = value;
     else {
@@ -149,22 +163,63 @@ int main(int argc, char** argv) {
     }
     options.data = std::move(*rows);
   }
-  auto trainer = Trainer::Create(config, MakeSingleRankComm(device), std::move(options));
-  if (!trainer.ok()) {
-    std::fprintf(stderr, "%s\n", trainer.status().message().c_str());
+  auto sync = [&] {
+#ifdef TIDAL_WITH_CUDA
+    if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#endif
+  };
+  using Clock = std::chrono::steady_clock;
+  auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  auto median_of = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  auto fail = [](const Status& status) {
+    std::fprintf(stderr, "%s\n", status.message().c_str());
     return 1;
+  };
+  const auto create_start = Clock::now();
+  auto trainer = Trainer::Create(config, MakeSingleRankComm(device), std::move(options));
+  if (!trainer.ok()) return fail(trainer.status());
+  sync();
+  const double create_seconds = seconds_since(create_start);
+  std::vector<double> regroup_times;
+  for (int64_t g = 0; g < generations; ++g) {
+    const auto start = Clock::now();
+    (*trainer)->LeaveGroup();
+    if (Status joined = (*trainer)->JoinGroup(MakeSingleRankComm(device)); !joined.ok())
+      return fail(joined);
+    sync();
+    regroup_times.push_back(seconds_since(start));
   }
-  std::vector<double> times;
+  tidal::objstore::MemoryStore memory("bench");
+  std::vector<double> times, capture_times, write_times;
+  uint64_t buddy_bytes = 0;
   for (int64_t s = 0; s < warmup + steps; ++s) {
     auto r = (*trainer)->Step();  // ends with the loss on the host: the step has finished
-    if (!r.ok()) {
-      std::fprintf(stderr, "%s\n", r.status().message().c_str());
-      return 1;
-    }
-    if (s >= warmup) times.push_back(r->seconds);
+    if (!r.ok()) return fail(r.status());
+    if (s < warmup) continue;
+    times.push_back(r->seconds);
+    if (!buddy) continue;
+    const auto capture_start = Clock::now();
+    auto write = tidal::checkpoint::CaptureBuddyCopy(**trainer, memory);
+    if (!write.ok()) return fail(write.status());
+    capture_times.push_back(seconds_since(capture_start));
+    const auto write_start = Clock::now();
+    auto bytes = (*write)();
+    if (!bytes.ok()) return fail(bytes.status());
+    write_times.push_back(seconds_since(write_start));
+    buddy_bytes = *bytes;
+    auto listed = memory.List("");
+    if (!listed.ok()) return fail(listed.status());
+    std::vector<std::string> keys;
+    for (const auto& object : *listed) keys.push_back(object.key);
+    if (Status gone = memory.Delete(keys); !gone.ok()) return fail(gone);
   }
-  std::sort(times.begin(), times.end());
-  const double median = times[times.size() / 2];
+  const double median = median_of(times);
   const auto model = *PresetModelConfig(preset);
   nlohmann::json line = {{"impl", "tidal"},
                          {"preset", preset},
@@ -184,6 +239,17 @@ int main(int argc, char** argv) {
                          {"peak_bytes", PeakBytes(device)},
                          {"threads", torch::get_num_threads()},
                          {"zero_stage", stage}};
+  line["create_seconds"] = create_seconds;
+  if (generations > 0) {
+    line["regroup_seconds"] = median_of(regroup_times);
+    line["regroup_over_create"] = median_of(regroup_times) / create_seconds;
+  }
+  if (buddy) {
+    line["buddy_bytes"] = buddy_bytes;
+    line["buddy_capture_seconds"] = median_of(capture_times);
+    line["buddy_write_seconds"] = median_of(write_times);
+    line["buddy_capture_over_step"] = median_of(capture_times) / median;
+  }
   std::printf("%s\n", line.dump().c_str());
   return 0;
 }

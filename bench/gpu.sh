@@ -12,6 +12,11 @@
 # carry ["out/gpu-bench"]. The host's own torch (2.11, CUDA 13), transformers and peft are used:
 # the engine binary loads the host's libtorch, so both sides run the same LibTorch.
 #
+# The engine's rows also carry issue 25's costs at the config's size: the engine kept into the
+# next generation against built anew (GENERATIONS, default 3: the median of that many), and a
+# buddy copy's cost to the training thread against the step (BUDDY=1, the default).
+# ENGINE_ONLY=1 runs the engine alone (no transformers side: a short device lease).
+#
 # Configs (CONFIGS="1b 7b r1q7b v2lite" by default), each bf16, sequence 2048, LoRA r=64 on the
 # attention projections, ZeRO-0; transformers builds each from the preset's config.json as the
 # engine writes it (engine_step_bench --hf-config-out), so both time the same shape:
@@ -87,15 +92,20 @@ PY
     args+=(--device "$device" --targets "$targets" --steps "$steps" --warmup "$warmup")
     [[ -n "${THREADS:-}" ]] && args+=(--threads "$THREADS")
     echo "gpu.sh: $config: engine" >&2
-    results+=("$("$bundle/engine_step_bench" "${args[@]}" \
-                 --data "$root/examples/data/sample.jsonl")")
+    local line
+    line=$("$bundle/engine_step_bench" "${args[@]}" --generations "${GENERATIONS:-3}" \
+             --buddy "${BUDDY:-1}" --data "$root/examples/data/sample.jsonl")
+    echo "$line" >&2  # as it comes: a run cut short keeps what it measured
+    results+=("$line")
+    [[ -n "${ENGINE_ONLY:-}" ]] && continue
     echo "gpu.sh: $config: transformers + peft" >&2
-    results+=("$("$python" "$here/hf_reference_step.py" --config "$configs/$preset.json" \
-                 "${args[@]}")")
+    line=$("$python" "$here/hf_reference_step.py" --config "$configs/$preset.json" "${args[@]}")
+    echo "$line" >&2
+    results+=("$line")
   done
   rm -rf "$configs"
   "$python" - "${PEAK_TFLOPS:-989}" "${results[@]}" <<'PY'
-import json, sys
+import json, os, sys
 peak = float(sys.argv[1]) * 1e12
 rows = [json.loads(l) for l in sys.argv[2:]]
 # The engine's row of each config says how many parameters a token uses (a MoE's active ones).
@@ -108,6 +118,23 @@ print(f"{'config':<20} {'impl':<18} {'tokens/s':>10} {'MFU':>7} {'peak GiB':>9} 
 for r in rows:
     print(f"{r['preset']:<20} {r['impl']:<18} {r['tokens_per_s']:>10.0f} {mfu(r):>7.1%} "
           f"{r['peak_bytes'] / 2**30:>9.2f} {r['seconds_per_step']:>8.3f}")
+# Issue 25 on the engine's rows: a generation's engine kept against built anew, and a buddy
+# copy against the step.
+for r in rows:
+    if "regroup_seconds" in r:
+        print(json.dumps({"config": r["preset"], "device": r["device"],
+                          "engine_built_s": r["create_seconds"],
+                          "engine_kept_s": r["regroup_seconds"],
+                          "kept_over_built": r["regroup_over_create"]}))
+    if "buddy_capture_seconds" in r:
+        print(json.dumps({"config": r["preset"], "device": r["device"],
+                          "buddy_bytes": r["buddy_bytes"],
+                          "buddy_capture_s": r["buddy_capture_seconds"],
+                          "buddy_write_s": r["buddy_write_seconds"],
+                          "step_s": r["seconds_per_step"],
+                          "buddy_capture_over_step": r["buddy_capture_over_step"]}))
+if os.environ.get("ENGINE_ONLY"):
+    sys.exit(0)
 for e, p in zip(rows[0::2], rows[1::2]):
     print(json.dumps({"config": e["preset"], "device": e["device"],
                       "step_time_ratio_engine_over_hf": e["seconds_per_step"] / p["seconds_per_step"],
@@ -120,5 +147,5 @@ PY
 case "${1:-}" in
   pack) shift; pack "$@" ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

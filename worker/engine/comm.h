@@ -32,6 +32,11 @@ class Comm {
   virtual Status ReduceScatterSum(const torch::Tensor& full, torch::Tensor& shard) = 0;
   virtual Status Broadcast(torch::Tensor& t, int root) = 0;
   virtual Status Barrier() = 0;
+  // A barrier that waits up to `timeout` for the other ranks instead of the group's collective
+  // timeout: the ranks of a new generation meet there once each has built its engine, which
+  // takes a rank that loads its base weights far longer than one that kept them. Gloo honours
+  // it; under NCCL the group's own timeout bounds it.
+  virtual Status WaitForAll(std::chrono::milliseconds timeout) = 0;
 
   // The device every tensor handed to a collective must be on: the CPU for gloo, the rank's
   // GPU for NCCL (which accepts nothing else), the training device for a single rank. Every

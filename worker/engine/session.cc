@@ -86,6 +86,17 @@ class TrainerSession final : public Session {
     }
     TIDAL_ASSIGN_OR_RETURN(trainer_,
                            Trainer::Create(config, std::move(comm), std::move(trainer_options)));
+    return WaitForEveryEngine();
+  }
+
+  // Every rank of the generation has its engine: the ranks that kept theirs wait here, for as
+  // long as loading takes, for those that joined.
+  Status WaitForEveryEngine() {
+    const auto start = std::chrono::steady_clock::now();
+    TIDAL_RETURN_IF_ERROR(trainer_->comm().WaitForAll(membership_.ready_timeout));
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (waited > 1.0) LogInfo("waited for the other ranks' engines", {{"seconds", waited}});
     return OkStatus();
   }
 
@@ -150,7 +161,7 @@ class TrainerSession final : public Session {
             {{"world_size", next.world_size},
              {"seconds",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
-    return OkStatus();
+    return WaitForEveryEngine();
   }
 
   const Membership& membership() const override { return membership_; }

@@ -33,6 +33,9 @@ struct Membership {
   // Bound on joining and on any one collective: a silent (hung) peer fails the session
   // within it; a dead one is usually seen at once as a closed connection.
   std::chrono::milliseconds timeout{std::chrono::seconds(120)};
+  // Bound on the wait, once a rank's engine is ready, for every other rank's: a rank that
+  // joins loads its base weights while one that stays has kept them (Regroup).
+  std::chrono::milliseconds ready_timeout{std::chrono::minutes(30)};
   // Rank 0 hosts the rendezvous store (a pod's worker); false where the launcher already
   // hosts it (tidal-train's local ranks).
   bool rank0_hosts_store = true;

@@ -109,7 +109,9 @@ Status Trainer::StartGeneration(KeptBaseWeights* kept) {
   const bool peak_reset = ResetPeakRss();
   const std::optional<ProcessMemory> before_load = ReadProcessMemory();
   params_ = std::make_unique<ShardedParameters>(
-      *model_, *comm_, ShardingOptions{opt.zero_stage, options_.device, dtype_});
+      *model_, *comm_,
+      ShardingOptions{opt.zero_stage, options_.device, dtype_,
+                      /*allocate_frozen_in_load=*/kept != nullptr});
   const uint64_t init_seed = config_.model.init_seed;
   const auto load_start = std::chrono::steady_clock::now();
   // A large model takes minutes: a progress line every 5 s (share loaded, bytes read, ETA).

@@ -16,7 +16,8 @@ struct ShardedParameters::Flat {
   std::vector<int64_t> offset;
   int64_t numel = 0;   // unpadded
   int64_t padded = 0;  // a multiple of the world size
-  torch::Tensor data;  // [padded] below stage 3, this rank's [padded / W] slice at stage 3
+  // This rank's [padded / W] slice at stage 3; below, [padded] trainable or [numel] frozen.
+  torch::Tensor data;
 };
 
 struct ShardedParameters::Block {
@@ -117,8 +118,9 @@ ShardedParameters::ShardedParameters(const DecoderModel& model, Comm& comm, Shar
     }
     for (Flat* flat : {&block->frozen, &block->trainable}) {
       flat->padded = (flat->numel + world - 1) / world * world;
-      const int64_t kept = sharded ? flat->padded / world : flat->padded;
       const bool trainable = flat == &block->trainable;
+      if (!trainable && options_.allocate_frozen_in_load) continue;
+      const int64_t kept = HeldSize(*flat, trainable);
       auto opts = torch::TensorOptions()
                       .device(options_.device)
                       .dtype(trainable ? torch::kFloat32 : options_.compute_dtype);
@@ -148,22 +150,30 @@ ShardedParameters::ShardedParameters(const DecoderModel& model, Comm& comm, Shar
 
 ShardedParameters::~ShardedParameters() = default;
 
+// Elements of `flat` this rank keeps: its 1/W at stage 3; below, all of them (padded to W where
+// the collectives need it: trainable flats are reduced; frozen ones never are).
+int64_t ShardedParameters::HeldSize(const Flat& flat, bool trainable) const {
+  if (options_.stage == 3) return flat.padded / comm_.world_size();
+  return trainable ? flat.padded : flat.numel;
+}
+
 Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& progress,
                                KeptBaseWeights* kept) {
   torch::NoGradGuard no_grad;
   const int64_t world = comm_.world_size(), rank = comm_.rank();
   // What this rank keeps of each parameter: [begin, end) of its flat buffer, and their sum.
   const int64_t stage = options_.stage;
-  auto kept_range = [&](const Flat& flat, size_t k, const ParamSpec& p) {
-    const int64_t lo = stage == 3 ? rank * (flat.padded / world) : 0, hi = lo + flat.data.numel();
+  auto kept_range = [&](const Flat& flat, bool trainable, size_t k, const ParamSpec& p) {
+    const int64_t lo = stage == 3 ? rank * (flat.padded / world) : 0;
+    const int64_t hi = lo + HeldSize(flat, trainable);
     return std::pair{std::max(lo, flat.offset[k]), std::min(hi, flat.offset[k] + p.numel())};
   };
   int64_t total = 0, loaded = 0;
   for (size_t b = 0; b < blocks_.size(); ++b)
     for (const Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable})
       for (size_t k = 0; k < flat->param_index.size(); ++k) {
-        const auto [begin, end] =
-            kept_range(*flat, k, model_.blocks()[b].params[flat->param_index[k]]);
+        const auto [begin, end] = kept_range(*flat, flat == &blocks_[b]->trainable, k,
+                                             model_.blocks()[b].params[flat->param_index[k]]);
         total += std::max<int64_t>(0, end - begin);
       }
   if (kept && kept->blocks.size() != blocks_.size())
@@ -175,20 +185,39 @@ Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& 
     // and device (the same job's engine always has them).
     KeptBaseWeights::Block* mine = nullptr;
     if (kept && kept->blocks[b].data.defined() &&
-        kept->blocks[b].data.scalar_type() == blocks_[b]->frozen.data.scalar_type() &&
-        kept->blocks[b].data.device() == blocks_[b]->frozen.data.device())
+        kept->blocks[b].data.scalar_type() == options_.compute_dtype &&
+        kept->blocks[b].data.device() == options_.device)
       mine = &kept->blocks[b];
     for (Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable}) {
       const int64_t lo = stage == 3 ? rank * (flat->padded / world) : 0;
       const bool frozen = flat == &blocks_[b]->frozen;
+      // The kept block taken over as it is, when it is exactly this rank's new one.
+      bool adopted = false;
+      if (frozen && !flat->data.defined()) {
+        const int64_t size = HeldSize(*flat, /*trainable=*/false);
+        if (mine && mine->lo == lo && mine->data.numel() == size) {
+          flat->data = std::move(mine->data);
+          mine->data = torch::Tensor();
+          adopted = true;
+        } else {
+          flat->data = torch::zeros(
+              {size}, torch::TensorOptions().device(options_.device).dtype(options_.compute_dtype));
+        }
+      }
       for (size_t k = 0; k < flat->param_index.size(); ++k) {
         const ParamSpec& p = spec.params[flat->param_index[k]];
-        const auto [begin, end] = kept_range(*flat, k, p);
+        const auto [begin, end] = kept_range(*flat, !frozen, k, p);
         if (begin >= end) continue;
+        if (adopted) {
+          kept->reused += end - begin;
+          loaded += end - begin;
+          if (progress) progress(loaded, total);
+          continue;
+        }
         // [begin, end) in flat elements: the part the kept copy holds is copied, the parts
         // before and after it are read.
         int64_t copy_lo = end, copy_hi = end;
-        if (frozen && mine) {
+        if (frozen && mine && mine->data.defined()) {
           copy_lo = std::clamp(mine->lo, begin, end);
           copy_hi = std::clamp(mine->lo + mine->data.numel(), copy_lo, end);
         }

@@ -33,6 +33,10 @@ struct ShardingOptions {
   int stage = 3;
   torch::Device device = torch::kCPU;
   torch::ScalarType compute_dtype = torch::kFloat32;
+  // The frozen base weights' storage is allocated by Load, block by block, rather than up
+  // front: a kept engine's next generation, whose old shards are freed as the new ones fill,
+  // so the two never coexist beyond one block.
+  bool allocate_frozen_in_load = false;
 };
 
 // Reads elements [first, first + count) of the row-major flattening of a parameter, in any
@@ -90,9 +94,11 @@ class ShardedParameters {
   // elements this rank will load in all.
   using LoadProgress = std::function<void(int64_t loaded, int64_t total)>;
   // With `kept` (the last generation's base weights of this process), the frozen elements it
-  // holds are copied from it and only the rest are read; each of its blocks is freed as soon
-  // as it is used, so the two generations' shards never coexist beyond one block. Trainable
-  // weights always come from `read` (their initial values: a resume overwrites them).
+  // holds are copied from it and only the rest are read; a kept block that is exactly the new
+  // one (stages 0-2, where every rank holds the whole base; or the same shard at stage 3) is
+  // taken over without a copy. Each kept block is released once used: with
+  // allocate_frozen_in_load the two generations' shards never coexist beyond one block.
+  // Trainable weights always come from `read` (their initial values: a resume overwrites them).
   Status Load(const ParameterReader& read, const LoadProgress& progress = {},
               KeptBaseWeights* kept = nullptr);
   // Moves this rank's frozen base weights out, for the next generation's Load; these
@@ -149,6 +155,7 @@ class ShardedParameters {
   friend struct GatheredBlockFunction;
 
   StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> Gather(bool trainable_only);
+  int64_t HeldSize(const Flat& flat, bool trainable) const;
   torch::Tensor RunBlock(int64_t b, const torch::Tensor& x);
   // Full-size views of block b's parameters (gathering under stage 3); `holder` keeps the
   // gathered storage alive for as long as the views are used.

@@ -53,6 +53,31 @@ TEST_P(CommTest, CollectivesComputeTheirDefinitions) {
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, CommTest, ::testing::Values(2, 3));
 
+// A rank that takes longer than the group's collective timeout to arrive (loading its base
+// weights while the others kept theirs) is waited for by WaitForAll, not by Barrier.
+TEST(CommTest, WaitForAllOutwaitsTheCollectiveTimeoutThatFailsABarrier) {
+  const auto group_timeout = std::chrono::milliseconds(700);
+  const auto late = std::chrono::milliseconds(2000);
+  std::vector<Status> barrier(2), waited(2);
+  RunRanks(
+      2,
+      [&](Comm& comm) {
+        if (comm.rank() == 1) std::this_thread::sleep_for(late);
+        barrier[comm.rank()] = comm.Barrier();
+      },
+      group_timeout);
+  EXPECT_FALSE(barrier[0].ok()) << "rank 0 waited past the group's timeout";
+  RunRanks(
+      2,
+      [&](Comm& comm) {
+        if (comm.rank() == 1) std::this_thread::sleep_for(late);
+        waited[comm.rank()] = comm.WaitForAll(std::chrono::seconds(30));
+      },
+      group_timeout);
+  EXPECT_TRUE(waited[0].ok()) << waited[0].message();
+  EXPECT_TRUE(waited[1].ok()) << waited[1].message();
+}
+
 TEST(CommTest, SingleRankCollectivesAreIdentities) {
   auto comm = MakeSingleRankComm();
   auto shard = torch::randn({5});

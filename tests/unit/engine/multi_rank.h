@@ -2,6 +2,7 @@
 // each joined to a real gloo process group over loopback through a real TCPStore.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <thread>
@@ -13,7 +14,8 @@
 
 namespace tidal::engine::testing {
 
-inline void RunRanks(int world, const std::function<void(Comm&)>& body) {
+inline void RunRanks(int world, const std::function<void(Comm&)>& body,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   auto server = StoreServer::Start("127.0.0.1");
   ASSERT_TRUE(server.ok()) << server.status().message();
   std::vector<std::string> failures(world);
@@ -24,7 +26,7 @@ inline void RunRanks(int world, const std::function<void(Comm&)>& body) {
       options.store_port = (*server)->port();
       options.rank = rank;
       options.world_size = world;
-      options.timeout = std::chrono::seconds(60);
+      options.timeout = timeout;
       auto comm = ConnectProcessGroup(options);
       if (!comm.ok()) {
         failures[rank] = comm.status().message();

@@ -115,6 +115,8 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
     SCOPED_TRACE("stage " + std::to_string(change.stage) + ", " + std::to_string(change.from) +
                  " -> " + std::to_string(change.to) + " ranks");
     const ShardingOptions options{change.stage, torch::kCPU, torch::kFloat32};
+    ShardingOptions next_options = options;
+    next_options.allocate_frozen_in_load = true;
     std::vector<KeptBaseWeights> kept(static_cast<size_t>(change.from));
     RunRanks(change.from, [&](Comm& comm) {
       ShardedParameters old(model, comm, options);
@@ -125,7 +127,7 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
     std::vector<std::atomic<int64_t>> frozen_read(static_cast<size_t>(change.to));
     RunRanks(change.to, [&](Comm& comm) {
       const auto r = static_cast<size_t>(comm.rank());
-      ShardedParameters next(model, comm, options);
+      ShardedParameters next(model, comm, next_options);
       // The ranks that stay bring what they held; a new rank has nothing.
       KeptBaseWeights* mine = r < kept.size() ? &kept[r] : nullptr;
       ASSERT_TRUE(next.Load(counting(frozen_read[r]), {}, mine).ok());
