@@ -515,6 +515,13 @@ TEST_F(WorkerControlTest, BadInvocationsExitTwoNamingTheFlagOrField) {
                       30s);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("token is empty"), std::string::npos) << r.err;
+  // The environment the pod spec sets is checked as strictly as the flags.
+  r = RunProcess(
+      {"/usr/bin/env", "TIDAL_KEEP_ENGINE=yes", TIDAL_WORKER_BIN, "--spec", spec, "--token-file",
+       token, "--listen", "127.0.0.1:0", "--checkpoint-uri", "file://" + dir_ + "/ckpt"},
+      30s);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("TIDAL_KEEP_ENGINE: expected 0 or 1"), std::string::npos) << r.err;
 }
 
 // The ranks hold where they paused until Resume: proven by the step stream, whose next step
