@@ -831,9 +831,12 @@ TEST_F(WorkerControlTest, RanksHeldAtALiveCheckpointWriteAStoreCheckpointOfTheSa
   }
 }
 
-// kill -9 of one rank: the survivor's generation fails (the error says so), and a new
-// generation with a replacement resumes from the newest checkpoint with the reference losses.
-TEST_F(WorkerControlTest, KillNineOfARankFailsTheGenerationAndARendezvousResumesIt) {
+// kill -9 of one rank: the survivor's generation fails (the error says so). A Rendezvous that
+// still names the dead rank fails too, at joining, and leaves the survivor's engine whole; the
+// next generation, with a replacement, regroups that engine and resumes from the newest
+// checkpoint with the reference losses.
+TEST_F(WorkerControlTest,
+       KillNineOfARankFailsTheGenerationAndTheKeptEngineResumesItAfterAGroupThatCannotForm) {
   constexpr int kSteps = 20;
   WriteSpec("full: 3", kSteps);
   const auto reference = ReferenceLosses(kSteps);
@@ -850,12 +853,25 @@ TEST_F(WorkerControlTest, KillNineOfARankFailsTheGenerationAndARendezvousResumes
   const int64_t newest = failed.last_checkpoint().step();
   EXPECT_GE(newest, before.last_checkpoint().step());
 
+  // A generation whose group cannot form (its other rank is the dead one) fails on the kept
+  // engine as a fresh join's would, and leaves the engine whole for the next one.
+  const std::string store = workers_[0].ip + ":" + std::to_string(FreePort(workers_[0].ip));
+  ASSERT_TRUE(workers_[0].client->Rendezvous(2, 2, 0, store, {}, 0, {}, 1).ok());
+  pb::WorkerStatus unformed = WaitFor(
+      0, [](auto& s) { return s.generation() == 2 && s.phase() == pb::FAILED; }, 120s);
+  EXPECT_FALSE(unformed.last_error_permanent()) << unformed.last_error();
+
   StepRecorder steps(*workers_[0].client);
   StartWorker(2);
-  Rendezvous(2, {0, 2});
+  Rendezvous(3, {0, 2});
   auto r = workers_[0].process->Wait(300s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  ExpectGenerationResumedAt(steps.events(), 2, newest, kSteps, reference);
+  ExpectGenerationResumedAt(steps.events(), 3, newest, kSteps, reference);
+  // Worker 0 built its engine once: generation 3 regrouped the engine generations 1 and 2 left.
+  EXPECT_EQ(LogLines(r.err, "engine ready").size(), 1u) << r.err;
+  const auto kept = LogLines(r.err, "base weights kept");
+  ASSERT_EQ(kept.size(), 1u) << r.err;
+  EXPECT_EQ(kept[0]["generation"], 3);
 }
 
 // Buddy copies (DESIGN.md §4 step 5): every step each rank keeps its part of the state and a
