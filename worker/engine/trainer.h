@@ -49,7 +49,6 @@ class Trainer {
   // trainer has no group and must not step. A JoinGroup that fails leaves it unusable.
   void LeaveGroup();
   Status JoinGroup(std::unique_ptr<Comm> comm);
-  bool in_group() const { return comm_ != nullptr; }
 
   // One optimizer step over the next global batch.
   StatusOr<StepRecord> Step();

@@ -68,6 +68,41 @@ TEST_P(TrainerStageTest, OnlyLoraParametersChangeAndBaseWeightsStayBitIdentical)
 
 INSTANTIATE_TEST_SUITE_P(Stages, TrainerStageTest, ::testing::Values(0, 3));
 
+// A trainer moved into the next generation (LeaveGroup + JoinGroup) starts where Create starts:
+// step 0, no optimizer state, initial adapters, the same base weights. Trained from there, its
+// losses and weights are a fresh trainer's, bit for bit: nothing of the last generation leaks
+// into the next one but what the resume brings.
+TEST_P(TrainerStageTest, ARegroupedTrainerStartsExactlyWhereAFreshOneStarts) {
+  const TrainConfig config = TinyConfig(GetParam(), /*dropout=*/0.1);
+  auto kept = MakeTrainer(config);
+  ASSERT_TRUE(kept);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(kept->Step().ok());
+  const uint64_t base = kept->parameters().FrozenChecksum();
+  kept->LeaveGroup();
+  ASSERT_TRUE(kept->JoinGroup(MakeSingleRankComm()).ok());
+  EXPECT_EQ(kept->step(), 0);
+  EXPECT_EQ(kept->optimizer().steps(), 0);
+  EXPECT_EQ(kept->optimizer().StateBytes(), 0);
+  EXPECT_EQ(kept->parameters().FrozenChecksum(), base);
+  auto fresh = MakeTrainer(config);
+  ASSERT_TRUE(fresh);
+  for (int i = 0; i < 3; ++i) {
+    auto a = kept->Step();
+    auto b = fresh->Step();
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->step, b->step);
+    EXPECT_EQ(a->loss, b->loss) << "step " << i + 1;
+    EXPECT_EQ(a->lr, b->lr) << "step " << i + 1;
+  }
+  auto got = *kept->parameters().GatherFull();
+  auto want = *fresh->parameters().GatherFull();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_TRUE(torch::equal(got[i].second, want[i].second)) << got[i].first;
+  // A JoinGroup while in a group is refused, not a second set of shards.
+  EXPECT_FALSE(kept->JoinGroup(MakeSingleRankComm()).ok());
+}
+
 TEST(TrainerTest, Zero3MatchesZero0OnOneRank) {
   ExpectRelativelyEqual(Losses(TinyConfig(0, 0.1), 6), Losses(TinyConfig(3, 0.1), 6), 1e-5);
 }
