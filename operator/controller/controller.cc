@@ -69,6 +69,11 @@ WorkerReport ReportOf(const pb::WorkerStatus& s) {
   }
   for (const pb::HeldPart& h : s.held_parts())
     r.held.push_back({h.generation(), h.rank(), h.world_size(), h.step()});
+  if (s.has_prepared_engine()) {
+    const pb::PreparedEngine& p = s.prepared_engine();
+    r.prepared =
+        WorkerReport::Prepared{p.generation(), p.rank(), p.world_size(), p.ready(), p.error()};
+  }
   return r;
 }
 
@@ -745,6 +750,17 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         }
         break;
       }
+      case Action::Kind::kPrepareEngine:
+        for (size_t i = 0; i < a.pods.size() && i < a.ranks.size(); ++i) {
+          worker::WorkerClient* c = worker_of(a.pods[i]);
+          if (!c) continue;
+          // A refusal (TIDAL_KEEP_ENGINE=0, an older worker) only means that worker loads
+          // after the Rendezvous: Decide does not wait for it.
+          if (Status s = c->PrepareEngine(a.generation, a.world_size, a.ranks[i]); !s.ok())
+            LogInfo("worker prepares no engine ahead",
+                    {{"job", o.name}, {"pod", a.pods[i]}, {"error", s.ToString()}});
+        }
+        break;
       case Action::Kind::kResume:
         for (const std::string& pod : a.pods) {
           worker::WorkerClient* c = worker_of(pod);

@@ -24,9 +24,10 @@ constexpr auto kBackoffReset = std::chrono::minutes(10);
 // whether new members have read their state from their peers' memory.
 constexpr std::chrono::milliseconds kWorkerStartPoll{250};
 
-std::string Join(const std::vector<std::string>& items) {
+// "a, b, c"; each item followed by `suffix`.
+std::string Join(const std::vector<std::string>& items, const std::string& suffix = "") {
   std::string out;
-  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s + suffix;
   return out;
 }
 
@@ -1095,6 +1096,7 @@ class Decider {
           Rendezvous();
           return;
         }
+        if (!EnginesPrepared(r)) return;
         r.stage = Stage::kBarrier;
         st_.phase = "Scaling";
         Emit("Normal", "CheckpointBarrier",
@@ -1132,6 +1134,54 @@ class Decider {
         Rendezvous();
         return;
     }
+  }
+
+  // Make before break to the end: the new workers load their engines (the model, the rows,
+  // the base-weight shard of the rank planned for each) while the old generation trains, so
+  // the pause between the barrier and the new generation's first step holds no load. Asked
+  // once (status.rescale.prepareAsked); the barrier then waits while a new worker reports that
+  // it is loading, for at most scaleUpTimeoutSeconds after the ask. One that reports nothing
+  // (it refused, as TIDAL_KEEP_ENGINE=0 does; the call was lost with a leader) or a failure
+  // holds nothing: it builds its engine after the Rendezvous, as without the ask.
+  bool EnginesPrepared(RescaleState& r) {
+    std::vector<std::string> fresh;
+    std::vector<int> ranks;
+    for (size_t rank = 0; rank < r.members.size(); ++rank)
+      if (std::find(st_.members.begin(), st_.members.end(), r.members[rank]) == st_.members.end()) {
+        fresh.push_back(r.members[rank]);
+        ranks.push_back(static_cast<int>(rank));
+      }
+    if (fresh.empty()) return true;
+    const auto soon = std::min(options_.poll, kWorkerStartPoll);
+    if (!r.prepare_asked) {
+      Action& a = Do(Action::Kind::kPrepareEngine, fresh, r.reason);
+      a.generation = r.target_generation;
+      a.ranks = ranks;
+      a.world_size = static_cast<int>(r.members.size());
+      r.prepare_asked = o_.now;
+      r.waiting_for = Join(fresh, " (loading its engine)");
+      plan_.requeue_after = soon;
+      return false;
+    }
+    std::vector<std::string> loading;
+    for (const std::string& m : fresh) {
+      const WorkerReport* w = Report(m);
+      if (w && w->prepared && w->prepared->generation >= r.target_generation &&
+          !w->prepared->ready && w->prepared->error.empty())
+        loading.push_back(m);
+    }
+    if (loading.empty()) return true;
+    const auto timeout = std::chrono::seconds(spec_->elastic.scale_up_timeout_seconds);
+    if (o_.now - *r.prepare_asked > timeout) {
+      Emit("Normal", "EnginesStillLoading",
+           Join(loading, "") + " still loading " + std::to_string(timeout.count()) +
+               " s after the ask (elastic.scaleUpTimeoutSeconds): the barrier goes on, and " +
+               "they finish loading in generation " + std::to_string(r.target_generation));
+      return true;
+    }
+    r.waiting_for = Join(loading, " (loading its engine)");
+    plan_.requeue_after = soon;
+    return false;
   }
 
   // What the survivors of the lost generation (`members` that report it) hold in memory, and
@@ -1487,6 +1537,8 @@ const char* ActionKindName(Action::Kind kind) {
       return "Resume";
     case Action::Kind::kCreatePrepPod:
       return "CreatePrepPod";
+    case Action::Kind::kPrepareEngine:
+      return "PrepareEngine";
   }
   return "Unknown";
 }
@@ -1687,6 +1739,7 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     rs.waiting_for = in.Get<std::string>(*r, in_r, "waitingFor", "");
     rs.state_peers = in.Strings(*r, in_r, "statePeers");
     rs.state_step = in.Get<int64_t>(*r, in_r, "stateStep", 0);
+    rs.prepare_asked = in.Time(*r, in_r, "prepareAsked");
     st.rescale = rs;
   }
   if (!in.error.empty()) return InvalidArgument(in.error);
@@ -1766,6 +1819,7 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
                     {"started", kube::FormatTime(r.started)}};
     if (r.drain) j["rescale"]["drain"] = true;
     if (!r.waiting_for.empty()) j["rescale"]["waitingFor"] = r.waiting_for;
+    if (r.prepare_asked) j["rescale"]["prepareAsked"] = kube::FormatTime(*r.prepare_asked);
     if (!r.state_peers.empty()) {
       j["rescale"]["statePeers"] = r.state_peers;
       j["rescale"]["stateStep"] = r.state_step;

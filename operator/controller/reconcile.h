@@ -9,7 +9,10 @@
 // The rescale protocol, make before break:
 //   WaitingForPods  new pods of the next generation created together (one gang group);
 //                   training goes on. Not all reachable within scaleUpTimeoutSeconds:
-//                   they are deleted, an Event says why, the job stays as it was.
+//                   they are deleted, an Event says why, the job stays as it was. Once they
+//                   are, each new worker is asked to load its engine for its planned rank
+//                   (PrepareEngine) and the job trains on until every one reports it loaded,
+//                   failed, or scaleUpTimeoutSeconds more have passed.
 //   Barrier         Checkpoint{pause} on every member: all pause at one step, checkpointed.
 //   Rendezvous      status.generation + 1 and the new members written, then Rendezvous on
 //                   each new member (rank order = member order); surplus ranks Shutdown and
@@ -69,6 +72,8 @@ struct RescaleState {
   int64_t state_step = 0;
   // kRendezvous: per rank, the rank whose buddy copy it keeps (planner::BuddyWards).
   std::vector<int> wards;
+  // WaitingForPods: when the new workers were asked to prepare their engines (once).
+  std::optional<Clock::time_point> prepare_asked;
 };
 
 // status.anomaly: the anomaly rule's state (only while spec.anomaly is set).
@@ -156,6 +161,14 @@ struct WorkerReport {
   std::optional<double> gpu_utilization_percent;  // none on CPU workers
   std::vector<planner::StepSample> recent_steps;  // the newest steps, for the anomaly rule
   std::vector<planner::HeldPartView> held;        // buddy copies it holds in memory
+  // Its engine prepared ahead of its first generation (worker.proto PreparedEngine).
+  struct Prepared {
+    int64_t generation = 0;
+    int rank = 0, world_size = 0;
+    bool ready = false;
+    std::string error;
+  };
+  std::optional<Prepared> prepared;
 };
 
 struct PodView {
@@ -240,6 +253,7 @@ struct Action {
     kShutdown,    // pods
     kResume,      // pods held by a pause (the anomaly rule's)
     kCreatePrepPod,  // pods[0]: the data phase's pod (status.data.key)
+    kPrepareEngine,  // pods, each its rank (ranks) of world_size in generation
   };
   Kind kind = Kind::kEnsureService;
   std::vector<std::string> pods;     // for kRendezvous: every member, in rank order
@@ -257,6 +271,9 @@ struct Action {
   int64_t state_step = 0;
   // kRendezvous: per rank, the rank whose buddy copy it keeps (planner::BuddyWards).
   std::vector<int> wards;
+  // kPrepareEngine: per pod, the rank planned for it, of world_size.
+  std::vector<int> ranks;
+  int world_size = 0;
   std::string reason;
 };
 

@@ -135,6 +135,17 @@ StatusOr<pb::WorkerStatus> WorkerClient::GetStatus() {
   return out;
 }
 
+Status WorkerClient::PrepareEngine(int64_t generation, int world_size, int rank) {
+  grpc::ClientContext ctx;
+  impl_->Prepare(ctx, impl_->options.timeout);
+  pb::PrepareEngineRequest req;
+  req.set_generation(generation);
+  req.set_world_size(world_size);
+  req.set_rank(rank);
+  pb::PrepareEngineResponse out;
+  return FromGrpcStatus(impl_->Stub()->PrepareEngine(&ctx, req, &out));
+}
+
 Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
                                 const std::string& store_address,
                                 const std::vector<std::string>& state_peers, int64_t state_step,

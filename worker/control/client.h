@@ -32,6 +32,8 @@ class WorkerClient {
   ~WorkerClient();
 
   StatusOr<v1::WorkerStatus> GetStatus();
+  // The engine built ahead of generation `generation` for this rank and world size (worker.proto).
+  Status PrepareEngine(int64_t generation, int world_size, int rank);
   // `state_peers` and `state_step`: the previous generation's live checkpoint (worker.proto).
   // `members` and `ward`: buddy copies (worker.proto); none without members.
   Status Rendezvous(int64_t generation, int world_size, int rank, const std::string& store_address,

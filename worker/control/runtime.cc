@@ -304,6 +304,32 @@ Status WorkerRuntime::Rendezvous(const engine::Membership& m, LiveState from, Bu
   return OkStatus();
 }
 
+Status WorkerRuntime::PrepareEngine(const engine::Membership& planned) {
+  if (planned.generation < 1) return InvalidArgument("generation: expected >= 1");
+  if (planned.world_size < 1 || planned.rank < 0 || planned.rank >= planned.world_size)
+    return InvalidArgument("rank " + std::to_string(planned.rank) + " is outside world size " +
+                           std::to_string(planned.world_size));
+  if (Status fits = options_.config.ValidateForWorldSize(planned.world_size); !fits.ok())
+    return fits;
+  if (!options_.keep_engine)
+    return FailedPrecondition(
+        "TIDAL_KEEP_ENGINE=0: this worker builds its engine when it joins a generation");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutdown_) return FailedPrecondition("the worker is shutting down");
+  const int64_t newest = std::max(state_.generation, pending_ ? pending_->generation : 0);
+  if (newest > 0)
+    return FailedPrecondition("this worker has been given generation " + std::to_string(newest) +
+                              ": it keeps its engine, there is none to prepare");
+  if (state_.prepared) {
+    state_.prepared->generation = std::max(state_.prepared->generation, planned.generation);
+    return OkStatus();
+  }
+  pending_prepare_ = planned;
+  state_.prepared = PreparedEngine{planned.generation, planned.rank, planned.world_size, false, ""};
+  changed_.notify_all();
+  return OkStatus();
+}
+
 uint64_t WorkerRuntime::JoinOrRequest(uint32_t flags, uint64_t id) {
   const bool covers = barrier_flags_ != 0 && (flags & ~barrier_flags_) == 0;
   const bool under_way = barriers_begun_ > barriers_done_;
@@ -506,8 +532,19 @@ void WorkerRuntime::Loop() {
     BuddyRing ring;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      changed_.wait(lock, [&] { return pending_.has_value() || shutdown_; });
+      changed_.wait(
+          lock, [&] { return pending_.has_value() || pending_prepare_.has_value() || shutdown_; });
       if (shutdown_) break;
+      if (pending_prepare_) {
+        const engine::Membership planned = *pending_prepare_;
+        pending_prepare_.reset();
+        if (!pending_) {
+          lock.unlock();
+          Prepare(planned);
+          continue;
+        }
+        state_.prepared->error = "a Rendezvous came first";  // it builds the engine as it joins
+      }
       m = *pending_;
       from = std::move(pending_from_);
       pending_.reset();
@@ -552,6 +589,24 @@ void WorkerRuntime::Loop() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   exited_ = true;
+  changed_.notify_all();
+}
+
+void WorkerRuntime::Prepare(const engine::Membership& planned) {
+  LogInfo("preparing engine", {{"for_generation", planned.generation},
+                               {"planned_rank", planned.rank},
+                               {"planned_world_size", planned.world_size}});
+  StatusOr<std::unique_ptr<engine::Session>> session =
+      engine::Session::Prepare(options_.config, planned, options_.session);
+  if (session.ok()) kept_session_ = std::move(*session);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (session.ok()) {
+    state_.prepared->ready = true;
+  } else {
+    state_.prepared->error = session.status().message();
+    LogWarn("engine not prepared: it is built when the worker joins",
+            {{"error", session.status().message()}});
+  }
   changed_.notify_all();
 }
 

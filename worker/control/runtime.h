@@ -66,6 +66,14 @@ struct BuddyRing {
   int ward = 0;
 };
 
+// An engine built ahead of the worker's first generation (worker.proto PreparedEngine).
+struct PreparedEngine {
+  int64_t generation = 0;
+  int rank = 0, world_size = 0;  // planned
+  bool ready = false;
+  std::string error;
+};
+
 struct WorkerState {
   Phase phase = Phase::kWaiting;
   int64_t generation = 0;
@@ -85,6 +93,7 @@ struct WorkerState {
   // worker cannot honour: a missing file, a rank the model cannot take, a precision the device
   // lacks, a checkpoint of another configuration). The operator stops restarting the job.
   bool last_error_permanent = false;
+  std::optional<PreparedEngine> prepared;  // asked for by PrepareEngine
 };
 
 // Told what the training thread does, as it happens (the worker's /metrics). Called from the
@@ -155,6 +164,13 @@ class WorkerRuntime {
   // the store's newest when that cannot be read.
   // With `ring`, the generation keeps buddy copies (RuntimeOptions::buddy_every).
   Status Rendezvous(const engine::Membership& membership, LiveState from = {}, BuddyRing ring = {});
+  // Builds the engine ahead of the first generation for the planned rank and world size
+  // (engine::Session::Prepare) on the training thread, while the worker stays WAITING; the
+  // next Rendezvous regroups it. State().prepared says how it goes. FailedPrecondition once the
+  // worker has been given a generation (its engine is kept), or without keep_engine. A call
+  // while one is prepared or preparing only records a newer generation: the Rendezvous re-cuts
+  // a shard cut for another rank or world size.
+  Status PrepareEngine(const engine::Membership& planned);
   // A full checkpoint at the next agreed step boundary; with `pause`, hold after it. Waits
   // until it is committed, the generation ends, or `deadline`. `barrier_id` names the barrier
   // (the operator sends one id to every rank, increasing within a generation; 0: unnamed): a
@@ -201,6 +217,8 @@ class WorkerRuntime {
   // finished).
   Status RunGeneration(const engine::Membership& membership, const LiveState& from,
                        const BuddyRing& ring);
+  // PrepareEngine's work, on the training thread: kept_session_ and state_.prepared set.
+  void Prepare(const engine::Membership& planned);
   // The session for `m`: the kept one regrouped, or a new one.
   StatusOr<std::unique_ptr<engine::Session>> EnterGeneration(const engine::Membership& m);
   Status TrainGeneration(engine::Session& session, const engine::Membership& m,
@@ -222,11 +240,12 @@ class WorkerRuntime {
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
   WorkerState state_;
-  std::optional<engine::Membership> pending_;  // the next generation, not yet joined
-  LiveState pending_from_;                     // and where it resumes from
-  BuddyRing pending_ring_;                     // and its buddy copies
-  uint32_t requested_ = 0;                     // flags raised by the control API
-  uint64_t requested_id_ = 0;                  // the largest id of the requests behind them
+  std::optional<engine::Membership> pending_;          // the next generation, not yet joined
+  LiveState pending_from_;                             // and where it resumes from
+  BuddyRing pending_ring_;                             // and its buddy copies
+  std::optional<engine::Membership> pending_prepare_;  // PrepareEngine's, not yet started
+  uint32_t requested_ = 0;                             // flags raised by the control API
+  uint64_t requested_id_ = 0;                          // the largest id of the requests behind them
   bool resume_requested_ = false;
   bool shutdown_ = false;
   bool exited_ = false;

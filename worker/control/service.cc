@@ -147,6 +147,14 @@ class Service final : public pb::WorkerControl::Service {
     }
     out->set_last_error(s.last_error);
     out->set_last_error_permanent(s.last_error_permanent);
+    if (s.prepared) {
+      pb::PreparedEngine* p = out->mutable_prepared_engine();
+      p->set_generation(s.prepared->generation);
+      p->set_rank(s.prepared->rank);
+      p->set_world_size(s.prepared->world_size);
+      p->set_ready(s.prepared->ready);
+      p->set_error(s.prepared->error);
+    }
     out->set_uptime_millis(
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_).count());
     return grpc::Status::OK;
@@ -167,6 +175,16 @@ class Service final : public pb::WorkerControl::Service {
       out.push_back(address);
     }
     return std::nullopt;
+  }
+
+  grpc::Status PrepareEngine(grpc::ServerContext* ctx, const pb::PrepareEngineRequest* req,
+                             pb::PrepareEngineResponse*) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    engine::Membership planned;
+    planned.generation = req->generation();
+    planned.world_size = req->world_size();
+    planned.rank = req->rank();
+    return ToGrpc(runtime_.PrepareEngine(planned));
   }
 
   grpc::Status Rendezvous(grpc::ServerContext* ctx, const pb::RendezvousRequest* req,

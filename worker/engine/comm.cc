@@ -75,6 +75,33 @@ class SingleRankComm final : public Comm {
   torch::Device device_;
 };
 
+class PlannedComm final : public Comm {
+ public:
+  PlannedComm(int rank, int world_size, torch::Device device)
+      : rank_(rank), world_size_(world_size), device_(device) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::string backend() const override { return "none (planned)"; }
+  torch::Device device() const override { return device_; }
+  Status AllReduceSum(torch::Tensor&) override { return Refuse("all_reduce"); }
+  Status AllGather(const torch::Tensor&, torch::Tensor&) override { return Refuse("all_gather"); }
+  Status ReduceScatterSum(const torch::Tensor&, torch::Tensor&) override {
+    return Refuse("reduce_scatter");
+  }
+  Status Broadcast(torch::Tensor&, int) override { return Refuse("broadcast"); }
+  Status Barrier() override { return Refuse("barrier"); }
+  Status WaitForAll(std::chrono::milliseconds) override { return Refuse("wait_for_all"); }
+
+ private:
+  Status Refuse(const char* what) const {
+    return FailedPrecondition(std::string(what) + ": rank " + std::to_string(rank_) + " of " +
+                              std::to_string(world_size_) +
+                              " is planned, not in a process group yet");
+  }
+  int rank_, world_size_;
+  torch::Device device_;
+};
+
 template <typename Fn>
 Status Guard(const char* what, int rank, Fn&& fn) {
   try {
@@ -352,6 +379,10 @@ StatusOr<std::vector<std::string>> Comm::AllGatherStrings(const std::string& min
 
 std::unique_ptr<Comm> MakeSingleRankComm(torch::Device device) {
   return std::make_unique<SingleRankComm>(device);
+}
+
+std::unique_ptr<Comm> MakePlannedComm(int rank, int world_size, torch::Device device) {
+  return std::make_unique<PlannedComm>(rank, world_size, device);
 }
 
 StatusOr<std::unique_ptr<Comm>> ConnectProcessGroup(const ProcessGroupOptions& o) {

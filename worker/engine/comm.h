@@ -56,6 +56,11 @@ class Comm {
 // World size 1: every collective is the identity (the device rule still holds).
 std::unique_ptr<Comm> MakeSingleRankComm(torch::Device device = torch::kCPU);
 
+// Rank `rank` of `world_size` planned, with no group connected yet: what an engine prepared
+// ahead of its generation (Session::Prepare) is cut for. Every collective fails with
+// FailedPrecondition; only the rank, the world size and the device answer.
+std::unique_ptr<Comm> MakePlannedComm(int rank, int world_size, torch::Device device);
+
 struct ProcessGroupOptions {
   std::string store_host = "127.0.0.1";
   int store_port = 0;

@@ -69,24 +69,45 @@ class TrainerSession final : public Session {
   }
 
   Status Build(const TrainConfig& config, const SessionOptions& options) {
-    const bool cuda = compat::CudaAvailable();
     TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, Connect(config, membership_, options));
+    TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<data::RowSource> rows, OpenData(config, options, *comm));
+    TIDAL_RETURN_IF_ERROR(CreateTrainer(config, options, std::move(comm), std::move(rows)));
+    return WaitForEveryEngine();
+  }
+
+  // Session::Prepare: the engine cut for the planned rank and world size, in no group. The job
+  // runs, so its rows are prepared already: this rank only opens them.
+  Status BuildPlanned(const TrainConfig& config, const SessionOptions& options) {
+    if (!options.data) return Internal("session: no data provider");
+    TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<data::RowSource> rows,
+                           options.data->Open(config, membership_.rank));
+    std::unique_ptr<Comm> planned =
+        MakePlannedComm(membership_.rank, membership_.world_size, DeviceFor(options));
+    TIDAL_RETURN_IF_ERROR(CreateTrainer(config, options, std::move(planned), std::move(rows)));
+    trainer_->LeaveGroup();  // keeps the base weights for the Regroup, as between generations
+    return OkStatus();
+  }
+
+  // A pod's worker trains on GPU 0, the one the container runtime gave it
+  // (CUDA_VISIBLE_DEVICES); tidal-train's local ranks on one GPU each.
+  static torch::Device DeviceFor(const SessionOptions& options) {
+    if (!compat::CudaAvailable()) return torch::kCPU;
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device));
+  }
+
+  Status CreateTrainer(const TrainConfig& config, const SessionOptions& options,
+                       std::unique_ptr<Comm> comm, std::unique_ptr<data::RowSource> rows) {
     TrainerOptions trainer_options;
     trainer_options.max_steps = options.max_steps;
-    TIDAL_ASSIGN_OR_RETURN(trainer_options.data, OpenData(config, options, *comm));
+    trainer_options.data = std::move(rows);
     if (!config.model.uri.empty()) {
       TIDAL_ASSIGN_OR_RETURN(trainer_options.model_files,
                              options.data->OpenModel(config.model.uri));
     }
-    if (cuda) {
-      // A pod's worker: 0, the GPU the container runtime gave it (CUDA_VISIBLE_DEVICES);
-      // tidal-train's local ranks: one GPU each.
-      trainer_options.device =
-          torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(options.cuda_device));
-    }
+    trainer_options.device = DeviceFor(options);
     TIDAL_ASSIGN_OR_RETURN(trainer_,
                            Trainer::Create(config, std::move(comm), std::move(trainer_options)));
-    return WaitForEveryEngine();
+    return OkStatus();
   }
 
   // Every rank of the generation has its engine: the ranks that kept theirs wait here, for as
@@ -278,9 +299,13 @@ class TrainerSession final : public Session {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Session>> Session::Join(const TrainConfig& config,
-                                                 const Membership& membership,
-                                                 const SessionOptions& options) {
+namespace {
+
+// Join's and Prepare's common start: the arguments checked, the thread count set, then the
+// engine built (in the group, or planned for it).
+StatusOr<std::unique_ptr<Session>> BuildSession(const TrainConfig& config,
+                                                const Membership& membership,
+                                                const SessionOptions& options, bool planned) {
   if (membership.world_size < 1 || membership.rank < 0 || membership.rank >= membership.world_size)
     return InvalidArgument("rank " + std::to_string(membership.rank) + " is outside world size " +
                            std::to_string(membership.world_size));
@@ -288,18 +313,43 @@ StatusOr<std::unique_ptr<Session>> Session::Join(const TrainConfig& config,
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   torch::set_num_threads(options.intra_op_threads > 0 ? options.intra_op_threads : cores);
   std::unique_ptr<StoreServer> store;
-  if (membership.rank == 0 && membership.world_size > 1 && membership.rank0_hosts_store) {
+  if (!planned && membership.rank == 0 && membership.world_size > 1 &&
+      membership.rank0_hosts_store) {
     TIDAL_ASSIGN_OR_RETURN(store, StoreServer::Start(membership.store_host, membership.store_port));
   }
   auto session = std::make_unique<TrainerSession>(membership, config, std::move(store));
+  const auto start = std::chrono::steady_clock::now();
   try {
-    TIDAL_RETURN_IF_ERROR(session->Build(config, options));
+    TIDAL_RETURN_IF_ERROR(planned ? session->BuildPlanned(config, options)
+                                  : session->Build(config, options));
   } catch (const std::exception& e) {
     const std::string msg = FirstLine(e.what());
-    return Unavailable("rank " + std::to_string(membership.rank) + " could not start generation " +
+    return Unavailable("rank " + std::to_string(membership.rank) +
+                       (planned ? " could not prepare its engine for generation "
+                                : " could not start generation ") +
                        std::to_string(membership.generation) + ": " + msg);
   }
+  if (planned)
+    LogInfo("engine prepared",
+            {{"planned_rank", membership.rank},
+             {"planned_world_size", membership.world_size},
+             {"seconds",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
   return std::unique_ptr<Session>(std::move(session));
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Session>> Session::Join(const TrainConfig& config,
+                                                 const Membership& membership,
+                                                 const SessionOptions& options) {
+  return BuildSession(config, membership, options, /*planned=*/false);
+}
+
+StatusOr<std::unique_ptr<Session>> Session::Prepare(const TrainConfig& config,
+                                                    const Membership& planned,
+                                                    const SessionOptions& options) {
+  return BuildSession(config, planned, options, /*planned=*/true);
 }
 
 }  // namespace tidal::engine

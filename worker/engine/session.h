@@ -64,6 +64,15 @@ class Session {
   static StatusOr<std::unique_ptr<Session>> Join(const TrainConfig& config,
                                                  const Membership& membership,
                                                  const SessionOptions& options);
+  // The engine built ahead of its generation, in no process group: the rank and world size
+  // planned for it (`planned`; the store fields are not used). It loads what Join would, the
+  // base weights that rank will hold included, while the group of that generation does not
+  // exist yet: a new pod prepares while the old generation trains (make before break). The
+  // generation is then entered by Regroup, which re-cuts the shard where the rank or world
+  // size turned out otherwise.
+  static StatusOr<std::unique_ptr<Session>> Prepare(const TrainConfig& config,
+                                                    const Membership& planned,
+                                                    const SessionOptions& options);
   virtual ~Session() = default;
 
   // The engine kept across generations: this rank leaves the ended generation's process group

@@ -310,6 +310,15 @@ TEST_F(WorkerControlTest, EveryMethodRefusesACallWithoutTheJobTokenAndChangesNot
          pb::RendezvousResponse out;
          return stub->Rendezvous(c, req, &out);
        }},
+      {"PrepareEngine",
+       [&](grpc::ClientContext* c) {
+         pb::PrepareEngineRequest req;
+         req.set_generation(1);
+         req.set_world_size(2);
+         req.set_rank(1);
+         pb::PrepareEngineResponse out;
+         return stub->PrepareEngine(c, req, &out);
+       }},
       {"Checkpoint",
        [&](grpc::ClientContext* c) {
          pb::CheckpointResponse out;
@@ -371,6 +380,7 @@ TEST_F(WorkerControlTest, EveryMethodRefusesACallWithoutTheJobTokenAndChangesNot
   pb::WorkerStatus s = StatusOf(0);
   EXPECT_EQ(s.phase(), pb::WAITING);
   EXPECT_EQ(s.generation(), 0);
+  EXPECT_FALSE(s.has_prepared_engine()) << "a refused PrepareEngine started a load";
   EXPECT_FALSE(s.has_gpu_utilization_percent()) << "a CPU worker reports no GPU figures";
 }
 
@@ -435,6 +445,11 @@ TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
   expect(c.Rendezvous(1, 2, 0, store, {"127.0.0.20:1", "x"}, 5), "INVALID_ARGUMENT",
          "state_peers[1]");
   EXPECT_EQ(StatusOf(0).generation(), 0) << "a refused Rendezvous changed the worker";
+  // An engine prepared ahead: for a generation, a rank inside the world, a size the batch fits.
+  expect(c.PrepareEngine(0, 2, 1), "INVALID_ARGUMENT", "generation");
+  expect(c.PrepareEngine(1, 2, 2), "INVALID_ARGUMENT", "outside world size 2");
+  expect(c.PrepareEngine(1, 3, 1), "INVALID_ARGUMENT", "globalBatchSize");
+  EXPECT_FALSE(StatusOf(0).has_prepared_engine()) << "a refused PrepareEngine started a load";
   expect(c.Checkpoint(false, 5s).status(), "FAILED_PRECONDITION", "phase Waiting");
   expect(c.Pause(5s).status(), "FAILED_PRECONDITION", "phase Waiting");
   expect(c.Resume(), "FAILED_PRECONDITION", "not paused");
@@ -442,6 +457,11 @@ TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
   ASSERT_TRUE(c.Rendezvous(1, 1, 0, "").ok());
   expect(c.Rendezvous(1, 1, 0, ""), "FAILED_PRECONDITION", "not newer");
   EXPECT_EQ(WaitFor(0, [](auto& s) { return s.step() >= 1; }).generation(), 1);
+  // A worker in a generation keeps its engine; one that builds it per generation prepares none.
+  expect(c.PrepareEngine(2, 2, 1), "FAILED_PRECONDITION", "keeps its engine");
+  StartWorker(1, {}, "", {"TIDAL_KEEP_ENGINE=0"});
+  expect(workers_[1].client->PrepareEngine(1, 2, 1), "FAILED_PRECONDITION", "TIDAL_KEEP_ENGINE=0");
+  EXPECT_FALSE(StatusOf(1).has_prepared_engine());
 }
 
 // A generation that cannot start on the spec — each of the four kinds found by issue 20 — is
@@ -679,6 +699,22 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   StepRecorder steps(*workers_[0].client);
   steps.WaitForStep(3);
 
+  // The new workers load their engines while generation 1 trains, as the operator asks them
+  // to: worker 2 for the rank it gets, worker 3 for a plan that changed (rank 2 of 3; it gets
+  // rank 3 of 4, whose shard lies inside that one's).
+  ASSERT_TRUE(workers_[2].client->PrepareEngine(2, 4, 2).ok());
+  ASSERT_TRUE(workers_[3].client->PrepareEngine(2, 3, 2).ok());
+  ASSERT_TRUE(workers_[3].client->PrepareEngine(2, 3, 2).ok()) << "a repeated ask is refused";
+  for (int i : {2, 3}) {
+    const pb::PreparedEngine p =
+        WaitFor(i, [](auto& s) { return s.prepared_engine().ready(); }).prepared_engine();
+    EXPECT_EQ(p.generation(), 2);
+    EXPECT_EQ(p.world_size(), i == 2 ? 4 : 3);
+    EXPECT_EQ(p.error(), "");
+    EXPECT_EQ(StatusOf(i).phase(), pb::WAITING);
+  }
+  EXPECT_EQ(StatusOf(0).generation(), 1);
+
   // 2 -> 4: the old ranks hold their parts in memory and report them.
   int64_t held = BarrierAll({0, 1}, /*live=*/true);
   EXPECT_EQ(StatusOf(1).live_checkpoint().step(), held);
@@ -694,7 +730,12 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   Rendezvous(3, {0, 1}, {0, 1, 2, 3}, held);
   WaitFor(1, [](auto& s) { return s.generation() == 3 && s.phase() == pb::RUNNING; });
   for (int i : {2, 3}) ASSERT_TRUE(workers_[i].client->Shutdown("scale down").ok());
-  for (int i : {2, 3}) EXPECT_EQ(workers_[i].process->Wait(60s).exit_code, 0);
+  std::map<int, std::string> log_of;
+  for (int i : {2, 3}) {
+    auto r = workers_[i].process->Wait(60s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    log_of[i] = r.err;
+  }
   steps.WaitForStep(held + 3);
 
   // 2 -> 3, with a worker that was not there before.
@@ -703,12 +744,22 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   Rendezvous(4, {0, 1, 4}, {0, 1}, held);
 
   std::string logs;
-  std::map<int, std::string> log_of;
   for (int i : {0, 1, 4}) {
     auto r = workers_[i].process->Wait(300s);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     logs += r.err;
     log_of[i] = r.err;
+  }
+  // The prepared engines: built once, before generation 2, then regrouped into it, reading no
+  // base weight — the near miss re-cut its shard from memory too.
+  for (int i : {2, 3}) {
+    EXPECT_EQ(LogLines(log_of[i], "engine prepared").size(), 1u) << log_of[i];
+    EXPECT_EQ(LogLines(log_of[i], "engine ready").size(), 1u) << log_of[i];
+    const auto kept = LogLines(log_of[i], "base weights kept");
+    ASSERT_EQ(kept.size(), 1u) << log_of[i];
+    EXPECT_EQ(kept[0]["generation"], 2);
+    EXPECT_EQ(kept[0]["elements_read"], 0) << kept[0].dump();
+    EXPECT_GT(kept[0]["elements_from_memory"], 0) << kept[0].dump();
   }
   // The ranks that stayed kept their engine: built once, regrouped into generations 2, 3 and 4.
   // Rank 0's shard at 4 ranks and at 3 lies inside its shard at 2: it read no base weight

@@ -127,6 +127,14 @@ class Sim {
                          "tokens": 1200, "reused": false})");
   };
   bool buddies_ = false;  // the workers keep buddy copies every step (buddyEverySteps: 1)
+  // PrepareEngine: a new worker loads its engine in prepare_passes_ reconciles, refuses (as
+  // TIDAL_KEEP_ENGINE=0 does: no report), or reports a failure.
+  enum class Prepare { kLoads, kRefuses, kFails };
+  Prepare prepare_ = Prepare::kLoads;
+  int prepare_passes_ = 1;
+  std::vector<Action> prepare_asks_;
+  std::vector<std::string> barriers_while_loading_;  // workers loading when a barrier came
+  int prepared_for_another_rank_ = 0;                // Rendezvous ranks off the prepared plan
   bool pods_stay_pending_ = false;
   bool stuck_ = false;
   bool expect_unreadable_status_ = false;
@@ -217,6 +225,9 @@ class Sim {
         }
         break;
       case Action::Kind::kBarrier: {
+        for (const auto& [name, r] : reports_)  // the job pauses only once nothing loads
+          if (r.generation == 0 && r.prepared && !r.prepared->ready && r.prepared->error.empty())
+            barriers_while_loading_.push_back(name);
         // Named for the workers (worker.proto): this generation's, never an older barrier's.
         EXPECT_EQ(a.barrier_id >> 32, static_cast<uint64_t>(status().generation));
         EXPECT_GE(a.barrier_id, last_barrier_id_) << "a barrier named below an earlier one";
@@ -260,6 +271,9 @@ class Sim {
           auto rank = std::find(a.pods.begin(), a.pods.end(), p) - a.pods.begin();
           ASSERT_LT(static_cast<size_t>(rank), a.pods.size()) << "target outside the members";
           WorkerReport& r = reports_[p];
+          if (r.prepared && r.prepared->ready &&
+              (r.prepared->rank != rank || r.prepared->world_size != std::ssize(a.pods)))
+            ++prepared_for_another_rank_;
           r.generation = a.generation;
           r.rank = static_cast<int>(rank);
           r.world_size = static_cast<int>(a.pods.size());
@@ -289,6 +303,19 @@ class Sim {
       case Action::Kind::kResume:
         for (const std::string& p : a.pods)
           if (reports_.count(p) && reports_[p].phase == "Paused") reports_[p].phase = "Running";
+        break;
+      case Action::Kind::kPrepareEngine:
+        ASSERT_EQ(a.pods.size(), a.ranks.size());
+        prepare_asks_.push_back(a);
+        for (size_t i = 0; i < a.pods.size(); ++i) {
+          if (!reports_.count(a.pods[i]) || prepare_ == Prepare::kRefuses) continue;
+          WorkerReport& r = reports_[a.pods[i]];
+          EXPECT_EQ(r.generation, 0) << a.pods[i] << " asked to prepare after joining";
+          if (r.prepared) continue;  // a repeated ask changes nothing
+          r.prepared = WorkerReport::Prepared{a.generation, a.ranks[i], a.world_size, false, ""};
+          if (prepare_ == Prepare::kFails) r.prepared->error = "spec.model.uri: not found";
+          preparing_since_[a.pods[i]] = passes_;
+        }
         break;
     }
   }
@@ -340,6 +367,10 @@ class Sim {
         r.phase = "Failed";
         r.last_error = "a peer closed the connection";
       }
+    for (auto& [name, r] : reports_)  // engines load in prepare_passes_ reconciles
+      if (r.prepared && !r.prepared->ready && r.prepared->error.empty() &&
+          passes_ - preparing_since_[name] >= prepare_passes_)
+        r.prepared->ready = true;
     for (auto& [name, r] : reports_)
       if (r.phase == "Running" && !stuck_) {
         ++r.step;
@@ -375,6 +406,7 @@ class Sim {
   // A live rescale's new ranks reading (pod → the reconcile it joined), and from where.
   int passes_ = 0;  // reconciles, lost actions or not
   std::map<std::string, int> joining_since_;
+  std::map<std::string, int> preparing_since_;  // pod → the reconcile it was asked to prepare
   std::map<int64_t, std::vector<std::string>> members_of_;  // generation → its Rendezvous's pods
   std::vector<std::string> reading_from_;
   int64_t reading_step_ = 0;
@@ -447,6 +479,86 @@ TEST(Reconcile, ScaleUpIsMakeBeforeBreakAndScaleDownShutsTheSurplusRanks) {
   EXPECT_EQ(sim.pods_.size(), 2u);
   EXPECT_EQ(sim.shutdown_, Names({2, 3}));
   EXPECT_EQ(sim.status().current_gpus, 2);
+}
+
+// Issue 25: the new workers load their engines for the ranks planned for them while the old
+// generation trains; the barrier that pauses the job comes only once they are loaded. A
+// leader that dies with the ask lost, or on any pass, changes neither the ranks nor that
+// only one generation ever trains.
+TEST(Reconcile, AScaleUpLoadsTheNewEnginesAtTheirPlannedRanksWhileTheJobTrainsThenPauses) {
+  Sim sim(Spec());
+  sim.prepare_passes_ = 4;
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  sim.Until([&] { return !sim.prepare_asks_.empty(); });
+  const Action& ask = sim.prepare_asks_.front();
+  EXPECT_EQ(ask.pods, Names({2, 3}));
+  EXPECT_EQ(ask.ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(ask.world_size, 4);
+  EXPECT_EQ(ask.generation, 2);
+  ASSERT_TRUE(sim.status().rescale);
+  EXPECT_TRUE(sim.status().rescale->prepare_asked.has_value());
+  // Loading: the job trains on at its old size, and status says what it waits for.
+  const int64_t step = sim.reports_["job-worker-0"].step;
+  sim.Reconcile();
+  sim.Reconcile();
+  EXPECT_EQ(StageName(sim.status().rescale->stage), std::string("WaitingForPods"));
+  EXPECT_NE(sim.status().rescale->waiting_for.find("job-worker-2 (loading its engine)"),
+            std::string::npos)
+      << sim.status().rescale->waiting_for;
+  EXPECT_GT(sim.reports_["job-worker-0"].step, step);
+  sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
+  EXPECT_EQ(sim.status().members, Names({0, 1, 2, 3}));
+  EXPECT_TRUE(sim.barriers_while_loading_.empty());
+  EXPECT_EQ(sim.prepared_for_another_rank_, 0);
+  EXPECT_EQ(sim.prepare_asks_.size(), 1u);
+  EXPECT_FALSE(sim.HasEvent("EnginesStillLoading"));
+}
+
+// A leader that dies on any pass, the ask's included (then the new workers load after the
+// Rendezvous, as without it), never pauses the job while an engine loads, never asks twice,
+// and never trains two generations.
+TEST(Reconcile, ALeaderDyingAroundTheAskToPrepareStillScalesUpWithoutPausingForALoad) {
+  for (int lose : {2, 3}) {
+    SCOPED_TRACE("actions of every " + std::to_string(lose) + "th reconcile lost");
+    Sim sim(Spec());
+    sim.prepare_passes_ = 4;
+    sim.Until([&] { return sim.status().phase == "Running"; });
+    sim.lose_actions_every_ = lose;
+    sim.SetSpec(Spec(R"({"replicas": 4})"));
+    sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
+    EXPECT_EQ(sim.status().members, Names({0, 1, 2, 3}));
+    EXPECT_TRUE(sim.barriers_while_loading_.empty());
+    EXPECT_EQ(sim.prepared_for_another_rank_, 0);
+    EXPECT_LE(sim.prepare_asks_.size(), 1u);
+  }
+}
+
+// The ask holds nothing it cannot finish: a worker that refuses it (TIDAL_KEEP_ENGINE=0, an
+// older worker) or fails to load goes on to the barrier at once and loads after the
+// Rendezvous; one still loading after scaleUpTimeoutSeconds no longer holds the job's growth.
+TEST(Reconcile, ANewWorkerThatRefusesFailsOrOutlastsTheScaleUpTimeoutToPrepareHoldsNoScaleUp) {
+  for (Sim::Prepare mode : {Sim::Prepare::kRefuses, Sim::Prepare::kFails}) {
+    Sim sim(Spec());
+    sim.prepare_ = mode;
+    sim.prepare_passes_ = 1000;
+    sim.Until([&] { return sim.status().phase == "Running"; });
+    sim.SetSpec(Spec(R"({"replicas": 4})"));
+    sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; }, 12);
+    EXPECT_EQ(sim.prepare_asks_.size(), 1u);
+    EXPECT_FALSE(sim.HasEvent("EnginesStillLoading"));
+  }
+  Sim sim(Spec());  // scaleUpTimeoutSeconds 60; one reconcile a second
+  sim.prepare_passes_ = 1000;
+  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  sim.Until([&] { return !sim.prepare_asks_.empty(); });
+  for (int i = 0; i < 55; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.status().generation, 1);
+  EXPECT_EQ(StageName(sim.status().rescale->stage), std::string("WaitingForPods"));
+  sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; }, 15);
+  EXPECT_TRUE(sim.HasEvent("EnginesStillLoading"));
+  EXPECT_EQ(sim.status().members, Names({0, 1, 2, 3}));
 }
 
 // DESIGN.md §4 step 5: the barrier keeps the state in the ranks' memory, the new generation
