@@ -1160,6 +1160,9 @@ class Decider {
       a.world_size = static_cast<int>(r.members.size());
       r.prepare_asked = o_.now;
       r.waiting_for = Join(fresh, " (loading its engine)");
+      Emit("Normal", "PreparingEngines",
+           "new workers ready; " + Join(fresh) + " load their engines for generation " +
+               std::to_string(r.target_generation) + " while the job trains");
       plan_.requeue_after = soon;
       return false;
     }

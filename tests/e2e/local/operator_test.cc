@@ -65,6 +65,21 @@ TEST_F(OperatorTest, KubectlScaleResizesARunningJobWithoutChangingItsLossCurve) 
   EXPECT_EQ(MetricValue(op, "tidal_operator_leader"), 1);
   EXPECT_GT(MetricValue(op, "tidal_operator_reconcile_duration_seconds_count", "ok").value_or(0),
             0);
+  // The new worker loaded its engine for rank 3 of 4 while generation 1 trained: entering
+  // generation 2 read no base weight.
+  const std::string log3 = Ok({"logs", "elastic-worker-3"});
+  EXPECT_NE(log3.find("\"engine prepared\""), std::string::npos) << log3;
+  {
+    std::istringstream lines(log3);
+    int kept = 0;
+    for (std::string line; std::getline(lines, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded() || !j.is_object() || j.value("msg", "") != "base weights kept") continue;
+      ++kept;
+      EXPECT_EQ(j.value("elements_read", -1), 0) << line;
+    }
+    EXPECT_EQ(kept, 1) << log3;
+  }
   const std::string worker = PodMetrics("elastic-worker-3");
   EXPECT_EQ(PromtoolCheckMetrics(worker), "") << worker;
   EXPECT_EQ(MetricValue(worker, "tidal_worker_world_size", elastic), 4) << worker;
@@ -92,8 +107,8 @@ TEST_F(OperatorTest, KubectlScaleResizesARunningJobWithoutChangingItsLossCurve) 
   EXPECT_EQ(from_peers, 2u) << rank0;
   EXPECT_EQ(rank0.find("live reshard failed"), std::string::npos) << rank0;
   const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
-  for (const char* reason :
-       {"ScalingUp", "CheckpointBarrier", "Rescaled", "ScalingDown", "Succeeded"})
+  for (const char* reason : {"ScalingUp", "PreparingEngines", "CheckpointBarrier", "Rescaled",
+                             "ScalingDown", "Succeeded"})
     EXPECT_NE(events.find(reason), std::string::npos) << reason << " in " << events;
   EXPECT_NE(Ok({"get", "tj", "elastic"}).find("Succeeded"), std::string::npos);
 }
