@@ -154,6 +154,7 @@ class Decider {
     };
     not_after_now(st_.last_membership_change);
     if (st_.rescale && st_.rescale->started > o_.now) st_.rescale->started = o_.now;
+    if (st_.rescale) not_after_now(st_.rescale->prepare_asked);
     if (st_.data) not_after_now(st_.data->started);
     if (!o_.spec.ok()) return;
     const api::TrainingJobSpec& spec = *o_.spec;
@@ -768,8 +769,8 @@ class Decider {
     r.reason = "scale " + std::to_string(held) + " -> " + std::to_string(decision.desired) +
                " GPUs: " + decision.reason;
     const int64_t want_pods = decision.desired / GpusPerPod();
-    if (decision.desired < held) {  // scale down: the first ranks stay
-      r.stage = Stage::kBarrier;
+    if (decision.desired < held) {  // scale down: the first ranks stay, once prepared
+      r.stage = Stage::kWaitingForPods;
       r.members.assign(st_.members.begin(), st_.members.begin() + want_pods);
       st_.phase = "Scaling";
       st_.rescale = r;
@@ -1136,38 +1137,35 @@ class Decider {
     }
   }
 
-  // Make before break to the end: the new workers load their engines (the model, the rows,
-  // the base-weight shard of the rank planned for each) while the old generation trains, so
-  // the pause between the barrier and the new generation's first step holds no load. Asked
-  // once (status.rescale.prepareAsked); the barrier then waits while a new worker reports that
-  // it is loading, for at most scaleUpTimeoutSeconds after the ask. One that reports nothing
-  // (it refused, as TIDAL_KEEP_ENGINE=0 does; the call was lost with a leader) or a failure
-  // holds nothing: it builds its engine after the Rendezvous, as without the ask.
+  // Make before break to the end: every member of the next generation readies itself for the
+  // rank planned for it while the old generation trains — a new worker loads its engine (the
+  // model, the rows, its base-weight shard), a current one reads the base weights its new
+  // ZeRO-3 shard adds — so that the pause between the barrier and the next generation's first
+  // step holds no load. Asked once (status.rescale.prepareAsked); the barrier then waits while
+  // a member reports it is still at it, for at most scaleUpTimeoutSeconds after the ask. One
+  // that reports nothing (it refused, as TIDAL_KEEP_ENGINE=0 does; the ask was lost with a
+  // leader) or a failure holds nothing: it loads after the Rendezvous, as without the ask.
   bool EnginesPrepared(RescaleState& r) {
-    std::vector<std::string> fresh;
-    std::vector<int> ranks;
-    for (size_t rank = 0; rank < r.members.size(); ++rank)
-      if (std::find(st_.members.begin(), st_.members.end(), r.members[rank]) == st_.members.end()) {
-        fresh.push_back(r.members[rank]);
-        ranks.push_back(static_cast<int>(rank));
-      }
-    if (fresh.empty()) return true;
+    if (r.members.empty()) return true;
     const auto soon = std::min(options_.poll, kWorkerStartPoll);
     if (!r.prepare_asked) {
-      Action& a = Do(Action::Kind::kPrepareEngine, fresh, r.reason);
+      Action& a = Do(Action::Kind::kPrepareEngine, r.members, r.reason);
       a.generation = r.target_generation;
-      a.ranks = ranks;
+      for (size_t rank = 0; rank < r.members.size(); ++rank)
+        a.ranks.push_back(static_cast<int>(rank));
       a.world_size = static_cast<int>(r.members.size());
       r.prepare_asked = o_.now;
-      r.waiting_for = Join(fresh, " (loading its engine)");
+      r.waiting_for = Join(r.members, " (preparing)");
       Emit("Normal", "PreparingEngines",
-           "new workers ready; " + Join(fresh) + " load their engines for generation " +
-               std::to_string(r.target_generation) + " while the job trains");
+           Join(r.members) + " ready what they lack for generation " +
+               std::to_string(r.target_generation) +
+               " (a new pod its engine, a member the base weights its new shard adds) while " +
+               "the job trains");
       plan_.requeue_after = soon;
       return false;
     }
     std::vector<std::string> loading;
-    for (const std::string& m : fresh) {
+    for (const std::string& m : r.members) {
       const WorkerReport* w = Report(m);
       if (w && w->prepared && w->prepared->generation >= r.target_generation &&
           !w->prepared->ready && w->prepared->error.empty())
@@ -1177,12 +1175,12 @@ class Decider {
     const auto timeout = std::chrono::seconds(spec_->elastic.scale_up_timeout_seconds);
     if (o_.now - *r.prepare_asked > timeout) {
       Emit("Normal", "EnginesStillLoading",
-           Join(loading, "") + " still loading " + std::to_string(timeout.count()) +
+           Join(loading) + " still preparing " + std::to_string(timeout.count()) +
                " s after the ask (elastic.scaleUpTimeoutSeconds): the barrier goes on, and " +
                "they finish loading in generation " + std::to_string(r.target_generation));
       return true;
     }
-    r.waiting_for = Join(loading, " (loading its engine)");
+    r.waiting_for = Join(loading, " (preparing)");
     plan_.requeue_after = soon;
     return false;
   }

@@ -317,17 +317,50 @@ Status WorkerRuntime::PrepareEngine(const engine::Membership& planned) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return FailedPrecondition("the worker is shutting down");
   const int64_t newest = std::max(state_.generation, pending_ ? pending_->generation : 0);
-  if (newest > 0)
-    return FailedPrecondition("this worker has been given generation " + std::to_string(newest) +
-                              ": it keeps its engine, there is none to prepare");
-  if (state_.prepared) {
-    state_.prepared->generation = std::max(state_.prepared->generation, planned.generation);
-    return OkStatus();
+  if (planned.generation <= newest)
+    return FailedPrecondition("generation " + std::to_string(planned.generation) +
+                              " is not newer than this worker's generation " +
+                              std::to_string(newest));
+  if (state_.prepared && state_.prepared->generation >= planned.generation) return OkStatus();
+  if (state_.generation == 0) {  // a new worker: its engine, built on the training thread
+    if (state_.prepared) {       // asked again for a later generation: the Rendezvous re-cuts
+      state_.prepared->generation = planned.generation;
+      return OkStatus();
+    }
+    pending_prepare_ = planned;
+  } else {  // a member that trains: the base weights it lacks for the plan, read meanwhile
+    if (pending_ || state_.phase == Phase::kJoining || !current_session_)
+      return FailedPrecondition("phase " + std::string(PhaseName(state_.phase)) +
+                                ": nothing trains to read ahead beside");
+    if (reading_ahead_) {  // one read at a time; the Regroup re-cuts what it missed
+      state_.prepared->generation = planned.generation;
+      return OkStatus();
+    }
+    if (ahead_thread_.joinable()) ahead_thread_.join();  // an earlier one, over
+    reading_ahead_ = true;
+    ahead_thread_ =
+        std::thread([this, planned, session = current_session_] { ReadAhead(*session, planned); });
   }
-  pending_prepare_ = planned;
   state_.prepared = PreparedEngine{planned.generation, planned.rank, planned.world_size, false, ""};
   changed_.notify_all();
   return OkStatus();
+}
+
+void WorkerRuntime::ReadAhead(engine::Session& session, const engine::Membership& planned) {
+  Status read = session.ReadAhead(planned, [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return shutdown_;
+  });
+  std::lock_guard<std::mutex> lock(mu_);
+  if (read.ok()) {
+    state_.prepared->ready = true;
+  } else {
+    state_.prepared->error = read.message();
+    LogWarn("base weights not read ahead: the next generation reads them",
+            {{"error", read.message()}});
+  }
+  reading_ahead_ = false;
+  changed_.notify_all();
 }
 
 uint64_t WorkerRuntime::JoinOrRequest(uint32_t flags, uint64_t id) {
@@ -616,7 +649,17 @@ Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const 
   m.interface_host = options_.interface_host;
   m.timeout = options_.collective_timeout;
   TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<engine::Session> session, EnterGeneration(m));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_session_ = session.get();
+  }
   const Status ended = TrainGeneration(*session, m, from, ring);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_session_ = nullptr;  // no read ahead starts on it any more
+  }
+  // A read ahead under way ends before the session leaves the generation.
+  if (ahead_thread_.joinable()) ahead_thread_.join();
   // Kept however the generation ended: its base weights are never written, and everything
   // that training changes is rebuilt by the next generation's resume.
   if (options_.keep_engine && session->usable()) kept_session_ = std::move(session);

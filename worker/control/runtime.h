@@ -164,12 +164,15 @@ class WorkerRuntime {
   // the store's newest when that cannot be read.
   // With `ring`, the generation keeps buddy copies (RuntimeOptions::buddy_every).
   Status Rendezvous(const engine::Membership& membership, LiveState from = {}, BuddyRing ring = {});
-  // Builds the engine ahead of the first generation for the planned rank and world size
-  // (engine::Session::Prepare) on the training thread, while the worker stays WAITING; the
-  // next Rendezvous regroups it. State().prepared says how it goes. FailedPrecondition once the
-  // worker has been given a generation (its engine is kept), or without keep_engine. A call
-  // while one is prepared or preparing only records a newer generation: the Rendezvous re-cuts
-  // a shard cut for another rank or world size.
+  // Readies the engine for `planned` (a rank and world size in a newer generation) while the
+  // job trains, so that the Rendezvous into it holds no load. A new worker builds its engine
+  // (engine::Session::Prepare) on the training thread and stays WAITING. A member of a
+  // training generation reads the base weights it will hold there and does not hold now
+  // (engine::Session::ReadAhead) on a thread of its own, and trains on. State().prepared says
+  // how it goes. FailedPrecondition without keep_engine, for a generation that is not newer,
+  // or while nothing trains (joining, held for a Rendezvous). A call while one is under way or
+  // done for an older generation only records the newer one: the Regroup re-cuts whatever
+  // the plan that was read for missed.
   Status PrepareEngine(const engine::Membership& planned);
   // A full checkpoint at the next agreed step boundary; with `pause`, hold after it. Waits
   // until it is committed, the generation ends, or `deadline`. `barrier_id` names the barrier
@@ -219,6 +222,8 @@ class WorkerRuntime {
                        const BuddyRing& ring);
   // PrepareEngine's work, on the training thread: kept_session_ and state_.prepared set.
   void Prepare(const engine::Membership& planned);
+  // PrepareEngine's work for a member that trains, on ahead_thread_: state_.prepared set.
+  void ReadAhead(engine::Session& session, const engine::Membership& planned);
   // The session for `m`: the kept one regrouped, or a new one.
   StatusOr<std::unique_ptr<engine::Session>> EnterGeneration(const engine::Membership& m);
   Status TrainGeneration(engine::Session& session, const engine::Membership& m,
@@ -265,6 +270,12 @@ class WorkerRuntime {
   uint64_t next_seq_ = 1;
   // The last generation's session, kept for the next (the training thread's alone).
   std::unique_ptr<engine::Session> kept_session_;
+  // The generation's session while it trains (under mu_; owned by the training thread), the
+  // thread reading ahead on it, and whether that runs. The training thread joins it before
+  // the session leaves its generation.
+  engine::Session* current_session_ = nullptr;
+  std::thread ahead_thread_;
+  bool reading_ahead_ = false;
   std::thread thread_;
 };
 

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -82,6 +83,11 @@ class Session {
   // session is at step 0 with initial adapters, as Join leaves it: resuming is the hooks' job.
   // On failure, usable() says whether a later Regroup may still be tried.
   virtual Status Regroup(const Membership& next, const SessionOptions& options) = 0;
+  // While a generation trains, from a thread other than the one that steps: the base weights
+  // this rank will hold at `planned` (rank, world size) and does not hold now are read into
+  // memory for the next Regroup (Trainer::ReadAhead). It must have returned before the session
+  // leaves the generation. Stops (Aborted) once `cancelled` says so.
+  virtual Status ReadAhead(const Membership& planned, const std::function<bool()>& cancelled) = 0;
   virtual bool usable() const = 0;
 
   virtual const Membership& membership() const = 0;

@@ -166,8 +166,37 @@ Status Trainer::StartGeneration(KeptBaseWeights* kept) {
 void Trainer::LeaveGroup() {
   if (!comm_) return;
   kept_ = params_->ReleaseBaseWeights();
+  for (size_t b = 0; b < ahead_.size() && b < kept_.blocks.size(); ++b)
+    kept_.blocks[b].ahead = std::move(ahead_[b]);
+  ahead_.clear();
   params_.reset();
   comm_.reset();
+}
+
+Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>& cancelled) {
+  if (!comm_) return FailedPrecondition("trainer: reading ahead needs a generation to start from");
+  const int stage = config_.optimization.zero_stage;
+  const auto start = std::chrono::steady_clock::now();
+  const uint64_t bytes_before = hf_ ? hf_->BytesRead() : 0;
+  const uint64_t seed = config_.model.init_seed;
+  TIDAL_ASSIGN_OR_RETURN(
+      auto segments,
+      ReadAheadBaseWeights(
+          *model_, {stage, comm_->rank(), comm_->world_size()}, {stage, rank, world_size}, dtype_,
+          hf_ ? hf_->Reader(*model_, seed) : RandomInitReader(*model_, seed), cancelled));
+  int64_t elements = 0;
+  for (const auto& block : segments)
+    for (const auto& segment : block) elements += segment.data.numel();
+  ahead_ = std::move(segments);
+  LogInfo("base weights read ahead",
+          {{"model", hf_ ? config_.model.uri : config_.model.preset},
+           {"planned_rank", rank},
+           {"planned_world_size", world_size},
+           {"elements", elements},
+           {"bytes_read", hf_ ? hf_->BytesRead() - bytes_before : uint64_t{0}},
+           {"seconds",
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
+  return OkStatus();
 }
 
 Status Trainer::JoinGroup(std::unique_ptr<Comm> comm) {

@@ -49,6 +49,11 @@ class Trainer {
   // trainer has no group and must not step. A JoinGroup that fails leaves it unusable.
   void LeaveGroup();
   Status JoinGroup(std::unique_ptr<Comm> comm);
+  // While this generation trains, on another thread than the training one: reads the base
+  // weights this rank will hold as `rank` of `world_size` and does not hold now
+  // (ReadAheadBaseWeights), kept for the next JoinGroup, which then copies instead of reading.
+  // The caller sees that it has returned before LeaveGroup. Stops when `cancelled` says so.
+  Status ReadAhead(int rank, int world_size, const std::function<bool()>& cancelled);
 
   // One optimizer step over the next global batch.
   StatusOr<StepRecord> Step();
@@ -88,6 +93,8 @@ class Trainer {
   torch::ScalarType dtype_ = torch::kFloat32;
   std::unique_ptr<ShardedParameters> params_;
   KeptBaseWeights kept_;  // between LeaveGroup and JoinGroup
+  // ReadAhead's segments, per block, until LeaveGroup hands them to kept_.
+  std::vector<std::vector<KeptBaseWeights::Segment>> ahead_;
   std::unique_ptr<data::RowSource> data_;
   // Sequences of the run this rank reads at `step` (micro-batches in order).
   std::vector<uint64_t> RankSequences(int64_t step) const;

@@ -214,35 +214,106 @@ Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& 
           if (progress) progress(loaded, total);
           continue;
         }
-        // [begin, end) in flat elements: the part the kept copy holds is copied, the parts
-        // before and after it are read.
-        int64_t copy_lo = end, copy_hi = end;
+        // [begin, end) in flat elements: what a kept source holds (the last generation's
+        // shard, a segment read ahead) is copied, the gaps between them are read.
+        std::vector<const KeptBaseWeights::Segment*> sources;
+        KeptBaseWeights::Segment last;
         if (frozen && mine && mine->data.defined()) {
-          copy_lo = std::clamp(mine->lo, begin, end);
-          copy_hi = std::clamp(mine->lo + mine->data.numel(), copy_lo, end);
+          last = {mine->lo, mine->data};
+          sources.push_back(&last);
         }
-        for (const auto& [from, to] : {std::pair{begin, copy_lo}, std::pair{copy_hi, end}}) {
-          if (from >= to) continue;
-          auto values = read(p, from - flat->offset[k], to - from);
+        if (frozen && kept)
+          for (const KeptBaseWeights::Segment& ahead : kept->blocks[b].ahead)
+            sources.push_back(&ahead);
+        for (int64_t at = begin; at < end;) {
+          const KeptBaseWeights::Segment* holding = nullptr;
+          int64_t gap_end = end;  // where the next source starts, when none holds `at`
+          for (const KeptBaseWeights::Segment* src : sources) {
+            if (src->lo <= at && at < src->lo + src->data.numel()) {
+              holding = src;
+              break;
+            }
+            if (src->lo > at) gap_end = std::min(gap_end, src->lo);
+          }
+          if (holding) {
+            const int64_t to = std::min(end, holding->lo + holding->data.numel());
+            flat->data.narrow(0, at - lo, to - at)
+                .copy_(holding->data.narrow(0, at - holding->lo, to - at));
+            kept->reused += to - at;
+            at = to;
+            continue;
+          }
+          auto values = read(p, at - flat->offset[k], gap_end - at);
           if (!values.ok()) return values.status();
-          if (values->numel() != to - from)
+          if (values->numel() != gap_end - at)
             return Internal("reader returned " + std::to_string(values->numel()) +
-                            " elements for " + p.name + ", expected " + std::to_string(to - from));
-          flat->data.narrow(0, from - lo, to - from).copy_(values->reshape({-1}));
-          if (kept && frozen) kept->read += to - from;
-        }
-        if (copy_lo < copy_hi) {
-          flat->data.narrow(0, copy_lo - lo, copy_hi - copy_lo)
-              .copy_(mine->data.narrow(0, copy_lo - mine->lo, copy_hi - copy_lo));
-          kept->reused += copy_hi - copy_lo;
+                            " elements for " + p.name + ", expected " +
+                            std::to_string(gap_end - at));
+          flat->data.narrow(0, at - lo, gap_end - at).copy_(values->reshape({-1}));
+          if (kept && frozen) kept->read += gap_end - at;
+          at = gap_end;
         }
         loaded += end - begin;
         if (progress) progress(loaded, total);
       }
     }
-    if (kept) kept->blocks[b].data = torch::Tensor();  // one block of both at a time, at most
+    if (kept) {  // one block of both at a time, at most
+      kept->blocks[b].data = torch::Tensor();
+      kept->blocks[b].ahead.clear();
+    }
   }
   return OkStatus();
+}
+
+namespace {
+
+// [lo, hi) of the frozen flat of `spec` (its frozen parameters in order) that `at` holds,
+// within the flat's elements; the flat's size in `numel`.
+std::pair<int64_t, int64_t> FrozenHeld(const BlockSpec& spec, ShardPlacement at, int64_t* numel) {
+  int64_t n = 0;
+  for (const ParamSpec& p : spec.params)
+    if (!p.trainable) n += p.numel();
+  *numel = n;
+  if (at.stage != 3) return {0, n};
+  const int64_t slice = (n + at.world_size - 1) / at.world_size;
+  return {std::min(n, at.rank * slice), std::min(n, (at.rank + 1) * slice)};
+}
+
+}  // namespace
+
+StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeights(
+    const DecoderModel& model, ShardPlacement from, ShardPlacement to, torch::ScalarType dtype,
+    const ParameterReader& read, const std::function<bool()>& cancelled) {
+  torch::NoGradGuard no_grad;
+  std::vector<std::vector<KeptBaseWeights::Segment>> out(model.blocks().size());
+  for (size_t b = 0; b < model.blocks().size(); ++b) {
+    const BlockSpec& spec = model.blocks()[b];
+    int64_t numel = 0;
+    const auto [old_lo, old_hi] = FrozenHeld(spec, from, &numel);
+    const auto [new_lo, new_hi] = FrozenHeld(spec, to, &numel);
+    // The new range less the old one: a part before it and a part after it.
+    for (const auto& [lo, hi] : {std::pair{new_lo, std::min(new_hi, std::max(new_lo, old_lo))},
+                                 std::pair{std::max(new_lo, std::min(new_hi, old_hi)), new_hi}}) {
+      if (lo >= hi) continue;
+      torch::Tensor segment = torch::empty({hi - lo}, torch::TensorOptions().dtype(dtype));
+      int64_t offset = 0;
+      for (const ParamSpec& p : spec.params) {
+        if (p.trainable) continue;
+        const int64_t begin = std::max(lo, offset), end = std::min(hi, offset + p.numel());
+        if (begin < end) {
+          if (cancelled && cancelled()) return Aborted("reading ahead was cancelled");
+          TIDAL_ASSIGN_OR_RETURN(torch::Tensor values, read(p, begin - offset, end - begin));
+          if (values.numel() != end - begin)
+            return Internal("reader returned " + std::to_string(values.numel()) + " elements for " +
+                            p.name + ", expected " + std::to_string(end - begin));
+          segment.narrow(0, begin - lo, end - begin).copy_(values.reshape({-1}));
+        }
+        offset += p.numel();
+      }
+      out[b].push_back({lo, std::move(segment)});
+    }
+  }
+  return out;
 }
 
 KeptBaseWeights ShardedParameters::ReleaseBaseWeights() {
@@ -251,7 +322,7 @@ KeptBaseWeights ShardedParameters::ReleaseBaseWeights() {
   for (auto& block : blocks_) {
     Flat& flat = block->frozen;
     const int64_t lo = options_.stage == 3 ? rank * (flat.padded / world) : 0;
-    kept.blocks.push_back({lo, flat.data.detach()});
+    kept.blocks.push_back({lo, flat.data.detach(), {}});
     flat.data = torch::Tensor();
   }
   blocks_.clear();

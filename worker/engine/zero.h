@@ -75,14 +75,37 @@ struct TrainableBlockLayout {
 // handed to the next generation's Load: what the new shard shares with the old one is copied in
 // memory instead of read again. Per block, the flat elements [lo, lo + data.numel()).
 struct KeptBaseWeights {
+  // Elements [lo, lo + data.numel()) of a block's frozen flat.
+  struct Segment {
+    int64_t lo = 0;
+    torch::Tensor data;
+  };
   struct Block {
     int64_t lo = 0;
     torch::Tensor data;
+    // Read ahead for the next generation while the last one trained (ReadAheadBaseWeights),
+    // on the host: parts of the next shard that `data` lacks.
+    std::vector<Segment> ahead;
   };
   std::vector<Block> blocks;
   // Filled by Load: elements copied from here, and read from the source instead.
   int64_t reused = 0, read = 0;
 };
+
+// Where a rank sits; what it holds of every frozen flat follows (all of it below stage 3).
+struct ShardPlacement {
+  int stage = 0;
+  int rank = 0;
+  int world_size = 1;
+};
+
+// The frozen elements `to` will hold and `from` does not, per block, read now with `read` into
+// host tensors of `dtype`. Called while a generation trains, for the next one's Load (as
+// KeptBaseWeights::Block::ahead): that Load then copies them instead of reading in the pause
+// between generations. Returns Cancelled once `cancelled` does (checked between reads).
+StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeights(
+    const DecoderModel& model, ShardPlacement from, ShardPlacement to, torch::ScalarType dtype,
+    const ParameterReader& read, const std::function<bool()>& cancelled);
 
 class ShardedParameters {
  public:
@@ -96,7 +119,8 @@ class ShardedParameters {
   // With `kept` (the last generation's base weights of this process), the frozen elements it
   // holds are copied from it and only the rest are read; a kept block that is exactly the new
   // one (stages 0-2, where every rank holds the whole base; or the same shard at stage 3) is
-  // taken over without a copy. Each kept block is released once used: with
+  // taken over without a copy. Segments read ahead (KeptBaseWeights::Block::ahead) are copied
+  // as well. Each kept block is released once used: with
   // allocate_frozen_in_load the two generations' shards never coexist beyond one block.
   // Trainable weights always come from `read` (their initial values: a resume overwrites them).
   Status Load(const ParameterReader& read, const LoadProgress& progress = {},

@@ -457,8 +457,8 @@ TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
   ASSERT_TRUE(c.Rendezvous(1, 1, 0, "").ok());
   expect(c.Rendezvous(1, 1, 0, ""), "FAILED_PRECONDITION", "not newer");
   EXPECT_EQ(WaitFor(0, [](auto& s) { return s.step() >= 1; }).generation(), 1);
-  // A worker in a generation keeps its engine; one that builds it per generation prepares none.
-  expect(c.PrepareEngine(2, 2, 1), "FAILED_PRECONDITION", "keeps its engine");
+  // Only for a generation to come; a worker that builds its engine per generation prepares none.
+  expect(c.PrepareEngine(1, 2, 1), "FAILED_PRECONDITION", "not newer");
   StartWorker(1, {}, "", {"TIDAL_KEEP_ENGINE=0"});
   expect(workers_[1].client->PrepareEngine(1, 2, 1), "FAILED_PRECONDITION", "TIDAL_KEEP_ENGINE=0");
   EXPECT_FALSE(StatusOf(1).has_prepared_engine());
@@ -702,16 +702,19 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   // The new workers load their engines while generation 1 trains, as the operator asks them
   // to: worker 2 for the rank it gets, worker 3 for a plan that changed (rank 2 of 3; it gets
   // rank 3 of 4, whose shard lies inside that one's).
+  // The current members read the base weights their new shards add (rank 1's shard at 4
+  // ranks lies outside its shard at 2), and train on.
   ASSERT_TRUE(workers_[2].client->PrepareEngine(2, 4, 2).ok());
   ASSERT_TRUE(workers_[3].client->PrepareEngine(2, 3, 2).ok());
   ASSERT_TRUE(workers_[3].client->PrepareEngine(2, 3, 2).ok()) << "a repeated ask is refused";
-  for (int i : {2, 3}) {
+  for (int i : {0, 1}) ASSERT_TRUE(workers_[i].client->PrepareEngine(2, 4, i).ok());
+  for (int i : {0, 1, 2, 3}) {
     const pb::PreparedEngine p =
         WaitFor(i, [](auto& s) { return s.prepared_engine().ready(); }).prepared_engine();
     EXPECT_EQ(p.generation(), 2);
-    EXPECT_EQ(p.world_size(), i == 2 ? 4 : 3);
+    EXPECT_EQ(p.world_size(), i == 3 ? 3 : 4);
     EXPECT_EQ(p.error(), "");
-    EXPECT_EQ(StatusOf(i).phase(), pb::WAITING);
+    EXPECT_EQ(StatusOf(i).phase(), i < 2 ? pb::RUNNING : pb::WAITING);
   }
   EXPECT_EQ(StatusOf(0).generation(), 1);
 
@@ -725,7 +728,13 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   EXPECT_FALSE(StatusOf(0).has_live_checkpoint()) << "kept after the next generation started";
   steps.WaitForStep(held + 3);
 
-  // 4 -> 2: the surplus ranks serve their parts until the new generation runs, then go.
+  // 4 -> 2: the staying ranks read ahead what their shards at 2 add; the surplus ranks serve
+  // their parts until the new generation runs, then go.
+  for (int i : {0, 1}) ASSERT_TRUE(workers_[i].client->PrepareEngine(3, 2, i).ok());
+  for (int i : {0, 1})
+    WaitFor(i, [](auto& s) {
+      return s.prepared_engine().generation() == 3 && s.prepared_engine().ready();
+    });
   held = BarrierAll({0, 1, 2, 3}, /*live=*/true);
   Rendezvous(3, {0, 1}, {0, 1, 2, 3}, held);
   WaitFor(1, [](auto& s) { return s.generation() == 3 && s.phase() == pb::RUNNING; });
@@ -762,16 +771,19 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
     EXPECT_GT(kept[0]["elements_from_memory"], 0) << kept[0].dump();
   }
   // The ranks that stayed kept their engine: built once, regrouped into generations 2, 3 and 4.
-  // Rank 0's shard at 4 ranks and at 3 lies inside its shard at 2: it read no base weight
-  // then. A worker that joins builds its engine.
+  // Into 2 and 3 they had read ahead what their new shards add, so they read no base weight
+  // between generations. Into 4, unasked, rank 0's shard at 3 ranks lies inside its shard at 2
+  // (no read) while rank 1 reads what its shard lacks. A worker that joins builds its engine.
   for (int i : {0, 1}) {
     const auto kept = LogLines(log_of[i], "base weights kept");
     ASSERT_EQ(kept.size(), 3u) << log_of[i];
     EXPECT_EQ(LogLines(log_of[i], "engine ready").size(), 1u);
+    EXPECT_EQ(LogLines(log_of[i], "base weights read ahead").size(), 2u) << log_of[i];
     for (const auto& line : kept) {
       const int64_t generation = line["generation"];
-      if (i == 0 && generation != 3) EXPECT_EQ(line["elements_read"], 0) << line.dump();
-      if (i == 0) EXPECT_GT(line["elements_from_memory"], 0) << line.dump();
+      if (generation != 4 || i == 0) EXPECT_EQ(line["elements_read"], 0) << line.dump();
+      if (generation == 4 && i == 1) EXPECT_GT(line["elements_read"], 0) << line.dump();
+      EXPECT_GT(line["elements_from_memory"], 0) << line.dump();
     }
   }
   EXPECT_EQ(LogLines(log_of[4], "engine ready").size(), 1u);

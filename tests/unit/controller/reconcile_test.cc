@@ -226,7 +226,8 @@ class Sim {
         break;
       case Action::Kind::kBarrier: {
         for (const auto& [name, r] : reports_)  // the job pauses only once nothing loads
-          if (r.generation == 0 && r.prepared && !r.prepared->ready && r.prepared->error.empty())
+          if (r.prepared && r.prepared->generation > r.generation && !r.prepared->ready &&
+              r.prepared->error.empty())
             barriers_while_loading_.push_back(name);
         // Named for the workers (worker.proto): this generation's, never an older barrier's.
         EXPECT_EQ(a.barrier_id >> 32, static_cast<uint64_t>(status().generation));
@@ -310,8 +311,8 @@ class Sim {
         for (size_t i = 0; i < a.pods.size(); ++i) {
           if (!reports_.count(a.pods[i]) || prepare_ == Prepare::kRefuses) continue;
           WorkerReport& r = reports_[a.pods[i]];
-          EXPECT_EQ(r.generation, 0) << a.pods[i] << " asked to prepare after joining";
-          if (r.prepared) continue;  // a repeated ask changes nothing
+          EXPECT_LT(r.generation, a.generation) << a.pods[i] << " asked to prepare for the past";
+          if (r.prepared && r.prepared->generation >= a.generation) continue;  // a repeated ask
           r.prepared = WorkerReport::Prepared{a.generation, a.ranks[i], a.world_size, false, ""};
           if (prepare_ == Prepare::kFails) r.prepared->error = "spec.model.uri: not found";
           preparing_since_[a.pods[i]] = passes_;
@@ -491,9 +492,11 @@ TEST(Reconcile, AScaleUpLoadsTheNewEnginesAtTheirPlannedRanksWhileTheJobTrainsTh
   sim.Until([&] { return sim.status().phase == "Running"; });
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Until([&] { return !sim.prepare_asks_.empty(); });
-  const Action& ask = sim.prepare_asks_.front();
-  EXPECT_EQ(ask.pods, Names({2, 3}));
-  EXPECT_EQ(ask.ranks, (std::vector<int>{2, 3}));
+  const Action ask = sim.prepare_asks_.front();
+  // Every member of the next generation: the new ones load their engines, the current ones the
+  // base weights their new shards add.
+  EXPECT_EQ(ask.pods, Names({0, 1, 2, 3}));
+  EXPECT_EQ(ask.ranks, (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(ask.world_size, 4);
   EXPECT_EQ(ask.generation, 2);
   ASSERT_TRUE(sim.status().rescale);
@@ -503,8 +506,7 @@ TEST(Reconcile, AScaleUpLoadsTheNewEnginesAtTheirPlannedRanksWhileTheJobTrainsTh
   sim.Reconcile();
   sim.Reconcile();
   EXPECT_EQ(StageName(sim.status().rescale->stage), std::string("WaitingForPods"));
-  EXPECT_NE(sim.status().rescale->waiting_for.find("job-worker-2 (loading its engine)"),
-            std::string::npos)
+  EXPECT_NE(sim.status().rescale->waiting_for.find("job-worker-2 (preparing)"), std::string::npos)
       << sim.status().rescale->waiting_for;
   EXPECT_GT(sim.reports_["job-worker-0"].step, step);
   sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
@@ -513,6 +515,19 @@ TEST(Reconcile, AScaleUpLoadsTheNewEnginesAtTheirPlannedRanksWhileTheJobTrainsTh
   EXPECT_EQ(sim.prepared_for_another_rank_, 0);
   EXPECT_EQ(sim.prepare_asks_.size(), 1u);
   EXPECT_FALSE(sim.HasEvent("EnginesStillLoading"));
+
+  // A scale-down: the staying members read what their new shards add, then the barrier.
+  sim.SetSpec(Spec(R"({"replicas": 2})"));
+  sim.Until([&] { return sim.prepare_asks_.size() == 2; });
+  EXPECT_EQ(sim.prepare_asks_.back().pods, Names({0, 1}));
+  EXPECT_EQ(sim.prepare_asks_.back().world_size, 2);
+  EXPECT_EQ(sim.prepare_asks_.back().generation, 3);
+  sim.Reconcile();
+  EXPECT_EQ(sim.status().generation, 2) << "paused while a member read ahead";
+  sim.Until([&] { return sim.status().generation == 3 && !sim.status().rescale; });
+  EXPECT_TRUE(sim.barriers_while_loading_.empty());
+  EXPECT_EQ(sim.status().members, Names({0, 1}));
+  EXPECT_EQ(sim.shutdown_, Names({2, 3}));
 }
 
 // A leader that dies on any pass, the ask's included (then the new workers load after the
@@ -837,9 +852,11 @@ TEST(Reconcile, AMemberThatMustLeaveDuringARescalesBarrierIsLeftOutOfTheNextGene
   json three = Spec(four);
   three["replicas"] = 3;
   sim.SetSpec(three);
-  sim.Reconcile();  // the barrier: every rank pauses
-  ASSERT_TRUE(sim.status().rescale);
-  ASSERT_EQ(StageName(sim.status().rescale->stage), std::string("Barrier"));
+  sim.Until(
+      [&] {  // the staying ranks read ahead, then the barrier: every rank pauses
+        return sim.status().rescale && sim.status().rescale->stage == RescaleState::Stage::kBarrier;
+      },
+      5);
   sim.DeleteFromOutside("job-worker-1");
   sim.Until([&] { return sim.status().generation > generation && !sim.status().rescale; }, 10);
   EXPECT_EQ(sim.status().members, Names({0, 2}));

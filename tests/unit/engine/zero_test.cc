@@ -92,7 +92,9 @@ TEST(ZeroTest, Stage3GathersBackExactlyWhatWasLoadedAndComputesTheSameLogits) {
 
 // The engine kept across generations: a rank's next shard is filled from the base weights it
 // held in the last generation wherever they overlap, and read only where they do not; the
-// result is bit for bit what a fresh load gives, at every stage and world-size change.
+// result is bit for bit what a fresh load gives, at every stage and world-size change. With
+// the rest read ahead while the last generation trained (ReadAheadBaseWeights), a staying
+// rank reads nothing at all.
 TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
   DecoderModel model = TinyModel();
   auto single = MakeSingleRankComm();
@@ -110,55 +112,70 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
   struct Change {
     int stage, from, to;
   };
-  for (const Change& change :
-       {Change{3, 2, 4}, Change{3, 4, 2}, Change{3, 2, 3}, Change{0, 2, 3}, Change{2, 4, 2}}) {
-    SCOPED_TRACE("stage " + std::to_string(change.stage) + ", " + std::to_string(change.from) +
-                 " -> " + std::to_string(change.to) + " ranks");
-    const ShardingOptions options{change.stage, torch::kCPU, torch::kFloat32};
-    ShardingOptions next_options = options;
-    next_options.allocate_frozen_in_load = true;
-    std::vector<KeptBaseWeights> kept(static_cast<size_t>(change.from));
-    RunRanks(change.from, [&](Comm& comm) {
-      ShardedParameters old(model, comm, options);
-      ASSERT_TRUE(old.Load(RandomInitReader(model, 5)).ok());
-      kept[static_cast<size_t>(comm.rank())] = old.ReleaseBaseWeights();
-    });
-    std::vector<int64_t> reused(static_cast<size_t>(change.to), -1);
-    std::vector<std::atomic<int64_t>> frozen_read(static_cast<size_t>(change.to));
-    RunRanks(change.to, [&](Comm& comm) {
-      const auto r = static_cast<size_t>(comm.rank());
-      ShardedParameters next(model, comm, next_options);
-      // The ranks that stay bring what they held; a new rank has nothing.
-      KeptBaseWeights* mine = r < kept.size() ? &kept[r] : nullptr;
-      ASSERT_TRUE(next.Load(counting(frozen_read[r]), {}, mine).ok());
-      if (mine) {
-        reused[r] = mine->reused;
-        EXPECT_EQ(mine->read, frozen_read[r].load()) << "rank " << r;
-        for (const auto& block : mine->blocks) EXPECT_FALSE(block.data.defined()) << "not freed";
-      }
-      auto gathered = next.GatherFull();
-      ASSERT_TRUE(gathered.ok());
-      ASSERT_EQ(gathered->size(), expected.size());
-      for (size_t i = 0; i < expected.size(); ++i)
-        EXPECT_TRUE(torch::equal((*gathered)[i].second, expected[i].second)) << expected[i].first;
-    });
-    const bool replicated = change.stage < 3;
-    for (size_t r = 0; r < reused.size(); ++r) {
-      if (r >= kept.size()) {
-        EXPECT_GT(frozen_read[r].load(), 0) << "rank " << r << " is new: it reads its shard";
-      } else if (replicated || change.to > change.from) {
-        // Every base weight at stages 0-2; at stage 3, rank 0's new shard lies inside its old
-        // one when the world grows.
-        if (replicated || r == 0) EXPECT_EQ(frozen_read[r].load(), 0) << "rank " << r;
-        if (replicated || r == 0) EXPECT_GT(reused[r], 0) << "rank " << r;
-      } else if (r == 0) {
-        // Stage 3, shrinking: rank 0's new shard starts with its old one and goes on into what
-        // was another rank's.
-        EXPECT_GT(reused[r], 0);
-        EXPECT_GT(frozen_read[r].load(), 0);
+  for (bool ahead : {false, true})
+    for (const Change& change :
+         {Change{3, 2, 4}, Change{3, 4, 2}, Change{3, 2, 3}, Change{0, 2, 3}, Change{2, 4, 2}}) {
+      SCOPED_TRACE("stage " + std::to_string(change.stage) + ", " + std::to_string(change.from) +
+                   " -> " + std::to_string(change.to) + " ranks" + (ahead ? ", read ahead" : ""));
+      const ShardingOptions options{change.stage, torch::kCPU, torch::kFloat32};
+      ShardingOptions next_options = options;
+      next_options.allocate_frozen_in_load = true;
+      std::vector<KeptBaseWeights> kept(static_cast<size_t>(change.from));
+      RunRanks(change.from, [&](Comm& comm) {
+        ShardedParameters old(model, comm, options);
+        ASSERT_TRUE(old.Load(RandomInitReader(model, 5)).ok());
+        KeptBaseWeights& mine = kept[static_cast<size_t>(comm.rank())];
+        mine = old.ReleaseBaseWeights();
+        if (!ahead || comm.rank() >= change.to) return;
+        auto segments = ReadAheadBaseWeights(model, {change.stage, comm.rank(), change.from},
+                                             {change.stage, comm.rank(), change.to},
+                                             torch::kFloat32, RandomInitReader(model, 5), {});
+        ASSERT_TRUE(segments.ok()) << segments.status().ToString();
+        ASSERT_EQ(segments->size(), mine.blocks.size());
+        for (size_t b = 0; b < mine.blocks.size(); ++b) mine.blocks[b].ahead = (*segments)[b];
+      });
+      std::vector<int64_t> reused(static_cast<size_t>(change.to), -1);
+      std::vector<std::atomic<int64_t>> frozen_read(static_cast<size_t>(change.to));
+      RunRanks(change.to, [&](Comm& comm) {
+        const auto r = static_cast<size_t>(comm.rank());
+        ShardedParameters next(model, comm, next_options);
+        // The ranks that stay bring what they held; a new rank has nothing.
+        KeptBaseWeights* mine = r < kept.size() ? &kept[r] : nullptr;
+        ASSERT_TRUE(next.Load(counting(frozen_read[r]), {}, mine).ok());
+        if (mine) {
+          reused[r] = mine->reused;
+          EXPECT_EQ(mine->read, frozen_read[r].load()) << "rank " << r;
+          for (const auto& block : mine->blocks) {
+            EXPECT_FALSE(block.data.defined()) << "not freed";
+            EXPECT_TRUE(block.ahead.empty()) << "not freed";
+          }
+        }
+        auto gathered = next.GatherFull();
+        ASSERT_TRUE(gathered.ok());
+        ASSERT_EQ(gathered->size(), expected.size());
+        for (size_t i = 0; i < expected.size(); ++i)
+          EXPECT_TRUE(torch::equal((*gathered)[i].second, expected[i].second)) << expected[i].first;
+      });
+      const bool replicated = change.stage < 3;
+      for (size_t r = 0; r < reused.size(); ++r) {
+        if (r >= kept.size()) {
+          EXPECT_GT(frozen_read[r].load(), 0) << "rank " << r << " is new: it reads its shard";
+        } else if (ahead) {
+          EXPECT_EQ(frozen_read[r].load(), 0) << "rank " << r << " read what it had read ahead";
+          EXPECT_GT(reused[r], 0) << "rank " << r;
+        } else if (replicated || change.to > change.from) {
+          // Every base weight at stages 0-2; at stage 3, rank 0's new shard lies inside its old
+          // one when the world grows.
+          if (replicated || r == 0) EXPECT_EQ(frozen_read[r].load(), 0) << "rank " << r;
+          if (replicated || r == 0) EXPECT_GT(reused[r], 0) << "rank " << r;
+        } else if (r == 0) {
+          // Stage 3, shrinking: rank 0's new shard starts with its old one and goes on into what
+          // was another rank's.
+          EXPECT_GT(reused[r], 0);
+          EXPECT_GT(frozen_read[r].load(), 0);
+        }
       }
     }
-  }
 }
 
 }  // namespace
