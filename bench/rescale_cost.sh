@@ -10,13 +10,14 @@
 #
 # Lost time of one change = (time of the first step finished at the new size - the decision)
 #                           - steps finished at the old size since the decision x their median
-#                           - one median step at the new size (that step is training, not loss)
+#                           - the first new step's own wall time (that step is training, not loss)
 # It is the sum of two parts, printed apart:
 #   slowdown = how much slower than their median the old size's steps since the decision were:
 #              here the new pods start on the same 2 cores as the ranks that train (on a
 #              cluster they start on GPUs and CPUs of their own);
-#   switch   = from the old size's last step (or the decision, if later) to the new size's
-#              first, less one median step at the new size: the pause itself.
+#   switch   = from the old size's last step (or the decision, if later) to the start of the
+#              new size's first (its end less its own wall time, `seconds` in the log): the
+#              pause itself.
 # The step times come from rank 0's JSON log lines, followed in every worker pod's log
 # across pod incarnations. Prints every change and, per direction, the ratio of the medians
 # (issue 25's target: <= 0.05).
@@ -78,8 +79,8 @@ for line in open(sys.argv[1], errors="replace"):
     except ValueError:
         continue
     if isinstance(j, dict) and j.get("msg") == "step":
-        steps.setdefault(j["step"], (j["ts"], j["world_size"]))
-timeline = sorted((ts, step, world) for step, (ts, world) in steps.items())
+        steps.setdefault(j["step"], (j["ts"], j["world_size"], j.get("seconds")))
+timeline = sorted((ts, step, world) for step, (ts, world, _) in steps.items())
 missing = sorted(set(range(1, max(steps) + 1)) - set(steps))
 if missing:
     print(f"warning: steps missing from rank 0's log: {missing[:10]}", file=sys.stderr)
@@ -91,7 +92,10 @@ def lost(t0, old, new):
     after = [b[0] - a[0] for a, b in zip(new, new[1:])][:8]
     step_old, step_new = statistics.median(before), statistics.median(after)
     start = max([t0] + [o[0] for o in old_since])
-    switch = new[0][0] - start - step_new
+    # The first new step's own wall time where the log has it (its start is then exact), else
+    # the median: at ~7 s a step (small preset on 2 cores) the median's noise is the pause's size.
+    first_step = steps[new[0][1]][2]
+    switch = new[0][0] - start - (first_step if first_step is not None else step_new)
     slowdown = (start - t0) - len(old_since) * step_old
     return dict(lost=slowdown + switch, slowdown=slowdown, switch=switch, wall=new[0][0] - t0,
                 n=len(old_since), so=step_old, sn=step_new)

@@ -850,14 +850,16 @@ class Decider {
     return leaving;
   }
 
-  // A scale-up still waiting for its pods when a member must leave gives way: its pods are
-  // deleted and the move off comes first (its GPUs are planned again after it).
+  // A rescale still waiting for its pods (or its members' reads ahead) when a member must leave
+  // gives way: its pods are deleted and the move off comes first (its GPUs are planned again
+  // after it).
   bool LeavingMembersStopAScaleUp() {
     const RescaleState& r = *st_.rescale;
     if (r.stage != Stage::kWaitingForPods || r.recovery || r.drain || LeavingMembers().empty())
       return false;
     if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, "a member must leave first");
-    Emit("Normal", "ScaleUpCancelled", "a member must leave first: " + r.reason);
+    Emit("Normal", r.new_pods.empty() ? "ScaleDownCancelled" : "ScaleUpCancelled",
+         "a member must leave first: " + r.reason);
     return true;
   }
 
@@ -1144,9 +1146,11 @@ class Decider {
   // step holds no load. Asked once (status.rescale.prepareAsked); the barrier then waits while
   // a member reports it is still at it, for at most scaleUpTimeoutSeconds after the ask. One
   // that reports nothing (it refused, as TIDAL_KEEP_ENGINE=0 does; the ask was lost with a
-  // leader) or a failure holds nothing: it loads after the Rendezvous, as without the ask.
+  // leader), one for another plan, or a failure holds nothing: it loads after the Rendezvous,
+  // as without the ask. A move off a leaving pod (drain) does not wait: the pod's grace period
+  // runs, and its replacements load in the pause as before.
   bool EnginesPrepared(RescaleState& r) {
-    if (r.members.empty()) return true;
+    if (r.members.empty() || r.drain) return true;
     const auto soon = std::min(options_.poll, kWorkerStartPoll);
     if (!r.prepare_asked) {
       Action& a = Do(Action::Kind::kPrepareEngine, r.members, r.reason);
@@ -1165,11 +1169,13 @@ class Decider {
       return false;
     }
     std::vector<std::string> loading;
-    for (const std::string& m : r.members) {
-      const WorkerReport* w = Report(m);
-      if (w && w->prepared && w->prepared->generation >= r.target_generation &&
-          !w->prepared->ready && w->prepared->error.empty())
-        loading.push_back(m);
+    for (size_t rank = 0; rank < r.members.size(); ++rank) {
+      const WorkerReport* w = Report(r.members[rank]);
+      if (!w || !w->prepared) continue;
+      const WorkerReport::Prepared& p = *w->prepared;
+      if (p.generation == r.target_generation && p.rank == static_cast<int>(rank) &&
+          p.world_size == static_cast<int>(r.members.size()) && !p.ready && p.error.empty())
+        loading.push_back(r.members[rank]);
     }
     if (loading.empty()) return true;
     const auto timeout = std::chrono::seconds(spec_->elastic.scale_up_timeout_seconds);

@@ -10,9 +10,11 @@
 //   WaitingForPods  new pods of the next generation created together (one gang group);
 //                   training goes on. Not all reachable within scaleUpTimeoutSeconds:
 //                   they are deleted, an Event says why, the job stays as it was. Once they
-//                   are, each new worker is asked to load its engine for its planned rank
-//                   (PrepareEngine) and the job trains on until every one reports it loaded,
-//                   failed, or scaleUpTimeoutSeconds more have passed.
+//                   are, every member of the next generation is asked to get ready for its
+//                   planned rank (PrepareEngine: a new worker loads its engine, a current one
+//                   reads the base weights its new shard adds) and the job trains on until
+//                   each reports it ready, failed, or scaleUpTimeoutSeconds more have passed.
+//                   A scale-down starts here too (no pods to wait for); a drain does not wait.
 //   Barrier         Checkpoint{pause} on every member: all pause at one step, checkpointed.
 //   Rendezvous      status.generation + 1 and the new members written, then Rendezvous on
 //                   each new member (rank order = member order); surplus ranks Shutdown and

@@ -316,15 +316,21 @@ Status WorkerRuntime::PrepareEngine(const engine::Membership& planned) {
         "TIDAL_KEEP_ENGINE=0: this worker builds its engine when it joins a generation");
   std::lock_guard<std::mutex> lock(mu_);
   if (shutdown_) return FailedPrecondition("the worker is shutting down");
+  if (state_.phase == Phase::kSucceeded) return FailedPrecondition("the job has finished");
   const int64_t newest = std::max(state_.generation, pending_ ? pending_->generation : 0);
   if (planned.generation <= newest)
     return FailedPrecondition("generation " + std::to_string(planned.generation) +
                               " is not newer than this worker's generation " +
                               std::to_string(newest));
-  if (state_.prepared && state_.prepared->generation >= planned.generation) return OkStatus();
+  std::optional<PreparedEngine>& p = state_.prepared;
+  if (p && p->generation == planned.generation && p->rank == planned.rank &&
+      p->world_size == planned.world_size)
+    return OkStatus();           // a repeated ask
   if (state_.generation == 0) {  // a new worker: its engine, built on the training thread
-    if (state_.prepared) {       // asked again for a later generation: the Rendezvous re-cuts
-      state_.prepared->generation = planned.generation;
+    if (p) {  // built (or building) for another plan: the Regroup re-cuts the shard
+      p->generation = planned.generation;
+      p->rank = planned.rank;
+      p->world_size = planned.world_size;
       return OkStatus();
     }
     pending_prepare_ = planned;
@@ -332,10 +338,10 @@ Status WorkerRuntime::PrepareEngine(const engine::Membership& planned) {
     if (pending_ || state_.phase == Phase::kJoining || !current_session_)
       return FailedPrecondition("phase " + std::string(PhaseName(state_.phase)) +
                                 ": nothing trains to read ahead beside");
-    if (reading_ahead_) {  // one read at a time; the Regroup re-cuts what it missed
-      state_.prepared->generation = planned.generation;
-      return OkStatus();
-    }
+    if (reading_ahead_)
+      return FailedPrecondition("reading ahead for rank " + std::to_string(p->rank) + " of " +
+                                std::to_string(p->world_size) + " in generation " +
+                                std::to_string(p->generation) + ": ask again once it is done");
     if (ahead_thread_.joinable()) ahead_thread_.join();  // an earlier one, over
     reading_ahead_ = true;
     ahead_thread_ =
@@ -347,13 +353,21 @@ Status WorkerRuntime::PrepareEngine(const engine::Membership& planned) {
 }
 
 void WorkerRuntime::ReadAhead(engine::Session& session, const engine::Membership& planned) {
-  Status read = session.ReadAhead(planned, [this] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return shutdown_;
-  });
+  // Cut short once the generation ends (a barrier that did not wait for it, a failure) or the
+  // worker shuts down: what was read is kept, the Regroup reads the rest.
+  bool complete = false;
+  Status read = session.ReadAhead(
+      planned,
+      [this] {
+        std::lock_guard<std::mutex> lock(mu_);
+        return shutdown_ || current_session_ == nullptr;
+      },
+      &complete);
   std::lock_guard<std::mutex> lock(mu_);
-  if (read.ok()) {
+  if (read.ok() && complete) {
     state_.prepared->ready = true;
+  } else if (read.ok()) {
+    state_.prepared->error = "cut short: the generation ended first";
   } else {
     state_.prepared->error = read.message();
     LogWarn("base weights not read ahead: the next generation reads them",

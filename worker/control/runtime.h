@@ -66,7 +66,8 @@ struct BuddyRing {
   int ward = 0;
 };
 
-// An engine built ahead of the worker's first generation (worker.proto PreparedEngine).
+// The newest PrepareEngine (worker.proto PreparedEngine): an engine built ahead of the worker's
+// first generation, or the base weights a member read ahead for its next shard.
 struct PreparedEngine {
   int64_t generation = 0;
   int rank = 0, world_size = 0;  // planned

@@ -156,13 +156,14 @@ class TrainerSession final : public Session {
   }
   bool usable() const override { return usable_ && trainer_ != nullptr; }
 
-  Status ReadAhead(const Membership& planned, const std::function<bool()>& cancelled) override {
+  Status ReadAhead(const Membership& planned, const std::function<bool()>& cancelled,
+                   bool* complete) override {
     if (planned.world_size < 1 || planned.rank < 0 || planned.rank >= planned.world_size)
       return InvalidArgument("rank " + std::to_string(planned.rank) + " is outside world size " +
                              std::to_string(planned.world_size));
     return Guard<bool>([&]() -> StatusOr<bool> {
              TIDAL_RETURN_IF_ERROR(
-                 trainer_->ReadAhead(planned.rank, planned.world_size, cancelled));
+                 trainer_->ReadAhead(planned.rank, planned.world_size, cancelled, complete));
              return true;
            })
         .status();

@@ -86,8 +86,10 @@ class Session {
   // While a generation trains, from a thread other than the one that steps: the base weights
   // this rank will hold at `planned` (rank, world size) and does not hold now are read into
   // memory for the next Regroup (Trainer::ReadAhead). It must have returned before the session
-  // leaves the generation. Stops (Aborted) once `cancelled` says so.
-  virtual Status ReadAhead(const Membership& planned, const std::function<bool()>& cancelled) = 0;
+  // leaves the generation. Stops once `cancelled` says so, keeping what it read; `complete`
+  // says whether it read everything.
+  virtual Status ReadAhead(const Membership& planned, const std::function<bool()>& cancelled,
+                           bool* complete) = 0;
   virtual bool usable() const = 0;
 
   virtual const Membership& membership() const = 0;

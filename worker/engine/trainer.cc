@@ -173,17 +173,20 @@ void Trainer::LeaveGroup() {
   comm_.reset();
 }
 
-Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>& cancelled) {
+Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>& cancelled,
+                          bool* complete) {
   if (!comm_) return FailedPrecondition("trainer: reading ahead needs a generation to start from");
   const int stage = config_.optimization.zero_stage;
   const auto start = std::chrono::steady_clock::now();
   const uint64_t bytes_before = hf_ ? hf_->BytesRead() : 0;
   const uint64_t seed = config_.model.init_seed;
+  bool all = false;
   TIDAL_ASSIGN_OR_RETURN(
       auto segments,
       ReadAheadBaseWeights(
           *model_, {stage, comm_->rank(), comm_->world_size()}, {stage, rank, world_size}, dtype_,
-          hf_ ? hf_->Reader(*model_, seed) : RandomInitReader(*model_, seed), cancelled));
+          hf_ ? hf_->Reader(*model_, seed) : RandomInitReader(*model_, seed), cancelled, &all));
+  if (complete) *complete = all;
   int64_t elements = 0;
   for (const auto& block : segments)
     for (const auto& segment : block) elements += segment.data.numel();
@@ -193,6 +196,7 @@ Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>&
            {"planned_rank", rank},
            {"planned_world_size", world_size},
            {"elements", elements},
+           {"complete", all},
            {"bytes_read", hf_ ? hf_->BytesRead() - bytes_before : uint64_t{0}},
            {"seconds",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});

@@ -52,8 +52,10 @@ class Trainer {
   // While this generation trains, on another thread than the training one: reads the base
   // weights this rank will hold as `rank` of `world_size` and does not hold now
   // (ReadAheadBaseWeights), kept for the next JoinGroup, which then copies instead of reading.
-  // The caller sees that it has returned before LeaveGroup. Stops when `cancelled` says so.
-  Status ReadAhead(int rank, int world_size, const std::function<bool()>& cancelled);
+  // The caller sees that it has returned before LeaveGroup. Stops when `cancelled` says so,
+  // keeping what it read; `complete` (may be null) says whether that was everything.
+  Status ReadAhead(int rank, int world_size, const std::function<bool()>& cancelled,
+                   bool* complete);
 
   // One optimizer step over the next global batch.
   StatusOr<StepRecord> Step();

@@ -283,8 +283,9 @@ std::pair<int64_t, int64_t> FrozenHeld(const BlockSpec& spec, ShardPlacement at,
 
 StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeights(
     const DecoderModel& model, ShardPlacement from, ShardPlacement to, torch::ScalarType dtype,
-    const ParameterReader& read, const std::function<bool()>& cancelled) {
+    const ParameterReader& read, const std::function<bool()>& cancelled, bool* complete) {
   torch::NoGradGuard no_grad;
+  if (complete) *complete = false;
   std::vector<std::vector<KeptBaseWeights::Segment>> out(model.blocks().size());
   for (size_t b = 0; b < model.blocks().size(); ++b) {
     const BlockSpec& spec = model.blocks()[b];
@@ -301,7 +302,10 @@ StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeight
         if (p.trainable) continue;
         const int64_t begin = std::max(lo, offset), end = std::min(hi, offset + p.numel());
         if (begin < end) {
-          if (cancelled && cancelled()) return Aborted("reading ahead was cancelled");
+          if (cancelled && cancelled()) {  // keep what is read: this segment up to `begin`
+            if (begin > lo) out[b].push_back({lo, segment.narrow(0, 0, begin - lo)});
+            return out;
+          }
           TIDAL_ASSIGN_OR_RETURN(torch::Tensor values, read(p, begin - offset, end - begin));
           if (values.numel() != end - begin)
             return Internal("reader returned " + std::to_string(values.numel()) + " elements for " +
@@ -313,6 +317,7 @@ StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeight
       out[b].push_back({lo, std::move(segment)});
     }
   }
+  if (complete) *complete = true;
   return out;
 }
 

@@ -102,10 +102,11 @@ struct ShardPlacement {
 // The frozen elements `to` will hold and `from` does not, per block, read now with `read` into
 // host tensors of `dtype`. Called while a generation trains, for the next one's Load (as
 // KeptBaseWeights::Block::ahead): that Load then copies them instead of reading in the pause
-// between generations. Returns Cancelled once `cancelled` does (checked between reads).
+// between generations. Once `cancelled` returns true (checked between reads) it stops and
+// returns what it has read; `complete` (may be null) says whether that is everything.
 StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeights(
     const DecoderModel& model, ShardPlacement from, ShardPlacement to, torch::ScalarType dtype,
-    const ParameterReader& read, const std::function<bool()>& cancelled);
+    const ParameterReader& read, const std::function<bool()>& cancelled, bool* complete = nullptr);
 
 class ShardedParameters {
  public:
