@@ -178,5 +178,69 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
     }
 }
 
+// A read ahead cut short (its generation ended first) keeps the elements it read, and the
+// next Load reads exactly the rest: the shard is bit for bit a fresh load's either way.
+TEST(ZeroTest, AReadAheadCutShortKeepsWhatItReadAndTheNextLoadReadsOnlyTheRest) {
+  DecoderModel model = TinyModel();
+  const ShardPlacement from{3, 1, 4}, to{3, 1, 2};  // rank 1's new half lies outside its quarter
+  std::vector<KeptBaseWeights> kept(4);
+  RunRanks(4, [&](Comm& comm) {
+    ShardedParameters old(model, comm, {3, torch::kCPU, torch::kFloat32});
+    ASSERT_TRUE(old.Load(RandomInitReader(model, 5)).ok());
+    kept[static_cast<size_t>(comm.rank())] = old.ReleaseBaseWeights();
+  });
+  bool complete = true;
+  int reads = 0;
+  std::atomic<int64_t> read_ahead{0};
+  auto source = RandomInitReader(model, 5);
+  auto counting = [&](std::atomic<int64_t>& frozen) {
+    return [&frozen, &source](const ParamSpec& spec, int64_t first, int64_t count) {
+      if (!spec.trainable) frozen += count;
+      return source(spec, first, count);
+    };
+  };
+  auto segments = ReadAheadBaseWeights(
+      model, from, to, torch::kFloat32, counting(read_ahead), [&] { return ++reads > 5; },
+      &complete);
+  ASSERT_TRUE(segments.ok()) << segments.status().ToString();
+  EXPECT_FALSE(complete);
+  int64_t kept_elements = 0;
+  for (size_t b = 0; b < segments->size(); ++b)
+    for (const auto& segment : (*segments)[b]) kept_elements += segment.data.numel();
+  EXPECT_EQ(kept_elements, read_ahead.load()) << "what was read is what is kept";
+  EXPECT_GT(kept_elements, 0);
+  for (size_t b = 0; b < segments->size(); ++b) kept[1].blocks[b].ahead = (*segments)[b];
+
+  auto single = MakeSingleRankComm();
+  ShardedParameters reference(model, *single, {0, torch::kCPU, torch::kFloat32});
+  ASSERT_TRUE(reference.Load(RandomInitReader(model, 5)).ok());
+  const auto expected = *reference.GatherFull();
+  std::vector<std::atomic<int64_t>> frozen_read(2);
+  RunRanks(2, [&](Comm& comm) {
+    const auto r = static_cast<size_t>(comm.rank());
+    ShardingOptions options{3, torch::kCPU, torch::kFloat32};
+    options.allocate_frozen_in_load = true;
+    ShardedParameters next(model, comm, options);
+    ASSERT_TRUE(next.Load(counting(frozen_read[r]), {}, &kept[r]).ok());
+    auto gathered = next.GatherFull();
+    ASSERT_TRUE(gathered.ok());
+    for (size_t i = 0; i < expected.size(); ++i)
+      EXPECT_TRUE(torch::equal((*gathered)[i].second, expected[i].second)) << expected[i].first;
+  });
+  // Rank 1's new half came from memory (its quarter, the segments read ahead) and the rest
+  // was read now: something, since the read ahead was cut short.
+  int64_t half = 0;
+  for (const BlockSpec& spec : model.blocks()) {
+    int64_t n = 0;
+    for (const ParamSpec& p : spec.params)
+      if (!p.trainable) n += p.numel();
+    half += n - std::min(n, (n + 1) / 2);
+  }
+  EXPECT_EQ(kept[1].read, frozen_read[1].load());
+  EXPECT_GT(kept[1].read, 0);
+  EXPECT_GE(kept[1].reused, kept_elements);
+  EXPECT_EQ(kept[1].reused + kept[1].read, half);
+}
+
 }  // namespace
 }  // namespace tidal::engine
