@@ -289,18 +289,23 @@ Status WorkerRuntime::Rendezvous(const engine::Membership& m, LiveState from, Bu
     return InvalidArgument("ward: expected a rank in 0-" + std::to_string(m.world_size - 1) +
                            ", got " + std::to_string(ring.ward));
   std::lock_guard<std::mutex> lock(mu_);
-  if (shutdown_) return FailedPrecondition("the worker is shutting down");
-  if (state_.phase == Phase::kSucceeded) return FailedPrecondition("the job has finished");
-  const int64_t newest = std::max(state_.generation, pending_ ? pending_->generation : 0);
-  if (m.generation <= newest)
-    return FailedPrecondition("generation " + std::to_string(m.generation) +
-                              " is not newer than this worker's generation " +
-                              std::to_string(newest));
+  if (Status open = AcceptsGeneration(m.generation); !open.ok()) return open;
   pending_ = m;
   pending_from_ = std::move(from);
   pending_ring_ = std::move(ring);
   if (InGeneration(state_.phase)) JoinOrRequest(kLeaveFlag, 0);
   changed_.notify_all();
+  return OkStatus();
+}
+
+Status WorkerRuntime::AcceptsGeneration(int64_t generation) const {
+  if (shutdown_) return FailedPrecondition("the worker is shutting down");
+  if (state_.phase == Phase::kSucceeded) return FailedPrecondition("the job has finished");
+  const int64_t newest = std::max(state_.generation, pending_ ? pending_->generation : 0);
+  if (generation <= newest)
+    return FailedPrecondition("generation " + std::to_string(generation) +
+                              " is not newer than this worker's generation " +
+                              std::to_string(newest));
   return OkStatus();
 }
 
@@ -315,13 +320,7 @@ Status WorkerRuntime::PrepareEngine(const engine::Membership& planned) {
     return FailedPrecondition(
         "TIDAL_KEEP_ENGINE=0: this worker builds its engine when it joins a generation");
   std::lock_guard<std::mutex> lock(mu_);
-  if (shutdown_) return FailedPrecondition("the worker is shutting down");
-  if (state_.phase == Phase::kSucceeded) return FailedPrecondition("the job has finished");
-  const int64_t newest = std::max(state_.generation, pending_ ? pending_->generation : 0);
-  if (planned.generation <= newest)
-    return FailedPrecondition("generation " + std::to_string(planned.generation) +
-                              " is not newer than this worker's generation " +
-                              std::to_string(newest));
+  if (Status open = AcceptsGeneration(planned.generation); !open.ok()) return open;
   std::optional<PreparedEngine>& p = state_.prepared;
   if (p && p->generation == planned.generation && p->rank == planned.rank &&
       p->world_size == planned.world_size)

@@ -214,6 +214,9 @@ class WorkerRuntime {
   // Under mu_: the barrier a request for `flags` named `id` belongs to (see Checkpoint): the
   // newest one, or the next one with `flags` raised for it. Returns its index.
   uint64_t JoinOrRequest(uint32_t flags, uint64_t id);
+  // Under mu_: OK when a Rendezvous or PrepareEngine for `generation` may be accepted (not
+  // shutting down or finished, and newer than the current and the pending generation).
+  Status AcceptsGeneration(int64_t generation) const;
   // Under mu_: whether barrier `index`, or a later one acting on every flag of `flags`, is over.
   bool Served(uint32_t flags, uint64_t index) const;
   void Loop();
