@@ -190,6 +190,11 @@ Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>&
   int64_t elements = 0;
   for (const auto& block : segments)
     for (const auto& segment : block) elements += segment.data.numel();
+  // On the host the whole next shard is built now, to be taken over without a copy.
+  const bool assemble = all && options_.device.is_cpu() && stage == 3;
+  if (assemble)
+    AssembleNextShards(*model_, {stage, rank, world_size}, params_->FrozenShards(), segments,
+                       cancelled);
   ahead_ = std::move(segments);
   LogInfo("base weights read ahead",
           {{"model", hf_ ? config_.model.uri : config_.model.preset},
@@ -197,6 +202,7 @@ Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>&
            {"planned_world_size", world_size},
            {"elements", elements},
            {"complete", all},
+           {"assembled", assemble},
            {"bytes_read", hf_ ? hf_->BytesRead() - bytes_before : uint64_t{0}},
            {"seconds",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});

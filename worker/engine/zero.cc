@@ -191,13 +191,25 @@ Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& 
     for (Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable}) {
       const int64_t lo = stage == 3 ? rank * (flat->padded / world) : 0;
       const bool frozen = flat == &blocks_[b]->frozen;
-      // The kept block taken over as it is, when it is exactly this rank's new one.
+      // The kept block taken over as it is, when it is exactly this rank's new one (or one
+      // assembled ahead is: AssembleNextShards).
       bool adopted = false;
       if (frozen && !flat->data.defined()) {
         const int64_t size = HeldSize(*flat, /*trainable=*/false);
+        KeptBaseWeights::Segment* whole = nullptr;
+        if (kept)
+          for (KeptBaseWeights::Segment& s : kept->blocks[b].ahead)
+            if (s.lo == lo && s.data.numel() == size &&
+                s.data.scalar_type() == options_.compute_dtype &&
+                s.data.device() == options_.device)
+              whole = &s;
         if (mine && mine->lo == lo && mine->data.numel() == size) {
           flat->data = std::move(mine->data);
           mine->data = torch::Tensor();
+          adopted = true;
+        } else if (whole) {
+          flat->data = std::move(whole->data);
+          kept->blocks[b].ahead.clear();
           adopted = true;
         } else {
           flat->data = torch::zeros(
@@ -321,15 +333,52 @@ StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeight
   return out;
 }
 
+void AssembleNextShards(const DecoderModel& model, ShardPlacement to,
+                        const std::vector<KeptBaseWeights::Segment>& current,
+                        std::vector<std::vector<KeptBaseWeights::Segment>>& ahead,
+                        const std::function<bool()>& cancelled) {
+  torch::NoGradGuard no_grad;
+  if (to.stage != 3) return;  // every rank holds the whole base: the kept one is taken over
+  for (size_t b = 0; b < model.blocks().size() && b < current.size() && b < ahead.size(); ++b) {
+    if (cancelled && cancelled()) return;
+    int64_t numel = 0;
+    const auto [new_lo, new_hi] = FrozenHeld(model.blocks()[b], to, &numel);
+    const int64_t slice = (numel + to.world_size - 1) / to.world_size;
+    const int64_t lo = to.rank * slice;
+    const KeptBaseWeights::Segment& now = current[b];
+    torch::Tensor whole = torch::zeros({slice}, now.data.options());
+    std::vector<const KeptBaseWeights::Segment*> sources = {&now};
+    for (const KeptBaseWeights::Segment& s : ahead[b]) sources.push_back(&s);
+    int64_t filled = 0;
+    for (const KeptBaseWeights::Segment* s : sources) {
+      const int64_t from = std::max(new_lo, s->lo);
+      const int64_t until = std::min(new_hi, s->lo + s->data.numel());
+      if (from >= until) continue;
+      whole.narrow(0, from - lo, until - from).copy_(s->data.narrow(0, from - s->lo, until - from));
+      filled += until - from;
+    }
+    // Held now and read ahead are disjoint; together they must be the whole new range.
+    if (filled != new_hi - new_lo) continue;
+    ahead[b].clear();
+    ahead[b].push_back({lo, std::move(whole)});
+  }
+}
+
+std::vector<KeptBaseWeights::Segment> ShardedParameters::FrozenShards() const {
+  std::vector<KeptBaseWeights::Segment> out;
+  const int64_t world = comm_.world_size(), rank = comm_.rank();
+  for (const auto& block : blocks_) {
+    const Flat& flat = block->frozen;
+    out.push_back({options_.stage == 3 ? rank * (flat.padded / world) : 0, flat.data.detach()});
+  }
+  return out;
+}
+
 KeptBaseWeights ShardedParameters::ReleaseBaseWeights() {
   KeptBaseWeights kept;
-  const int64_t world = comm_.world_size(), rank = comm_.rank();
-  for (auto& block : blocks_) {
-    Flat& flat = block->frozen;
-    const int64_t lo = options_.stage == 3 ? rank * (flat.padded / world) : 0;
-    kept.blocks.push_back({lo, flat.data.detach(), {}});
-    flat.data = torch::Tensor();
-  }
+  for (KeptBaseWeights::Segment& shard : FrozenShards())
+    kept.blocks.push_back({shard.lo, std::move(shard.data), {}});
+  for (auto& block : blocks_) block->frozen.data = torch::Tensor();
   blocks_.clear();
   return kept;
 }

@@ -108,6 +108,18 @@ StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeight
     const DecoderModel& model, ShardPlacement from, ShardPlacement to, torch::ScalarType dtype,
     const ParameterReader& read, const std::function<bool()>& cancelled, bool* complete = nullptr);
 
+// Where the device is the host, the next generation's whole stage-3 shard per block, built
+// while this one trains: [rank·slice, (rank+1)·slice) of each frozen flat (slice the padded
+// flat over the world size, the padding zero), filled from `current` (this rank's shard now,
+// ShardedParameters::FrozenShards) where the two overlap and from `ahead` (what
+// ReadAheadBaseWeights read) elsewhere. The next Load then takes each over without a copy.
+// Blocks are assembled until `cancelled`; a block left out keeps its segments as they were.
+// Both shards are held at once meanwhile.
+void AssembleNextShards(const DecoderModel& model, ShardPlacement to,
+                        const std::vector<KeptBaseWeights::Segment>& current,
+                        std::vector<std::vector<KeptBaseWeights::Segment>>& ahead,
+                        const std::function<bool()>& cancelled);
+
 class ShardedParameters {
  public:
   ShardedParameters(const DecoderModel& model, Comm& comm, ShardingOptions options);
@@ -129,6 +141,9 @@ class ShardedParameters {
   // Moves this rank's frozen base weights out, for the next generation's Load; these
   // parameters are unusable after it.
   KeptBaseWeights ReleaseBaseWeights();
+  // Per block, this rank's frozen shard now (the tensors themselves, never written: safe to
+  // read from another thread while this one trains).
+  std::vector<KeptBaseWeights::Segment> FrozenShards() const;
 
   // Runs the whole model on one micro-batch. With ctx.targets: the summed token loss (fp32
   // scalar, differentiable w.r.t. the trainable weights); without: logits.

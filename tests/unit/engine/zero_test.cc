@@ -112,27 +112,44 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
   struct Change {
     int stage, from, to;
   };
-  for (bool ahead : {false, true})
+  // 0: nothing ahead; 1: the missing parts read ahead; 2: and the whole next shard assembled
+  // (on the host), which Load then takes over without a copy.
+  for (int ahead : {0, 1, 2})
     for (const Change& change :
          {Change{3, 2, 4}, Change{3, 4, 2}, Change{3, 2, 3}, Change{0, 2, 3}, Change{2, 4, 2}}) {
       SCOPED_TRACE("stage " + std::to_string(change.stage) + ", " + std::to_string(change.from) +
-                   " -> " + std::to_string(change.to) + " ranks" + (ahead ? ", read ahead" : ""));
+                   " -> " + std::to_string(change.to) + " ranks" +
+                   (ahead == 1   ? ", read ahead"
+                    : ahead == 2 ? ", assembled ahead"
+                                 : ""));
       const ShardingOptions options{change.stage, torch::kCPU, torch::kFloat32};
       ShardingOptions next_options = options;
       next_options.allocate_frozen_in_load = true;
       std::vector<KeptBaseWeights> kept(static_cast<size_t>(change.from));
+      std::vector<std::vector<const void*>> assembled(static_cast<size_t>(change.from));
       RunRanks(change.from, [&](Comm& comm) {
+        const auto r = static_cast<size_t>(comm.rank());
         ShardedParameters old(model, comm, options);
         ASSERT_TRUE(old.Load(RandomInitReader(model, 5)).ok());
-        KeptBaseWeights& mine = kept[static_cast<size_t>(comm.rank())];
-        mine = old.ReleaseBaseWeights();
-        if (!ahead || comm.rank() >= change.to) return;
-        auto segments = ReadAheadBaseWeights(model, {change.stage, comm.rank(), change.from},
-                                             {change.stage, comm.rank(), change.to},
-                                             torch::kFloat32, RandomInitReader(model, 5), {});
-        ASSERT_TRUE(segments.ok()) << segments.status().ToString();
-        ASSERT_EQ(segments->size(), mine.blocks.size());
-        for (size_t b = 0; b < mine.blocks.size(); ++b) mine.blocks[b].ahead = (*segments)[b];
+        std::vector<std::vector<KeptBaseWeights::Segment>> segments;
+        if (ahead > 0 && comm.rank() < change.to) {
+          auto read = ReadAheadBaseWeights(model, {change.stage, comm.rank(), change.from},
+                                           {change.stage, comm.rank(), change.to}, torch::kFloat32,
+                                           RandomInitReader(model, 5), {});
+          ASSERT_TRUE(read.ok()) << read.status().ToString();
+          segments = std::move(*read);
+          if (ahead == 2) {
+            AssembleNextShards(model, {change.stage, comm.rank(), change.to}, old.FrozenShards(),
+                               segments, {});
+            for (const auto& block : segments)  // one whole shard per block at stage 3
+              if (change.stage == 3 && block.size() == 1)
+                assembled[r].push_back(block[0].data.data_ptr());
+          }
+        }
+        kept[r] = old.ReleaseBaseWeights();
+        if (segments.empty()) return;
+        ASSERT_EQ(segments.size(), kept[r].blocks.size());
+        for (size_t b = 0; b < segments.size(); ++b) kept[r].blocks[b].ahead = segments[b];
       });
       std::vector<int64_t> reused(static_cast<size_t>(change.to), -1);
       std::vector<std::atomic<int64_t>> frozen_read(static_cast<size_t>(change.to));
@@ -142,6 +159,12 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
         // The ranks that stay bring what they held; a new rank has nothing.
         KeptBaseWeights* mine = r < kept.size() ? &kept[r] : nullptr;
         ASSERT_TRUE(next.Load(counting(frozen_read[r]), {}, mine).ok());
+        if (ahead == 2 && change.stage == 3 && r < kept.size()) {  // taken over, not copied
+          ASSERT_EQ(assembled[r].size(), model.blocks().size()) << "rank " << r;
+          const auto shards = next.FrozenShards();
+          for (size_t b = 0; b < shards.size(); ++b)
+            EXPECT_EQ(shards[b].data.data_ptr(), assembled[r][b]) << "rank " << r << " block " << b;
+        }
         if (mine) {
           reused[r] = mine->reused;
           EXPECT_EQ(mine->read, frozen_read[r].load()) << "rank " << r;
@@ -160,7 +183,7 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
       for (size_t r = 0; r < reused.size(); ++r) {
         if (r >= kept.size()) {
           EXPECT_GT(frozen_read[r].load(), 0) << "rank " << r << " is new: it reads its shard";
-        } else if (ahead) {
+        } else if (ahead > 0) {
           EXPECT_EQ(frozen_read[r].load(), 0) << "rank " << r << " read what it had read ahead";
           EXPECT_GT(reused[r], 0) << "rank " << r;
         } else if (replicated || change.to > change.from) {
