@@ -1,6 +1,8 @@
 // common/process_memory.cc
 #include "common/process_memory.h"
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -33,6 +35,61 @@ bool ResetPeakRss() {
   clear_refs << "5";
   clear_refs.flush();
   return static_cast<bool>(clear_refs);
+}
+
+namespace {
+
+// The first number in the file at `path`; nullopt where it cannot be read or holds none
+// ("max", cgroup v2's no limit, included).
+std::optional<int64_t> ReadNumber(const std::string& path) {
+  std::ifstream in(path);
+  int64_t value = 0;
+  if (!(in >> value)) return std::nullopt;
+  return value;
+}
+
+// What the memory cgroup at `dir` leaves: its limit less its usage, given the names of the two
+// files; nullopt where it has no limit. (v1 writes "no limit" as a number near 2^63.)
+std::optional<int64_t> CgroupLeft(const std::string& dir, const char* limit_file,
+                                  const char* usage_file) {
+  const std::optional<int64_t> limit = ReadNumber(dir + "/" + limit_file);
+  const std::optional<int64_t> usage = ReadNumber(dir + "/" + usage_file);
+  if (!limit || !usage || *limit >= (int64_t{1} << 62)) return std::nullopt;
+  return std::max<int64_t>(0, *limit - *usage);
+}
+
+}  // namespace
+
+std::optional<int64_t> HostMemoryHeadroom(const std::string& root) {
+  std::optional<int64_t> headroom;
+  std::ifstream meminfo(root + "/proc/meminfo");
+  for (std::string line; std::getline(meminfo, line);) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;  // "MemAvailable:   22497356 kB"
+    std::istringstream fields(line.substr(13));
+    int64_t kib = 0;
+    std::string unit;
+    if (fields >> kib >> unit && unit == "kB") headroom = kib * 1024;
+  }
+  // "0::/path" (v2) or "4:memory:/path" (v1): the process's cgroup. Inside a cgroup namespace
+  // the path is "/" and the mount's root is the process's own cgroup.
+  std::ifstream cgroups(root + "/proc/self/cgroup");
+  for (std::string line; std::getline(cgroups, line);) {
+    const size_t first = line.find(':'), second = line.find(':', first + 1);
+    if (first == std::string::npos || second == std::string::npos) continue;
+    const std::string controllers = line.substr(first + 1, second - first - 1);
+    const std::string path = line.substr(second + 1);
+    const bool v2 = line.rfind("0::", 0) == 0;
+    if (!v2 && controllers != "memory") continue;
+    // Without a cgroup namespace a container sees its host's path, while its runtime mounts
+    // its own cgroup at the mount's root: where the path is not there, the root is used.
+    const std::string mount = root + (v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory");
+    const std::string dir = std::filesystem::is_directory(mount + path) ? mount + path : mount;
+    const std::optional<int64_t> left =
+        v2 ? CgroupLeft(dir, "memory.max", "memory.current")
+           : CgroupLeft(dir, "memory.limit_in_bytes", "memory.usage_in_bytes");
+    if (left) headroom = headroom ? std::min(*headroom, *left) : *left;
+  }
+  return headroom;
 }
 
 }  // namespace tidal

@@ -1,10 +1,11 @@
 // common/process_memory.h — this process's resident memory as the kernel counts it
 // (/proc/self/status: VmRSS now, VmHWM its peak so far), for logs and benchmarks that must show
-// what a phase held in host memory.
+// what a phase held in host memory; and how much more host memory it may still take.
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace tidal {
 
@@ -19,5 +20,12 @@ std::optional<ProcessMemory> ReadProcessMemory();
 // Starts the peak over from the current resident size (writes 5 to /proc/self/clear_refs,
 // Linux ≥ 4.0), so that a later peak_rss_bytes is one phase's; false where that is refused.
 bool ResetPeakRss();
+
+// The host memory this process may still take before the kernel reclaims hard or its
+// container's limit is hit: the smaller of /proc/meminfo's MemAvailable and what the memory
+// cgroup of the process (/proc/self/cgroup; cgroup v2 memory.max less memory.current, or v1
+// memory.limit_in_bytes less memory.usage_in_bytes) leaves, where that cgroup has a limit.
+// nullopt where neither can be read. Every path is taken under `root` (tests give a tree).
+std::optional<int64_t> HostMemoryHeadroom(const std::string& root = "");
 
 }  // namespace tidal

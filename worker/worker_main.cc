@@ -13,7 +13,8 @@
 // Environment fallbacks: TIDAL_SPEC_FILE, TIDAL_TOKEN_FILE, POD_IP, TIDAL_CHECKPOINT_URI,
 // TIDAL_S3_SECRET_DIR, TIDAL_INTRA_OP_THREADS, TIDAL_DRAIN_SECONDS; TIDAL_DATASET_STORE (set by
 // the operator) replaces spec.dataset.uri with the prepared store; TIDAL_KEEP_ENGINE=0 builds
-// the engine anew for every generation instead of keeping it (a baseline for benches).
+// the engine anew for every generation instead of keeping it (a baseline for benches);
+// TIDAL_READ_AHEAD_MAX_BYTES caps the host memory a read ahead for the next generation holds.
 #include <pthread.h>
 #include <signal.h>
 
@@ -230,6 +231,13 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
       return tidal::InvalidArgument("TIDAL_KEEP_ENGINE: expected 0 or 1, got \"" + keep->second +
                                     "\"");
     o.keep_engine = keep->second == "1";
+  }
+  // A cap on the host memory a read ahead for the next generation may hold (PrepareEngine); 0:
+  // none is done. It never holds more than half of what the host and the pod have left anyway.
+  if (auto cap = env.find("TIDAL_READ_AHEAD_MAX_BYTES"); cap != env.end()) {
+    TIDAL_ASSIGN_OR_RETURN(
+        o.session.read_ahead_max_bytes,
+        tidal::ParseIntFlag<int64_t>("TIDAL_READ_AHEAD_MAX_BYTES", cap->second, 0));
   }
   const bool any_s3 = o.policy.uri.rfind("s3://", 0) == 0 ||
                       o.config.dataset.uri.rfind("s3://", 0) == 0 ||

@@ -105,6 +105,7 @@ class TrainerSession final : public Session {
                              options.data->OpenModel(config.model.uri));
     }
     trainer_options.device = DeviceFor(options);
+    trainer_options.read_ahead_max_bytes = options.read_ahead_max_bytes;
     TIDAL_ASSIGN_OR_RETURN(trainer_,
                            Trainer::Create(config, std::move(comm), std::move(trainer_options)));
     return OkStatus();

@@ -49,6 +49,9 @@ struct SessionOptions {
   std::optional<int64_t> max_steps;  // overrides spec.optimization.maxSteps
   int intra_op_threads = 0;          // 0: every core of the machine
   int cuda_device = 0;               // the GPU this rank trains on, when CUDA is available
+  // The most host memory a read ahead may hold (TrainerOptions::read_ahead_max_bytes); -1: none
+  // of its own.
+  int64_t read_ahead_max_bytes = -1;
 };
 
 // What a local run reports at its end (tidal-train --out).

@@ -2,6 +2,8 @@
 #include "worker/engine/trainer.h"
 
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "common/log.h"
 #include "common/process_memory.h"
@@ -177,24 +179,42 @@ Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>&
                           bool* complete) {
   if (!comm_) return FailedPrecondition("trainer: reading ahead needs a generation to start from");
   const int stage = config_.optimization.zero_stage;
+  const ShardPlacement from{stage, comm_->rank(), comm_->world_size()}, to{stage, rank, world_size};
+  // Host memory: what it holds must fit the budget, or it is not done (the next generation's
+  // Load reads in the pause, as without a read ahead). The whole next shard is assembled only
+  // on the host, where the Load then takes it over instead of copying it.
+  ReadAheadSize size = SizeOfReadAhead(*model_, from, to);
+  if (!options_.device.is_cpu()) size.assembled = 0;
+  const std::optional<int64_t> headroom = HostMemoryHeadroom();
+  int64_t budget = headroom ? *headroom / 2 : std::numeric_limits<int64_t>::max();
+  if (options_.read_ahead_max_bytes >= 0) budget = std::min(budget, options_.read_ahead_max_bytes);
+  const int64_t element_bytes = static_cast<int64_t>(c10::elementSize(dtype_));
+  const ReadAheadFit fit = FitReadAhead(size, element_bytes, budget);
+  if (fit == ReadAheadFit::kNothing) {
+    const bool capped = options_.read_ahead_max_bytes >= 0 &&
+                        (!headroom || options_.read_ahead_max_bytes <= *headroom / 2);
+    return FailedPrecondition("host memory: reading ahead takes " +
+                              std::to_string(size.read * element_bytes) + " bytes and may take " +
+                              std::to_string(budget) + ", " +
+                              (capped ? std::string("the cap TIDAL_READ_AHEAD_MAX_BYTES sets")
+                                      : "half of the " + std::to_string(headroom.value_or(0)) +
+                                            " bytes the host and this container have left"));
+  }
   const auto start = std::chrono::steady_clock::now();
   const uint64_t bytes_before = hf_ ? hf_->BytesRead() : 0;
   const uint64_t seed = config_.model.init_seed;
   bool all = false;
-  TIDAL_ASSIGN_OR_RETURN(
-      auto segments,
-      ReadAheadBaseWeights(
-          *model_, {stage, comm_->rank(), comm_->world_size()}, {stage, rank, world_size}, dtype_,
-          hf_ ? hf_->Reader(*model_, seed) : RandomInitReader(*model_, seed), cancelled, &all));
+  TIDAL_ASSIGN_OR_RETURN(auto segments, ReadAheadBaseWeights(*model_, from, to, dtype_,
+                                                             hf_ ? hf_->Reader(*model_, seed)
+                                                                 : RandomInitReader(*model_, seed),
+                                                             cancelled, &all));
   if (complete) *complete = all;
   int64_t elements = 0;
   for (const auto& block : segments)
     for (const auto& segment : block) elements += segment.data.numel();
   // On the host the whole next shard is built now, to be taken over without a copy.
-  const bool assemble = all && options_.device.is_cpu() && stage == 3;
-  if (assemble)
-    AssembleNextShards(*model_, {stage, rank, world_size}, params_->FrozenShards(), segments,
-                       cancelled);
+  const bool assemble = all && fit == ReadAheadFit::kReadAndAssemble;
+  if (assemble) AssembleNextShards(*model_, to, params_->FrozenShards(), segments, cancelled);
   ahead_ = std::move(segments);
   LogInfo("base weights read ahead",
           {{"model", hf_ ? config_.model.uri : config_.model.preset},
@@ -203,6 +223,8 @@ Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>&
            {"elements", elements},
            {"complete", all},
            {"assembled", assemble},
+           {"host_bytes_at_most", (elements + (assemble ? size.assembled : 0)) * element_bytes},
+           {"host_budget_bytes", budget},
            {"bytes_read", hf_ ? hf_->BytesRead() - bytes_before : uint64_t{0}},
            {"seconds",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});

@@ -30,6 +30,10 @@ struct TrainerOptions {
   // spec.model.uri's files (a local directory, or an object store prefix read by range); when
   // unset, the uri is a local directory.
   std::unique_ptr<ModelFiles> model_files;
+  // The most host memory a read ahead (ReadAhead) may hold; -1: no cap of its own. Either way
+  // it holds at most half of what the host and the process's cgroup have left
+  // (HostMemoryHeadroom), since the ranks that share the host read ahead at the same time.
+  int64_t read_ahead_max_bytes = -1;
 };
 
 class HfCheckpoint;

@@ -333,6 +333,29 @@ StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeight
   return out;
 }
 
+ReadAheadSize SizeOfReadAhead(const DecoderModel& model, ShardPlacement from, ShardPlacement to) {
+  ReadAheadSize size;
+  for (const BlockSpec& spec : model.blocks()) {
+    int64_t numel = 0;
+    const auto [old_lo, old_hi] = FrozenHeld(spec, from, &numel);
+    const auto [new_lo, new_hi] = FrozenHeld(spec, to, &numel);
+    const int64_t shared =
+        std::max<int64_t>(0, std::min(old_hi, new_hi) - std::max(old_lo, new_lo));
+    size.read += (new_hi - new_lo) - shared;
+    if (to.stage == 3) size.assembled += (numel + to.world_size - 1) / to.world_size;
+  }
+  return size;
+}
+
+ReadAheadFit FitReadAhead(ReadAheadSize size, int64_t element_bytes, int64_t budget_bytes) {
+  // In elements, so that no product of bytes overflows.
+  const int64_t budget = std::max<int64_t>(0, budget_bytes) / std::max<int64_t>(1, element_bytes);
+  if (size.read > budget) return ReadAheadFit::kNothing;
+  if (size.assembled > 0 && size.read + size.assembled <= budget)
+    return ReadAheadFit::kReadAndAssemble;
+  return ReadAheadFit::kReadOnly;
+}
+
 void AssembleNextShards(const DecoderModel& model, ShardPlacement to,
                         const std::vector<KeptBaseWeights::Segment>& current,
                         std::vector<std::vector<KeptBaseWeights::Segment>>& ahead,

@@ -108,6 +108,21 @@ StatusOr<std::vector<std::vector<KeptBaseWeights::Segment>>> ReadAheadBaseWeight
     const DecoderModel& model, ShardPlacement from, ShardPlacement to, torch::ScalarType dtype,
     const ParameterReader& read, const std::function<bool()>& cancelled, bool* complete = nullptr);
 
+// What a read ahead from `from` to `to` holds in host memory, in elements: the frozen elements
+// ReadAheadBaseWeights reads, and those of the whole next shard AssembleNextShards builds
+// (stage 3; 0 below it, where the kept base is taken over as it is).
+struct ReadAheadSize {
+  int64_t read = 0;
+  int64_t assembled = 0;
+};
+ReadAheadSize SizeOfReadAhead(const DecoderModel& model, ShardPlacement from, ShardPlacement to);
+
+// How much of a read ahead of `size` (elements of `element_bytes`) a host-memory budget of
+// `budget_bytes` allows: the segments and the assembled shard are held at once while it is
+// built, so assembling needs both to fit; reading alone, the segments.
+enum class ReadAheadFit { kReadAndAssemble, kReadOnly, kNothing };
+ReadAheadFit FitReadAhead(ReadAheadSize size, int64_t element_bytes, int64_t budget_bytes);
+
 // Where the device is the host, the next generation's whole stage-3 shard per block, built
 // while this one trains: [rank·slice, (rank+1)·slice) of each frozen flat (slice the padded
 // flat over the world size, the padding zero), filled from `current` (this rank's shard now,

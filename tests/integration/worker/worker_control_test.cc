@@ -542,6 +542,16 @@ TEST_F(WorkerControlTest, BadInvocationsExitTwoNamingTheFlagOrField) {
       30s);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("TIDAL_KEEP_ENGINE: expected 0 or 1"), std::string::npos) << r.err;
+  for (const std::string bad : {"-1", "1GiB", ""}) {
+    r = RunProcess({"/usr/bin/env", "TIDAL_READ_AHEAD_MAX_BYTES=" + bad, TIDAL_WORKER_BIN, "--spec",
+                    spec, "--token-file", token, "--listen", "127.0.0.1:0", "--checkpoint-uri",
+                    "file://" + dir_ + "/ckpt"},
+                   30s);
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find("TIDAL_READ_AHEAD_MAX_BYTES: expected an integer >= 0, got \"" + bad),
+              std::string::npos)
+        << r.err;
+  }
 }
 
 // The ranks hold where they paused until Resume: proven by the step stream, whose next step
@@ -846,6 +856,77 @@ TEST_F(WorkerControlTest, OneRankRescaledLiveOntoItselfGoesOnAtItsStepWithTheSam
   }
   EXPECT_EQ(seen.size(), static_cast<size_t>(kSteps));
   for (const auto& [step, count] : seen) EXPECT_EQ(count, 1) << "step " << step << " repeated";
+}
+
+// The operator's barrier does not wait for a new worker that is still loading (its scale-up
+// timeout passed, or the ask was lost): the Rendezvous reaches it while it prepares. It waits
+// for that one build, joins with the engine it built — never a second — and the losses are the
+// unresized run's.
+TEST_F(WorkerControlTest, ARendezvousReachingANewWorkerWhileItPreparesJoinsWithTheOneEngine) {
+  constexpr int kSteps = 12;
+  WriteSpec("full: 1000", kSteps, /*global_batch=*/24);
+  const auto reference = ReferenceLosses(kSteps);
+  fs::remove_all(dir_ + "/ckpt");
+  for (int i = 0; i < 3; ++i) StartWorker(i);
+  Rendezvous(1, {0, 1});
+  StepRecorder steps(*workers_[0].client);
+  steps.WaitForStep(3);
+  ASSERT_TRUE(workers_[2].client->PrepareEngine(2, 3, 2).ok());
+  const int64_t held = BarrierAll({0, 1}, /*live=*/true);  // not waiting for it to be ready
+  Rendezvous(2, {0, 1, 2}, {0, 1}, held);
+  std::map<int, std::string> log_of;
+  for (int i : {0, 1, 2}) {
+    auto r = workers_[i].process->Wait(300s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    log_of[i] = r.err;
+  }
+  EXPECT_EQ(LogLines(log_of[2], "engine ready").size(), 1u) << log_of[2];
+  // Either it was preparing (then it regrouped that engine, reading nothing more) or the
+  // Rendezvous came before the preparation started (then the join built it, once).
+  const auto prepared = LogLines(log_of[2], "engine prepared");
+  if (!prepared.empty()) {
+    const auto kept = LogLines(log_of[2], "base weights kept");
+    ASSERT_EQ(kept.size(), 1u) << log_of[2];
+    EXPECT_EQ(kept[0]["elements_read"], 0) << kept[0].dump();
+  }
+  ExpectGenerationResumedAt(steps.events(), 2, held, kSteps, reference);
+}
+
+// A read ahead that would hold more host memory than its budget is not done: the ask answers,
+// the status names the budget, and the job trains on; the rescale it was for reads those base
+// weights in its pause instead, and the losses are the unresized run's.
+TEST_F(WorkerControlTest, AReadAheadOverItsHostMemoryBudgetIsRefusedNamingItAndThePauseReads) {
+  constexpr int kSteps = 12;
+  WriteSpec("full: 1000", kSteps);
+  const auto reference = ReferenceLosses(kSteps);
+  fs::remove_all(dir_ + "/ckpt");
+  StartWorker(0, {}, "", {"TIDAL_READ_AHEAD_MAX_BYTES=4096"});
+  StartWorker(1);
+  Rendezvous(1, {0, 1});
+  StepRecorder steps(*workers_[0].client);
+  steps.WaitForStep(3);
+  // 2 -> 1: rank 0's whole base is twice its half, far over 4 KiB.
+  ASSERT_TRUE(workers_[0].client->PrepareEngine(2, 1, 0).ok());
+  const pb::PreparedEngine p =
+      WaitFor(0, [](auto& s) { return !s.prepared_engine().error().empty(); }).prepared_engine();
+  EXPECT_FALSE(p.ready());
+  EXPECT_NE(p.error().find("host memory: reading ahead takes"), std::string::npos) << p.error();
+  EXPECT_NE(p.error().find("may take 4096, the cap TIDAL_READ_AHEAD_MAX_BYTES sets"),
+            std::string::npos)
+      << p.error();
+  EXPECT_EQ(StatusOf(0).phase(), pb::RUNNING) << "a refused read ahead stopped training";
+  const int64_t held = BarrierAll({0, 1}, /*live=*/true);
+  Rendezvous(2, {0}, {0, 1}, held);
+  WaitFor(0, [](auto& s) { return s.generation() == 2 && s.phase() == pb::RUNNING; });
+  ASSERT_TRUE(workers_[1].client->Shutdown("scale down").ok());
+  EXPECT_EQ(workers_[1].process->Wait(60s).exit_code, 0);
+  auto r = workers_[0].process->Wait(300s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(LogLines(r.err, "base weights read ahead").empty()) << r.err;
+  const auto kept = LogLines(r.err, "base weights kept");
+  ASSERT_EQ(kept.size(), 1u) << r.err;
+  EXPECT_GT(kept[0]["elements_read"], 0) << kept[0].dump();
+  ExpectGenerationResumedAt(steps.events(), 2, held, kSteps, reference);
 }
 
 // A live barrier whose holder is gone before the next generation reads from it: every new

@@ -6,6 +6,9 @@
 #include <sys/mman.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 
 namespace tidal {
 namespace {
@@ -69,6 +72,76 @@ TEST(ProcessMemoryTest, ResetStartsThePeakOverFromTheCurrentSize) {
   ASSERT_TRUE(after.has_value());
   EXPECT_LE(after->peak_rss_bytes, before->peak_rss_bytes - (60 << 20));
   EXPECT_GE(after->peak_rss_bytes, after->rss_bytes);
+}
+
+// A /proc and /sys/fs/cgroup of our making, under a temporary root.
+class FakeHost {
+ public:
+  FakeHost() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tidal-host-XXXXXX").string();
+    root_ = mkdtemp(tmpl.data());
+  }
+  ~FakeHost() { std::filesystem::remove_all(root_); }
+  void Write(const std::string& path, const std::string& text) {
+    std::filesystem::create_directories(std::filesystem::path(root_ + path).parent_path());
+    std::ofstream(root_ + path) << text;
+  }
+  const std::string& root() const { return root_; }
+
+ private:
+  std::string root_;
+};
+
+constexpr const char* kMeminfo =
+    "MemTotal:       24683656 kB\nMemFree:        1000000 kB\nMemAvailable:    8000000 kB\n";
+constexpr int64_t kAvailable = int64_t{8000000} * 1024;
+
+TEST(HostMemoryHeadroomTest, WithoutACgroupLimitItIsMemAvailable) {
+  FakeHost host;
+  host.Write("/proc/meminfo", kMeminfo);
+  EXPECT_EQ(HostMemoryHeadroom(host.root()), kAvailable);
+  // v2 "max" and v1's near-2^63 both say no limit.
+  host.Write("/proc/self/cgroup", "0::/kubepods/pod1\n4:memory:/kubepods/pod1\n");
+  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.max", "max\n");
+  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.current", "1000\n");
+  host.Write("/sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes", "9223372036854771712\n");
+  host.Write("/sys/fs/cgroup/memory/kubepods/pod1/memory.usage_in_bytes", "1000\n");
+  EXPECT_EQ(HostMemoryHeadroom(host.root()), kAvailable);
+}
+
+TEST(HostMemoryHeadroomTest, AContainerLimitBelowTheHostsBoundsItUnderCgroupV2) {
+  FakeHost host;
+  host.Write("/proc/meminfo", kMeminfo);
+  host.Write("/proc/self/cgroup", "0::/kubepods/pod1\n");
+  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.max", "4294967296\n");
+  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.current", "3221225472\n");
+  EXPECT_EQ(HostMemoryHeadroom(host.root()), int64_t{1} << 30);
+  // A container over its limit (the kernel is reclaiming) has none left, not a negative.
+  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.current", "5000000000\n");
+  EXPECT_EQ(HostMemoryHeadroom(host.root()), 0);
+  // A limit above what the host has left: the host's figure.
+  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.max", "109951162777600\n");
+  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.current", "0\n");
+  EXPECT_EQ(HostMemoryHeadroom(host.root()), kAvailable);
+}
+
+// Without a cgroup namespace, /proc/self/cgroup names the host's path while the container's
+// own cgroup is mounted at the root of /sys/fs/cgroup/memory.
+TEST(HostMemoryHeadroomTest, UnderCgroupV1ItReadsTheMountRootWhereTheHostsPathIsAbsent) {
+  FakeHost host;
+  host.Write("/proc/meminfo", kMeminfo);
+  host.Write("/proc/self/cgroup", "5:cpu:/kubepods/pod1\n4:memory:/kubepods/pod1\n0::/\n");
+  host.Write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "2147483648\n");
+  host.Write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "1073741824\n");
+  EXPECT_EQ(HostMemoryHeadroom(host.root()), int64_t{1} << 30);
+}
+
+TEST(HostMemoryHeadroomTest, NothingReadableIsNoFigureAndThisHostHasOne) {
+  FakeHost empty;
+  EXPECT_EQ(HostMemoryHeadroom(empty.root()), std::nullopt);
+  const std::optional<int64_t> here = HostMemoryHeadroom();
+  ASSERT_TRUE(here.has_value());
+  EXPECT_GT(*here, 0);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "worker/engine/zero.h"
 
 #include <atomic>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -138,12 +139,24 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
                                            RandomInitReader(model, 5), {});
           ASSERT_TRUE(read.ok()) << read.status().ToString();
           segments = std::move(*read);
+          // What it holds is what SizeOfReadAhead says, the budget's measure.
+          const ReadAheadSize size =
+              SizeOfReadAhead(model, {change.stage, comm.rank(), change.from},
+                              {change.stage, comm.rank(), change.to});
+          int64_t read_elements = 0;
+          for (const auto& block : segments)
+            for (const auto& segment : block) read_elements += segment.data.numel();
+          EXPECT_EQ(size.read, read_elements) << "rank " << r;
           if (ahead == 2) {
             AssembleNextShards(model, {change.stage, comm.rank(), change.to}, old.FrozenShards(),
                                segments, {});
+            int64_t assembled_elements = 0;
             for (const auto& block : segments)  // one whole shard per block at stage 3
-              if (change.stage == 3 && block.size() == 1)
+              if (change.stage == 3 && block.size() == 1) {
                 assembled[r].push_back(block[0].data.data_ptr());
+                assembled_elements += block[0].data.numel();
+              }
+            EXPECT_EQ(size.assembled, assembled_elements) << "rank " << r;
           }
         }
         kept[r] = old.ReleaseBaseWeights();
@@ -199,6 +212,36 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
         }
       }
     }
+}
+
+// A read ahead is done only where the host memory it holds fits its budget: the segments and the
+// assembled shard together to assemble, the segments alone to read; otherwise not at all.
+TEST(ZeroTest, AReadAheadHoldsOnlyWhatTheHostMemoryBudgetAllows) {
+  struct Case {
+    ReadAheadSize size;
+    int64_t element_bytes, budget_bytes;
+    ReadAheadFit want;
+  };
+  const Case cases[] = {
+      {{100, 400}, 4, 2000, ReadAheadFit::kReadAndAssemble},  // exactly 500 elements
+      {{100, 400}, 4, 1999, ReadAheadFit::kReadOnly},
+      {{100, 400}, 4, 400, ReadAheadFit::kReadOnly},
+      {{100, 400}, 4, 399, ReadAheadFit::kNothing},
+      {{100, 400}, 2, 1000, ReadAheadFit::kReadAndAssemble},  // bf16 halves the bytes
+      {{100, 0}, 4, 1 << 20, ReadAheadFit::kReadOnly},        // below stage 3, nothing to build
+      {{0, 0}, 4, 0, ReadAheadFit::kReadOnly},                // nothing to read fits anything
+      {{1, 0}, 4, 0, ReadAheadFit::kNothing},                 // TIDAL_READ_AHEAD_MAX_BYTES=0
+      {{1, 0}, 4, -5, ReadAheadFit::kNothing},
+      // Sizes of a 70 B model's shard in bytes do not overflow the check.
+      {{int64_t{1} << 40, int64_t{1} << 40},
+       4,
+       std::numeric_limits<int64_t>::max(),
+       ReadAheadFit::kReadAndAssemble},
+  };
+  for (const Case& c : cases)
+    EXPECT_EQ(FitReadAhead(c.size, c.element_bytes, c.budget_bytes), c.want)
+        << c.size.read << " + " << c.size.assembled << " elements of " << c.element_bytes
+        << " bytes, budget " << c.budget_bytes;
 }
 
 // A read ahead cut short (its generation ended first) keeps the elements it read, and the
