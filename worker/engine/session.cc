@@ -176,10 +176,12 @@ class TrainerSession final : public Session {
                              std::to_string(next.world_size));
     TIDAL_RETURN_IF_ERROR(config_.ValidateForWorldSize(next.world_size));
     const auto start = std::chrono::steady_clock::now();
-    // The old group goes before its store (rank 0's), and both before the new store may take
-    // the same port.
+    // The old group is left (its connections close in the background) and rank 0's store
+    // stops before the new store may take the same port.
     trainer_->LeaveGroup();
     store_.reset();
+    const double leaving =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     membership_ = next;
     if (next.rank == 0 && next.world_size > 1 && next.rank0_hosts_store) {
       TIDAL_ASSIGN_OR_RETURN(store_, StoreServer::Start(next.store_host, next.store_port));
@@ -194,6 +196,7 @@ class TrainerSession final : public Session {
     }
     LogInfo("engine kept",
             {{"world_size", next.world_size},
+             {"leaving_old_group_seconds", leaving},
              {"seconds",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});
     return WaitForEveryEngine();

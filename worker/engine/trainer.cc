@@ -45,7 +45,12 @@ OptimizationSpec Trainer::ScheduleSpec() const {
   return spec;
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() { JoinRetired(); }
+
+void Trainer::JoinRetired() {
+  for (std::thread& t : retiring_) t.join();
+  retiring_.clear();
+}
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                    std::unique_ptr<Comm> comm,
@@ -137,6 +142,8 @@ Status Trainer::StartGeneration(KeptBaseWeights* kept) {
                     progress, kept));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+  if (kept && !kept->retired.empty())  // returned to the kernel while the generation starts
+    retiring_.emplace_back([retired = std::move(kept->retired)]() mutable { retired.clear(); });
   if (kept) {
     LogInfo("base weights kept",
             {{"model", hf_ ? config_.model.uri : config_.model.preset},
@@ -167,12 +174,15 @@ Status Trainer::StartGeneration(KeptBaseWeights* kept) {
 
 void Trainer::LeaveGroup() {
   if (!comm_) return;
+  JoinRetired();  // the last change's, long done
   kept_ = params_->ReleaseBaseWeights();
   for (size_t b = 0; b < ahead_.size() && b < kept_.blocks.size(); ++b)
     kept_.blocks[b].ahead = std::move(ahead_[b]);
   ahead_.clear();
   params_.reset();
-  comm_.reset();
+  // Closing a process group's connections takes each one through the transport's event loop:
+  // tens of ms on a busy host, spent while the next group connects rather than before.
+  retiring_.emplace_back([comm = std::move(comm_)]() mutable { comm.reset(); });
 }
 
 Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>& cancelled,

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -101,6 +102,11 @@ class Trainer {
   KeptBaseWeights kept_;  // between LeaveGroup and JoinGroup
   // ReadAhead's segments, per block, until LeaveGroup hands them to kept_.
   std::vector<std::vector<KeptBaseWeights::Segment>> ahead_;
+  // Free what a change of generation no longer needs while the next one starts: the old
+  // process group (LeaveGroup) and the base weights a JoinGroup's Load retired
+  // (KeptBaseWeights::retired). Joined by the next LeaveGroup and by the destructor.
+  std::vector<std::thread> retiring_;
+  void JoinRetired();
   std::unique_ptr<data::RowSource> data_;
   // Sequences of the run this rank reads at `step` (micro-batches in order).
   std::vector<uint64_t> RankSequences(int64_t step) const;

@@ -188,6 +188,7 @@ Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& 
         kept->blocks[b].data.scalar_type() == options_.compute_dtype &&
         kept->blocks[b].data.device() == options_.device)
       mine = &kept->blocks[b];
+    bool frozen_adopted = false;
     for (Flat* flat : {&blocks_[b]->frozen, &blocks_[b]->trainable}) {
       const int64_t lo = stage == 3 ? rank * (flat->padded / world) : 0;
       const bool frozen = flat == &blocks_[b]->frozen;
@@ -209,12 +210,12 @@ Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& 
           adopted = true;
         } else if (whole) {
           flat->data = std::move(whole->data);
-          kept->blocks[b].ahead.clear();
           adopted = true;
         } else {
           flat->data = torch::zeros(
               {size}, torch::TensorOptions().device(options_.device).dtype(options_.compute_dtype));
         }
+        frozen_adopted = adopted;
       }
       for (size_t k = 0; k < flat->param_index.size(); ++k) {
         const ParamSpec& p = spec.params[flat->param_index[k]];
@@ -270,8 +271,12 @@ Status ShardedParameters::Load(const ParameterReader& read, const LoadProgress& 
       }
     }
     if (kept) {  // one block of both at a time, at most
-      kept->blocks[b].data = torch::Tensor();
-      kept->blocks[b].ahead.clear();
+      KeptBaseWeights::Block& old = kept->blocks[b];
+      if (old.data.defined() && frozen_adopted) kept->retired.push_back(std::move(old.data));
+      old.data = torch::Tensor();
+      for (KeptBaseWeights::Segment& s : old.ahead)
+        if (frozen_adopted && s.data.defined()) kept->retired.push_back(std::move(s.data));
+      old.ahead.clear();
     }
   }
   return OkStatus();

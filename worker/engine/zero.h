@@ -90,6 +90,12 @@ struct KeptBaseWeights {
   std::vector<Block> blocks;
   // Filled by Load: elements copied from here, and read from the source instead.
   int64_t reused = 0, read = 0;
+  // Filled by Load: a block's old base weights where the new shard was taken over whole, so
+  // nothing new was allocated for it. Not freed there: returning some hundred MB to the kernel
+  // takes tens of ms, which the caller spends off the pause (Trainer frees them on a thread of
+  // its own). Where Load allocates and copies, it frees each block's as it goes, so that the
+  // peak holds at most one block of both.
+  std::vector<torch::Tensor> retired;
 };
 
 // Where a rank sits; what it holds of every frozen flat follows (all of it below stage 3).

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <limits>
+#include <set>
 
 #include <gtest/gtest.h>
 
@@ -171,12 +172,23 @@ TEST(ZeroTest, KeptBaseWeightsFillTheNextGenerationsShardAndOnlyTheRestIsRead) {
         ShardedParameters next(model, comm, next_options);
         // The ranks that stay bring what they held; a new rank has nothing.
         KeptBaseWeights* mine = r < kept.size() ? &kept[r] : nullptr;
+        std::set<const void*> old_storage;
+        if (mine)
+          for (const auto& block : mine->blocks) old_storage.insert(block.data.data_ptr());
         ASSERT_TRUE(next.Load(counting(frozen_read[r]), {}, mine).ok());
         if (ahead == 2 && change.stage == 3 && r < kept.size()) {  // taken over, not copied
           ASSERT_EQ(assembled[r].size(), model.blocks().size()) << "rank " << r;
           const auto shards = next.FrozenShards();
           for (size_t b = 0; b < shards.size(); ++b)
             EXPECT_EQ(shards[b].data.data_ptr(), assembled[r][b]) << "rank " << r << " block " << b;
+          // Nothing was allocated, so the old shard is handed back whole, to be freed off the
+          // pause, rather than freed inside it.
+          std::set<const void*> retired;
+          for (const auto& t : mine->retired) retired.insert(t.data_ptr());
+          EXPECT_EQ(retired, old_storage) << "rank " << r;
+        } else if (mine && ahead == 0) {
+          // Copied block by block: each old block freed as it went, bounding the peak.
+          EXPECT_TRUE(mine->retired.empty()) << "rank " << r;
         }
         if (mine) {
           reused[r] = mine->reused;
