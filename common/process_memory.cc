@@ -48,46 +48,64 @@ std::optional<int64_t> ReadNumber(const std::string& path) {
   return value;
 }
 
-// What the memory cgroup at `dir` leaves: its limit less its usage, given the names of the two
-// files; nullopt where it has no limit. (v1 writes "no limit" as a number near 2^63.)
-std::optional<int64_t> CgroupLeft(const std::string& dir, const char* limit_file,
-                                  const char* usage_file) {
-  const std::optional<int64_t> limit = ReadNumber(dir + "/" + limit_file);
-  const std::optional<int64_t> usage = ReadNumber(dir + "/" + usage_file);
+// The value of `key` in a "key value" file (memory.stat); 0 where it is absent.
+int64_t StatValue(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string name;
+  int64_t value = 0;
+  while (in >> name >> value)
+    if (name == key) return value;
+  return 0;
+}
+
+// What the memory cgroup at `dir` leaves: its limit less its usage, where the usage does not
+// count the inactive page cache, which the kernel reclaims before it would fail an allocation
+// (kubelet's working set does the same); nullopt where it has no limit. (v1 writes "no
+// limit" as a number near 2^63.)
+std::optional<int64_t> CgroupLeft(const std::string& dir, bool v2) {
+  const std::optional<int64_t> limit =
+      ReadNumber(dir + (v2 ? "/memory.max" : "/memory.limit_in_bytes"));
+  const std::optional<int64_t> usage =
+      ReadNumber(dir + (v2 ? "/memory.current" : "/memory.usage_in_bytes"));
   if (!limit || !usage || *limit >= (int64_t{1} << 62)) return std::nullopt;
-  return std::max<int64_t>(0, *limit - *usage);
+  const int64_t inactive_file =
+      StatValue(dir + "/memory.stat", v2 ? "inactive_file" : "total_inactive_file");
+  return std::max<int64_t>(0, *limit - std::max<int64_t>(0, *usage - inactive_file));
 }
 
 }  // namespace
 
-std::optional<int64_t> HostMemoryHeadroom(const std::string& root) {
-  std::optional<int64_t> headroom;
+MemoryHeadroom ReadMemoryHeadroom(const std::string& root) {
+  MemoryHeadroom headroom;
   std::ifstream meminfo(root + "/proc/meminfo");
   for (std::string line; std::getline(meminfo, line);) {
     if (line.rfind("MemAvailable:", 0) != 0) continue;  // "MemAvailable:   22497356 kB"
     std::istringstream fields(line.substr(13));
     int64_t kib = 0;
     std::string unit;
-    if (fields >> kib >> unit && unit == "kB") headroom = kib * 1024;
+    if (fields >> kib >> unit && unit == "kB") headroom.host = kib * 1024;
   }
-  // "0::/path" (v2) or "4:memory:/path" (v1): the process's cgroup. Inside a cgroup namespace
-  // the path is "/" and the mount's root is the process's own cgroup.
+  // "0::/path" (v2) or "4:memory:/path" (v1, "memory,hugetlb" where co-mounted): the
+  // process's cgroup. Inside a cgroup namespace the path is "/" and the mount's root is the
+  // process's own cgroup.
   std::ifstream cgroups(root + "/proc/self/cgroup");
   for (std::string line; std::getline(cgroups, line);) {
     const size_t first = line.find(':'), second = line.find(':', first + 1);
     if (first == std::string::npos || second == std::string::npos) continue;
-    const std::string controllers = line.substr(first + 1, second - first - 1);
     const std::string path = line.substr(second + 1);
     const bool v2 = line.rfind("0::", 0) == 0;
-    if (!v2 && controllers != "memory") continue;
+    bool memory = false;  // one of the comma-separated controllers
+    std::istringstream controllers(line.substr(first + 1, second - first - 1));
+    for (std::string c; std::getline(controllers, c, ',');) memory = memory || c == "memory";
+    if (!v2 && !memory) continue;
     // Without a cgroup namespace a container sees its host's path, while its runtime mounts
     // its own cgroup at the mount's root: where the path is not there, the root is used.
+    // (A co-mounted v1 hierarchy is reached through its "memory" link.)
     const std::string mount = root + (v2 ? "/sys/fs/cgroup" : "/sys/fs/cgroup/memory");
-    const std::string dir = std::filesystem::is_directory(mount + path) ? mount + path : mount;
-    const std::optional<int64_t> left =
-        v2 ? CgroupLeft(dir, "memory.max", "memory.current")
-           : CgroupLeft(dir, "memory.limit_in_bytes", "memory.usage_in_bytes");
-    if (left) headroom = headroom ? std::min(*headroom, *left) : *left;
+    std::error_code ec;
+    const std::string dir = std::filesystem::is_directory(mount + path, ec) ? mount + path : mount;
+    const std::optional<int64_t> left = CgroupLeft(dir, v2);
+    if (left) headroom.cgroup = headroom.cgroup ? std::min(*headroom.cgroup, *left) : *left;
   }
   return headroom;
 }

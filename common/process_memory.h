@@ -21,11 +21,16 @@ std::optional<ProcessMemory> ReadProcessMemory();
 // Linux ≥ 4.0), so that a later peak_rss_bytes is one phase's; false where that is refused.
 bool ResetPeakRss();
 
-// The host memory this process may still take before the kernel reclaims hard or its
-// container's limit is hit: the smaller of /proc/meminfo's MemAvailable and what the memory
-// cgroup of the process (/proc/self/cgroup; cgroup v2 memory.max less memory.current, or v1
-// memory.limit_in_bytes less memory.usage_in_bytes) leaves, where that cgroup has a limit.
-// nullopt where neither can be read. Every path is taken under `root` (tests give a tree).
-std::optional<int64_t> HostMemoryHeadroom(const std::string& root = "");
+// The host memory this process may still take, as two figures, since they are shared
+// differently: what the whole host has left (/proc/meminfo's MemAvailable, which every process
+// on it draws on) and what the memory cgroup of the process (/proc/self/cgroup; cgroup v2
+// memory.max, or v1 memory.limit_in_bytes, less the usage without the inactive page cache)
+// leaves to it and its pod. Each nullopt where it cannot be read or there is no limit. Every
+// path is taken under `root` (tests give a tree).
+struct MemoryHeadroom {
+  std::optional<int64_t> host;
+  std::optional<int64_t> cgroup;
+};
+MemoryHeadroom ReadMemoryHeadroom(const std::string& root = "");
 
 }  // namespace tidal

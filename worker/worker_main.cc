@@ -233,7 +233,8 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
     o.keep_engine = keep->second == "1";
   }
   // A cap on the host memory a read ahead for the next generation may hold (PrepareEngine); 0:
-  // none is done. It never holds more than half of what the host and the pod have left anyway.
+  // only one with nothing to read is done. It never holds more than what the pod's memory limit
+  // and half of what the host leave anyway.
   if (auto cap = env.find("TIDAL_READ_AHEAD_MAX_BYTES"); cap != env.end()) {
     TIDAL_ASSIGN_OR_RETURN(
         o.session.read_ahead_max_bytes,

@@ -62,10 +62,11 @@ void Process::Pump(int timeout_ms) {
 }
 
 bool Process::WaitForOutput(const std::function<bool(const std::string&)>& done,
-                            std::chrono::milliseconds timeout) {
+                            std::chrono::milliseconds timeout, bool from_stderr) {
+  const std::string& seen = from_stderr ? err_ : out_;
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (done(out_)) return true;
+    if (done(seen)) return true;
     Pump(50);
     siginfo_t info{};
     // Exited (not reaped, so Wait() still gets the status): no more output will come.
@@ -74,7 +75,7 @@ bool Process::WaitForOutput(const std::function<bool(const std::string&)>& done,
       break;
     }
   }
-  return done(out_);
+  return done(seen);
 }
 
 ProcessResult Process::Wait(std::chrono::milliseconds timeout) {

@@ -23,9 +23,10 @@ class Process {
   explicit Process(const std::vector<std::string>& argv);
   ~Process();
   pid_t pid() const { return pid_; }
-  // Reads output until `done(stdout_so_far)` holds or the timeout passes; false on timeout.
+  // Reads output until `done(stdout_so_far)` (with `from_stderr`, the stderr so far) holds or
+  // the timeout passes; false on timeout.
   bool WaitForOutput(const std::function<bool(const std::string&)>& done,
-                     std::chrono::milliseconds timeout);
+                     std::chrono::milliseconds timeout, bool from_stderr = false);
   // Waits for exit; kills the child (SIGKILL) when it has not exited within the timeout.
   ProcessResult Wait(std::chrono::milliseconds timeout);
 

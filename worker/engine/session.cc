@@ -176,8 +176,9 @@ class TrainerSession final : public Session {
                              std::to_string(next.world_size));
     TIDAL_RETURN_IF_ERROR(config_.ValidateForWorldSize(next.world_size));
     const auto start = std::chrono::steady_clock::now();
-    // The old group is left (its connections close in the background) and rank 0's store
-    // stops before the new store may take the same port.
+    // The old group is left (a gloo one's connections close in the background; gloo no
+    // longer needs the store once connected) and rank 0's store stops before the new store
+    // may take the same port.
     trainer_->LeaveGroup();
     store_.reset();
     const double leaving =

@@ -174,15 +174,18 @@ Status Trainer::StartGeneration(KeptBaseWeights* kept) {
 
 void Trainer::LeaveGroup() {
   if (!comm_) return;
-  JoinRetired();  // the last change's, long done
+  JoinRetired();  // the last change's (done by now, unless that generation failed at once)
   kept_ = params_->ReleaseBaseWeights();
   for (size_t b = 0; b < ahead_.size() && b < kept_.blocks.size(); ++b)
     kept_.blocks[b].ahead = std::move(ahead_[b]);
   ahead_.clear();
   params_.reset();
-  // Closing a process group's connections takes each one through the transport's event loop:
-  // tens of ms on a busy host, spent while the next group connects rather than before.
-  retiring_.emplace_back([comm = std::move(comm_)]() mutable { comm.reset(); });
+  // Closing a gloo group's connections takes each one through the transport's event loop: tens
+  // of ms on a busy host, spent while the next group connects rather than before. A NCCL
+  // group is closed here, as before: its abort and the next group's init share the GPU.
+  if (comm_->device().is_cpu())
+    retiring_.emplace_back([comm = std::move(comm_)]() mutable { comm.reset(); });
+  comm_.reset();
 }
 
 Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>& cancelled,
@@ -195,21 +198,29 @@ Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>&
   // on the host, where the Load then takes it over instead of copying it.
   ReadAheadSize size = SizeOfReadAhead(*model_, from, to);
   if (!options_.device.is_cpu()) size.assembled = 0;
-  const std::optional<int64_t> headroom = HostMemoryHeadroom();
-  int64_t budget = headroom ? *headroom / 2 : std::numeric_limits<int64_t>::max();
-  if (options_.read_ahead_max_bytes >= 0) budget = std::min(budget, options_.read_ahead_max_bytes);
+  // The budget: what the pod's memory cgroup leaves, and half of what the host leaves (the
+  // ranks on one host draw on that figure together, each from its own pod), and the cap.
+  const MemoryHeadroom headroom = ReadMemoryHeadroom();
+  int64_t budget = std::numeric_limits<int64_t>::max();
+  std::string bound = "no figure of the host's";
+  if (headroom.host && *headroom.host / 2 < budget) {
+    budget = *headroom.host / 2;
+    bound = "half of the " + std::to_string(*headroom.host) + " bytes the host has left";
+  }
+  if (headroom.cgroup && *headroom.cgroup < budget) {
+    budget = *headroom.cgroup;
+    bound = "what the pod's memory limit leaves";
+  }
+  if (options_.read_ahead_max_bytes >= 0 && options_.read_ahead_max_bytes < budget) {
+    budget = options_.read_ahead_max_bytes;
+    bound = "the cap TIDAL_READ_AHEAD_MAX_BYTES sets";
+  }
   const int64_t element_bytes = static_cast<int64_t>(c10::elementSize(dtype_));
   const ReadAheadFit fit = FitReadAhead(size, element_bytes, budget);
-  if (fit == ReadAheadFit::kNothing) {
-    const bool capped = options_.read_ahead_max_bytes >= 0 &&
-                        (!headroom || options_.read_ahead_max_bytes <= *headroom / 2);
+  if (fit == ReadAheadFit::kNothing)
     return FailedPrecondition("host memory: reading ahead takes " +
                               std::to_string(size.read * element_bytes) + " bytes and may take " +
-                              std::to_string(budget) + ", " +
-                              (capped ? std::string("the cap TIDAL_READ_AHEAD_MAX_BYTES sets")
-                                      : "half of the " + std::to_string(headroom.value_or(0)) +
-                                            " bytes the host and this container have left"));
-  }
+                              std::to_string(budget) + ", " + bound);
   const auto start = std::chrono::steady_clock::now();
   const uint64_t bytes_before = hf_ ? hf_->BytesRead() : 0;
   const uint64_t seed = config_.model.init_seed;

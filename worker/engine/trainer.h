@@ -32,8 +32,8 @@ struct TrainerOptions {
   // unset, the uri is a local directory.
   std::unique_ptr<ModelFiles> model_files;
   // The most host memory a read ahead (ReadAhead) may hold; -1: no cap of its own. Either way
-  // it holds at most half of what the host and the process's cgroup have left
-  // (HostMemoryHeadroom), since the ranks that share the host read ahead at the same time.
+  // it holds at most what the pod's memory cgroup leaves and half of what the host leaves
+  // (ReadMemoryHeadroom).
   int64_t read_ahead_max_bytes = -1;
 };
 
@@ -102,7 +102,7 @@ class Trainer {
   KeptBaseWeights kept_;  // between LeaveGroup and JoinGroup
   // ReadAhead's segments, per block, until LeaveGroup hands them to kept_.
   std::vector<std::vector<KeptBaseWeights::Segment>> ahead_;
-  // Free what a change of generation no longer needs while the next one starts: the old
+  // Free what a change of generation no longer needs while the next one starts: the old gloo
   // process group (LeaveGroup) and the base weights a JoinGroup's Load retired
   // (KeptBaseWeights::retired). Joined by the next LeaveGroup and by the destructor.
   std::vector<std::thread> retiring_;

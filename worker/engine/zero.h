@@ -124,8 +124,9 @@ struct ReadAheadSize {
 ReadAheadSize SizeOfReadAhead(const DecoderModel& model, ShardPlacement from, ShardPlacement to);
 
 // How much of a read ahead of `size` (elements of `element_bytes`) a host-memory budget of
-// `budget_bytes` allows: the segments and the assembled shard are held at once while it is
-// built, so assembling needs both to fit; reading alone, the segments.
+// `budget_bytes` allows: assembling needs the segments and the assembled shard to fit together
+// (an upper bound: each block's segments go once its shard is built), reading alone the
+// segments. The reader's own temporaries (one parameter at a time) are not counted.
 enum class ReadAheadFit { kReadAndAssemble, kReadOnly, kNothing };
 ReadAheadFit FitReadAhead(ReadAheadSize size, int64_t element_bytes, int64_t budget_bytes);
 

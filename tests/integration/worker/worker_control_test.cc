@@ -859,9 +859,9 @@ TEST_F(WorkerControlTest, OneRankRescaledLiveOntoItselfGoesOnAtItsStepWithTheSam
 }
 
 // The operator's barrier does not wait for a new worker that is still loading (its scale-up
-// timeout passed, or the ask was lost): the Rendezvous reaches it while it prepares. It waits
-// for that one build, joins with the engine it built — never a second — and the losses are the
-// unresized run's.
+// timeout passed, or the ask was lost): the Rendezvous reaches it once its preparation has
+// started. It joins with the engine it prepared — built once, regrouped without reading a base
+// weight — and the losses are the unresized run's.
 TEST_F(WorkerControlTest, ARendezvousReachingANewWorkerWhileItPreparesJoinsWithTheOneEngine) {
   constexpr int kSteps = 12;
   WriteSpec("full: 1000", kSteps, /*global_batch=*/24);
@@ -872,6 +872,9 @@ TEST_F(WorkerControlTest, ARendezvousReachingANewWorkerWhileItPreparesJoinsWithT
   StepRecorder steps(*workers_[0].client);
   steps.WaitForStep(3);
   ASSERT_TRUE(workers_[2].client->PrepareEngine(2, 3, 2).ok());
+  ASSERT_TRUE(workers_[2].process->WaitForOutput(
+      [](const std::string& err) { return err.find("\"preparing engine\"") != std::string::npos; },
+      60s, /*from_stderr=*/true));
   const int64_t held = BarrierAll({0, 1}, /*live=*/true);  // not waiting for it to be ready
   Rendezvous(2, {0, 1, 2}, {0, 1}, held);
   std::map<int, std::string> log_of;
@@ -881,14 +884,11 @@ TEST_F(WorkerControlTest, ARendezvousReachingANewWorkerWhileItPreparesJoinsWithT
     log_of[i] = r.err;
   }
   EXPECT_EQ(LogLines(log_of[2], "engine ready").size(), 1u) << log_of[2];
-  // Either it was preparing (then it regrouped that engine, reading nothing more) or the
-  // Rendezvous came before the preparation started (then the join built it, once).
-  const auto prepared = LogLines(log_of[2], "engine prepared");
-  if (!prepared.empty()) {
-    const auto kept = LogLines(log_of[2], "base weights kept");
-    ASSERT_EQ(kept.size(), 1u) << log_of[2];
-    EXPECT_EQ(kept[0]["elements_read"], 0) << kept[0].dump();
-  }
+  EXPECT_EQ(LogLines(log_of[2], "engine prepared").size(), 1u) << log_of[2];
+  const auto kept = LogLines(log_of[2], "base weights kept");
+  ASSERT_EQ(kept.size(), 1u) << log_of[2];
+  EXPECT_EQ(kept[0]["generation"], 2);
+  EXPECT_EQ(kept[0]["elements_read"], 0) << kept[0].dump();
   ExpectGenerationResumedAt(steps.events(), 2, held, kSteps, reference);
 }
 

@@ -96,52 +96,66 @@ constexpr const char* kMeminfo =
     "MemTotal:       24683656 kB\nMemFree:        1000000 kB\nMemAvailable:    8000000 kB\n";
 constexpr int64_t kAvailable = int64_t{8000000} * 1024;
 
-TEST(HostMemoryHeadroomTest, WithoutACgroupLimitItIsMemAvailable) {
+TEST(MemoryHeadroomTest, TheHostsFigureIsMemAvailableAndNoLimitIsNoCgroupFigure) {
   FakeHost host;
   host.Write("/proc/meminfo", kMeminfo);
-  EXPECT_EQ(HostMemoryHeadroom(host.root()), kAvailable);
+  EXPECT_EQ(ReadMemoryHeadroom(host.root()).host, kAvailable);
+  EXPECT_EQ(ReadMemoryHeadroom(host.root()).cgroup, std::nullopt);
   // v2 "max" and v1's near-2^63 both say no limit.
   host.Write("/proc/self/cgroup", "0::/kubepods/pod1\n4:memory:/kubepods/pod1\n");
   host.Write("/sys/fs/cgroup/kubepods/pod1/memory.max", "max\n");
   host.Write("/sys/fs/cgroup/kubepods/pod1/memory.current", "1000\n");
   host.Write("/sys/fs/cgroup/memory/kubepods/pod1/memory.limit_in_bytes", "9223372036854771712\n");
   host.Write("/sys/fs/cgroup/memory/kubepods/pod1/memory.usage_in_bytes", "1000\n");
-  EXPECT_EQ(HostMemoryHeadroom(host.root()), kAvailable);
+  const MemoryHeadroom got = ReadMemoryHeadroom(host.root());
+  EXPECT_EQ(got.host, kAvailable);
+  EXPECT_EQ(got.cgroup, std::nullopt);
 }
 
-TEST(HostMemoryHeadroomTest, AContainerLimitBelowTheHostsBoundsItUnderCgroupV2) {
+// The pod's limit less its usage, where the inactive page cache (a model's files read, the
+// checkpoints written) is not counted as used: the kernel reclaims it first.
+TEST(MemoryHeadroomTest, ACgroupV2LimitLeavesItLessTheUsageWithoutTheInactivePageCache) {
   FakeHost host;
   host.Write("/proc/meminfo", kMeminfo);
   host.Write("/proc/self/cgroup", "0::/kubepods/pod1\n");
   host.Write("/sys/fs/cgroup/kubepods/pod1/memory.max", "4294967296\n");
   host.Write("/sys/fs/cgroup/kubepods/pod1/memory.current", "3221225472\n");
-  EXPECT_EQ(HostMemoryHeadroom(host.root()), int64_t{1} << 30);
-  // A container over its limit (the kernel is reclaiming) has none left, not a negative.
-  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.current", "5000000000\n");
-  EXPECT_EQ(HostMemoryHeadroom(host.root()), 0);
-  // A limit above what the host has left: the host's figure.
-  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.max", "109951162777600\n");
-  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.current", "0\n");
-  EXPECT_EQ(HostMemoryHeadroom(host.root()), kAvailable);
+  EXPECT_EQ(ReadMemoryHeadroom(host.root()).cgroup, int64_t{1} << 30);
+  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.stat",
+             "anon 1073741824\nfile 2147483648\nactive_file 1073741824\n"
+             "inactive_file 1073741824\n");
+  EXPECT_EQ(ReadMemoryHeadroom(host.root()).cgroup, int64_t{2} << 30);
+  // A pod over its limit (the kernel is reclaiming) has none left, not a negative.
+  host.Write("/sys/fs/cgroup/kubepods/pod1/memory.current", "6000000000\n");
+  EXPECT_EQ(ReadMemoryHeadroom(host.root()).cgroup, 0);
+  EXPECT_EQ(ReadMemoryHeadroom(host.root()).host, kAvailable);
 }
 
 // Without a cgroup namespace, /proc/self/cgroup names the host's path while the container's
-// own cgroup is mounted at the root of /sys/fs/cgroup/memory.
-TEST(HostMemoryHeadroomTest, UnderCgroupV1ItReadsTheMountRootWhereTheHostsPathIsAbsent) {
-  FakeHost host;
-  host.Write("/proc/meminfo", kMeminfo);
-  host.Write("/proc/self/cgroup", "5:cpu:/kubepods/pod1\n4:memory:/kubepods/pod1\n0::/\n");
-  host.Write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "2147483648\n");
-  host.Write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "1073741824\n");
-  EXPECT_EQ(HostMemoryHeadroom(host.root()), int64_t{1} << 30);
+// own cgroup is mounted at the mount's root; under v1 the memory controller may share its
+// hierarchy with others.
+TEST(MemoryHeadroomTest, WhereTheHostsPathIsAbsentTheMountRootIsThePods) {
+  FakeHost v1;
+  v1.Write("/proc/self/cgroup", "5:cpu,cpuacct:/kubepods/pod1\n4:hugetlb,memory:/kubepods/pod1\n");
+  v1.Write("/sys/fs/cgroup/memory/memory.limit_in_bytes", "2147483648\n");
+  v1.Write("/sys/fs/cgroup/memory/memory.usage_in_bytes", "1610612736\n");
+  v1.Write("/sys/fs/cgroup/memory/memory.stat", "cache 9\ntotal_inactive_file 536870912\n");
+  EXPECT_EQ(ReadMemoryHeadroom(v1.root()).cgroup, int64_t{1} << 30);
+  FakeHost v2;
+  v2.Write("/proc/self/cgroup", "0::/kubepods/pod1\n");
+  v2.Write("/sys/fs/cgroup/memory.max", "2147483648\n");
+  v2.Write("/sys/fs/cgroup/memory.current", "1073741824\n");
+  EXPECT_EQ(ReadMemoryHeadroom(v2.root()).cgroup, int64_t{1} << 30);
 }
 
-TEST(HostMemoryHeadroomTest, NothingReadableIsNoFigureAndThisHostHasOne) {
+TEST(MemoryHeadroomTest, NothingReadableIsNoFigureAndThisHostHasOne) {
   FakeHost empty;
-  EXPECT_EQ(HostMemoryHeadroom(empty.root()), std::nullopt);
-  const std::optional<int64_t> here = HostMemoryHeadroom();
-  ASSERT_TRUE(here.has_value());
-  EXPECT_GT(*here, 0);
+  const MemoryHeadroom none = ReadMemoryHeadroom(empty.root());
+  EXPECT_EQ(none.host, std::nullopt);
+  EXPECT_EQ(none.cgroup, std::nullopt);
+  const MemoryHeadroom here = ReadMemoryHeadroom();
+  ASSERT_TRUE(here.host.has_value());
+  EXPECT_GT(*here.host, 0);
 }
 
 }  // namespace
