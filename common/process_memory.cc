@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -108,6 +109,18 @@ MemoryHeadroom ReadMemoryHeadroom(const std::string& root) {
     if (left) headroom.cgroup = headroom.cgroup ? std::min(*headroom.cgroup, *left) : *left;
   }
   return headroom;
+}
+
+MemoryBudget BudgetWithin(const MemoryHeadroom& headroom, int64_t cap,
+                          const std::string& cap_name) {
+  MemoryBudget budget{std::numeric_limits<int64_t>::max(), "no figure of the host's"};
+  if (headroom.host && *headroom.host / 2 < budget.bytes)
+    budget = {*headroom.host / 2,
+              "half of the " + std::to_string(*headroom.host) + " bytes the host has left"};
+  if (headroom.cgroup && *headroom.cgroup < budget.bytes)
+    budget = {*headroom.cgroup, "what the pod's memory limit leaves"};
+  if (cap >= 0 && cap < budget.bytes) budget = {cap, "the cap " + cap_name + " sets"};
+  return budget;
 }
 
 }  // namespace tidal

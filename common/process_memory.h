@@ -33,4 +33,13 @@ struct MemoryHeadroom {
 };
 MemoryHeadroom ReadMemoryHeadroom(const std::string& root = "");
 
+// The most host memory one rank's optional work (a read ahead) may take: what its pod's cgroup
+// leaves, half of what the host leaves (the ranks on one host draw on that figure together,
+// each from its own pod) and `cap` (< 0: none), whichever is least; `bound` names which.
+struct MemoryBudget {
+  int64_t bytes = 0;
+  std::string bound;
+};
+MemoryBudget BudgetWithin(const MemoryHeadroom& headroom, int64_t cap, const std::string& cap_name);
+
 }  // namespace tidal

@@ -198,29 +198,14 @@ Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>&
   // on the host, where the Load then takes it over instead of copying it.
   ReadAheadSize size = SizeOfReadAhead(*model_, from, to);
   if (!options_.device.is_cpu()) size.assembled = 0;
-  // The budget: what the pod's memory cgroup leaves, and half of what the host leaves (the
-  // ranks on one host draw on that figure together, each from its own pod), and the cap.
-  const MemoryHeadroom headroom = ReadMemoryHeadroom();
-  int64_t budget = std::numeric_limits<int64_t>::max();
-  std::string bound = "no figure of the host's";
-  if (headroom.host && *headroom.host / 2 < budget) {
-    budget = *headroom.host / 2;
-    bound = "half of the " + std::to_string(*headroom.host) + " bytes the host has left";
-  }
-  if (headroom.cgroup && *headroom.cgroup < budget) {
-    budget = *headroom.cgroup;
-    bound = "what the pod's memory limit leaves";
-  }
-  if (options_.read_ahead_max_bytes >= 0 && options_.read_ahead_max_bytes < budget) {
-    budget = options_.read_ahead_max_bytes;
-    bound = "the cap TIDAL_READ_AHEAD_MAX_BYTES sets";
-  }
+  const MemoryBudget budget = BudgetWithin(ReadMemoryHeadroom(), options_.read_ahead_max_bytes,
+                                           "TIDAL_READ_AHEAD_MAX_BYTES");
   const int64_t element_bytes = static_cast<int64_t>(c10::elementSize(dtype_));
-  const ReadAheadFit fit = FitReadAhead(size, element_bytes, budget);
+  const ReadAheadFit fit = FitReadAhead(size, element_bytes, budget.bytes);
   if (fit == ReadAheadFit::kNothing)
     return FailedPrecondition("host memory: reading ahead takes " +
                               std::to_string(size.read * element_bytes) + " bytes and may take " +
-                              std::to_string(budget) + ", " + bound);
+                              std::to_string(budget.bytes) + ", " + budget.bound);
   const auto start = std::chrono::steady_clock::now();
   const uint64_t bytes_before = hf_ ? hf_->BytesRead() : 0;
   const uint64_t seed = config_.model.init_seed;
@@ -245,7 +230,7 @@ Status Trainer::ReadAhead(int rank, int world_size, const std::function<bool()>&
            {"complete", all},
            {"assembled", assemble},
            {"host_bytes_at_most", (elements + (assemble ? size.assembled : 0)) * element_bytes},
-           {"host_budget_bytes", budget},
+           {"host_budget_bytes", budget.bytes},
            {"bytes_read", hf_ ? hf_->BytesRead() - bytes_before : uint64_t{0}},
            {"seconds",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()}});

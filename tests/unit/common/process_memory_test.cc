@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 
 namespace tidal {
@@ -156,6 +157,27 @@ TEST(MemoryHeadroomTest, NothingReadableIsNoFigureAndThisHostHasOne) {
   const MemoryHeadroom here = ReadMemoryHeadroom();
   ASSERT_TRUE(here.host.has_value());
   EXPECT_GT(*here.host, 0);
+}
+
+// The least of the pod's figure, half the host's and the cap, named.
+TEST(MemoryHeadroomTest, TheBudgetIsTheLeastOfThePodsHalfTheHostsAndTheCapAndNamesIt) {
+  const std::string cap = "TIDAL_READ_AHEAD_MAX_BYTES";
+  MemoryBudget b = BudgetWithin({1000, std::nullopt}, -1, cap);
+  EXPECT_EQ(b.bytes, 500);
+  EXPECT_EQ(b.bound, "half of the 1000 bytes the host has left");
+  b = BudgetWithin({1000, 700}, -1, cap);  // the pod's own limit is not halved
+  EXPECT_EQ(b.bytes, 500);
+  b = BudgetWithin({1000, 300}, -1, cap);
+  EXPECT_EQ(b.bytes, 300);
+  EXPECT_EQ(b.bound, "what the pod's memory limit leaves");
+  b = BudgetWithin({1000, 300}, 0, cap);
+  EXPECT_EQ(b.bytes, 0);
+  EXPECT_EQ(b.bound, "the cap TIDAL_READ_AHEAD_MAX_BYTES sets");
+  b = BudgetWithin({1000, 300}, 400, cap);  // a cap above the figures changes nothing
+  EXPECT_EQ(b.bytes, 300);
+  b = BudgetWithin({std::nullopt, std::nullopt}, -1, cap);
+  EXPECT_EQ(b.bytes, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(b.bound, "no figure of the host's");
 }
 
 }  // namespace
