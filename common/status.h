@@ -20,6 +20,11 @@ enum class StatusCode {
   kAborted,  // a concurrent change won (409 Conflict): re-read and retry
   kDataLoss,
   kInternal,
+  // The kinds a caller tells apart without reading the message:
+  kAlreadyExists,     // what a create or a one-time request asked for is there already (409)
+  kUnauthenticated,   // no valid credentials (401; gRPC UNAUTHENTICATED)
+  kPermissionDenied,  // credentials that may not do this (403)
+  kExpired,  // a resourceVersion or continue token too old to resume from (410 Gone): relist
 };
 
 inline const char* StatusCodeName(StatusCode code) {
@@ -42,6 +47,14 @@ inline const char* StatusCodeName(StatusCode code) {
       return "DATA_LOSS";
     case StatusCode::kInternal:
       return "INTERNAL";
+    case StatusCode::kAlreadyExists:
+      return "ALREADY_EXISTS";
+    case StatusCode::kUnauthenticated:
+      return "UNAUTHENTICATED";
+    case StatusCode::kPermissionDenied:
+      return "PERMISSION_DENIED";
+    case StatusCode::kExpired:
+      return "EXPIRED";
   }
   return "UNKNOWN";
 }
@@ -87,6 +100,16 @@ inline Status DeadlineExceeded(std::string m) {
 inline Status Aborted(std::string m) { return Status(StatusCode::kAborted, std::move(m)); }
 inline Status DataLoss(std::string m) { return Status(StatusCode::kDataLoss, std::move(m)); }
 inline Status Internal(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
+inline Status AlreadyExists(std::string m) {
+  return Status(StatusCode::kAlreadyExists, std::move(m));
+}
+inline Status Unauthenticated(std::string m) {
+  return Status(StatusCode::kUnauthenticated, std::move(m));
+}
+inline Status PermissionDenied(std::string m) {
+  return Status(StatusCode::kPermissionDenied, std::move(m));
+}
+inline Status Expired(std::string m) { return Status(StatusCode::kExpired, std::move(m)); }
 
 template <typename T>
 class [[nodiscard]] StatusOr {

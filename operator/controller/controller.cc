@@ -13,6 +13,7 @@
 #include "operator/kube/types.h"
 #include "tidal/worker/v1/worker.pb.h"
 #include "worker/control/client.h"
+#include "worker/control/phase_proto.h"
 
 namespace tidal::controller {
 namespace {
@@ -22,30 +23,14 @@ namespace pb = ::tidal::worker::v1;
 
 std::string Key(const std::string& ns, const std::string& name) { return ns + "/" + name; }
 
-std::string PhaseName(pb::Phase p) {
-  switch (p) {
-    case pb::WAITING:
-      return "Waiting";
-    case pb::JOINING:
-      return "Joining";
-    case pb::RUNNING:
-      return "Running";
-    case pb::CHECKPOINTING:
-      return "Checkpointing";
-    case pb::PAUSED:
-      return "Paused";
-    case pb::FAILED:
-      return "Failed";
-    case pb::SUCCEEDED:
-      return "Succeeded";
-    default:
-      return "Unknown";
-  }
-}
-
-WorkerReport ReportOf(const pb::WorkerStatus& s) {
+// A phase this operator does not know (a newer worker's) is no answer: nothing is decided on it.
+StatusOr<WorkerReport> ReportOf(const pb::WorkerStatus& s) {
   WorkerReport r;
-  r.phase = PhaseName(s.phase());
+  const std::optional<api::WorkerPhase> phase = worker::FromProto(s.phase());
+  if (!phase)
+    return FailedPrecondition("the worker reports phase " + std::to_string(s.phase()) +
+                              ", which this operator does not know");
+  r.phase = *phase;
   r.generation = s.generation();
   r.rank = s.rank();
   r.world_size = s.world_size();
@@ -320,9 +305,21 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   Observed observed = Observe(*job, connections);
   Plan plan = DecideWithCapacity(observed);
   TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan));
+  for (const PhaseChange& c : plan.phase_changes) {
+    const json fields = {{"job", key},
+                         {"generation", plan.status.generation},
+                         {"from", planner::PhaseName(c.from)},
+                         {"event", planner::EventName(c.event)},
+                         {"to", planner::PhaseName(c.to)},
+                         {"reason", c.reason}};
+    if (c.refused)
+      LogError("phase change refused by the transition table", fields);
+    else
+      LogInfo("phase", fields);
+  }
   if (OperatorMetrics* m = options_.metrics) {
     OperatorMetrics::JobFigures figures;
-    figures.phase = plan.status.phase;
+    figures.phase = planner::PhaseName(plan.status.phase);
     figures.desired_gpus = plan.status.desired_gpus;
     figures.current_gpus = plan.status.current_gpus;
     figures.step = plan.status.step;
@@ -533,15 +530,19 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   o.now = Clock::now();
   const auto steady_now = std::chrono::steady_clock::now();
   for (auto& [pod, answer] : asks) {
-    auto s = answer.get();
+    StatusOr<pb::WorkerStatus> asked = answer.get();
+    StatusOr<WorkerReport> s = asked.ok() ? ReportOf(*asked) : asked.status();
     if (s.ok()) {
-      o.reports[pod] = ReportOf(*s);
+      o.reports[pod] = std::move(*s);
       auto& unreachable = connections.unreachable_since;
+      const bool first = connections.answered.insert(pod).second;
       if (auto it = unreachable.find(pod); it != unreachable.end()) {
-        LogInfo(
-            "worker answers again",
-            {{"pod", pod},
-             {"after_seconds", std::chrono::duration<double>(steady_now - it->second).count()}});
+        // A worker that starts is silent until it serves: its first answer is no comeback.
+        LogInfo(first ? "worker answers" : "worker answers again",
+                {{"job", o.name},
+                 {"pod", pod},
+                 {first ? "after_starting_seconds" : "after_seconds",
+                  std::chrono::duration<double>(steady_now - it->second).count()}});
         unreachable.erase(it);
       }
       connections.unreachable_error.erase(pod);
@@ -570,14 +571,13 @@ StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& p
       std::string(kJobLabel) + "=" + JobLabelValue(job["metadata"].value("name", ""));
   if (plan.conditions_only) {
     const json current = job.value("status", json());
-    if (current.is_object() && current.value("conditions", json()) == plan.status.conditions)
-      return job;
+    const json conditions = ToJson(plan.status.conditions);
+    if (current.is_object() && current.value("conditions", json()) == conditions) return job;
     const json& md = job["metadata"];
-    TIDAL_ASSIGN_OR_RETURN(
-        auto request,
-        kube::MergePatchRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
-                                md.value("name", ""),
-                                {{"status", {{"conditions", plan.status.conditions}}}}, "status"));
+    TIDAL_ASSIGN_OR_RETURN(auto request, kube::MergePatchRequest(
+                                             kube::Resource::TrainingJobs(),
+                                             md.value("namespace", ""), md.value("name", ""),
+                                             {{"status", {{"conditions", conditions}}}}, "status"));
     auto written = client_.Call(request);
     if (!written.ok()) return written.status().WithContext("writing status.conditions");
     return written;
@@ -605,7 +605,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
   auto create = [&](kube::Resource r, const json& object) -> Status {
     TIDAL_ASSIGN_OR_RETURN(auto request, kube::CreateRequest(r, o.namespace_, object));
     auto made = client_.Call(request);
-    if (made.ok() || made.status().code() == StatusCode::kAborted) return OkStatus();  // exists
+    if (made.ok() || made.status().code() == StatusCode::kAlreadyExists) return OkStatus();
     return made.status();
   };
   auto pod_ip = [&](const std::string& name) -> std::string {
@@ -694,6 +694,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           if (!deleted.ok() && deleted.status().code() != StatusCode::kNotFound)
             done = deleted.status();
           connections.clients.erase(pod);
+          connections.answered.erase(pod);
           connections.unreachable_since.erase(pod);
           connections.unreachable_error.erase(pod);
         }
@@ -746,7 +747,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
                             store, peers, peers.empty() ? 0 : a.state_step, members,
                             members.empty() ? static_cast<int>(rank) : a.wards[rank]);
           // Already there (a repeated call after a crash) is success.
-          if (!s.ok() && s.message().find("not newer") == std::string::npos) done = s;
+          if (!s.ok() && s.code() != StatusCode::kAlreadyExists) done = s;
         }
         break;
       }

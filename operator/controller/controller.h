@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -107,7 +108,8 @@ class TrainingJobController {
     // Since when each silent worker has not answered, on the monotonic clock: a step of the
     // wall clock (NTP, a VM resumed) neither declares a worker lost nor forgives one.
     std::map<std::string, std::chrono::steady_clock::time_point> unreachable_since;
-    ProgressClock progress;                                // the stall detector's input
+    std::set<std::string> answered;  // pods whose worker has answered at least once
+    ProgressClock progress;          // the stall detector's input
     std::map<std::string, std::string> unreachable_error;  // the last one logged
     // spec.worker.tlsSecretName's ca.crt ("": plaintext), the name the workers' certificate
     // holds, and when the Secret was read (it is read again every few minutes: rotation).

@@ -28,7 +28,8 @@ Status InstallCrd(kube::KubeClient& client) {
     LogInfo("installed the TrainingJob CRD", {{"name", name}});
     return OkStatus();
   }
-  if (made.status().code() != StatusCode::kAborted) return made.status().WithContext("CRD " + name);
+  if (made.status().code() != StatusCode::kAlreadyExists)
+    return made.status().WithContext("CRD " + name);
   TIDAL_ASSIGN_OR_RETURN(auto get, kube::GetRequest(resource, "", name));
   TIDAL_ASSIGN_OR_RETURN(nlohmann::json current, client.Call(get));
   crd["metadata"]["resourceVersion"] = current["metadata"].value("resourceVersion", "");

@@ -1,16 +1,9 @@
 #include "operator/controller/metrics.h"
 
 #include "common/metrics/endpoint.h"
+#include "operator/planner/lifecycle.h"
 
 namespace tidal::controller {
-namespace {
-
-// Every phase a TrainingJob can report, so that tidal_trainingjobs{phase} has a series (0
-// when empty) for each and a query never sees one vanish.
-constexpr const char* kPhases[] = {"Pending",   "Running",   "Scaling", "Recovering",
-                                   "Suspended", "Succeeded", "Failed",  "Paused"};
-
-}  // namespace
 
 OperatorMetrics::OperatorMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
@@ -114,7 +107,9 @@ void OperatorMetrics::SetJob(const std::string& ns, const std::string& name,
     series.step = &job_step_.Add(labels);
     series.generation = &job_generation_.Add(labels);
     series.anomaly = &loss_anomaly_.Add(labels);
-    for (const char* phase : kPhases) {
+    // Every phase a job can be in has a series (0 when not), so a query never sees one vanish.
+    for (planner::Phase p : planner::AllPhases()) {
+      const char* phase = planner::PhaseName(p);
       prometheus::Labels with_phase = labels;
       with_phase["phase"] = phase;
       series.phase_series[phase] = &job_phase_.Add(with_phase);
@@ -166,7 +161,7 @@ void OperatorMetrics::ForgetAllJobs() {
 
 void OperatorMetrics::RecountPhases() {
   std::map<std::string, int> counts;
-  for (const char* phase : kPhases) counts[phase] = 0;
+  for (planner::Phase p : planner::AllPhases()) counts[planner::PhaseName(p)] = 0;
   for (const auto& [key, series] : jobs_by_key_) ++counts[series.phase];
   for (const auto& [phase, count] : counts) jobs_.Add({{"phase", phase}}).Set(count);
 }

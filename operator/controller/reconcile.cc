@@ -16,6 +16,9 @@ namespace {
 
 using nlohmann::json;
 using Stage = RescaleState::Stage;
+using PhaseEvent = planner::Event;
+using planner::Phase;
+using W = api::WorkerPhase;
 
 constexpr auto kMaxBackoff = std::chrono::minutes(10);
 constexpr auto kBackoffReset = std::chrono::minutes(10);
@@ -46,28 +49,23 @@ T Value(const json& j, const char* key, T fallback) {
 void SetCondition(JobStatus& st, const std::string& type, bool value, const std::string& reason,
                   const std::string& message, Clock::time_point now, int64_t observed) {
   const std::string status = value ? "True" : "False";
-  for (json& c : st.conditions) {
-    if (c.value("type", "") != type) continue;
-    if (c.value("status", "") != status) c["lastTransitionTime"] = kube::FormatTime(now);
-    c["status"] = status;
-    c["reason"] = reason;
-    c["message"] = message;
-    c["observedGeneration"] = observed;
+  for (Condition& c : st.conditions) {
+    if (c.type != type) continue;
+    if (c.status != status) c.last_transition_time = now;
+    c.status = status;
+    c.reason = reason;
+    c.message = message;
+    c.observed_generation = observed;
     return;
   }
-  st.conditions.push_back({{"type", type},
-                           {"status", status},
-                           {"reason", reason},
-                           {"message", message},
-                           {"lastTransitionTime", kube::FormatTime(now)},
-                           {"observedGeneration", observed}});
+  st.conditions.push_back({type, status, reason, message, now, observed});
 }
 
 }  // namespace
 
 bool ConditionTrue(const JobStatus& st, const std::string& type) {
-  for (const json& c : st.conditions)
-    if (c.value("type", "") == type) return c.value("status", "") == "True";
+  for (const Condition& c : st.conditions)
+    if (c.type == type) return c.status == "True";
   return false;
 }
 
@@ -79,8 +77,8 @@ void MarkReconcileError(JobStatus& status, const std::string& message, Clock::ti
 namespace {
 
 bool ConditionIs(const JobStatus& st, const std::string& type, const std::string& reason) {
-  for (const json& c : st.conditions)
-    if (c.value("type", "") == type) return c.value("reason", "") == reason;
+  for (const Condition& c : st.conditions)
+    if (c.type == type) return c.reason == reason;
   return false;
 }
 
@@ -97,6 +95,7 @@ class Decider {
   Plan Run() {
     ForceDeleteStuck();
     if (o_.deleting) {
+      if (st_.phase != Phase::kTerminating) Move(PhaseEvent::kDeleted, "the job is being deleted");
       Delete();
       return Finish();
     }
@@ -112,21 +111,24 @@ class Decider {
     if (ConditionIs(st_, "Ready", "InvalidSpec"))
       SetCondition(st_, "Ready", false, "SpecAccepted", "the spec is valid", o_.now,
                    o_.metadata_generation);
-    if (st_.phase == "Failed") RetryAfterSpecEdit();
-    if (st_.phase == "Succeeded" || st_.phase == "Failed") return Finish();  // terminal
+    if (st_.phase == Phase::kFailed) RetryAfterSpecEdit();
+    if (st_.phase == Phase::kSucceeded || st_.phase == Phase::kFailed) return Finish();  // terminal
     EnsureChildren();
     if (spec_->suspend) {
       Suspend();
       return Finish();
     }
-    if (st_.phase == "Suspended") {
-      st_.phase = "Pending";
+    if (st_.phase == Phase::kSuspended) {
+      Move(PhaseEvent::kUnsuspend, "spec.suspend is false");
       Emit("Normal", "Unsuspended", "resuming from the newest checkpoint");
     }
     if (Succeeded()) return Finish();
     if (FailuresHandled()) return Finish();
     if (HeldForAnomaly()) return Finish();
-    if (st_.rescale && LeavingMembersStopAScaleUp()) st_.rescale.reset();
+    if (st_.rescale && LeavingMembersStopAScaleUp()) {
+      st_.rescale.reset();
+      NoChangeUnderWay("a member must leave first");
+    }
     if (st_.rescale) {
       Advance();
     } else if (st_.members.empty()) {
@@ -165,6 +167,44 @@ class Decider {
     if (st_.data) at_most(st_.data->retry_not_before, BackoffOf(spec, st_.data->failures));
   }
 
+  // --- the phase ------------------------------------------------------------------------
+  // Every change of status.phase: through the transition table (planner/lifecycle.h), recorded
+  // in the plan with why (the shell logs each, naming the job and generation). One the table
+  // refuses leaves the phase as it was and is recorded as refused: a bug the simulator finds.
+  void Move(PhaseEvent event, const std::string& reason) {
+    PhaseChange change{st_.phase, st_.phase, event, reason, false};
+    auto to = planner::Transition(st_.phase, event);
+    if (to.ok())
+      st_.phase = change.to = *to;
+    else
+      change.refused = true;
+    plan_.phase_changes.push_back(std::move(change));
+  }
+  // A membership change stops the training (its barrier), or a scale-down starts.
+  void StartScaling(const std::string& reason) {
+    if (st_.phase != Phase::kScaling) Move(PhaseEvent::kRescaleStarted, reason);
+  }
+  // No change is under way: a Scaling left from one that was called off is over.
+  void NoChangeUnderWay(const std::string& reason) {
+    if (st_.phase == Phase::kScaling) Move(PhaseEvent::kRescaleAbandoned, reason);
+  }
+  // The new generation trains: the start, resume, rescale or recovery that led to it is done.
+  void CompleteChange(const std::string& reason) {
+    switch (st_.phase) {
+      case Phase::kPending:
+        Move(PhaseEvent::kWorkersReady, reason);
+        break;
+      case Phase::kRecovering:
+        Move(PhaseEvent::kRecovered, reason);
+        break;
+      case Phase::kScaling:
+        Move(PhaseEvent::kRescaleDone, reason);
+        break;
+      default:  // Running already, or Terminating: a deletion's drain saw a rendezvous through
+        break;
+    }
+  }
+
   // --- observations -------------------------------------------------------------------
   const PodView* Pod(const std::string& name) const {
     auto it = pods_.find(name);
@@ -201,7 +241,7 @@ class Decider {
     if (pod->deleting && !Serves(name, generation))
       return {"pod " + name + " is being deleted", true};
     if (const WorkerReport* r = Report(name)) {
-      if (r->phase == "Failed" && r->generation >= generation && generation > 0) {
+      if (r->phase == W::kFailed && r->generation >= generation && generation > 0) {
         if (r->last_error_permanent)
           return {"worker " + name + " cannot start generation " + std::to_string(r->generation) +
                       ": " + r->last_error,
@@ -224,7 +264,7 @@ class Decider {
   bool Serves(const std::string& name, int64_t generation) const {
     const WorkerReport* r = Report(name);
     return r && generation > 0 && r->generation == generation &&
-           (r->phase == "Running" || r->phase == "Checkpointing" || r->phase == "Paused");
+           (r->phase == W::kRunning || r->phase == W::kCheckpointing || r->phase == W::kPaused);
   }
   // Why `name` must leave while its worker may still train ("" when it need not): its pod is
   // being deleted (an eviction, a drain, `kubectl delete pod`: the kubelet sent SIGTERM), or its
@@ -287,12 +327,12 @@ class Decider {
   // answers "training" in it, and the step has not moved for progressDeadlineSeconds.
   std::string Stall() const {
     const int64_t deadline = spec_->restart_policy.progress_deadline_seconds;
-    if (deadline <= 0 || st_.rescale || st_.members.empty() || st_.phase != "Running" ||
+    if (deadline <= 0 || st_.rescale || st_.members.empty() || st_.phase != Phase::kRunning ||
         o_.no_progress_for.count() < deadline)
       return "";
     for (const std::string& m : st_.members) {
       const WorkerReport* r = Report(m);
-      if (!r || r->phase != "Running" || r->generation != st_.generation) return "";
+      if (!r || r->phase != W::kRunning || r->generation != st_.generation) return "";
     }
     return "no step for " + std::to_string(o_.no_progress_for.count()) + " s at step " +
            std::to_string(st_.step) + " of generation " + std::to_string(st_.generation) +
@@ -305,7 +345,7 @@ class Decider {
   bool ReadyFor(const std::string& name) const {
     const PodView* pod = Pod(name);
     const WorkerReport* r = Report(name);
-    return pod && pod->phase == "Running" && !pod->deleting && r && r->phase != "Succeeded";
+    return pod && pod->phase == "Running" && !pod->deleting && r && r->phase != W::kSucceeded;
   }
 
   // --- the parts of Run -----------------------------------------------------------------
@@ -369,7 +409,7 @@ class Decider {
   }
 
   void Suspend() {
-    if (st_.phase == "Suspended") {
+    if (st_.phase == Phase::kSuspended) {
       Drain("suspended");
       return;
     }
@@ -381,7 +421,7 @@ class Decider {
       plan_.requeue_after = options_.poll;
       return;
     }
-    st_.phase = "Suspended";
+    Move(PhaseEvent::kSuspend, "spec.suspend: checkpointed at step " + std::to_string(st_.step));
     st_.current_gpus = 0;
     Emit("Normal", "Suspended",
          "checkpointed at step " + std::to_string(st_.step) + " and removed the workers");
@@ -391,8 +431,8 @@ class Decider {
     if (st_.members.empty()) return false;
     const PodView* rank0 = Pod(st_.members[0]);
     const WorkerReport* r = Report(st_.members[0]);
-    if (!(rank0 && rank0->phase == "Succeeded") && !(r && r->phase == "Succeeded")) return false;
-    st_.phase = "Succeeded";
+    if (!(rank0 && rank0->phase == "Succeeded") && !(r && r->phase == W::kSucceeded)) return false;
+    Move(PhaseEvent::kFinished, "rank 0 finished training");
     st_.rescale.reset();
     if (spec_) st_.step = std::max(st_.step, spec_->train.optimization.max_steps);
     Emit("Normal", "Succeeded", "trained to step " + std::to_string(st_.step));
@@ -453,8 +493,8 @@ class Decider {
       Do(Action::Kind::kDeletePods, st_.rescale->new_pods, "recovery first");
     if (!failed.empty()) Do(Action::Kind::kDeletePods, failed, Join(causes));
     const std::string cause = Join(causes);
-    if (st_.rescale && st_.rescale->recovery && st_.rescale->stage == Stage::kWaitingForPods &&
-        st_.generation > 0) {
+    if (st_.phase == Phase::kRecovering && st_.rescale &&
+        st_.rescale->stage == Stage::kWaitingForPods) {
       // More of the same incident (the rest of a generation going down): one restart, one
       // backoff; the recovery goes on with who is left, replacing the rest.
       st_.rescale.reset();
@@ -490,7 +530,7 @@ class Decider {
       st_.restart_not_before.reset();
     else
       st_.restart_not_before = o_.now + backoff;
-    st_.phase = "Recovering";
+    Move(PhaseEvent::kWorkerFailed, cause);
     st_.rescale.reset();
     st_.members = survivors;  // the next generation starts from these
     // The old generation is over: survivors wait (Failed) for the next Rendezvous.
@@ -507,7 +547,9 @@ class Decider {
 
   // The job stops for good (phase Failed): every pod goes, the reason stays in the status.
   void Fail(const std::string& reason, const std::string& failure) {
-    st_.phase = "Failed";
+    Move(reason == "ConfigurationError" ? PhaseEvent::kConfigurationError
+                                        : PhaseEvent::kRestartsExhausted,
+         failure);
     st_.failure = failure;
     st_.failure_reason = reason;
     st_.rescale.reset();
@@ -541,7 +583,8 @@ class Decider {
     Emit("Normal", "SpecChanged",
          "the spec changed (generation " + std::to_string(o_.metadata_generation) +
              ") after a configuration error: starting again from the newest checkpoint");
-    st_.phase = "Pending";
+    Move(PhaseEvent::kSpecEdited,
+         "the spec changed (generation " + std::to_string(o_.metadata_generation) + ")");
     st_.failure.clear();
     st_.failure_reason.clear();
     st_.restarts = 0;
@@ -737,7 +780,6 @@ class Decider {
                    ? "recovery at " + std::to_string(decision.desired) + " GPUs"
                    : "start at " + std::to_string(decision.desired) + " GPUs: " + decision.reason;
     st_.rescale = r;
-    if (st_.phase != "Recovering") st_.phase = "Pending";
     st_.restart_not_before.reset();
     if (!slots.empty()) {
       Action& a = Do(Action::Kind::kCreatePods, created, r.reason);
@@ -756,7 +798,7 @@ class Decider {
         planner::DesiredGpus(*spec_, {held, st_.last_membership_change}, {o_.idle_gpus}, o_.now);
     st_.desired_gpus = decision.desired;
     st_.gpus_reason = decision.reason;
-    st_.phase = "Running";
+    NoChangeUnderWay("no membership change under way");
     if (decision.desired == held) return;
     if (decision.desired > held && st_.scale_up_not_before && o_.now < *st_.scale_up_not_before) {
       st_.gpus_reason = decision.reason + "; holding after an abandoned scale-up until " +
@@ -772,7 +814,7 @@ class Decider {
     if (decision.desired < held) {  // scale down: the first ranks stay, once prepared
       r.stage = Stage::kWaitingForPods;
       r.members.assign(st_.members.begin(), st_.members.begin() + want_pods);
-      st_.phase = "Scaling";
+      StartScaling(r.reason);
       st_.rescale = r;
       Emit("Normal", "ScalingDown", r.reason);
       Advance();
@@ -887,7 +929,7 @@ class Decider {
       r.members = stay;
       r.reason = why + ": scale " + std::to_string(held) + " -> " + std::to_string(stay_gpus) +
                  " GPUs live, off the leaving pod(s)";
-      st_.phase = "Scaling";
+      StartScaling(r.reason);
       st_.rescale = r;
       Emit("Normal", "MovingOff",
            r.reason + "; their GPUs come back elsewhere by a scale-up once there are any");
@@ -906,7 +948,7 @@ class Decider {
           (holding ? ", or a replacement was just abandoned" : "") + "); training goes on";
       if (st_.gpus_reason != blocked) Emit("Warning", "MoveOffBlocked", blocked);
       st_.gpus_reason = blocked;
-      st_.phase = "Running";
+      NoChangeUnderWay(blocked);
       plan_.requeue_after = options_.poll;
       return true;
     }
@@ -931,7 +973,7 @@ class Decider {
   bool HeldForAnomaly() {
     if (!spec_->anomaly) {
       st_.anomaly.reset();
-      if (st_.phase == "Paused") ResumeFromAnomaly("spec.anomaly was removed");
+      if (st_.phase == Phase::kPaused) ResumeFromAnomaly("spec.anomaly was removed");
       return false;
     }
     if (st_.rescale || st_.members.empty()) return false;
@@ -987,7 +1029,7 @@ class Decider {
                    "no rise since step " + std::to_string(*a.step), o_.now, o_.metadata_generation);
     }
     if (!a.paused) {
-      if (st_.phase == "Paused") ResumeFromAnomaly("the anomaly no longer pauses the job");
+      if (st_.phase == Phase::kPaused) ResumeFromAnomaly("the anomaly no longer pauses the job");
       return false;
     }
     if (rule.action != "Pause" || (a.step && rule.acknowledged_step >= *a.step)) {
@@ -996,9 +1038,10 @@ class Decider {
                             : "acknowledgedStep " + std::to_string(rule.acknowledged_step));
       return true;
     }
-    if (st_.phase != "Paused")
+    if (st_.phase != Phase::kPaused) {
       Emit("Normal", "Pausing", "checkpointing every rank, then holding: " + a.message);
-    st_.phase = "Paused";
+      Move(PhaseEvent::kAnomalyPause, a.message);
+    }
     plan_.requeue_after = options_.poll;
     if (!AllPaused(st_.members)) Barrier(static_cast<uint64_t>(a.step.value_or(0)), "loss anomaly");
     return true;
@@ -1016,9 +1059,9 @@ class Decider {
       SetCondition(st_, "LossAnomaly", false, "Acknowledged", why, o_.now, o_.metadata_generation);
     std::vector<std::string> paused;
     for (const std::string& m : st_.members)
-      if (const WorkerReport* r = Report(m); r && r->phase == "Paused") paused.push_back(m);
+      if (const WorkerReport* r = Report(m); r && r->phase == W::kPaused) paused.push_back(m);
     if (!paused.empty()) Do(Action::Kind::kResume, paused, why);
-    st_.phase = "Running";
+    if (st_.phase == Phase::kPaused) Move(PhaseEvent::kUnpause, why);
     Emit("Normal", "Resumed", "training goes on: " + why);
     plan_.requeue_after = options_.poll;
   }
@@ -1029,7 +1072,7 @@ class Decider {
     std::optional<int64_t> step;
     for (const std::string& n : names) {
       const WorkerReport* r = Report(n);
-      if (!r || r->phase != "Paused") return false;
+      if (!r || r->phase != W::kPaused) return false;
       const bool stored = r->checkpoint_step && *r->checkpoint_step == r->step;
       const bool live = live_ok && r->live_step && *r->live_step == r->step;
       if (!stored && !live) return false;
@@ -1101,7 +1144,7 @@ class Decider {
         }
         if (!EnginesPrepared(r)) return;
         r.stage = Stage::kBarrier;
-        st_.phase = "Scaling";
+        StartScaling(r.reason);
         Emit("Normal", "CheckpointBarrier",
              "new workers ready; checkpointing every rank at one step before generation " +
                  std::to_string(r.target_generation));
@@ -1109,7 +1152,7 @@ class Decider {
         return;
       }
       case Stage::kBarrier:
-        st_.phase = "Scaling";
+        StartScaling(r.reason);
         if (!AllPaused(st_.members, /*live_ok=*/true)) {
           Barrier(kEndOfGeneration, r.reason, /*live=*/true);
           // The barrier call returns once every rank holds (or fails): the Rendezvous goes
@@ -1306,7 +1349,7 @@ class Decider {
       // A recovery starts no cooldown: the GPUs it lost are wanted back as soon as they can be
       // had (a recovery at the survivors' size is followed by a scale-up).
       // Nor does a move off pods that had to leave: their GPUs are wanted back elsewhere.
-      if (!(r.recovery && st_.restarts > 0) && !r.drain) st_.last_membership_change = o_.now;
+      if (st_.phase != Phase::kRecovering && !r.drain) st_.last_membership_change = o_.now;
       st_.current_gpus = static_cast<int64_t>(r.members.size()) * GpusPerPod();
       Emit("Normal", "Rendezvous",
            "generation " + std::to_string(r.target_generation) + " at " +
@@ -1321,7 +1364,7 @@ class Decider {
       const WorkerReport* w = Report(m);
       if (!w || w->generation < r.target_generation)
         pending.push_back(m);
-      else if (w->generation == r.target_generation && w->phase == "Joining")
+      else if (w->generation == r.target_generation && w->phase == W::kJoining)
         joining.push_back(m);  // still reading its state
     }
     if (!pending.empty() || (!r.state_peers.empty() && !joining.empty())) {
@@ -1338,7 +1381,6 @@ class Decider {
         }
         a.wards = planner::BuddyWards(nodes);
       }
-      st_.phase = r.recovery ? (st_.restarts > 0 ? "Recovering" : "Pending") : "Scaling";
       // Members reading their state from their peers' memory are done in tens of milliseconds.
       plan_.requeue_after =
           pending.empty() ? std::min(options_.poll, kWorkerStartPoll) : options_.poll;
@@ -1348,22 +1390,23 @@ class Decider {
       Do(Action::Kind::kShutdown, surplus, r.reason);
       Do(Action::Kind::kDeletePods, surplus, r.reason);
     }
-    const bool recovery = r.recovery;
+    const bool recovery = st_.phase == Phase::kRecovering;
     const int64_t from_memory_step = r.state_peers.empty() ? 0 : r.state_step;
     // A change with no member from before it is a start (nothing trained yet), a recovery
     // (after a failure) or a resume (after suspend); else it grew or shrank the generation.
     const bool all_new = r.new_pods.size() == r.members.size();
-    plan_.finished_rescale =
-        Plan::FinishedRescale{recovery  ? (st_.restarts > 0 ? "recovery" : "start")
-                              : r.drain ? "drain"
-                              : all_new ? "resume"
-                                        : (r.new_pods.empty() ? "scale_down" : "scale_up"),
-                              r.started};
+    plan_.finished_rescale = Plan::FinishedRescale{recovery                ? "recovery"
+                                                   : st_.generation == 1   ? "start"
+                                                   : r.drain               ? "drain"
+                                                   : all_new || r.recovery ? "resume"
+                                                   : r.new_pods.empty()    ? "scale_down"
+                                                                           : "scale_up",
+                                                   r.started};
     st_.rescale.reset();
-    st_.phase = "Running";
+    CompleteChange("generation " + std::to_string(st_.generation) + " trains");
     // A recovery at fewer GPUs than wanted (the survivors alone) grows again on the next pass.
-    if (recovery && st_.restarts > 0) plan_.requeue_after = std::chrono::milliseconds(0);
-    if (recovery && st_.restarts > 0)
+    if (recovery) plan_.requeue_after = std::chrono::milliseconds(0);
+    if (recovery)
       Emit("Normal", "Recovered",
            "generation " + std::to_string(st_.generation) +
                (from_memory_step == 0 ? " resumed from the newest checkpoint"
@@ -1392,7 +1435,7 @@ class Decider {
       if (!known.count(p.name) && !p.deleting && p.phase != "Succeeded")
         strays.push_back(p.name);
       else if (!known.count(p.name) && p.deleting && Report(p.name) &&
-               Report(p.name)->phase != "Succeeded")
+               Report(p.name)->phase != W::kSucceeded)
         leaving.push_back(p.name);
     // A pod moved off that still answers (its Shutdown was lost with a crashed leader) waits in
     // its grace period for one: it is sent again, so that its deletion ends now.
@@ -1450,12 +1493,13 @@ class Decider {
         }
       }
     }
-    if (st_.phase != "Suspended" && st_.phase != "Failed" && st_.phase != "Succeeded")
+    if (st_.phase != Phase::kSuspended && st_.phase != Phase::kFailed &&
+        st_.phase != Phase::kSucceeded)
       st_.current_gpus = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
     const int64_t gen = o_.metadata_generation;
     if (!o_.spec.ok()) return;
     const bool scaling = st_.rescale && !st_.rescale->recovery;
-    const bool recovering = st_.rescale && st_.rescale->recovery && st_.restarts > 0;
+    const bool recovering = st_.phase == Phase::kRecovering;
     // An abandoned scale-up keeps its condition (and why) until the next rescale starts.
     if (scaling || !ConditionIs(st_, "Scaling", "ScaleUpAbandoned"))
       SetCondition(st_, "Scaling", scaling, scaling ? StageName(st_.rescale->stage) : "Stable",
@@ -1466,9 +1510,10 @@ class Decider {
                                   " after: " + st_.last_failure
                             : "no failure being recovered",
                  o_.now, gen);
-    const bool running = st_.phase == "Running" || st_.phase == "Scaling";
+    const bool running = st_.phase == Phase::kRunning || st_.phase == Phase::kScaling;
+    const std::string phase = planner::PhaseName(st_.phase);
     const std::string not_ready =
-        st_.phase == "Failed" && !st_.failure_reason.empty() ? st_.failure_reason : st_.phase;
+        st_.phase == Phase::kFailed && !st_.failure_reason.empty() ? st_.failure_reason : phase;
     const DataStatus* data = st_.data ? &*st_.data : nullptr;
     if (data) {
       const bool ready = data->phase == "Ready";
@@ -1478,24 +1523,25 @@ class Decider {
                                               : data->phase,
                    data->message, o_.now, gen);
     }
-    if (data && st_.phase == "Pending" && data->phase == "Invalid") {
+    if (data && st_.phase == Phase::kPending && data->phase == "Invalid") {
       SetCondition(st_, "Ready", false, "InvalidSpec", data->message, o_.now, gen);
-    } else if (data && st_.phase == "Pending" && data->phase != "Ready") {
+    } else if (data && st_.phase == Phase::kPending && data->phase != "Ready") {
       SetCondition(st_, "Ready", false, "PreparingData", data->message, o_.now, gen);
     } else {
       SetCondition(st_, "Ready", running, running ? "Training" : not_ready,
                    running ? "generation " + std::to_string(st_.generation) + " at " +
                                  std::to_string(st_.current_gpus) + " GPUs"
-                           : (st_.phase == "Failed" ? st_.failure : "phase " + st_.phase),
+                           : (st_.phase == Phase::kFailed ? st_.failure : "phase " + phase),
                    o_.now, gen);
     }
     // Stalled (absent until a first stall): over once a later generation trains.
-    if (ConditionTrue(st_, "Stalled") && st_.phase == "Running" && !st_.rescale &&
+    if (ConditionTrue(st_, "Stalled") && st_.phase == Phase::kRunning && !st_.rescale &&
         o_.no_progress_for.count() == 0)
       SetCondition(st_, "Stalled", false, "Training",
                    "generation " + std::to_string(st_.generation) + " trains", o_.now, gen);
-    const bool progressing = running || st_.phase == "Pending" || st_.phase == "Recovering";
-    SetCondition(st_, "Progressing", progressing, progressing ? "Training" : st_.phase,
+    const bool progressing =
+        running || st_.phase == Phase::kPending || st_.phase == Phase::kRecovering;
+    SetCondition(st_, "Progressing", progressing, progressing ? "Training" : phase,
                  "step " + std::to_string(st_.step), o_.now, gen);
   }
 
@@ -1570,7 +1616,7 @@ std::chrono::seconds ProgressClock::Observe(const std::vector<PodView>& pods,
   bool training = running > 0 && reports.size() == running;
   int64_t generation = -1, step = -1;
   for (const auto& [pod, r] : reports) {
-    training = training && r.phase == "Running" && (generation < 0 || r.generation == generation);
+    training = training && r.phase == W::kRunning && (generation < 0 || r.generation == generation);
     generation = r.generation;
     step = std::max(step, r.step);
   }
@@ -1664,7 +1710,11 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
   if (!j.is_object()) return InvalidArgument("status: expected an object, got " + j.dump());
   StatusReader in;
   const std::string at = "status.";
-  st.phase = in.Get<std::string>(j, at, "phase", "Pending");
+  const std::string phase = in.Get<std::string>(j, at, "phase", "Pending");
+  if (auto read = planner::PhaseFromName(phase); read.ok())
+    st.phase = *read;
+  else
+    in.Fail(at + "phase", "one of " + planner::PhaseNames(), phase);
   st.generation = in.Get<int64_t>(j, at, "generation", 0);
   st.members = in.Strings(j, at, "members");
   st.restarts = in.Get<int64_t>(j, at, "restarts", 0);
@@ -1718,10 +1768,10 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     st.data = data;
   }
   if (auto c = j.find("conditions"); c != j.end() && !c->is_null()) {
-    if (c->is_array())
-      st.conditions = *c;
-    else
-      in.Fail("status.conditions", "a list", *c);
+    if (auto read = ConditionsFromJson(*c); read.ok())
+      st.conditions = std::move(*read);
+    else if (in.error.empty())
+      in.error = read.status().message();
   }
   st.observed_generation = in.Get<int64_t>(j, at, "observedGeneration", 0);
   if (const json* r = in.Object(j, at, "rescale")) {
@@ -1762,12 +1812,56 @@ void ObserveStatus(const json& raw, Observed& o) {
   }
   o.status = JobStatus{};
   o.status_error = status.status().message();
-  if (auto c = raw.find("conditions"); raw.is_object() && c != raw.end() && c->is_array())
-    o.status.conditions = *c;
+  if (auto c = raw.find("conditions"); raw.is_object() && c != raw.end())
+    if (auto read = ConditionsFromJson(*c); read.ok()) o.status.conditions = std::move(*read);
+}
+
+json ToJson(const std::vector<Condition>& conditions) {
+  json out = json::array();
+  for (const Condition& c : conditions)
+    out.push_back({{"type", c.type},
+                   {"status", c.status},
+                   {"reason", c.reason},
+                   {"message", c.message},
+                   {"lastTransitionTime", kube::FormatTime(c.last_transition_time)},
+                   {"observedGeneration", c.observed_generation}});
+  return out;
+}
+
+StatusOr<std::vector<Condition>> ConditionsFromJson(const json& j) {
+  std::vector<Condition> out;
+  if (j.is_null()) return out;
+  StatusReader in;
+  if (!j.is_array()) {
+    in.Fail("status.conditions", "a list", j);
+    return InvalidArgument(in.error);
+  }
+  for (size_t i = 0; i < j.size() && in.error.empty(); ++i) {
+    const std::string at = "status.conditions[" + std::to_string(i) + "].";
+    const json& c = j[i];
+    if (!c.is_object()) {
+      in.Fail(at.substr(0, at.size() - 1), "an object", c);
+      break;
+    }
+    Condition read;
+    read.type = in.Get<std::string>(c, at, "type", "");
+    if (read.type.empty() && in.error.empty()) in.Fail(at + "type", "a condition type", c);
+    read.status = in.Get<std::string>(c, at, "status", "");
+    if (read.status != "True" && read.status != "False" && read.status != "Unknown" &&
+        in.error.empty())
+      in.Fail(at + "status", "True, False or Unknown", c.value("status", json()));
+    read.reason = in.Get<std::string>(c, at, "reason", "");
+    read.message = in.Get<std::string>(c, at, "message", "");
+    read.last_transition_time = in.Time(c, at, "lastTransitionTime").value_or(Clock::time_point{});
+    read.observed_generation = in.Get<int64_t>(c, at, "observedGeneration", 0);
+    out.push_back(std::move(read));
+  }
+  if (!in.error.empty()) return InvalidArgument(in.error);
+  return out;
 }
 
 json ToJson(const JobStatus& st, const std::string& label_selector) {
-  json j = {{"phase", st.phase},
+  json j = {{"phase", planner::PhaseName(st.phase)},
             {"generation", st.generation},
             {"members", st.members},
             {"restarts", st.restarts},
@@ -1781,7 +1875,7 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
               {"summary", std::to_string(st.current_gpus) + "/" + std::to_string(st.desired_gpus)},
               {"reason", st.gpus_reason}}},
             {"selector", label_selector},
-            {"conditions", st.conditions},
+            {"conditions", ToJson(st.conditions)},
             {"observedGeneration", st.observed_generation}};
   if (!st.last_checkpoint.is_null()) j["lastCheckpoint"] = st.last_checkpoint;
   if (!st.failure.empty()) j["failure"] = st.failure;

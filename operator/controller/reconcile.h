@@ -40,10 +40,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/worker_phase.h"
 #include "common/status.h"
 #include "operator/api/training_job.h"
 #include "operator/planner/anomaly.h"
 #include "operator/planner/buddy.h"
+#include "operator/planner/lifecycle.h"
 
 namespace tidal::controller {
 
@@ -106,8 +108,22 @@ struct DataStatus {
   std::optional<Clock::time_point> started, retry_not_before;
 };
 
+// One of status.conditions (metav1.Condition).
+struct Condition {
+  std::string type;
+  std::string status;  // True | False | Unknown
+  std::string reason, message;
+  Clock::time_point last_transition_time;
+  int64_t observed_generation = 0;
+  bool operator==(const Condition&) const = default;
+};
+nlohmann::json ToJson(const std::vector<Condition>& conditions);
+// Strict, as the rest of the status: a missing type, a status other than True, False or
+// Unknown, or a field of the wrong type is an error naming it (status.conditions[2].status).
+StatusOr<std::vector<Condition>> ConditionsFromJson(const nlohmann::json& conditions);
+
 struct JobStatus {
-  std::string phase = "Pending";
+  planner::Phase phase = planner::Phase::kPending;
   int64_t generation = 0;
   std::vector<std::string> members;  // current generation's pods, rank order
   std::optional<RescaleState> rescale;
@@ -133,7 +149,7 @@ struct JobStatus {
   std::optional<Clock::time_point> last_failure_time;
   std::optional<AnomalyStatus> anomaly;
   std::optional<DataStatus> data;
-  nlohmann::json conditions = nlohmann::json::array();
+  std::vector<Condition> conditions;
   int64_t observed_generation = 0;
 };
 // Whether the status has the condition `type` with status "True".
@@ -150,7 +166,7 @@ nlohmann::json ToJson(const JobStatus& status, const std::string& label_selector
 
 // A worker's answer to GetStatus (worker/control's proto, without protobuf types).
 struct WorkerReport {
-  std::string phase;  // Waiting Joining Running Checkpointing Paused Failed Succeeded
+  api::WorkerPhase phase = api::WorkerPhase::kWaiting;
   int64_t generation = 0;
   int rank = 0, world_size = 0;
   int64_t step = 0;
@@ -284,8 +300,19 @@ struct Event {
   std::string reason, message;
 };
 
+// One change of status.phase a pass made, through the transition table (planner/lifecycle.h).
+struct PhaseChange {
+  planner::Phase from = planner::Phase::kPending, to = planner::Phase::kPending;
+  planner::Event event = planner::Event::kWorkersReady;
+  std::string reason;
+  // The table does not allow it: the phase stayed `from`. A bug in Decide (the simulator's
+  // scenarios assert there is none); the shell logs it as an error.
+  bool refused = false;
+};
+
 struct Plan {
-  JobStatus status;  // written (if changed) before any action runs
+  JobStatus status;                        // written (if changed) before any action runs
+  std::vector<PhaseChange> phase_changes;  // in the order the pass made them
   std::vector<Action> actions;
   std::vector<Event> events;
   // Look again after this long at the latest (worker progress, schedule windows, backoff).

@@ -81,10 +81,15 @@ StatusOr<std::optional<WatchEventJson>> WatchStream::Next() {
 }
 
 Status StatusFromResponse(const ApiResponse& response) {
-  std::string message = response.body.is_object() && response.body.contains("message") &&
-                                response.body["message"].is_string()
-                            ? response.body["message"].get<std::string>()
+  const nlohmann::json& body = response.body;
+  std::string message = body.is_object() && body.contains("message") && body["message"].is_string()
+                            ? body["message"].get<std::string>()
                             : "HTTP " + std::to_string(response.code);
+  // metav1.Status.reason tells a 409's two kinds apart (k8s.io/apimachinery StatusReason).
+  const std::string reason =
+      body.is_object() && body.contains("reason") && body["reason"].is_string()
+          ? body["reason"].get<std::string>()
+          : "";
   switch (response.code) {
     case 400:
     case 422:
@@ -92,22 +97,18 @@ Status StatusFromResponse(const ApiResponse& response) {
     case 404:
       return NotFound(message);
     case 409:
-      return Aborted(message);
+      return reason == "AlreadyExists" ? AlreadyExists(message) : Aborted(message);
     case 410:
-      return FailedPrecondition("Expired: " + message);
+      return Expired(message);
     case 401:
+      return Unauthenticated(message);
     case 403:
-      return FailedPrecondition("not authorized: " + message);
+      return PermissionDenied(message);
     default:
       return response.code == 429 || response.code >= 500
                  ? Unavailable(message)
                  : Internal("HTTP " + std::to_string(response.code) + ": " + message);
   }
-}
-
-bool IsExpired(const Status& status) {
-  return status.code() == StatusCode::kFailedPrecondition &&
-         status.message().rfind("Expired: ", 0) == 0;
 }
 
 }  // namespace tidal::kube

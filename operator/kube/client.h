@@ -1,7 +1,9 @@
 // operator/kube/client.h — sends what the pure request builders (request.h) describe to an API
 // server over verified TLS with the connection's credentials, and maps Kubernetes Status
-// answers onto Status codes: 404 NotFound, 409 Aborted (retryable), 400/422 InvalidArgument,
-// 410 FailedPrecondition ("Expired"), 429/5xx Unavailable. Watches stream events line by line.
+// answers onto Status codes by kind, never by message: 404 NotFound, 409 AlreadyExists (reason
+// AlreadyExists) or Aborted (a Conflict: re-read and retry), 400/422 InvalidArgument, 401
+// Unauthenticated, 403 PermissionDenied, 410 Expired (relist), 429/5xx Unavailable. Watches
+// stream events line by line.
 #pragma once
 
 #include <chrono>
@@ -75,6 +77,5 @@ class KubeClient {
 
 // Maps a non-2xx answer to a Status naming the server's message.
 Status StatusFromResponse(const ApiResponse& response);
-bool IsExpired(const Status& status);
 
 }  // namespace tidal::kube

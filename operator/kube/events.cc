@@ -311,7 +311,7 @@ Status EventRecorder::Send(const CorrelatedEvent& e) {
     if (creating) {
       status = sink_->Create(e.namespace_, e.event);
       // A retried create whose first try did land (its answer was lost): done.
-      if (status.code() == StatusCode::kAborted && attempt > 1) status = OkStatus();
+      if (status.code() == StatusCode::kAlreadyExists && attempt > 1) status = OkStatus();
     }
     if (status.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -319,7 +319,7 @@ Status EventRecorder::Send(const CorrelatedEvent& e) {
       return status;
     }
     // A create refused as existing (409) is a name collision: retrying cannot help.
-    if (!status.retryable() || (creating && status.code() == StatusCode::kAborted)) break;
+    if (!status.retryable() || (creating && status.code() == StatusCode::kAlreadyExists)) break;
     if (attempt >= options_.max_attempts || !Backoff(backoff)) break;
     backoff *= 2;
   }

@@ -221,7 +221,8 @@ LeaderElector::Attempt LeaderElector::TryAcquireOrRenew() {
   auto written = client_.Call(*request);
   if (!written.ok()) {
     // 409: another candidate created or updated it first — it won this round.
-    if (written.status().code() != StatusCode::kAborted)
+    if (written.status().code() != StatusCode::kAborted &&
+        written.status().code() != StatusCode::kAlreadyExists)
       LogWarn(std::string("leader election: ") + LeaseActionName(decision.action) + " failed",
               fields(written.status()));
     return attempt;

@@ -13,13 +13,13 @@ std::string KeyOf(const nlohmann::json& object) {
   return m.value("namespace", "") + "/" + m.value("name", "");
 }
 
-int64_t VersionOf(const nlohmann::json& object) {
-  std::string rv = object.value("metadata", nlohmann::json::object()).value("resourceVersion", "0");
-  try {
-    return std::stoll(rv);
-  } catch (...) {
-    return 0;
-  }
+// Opaque (API conventions: "clients must not assume resource versions are numeric or
+// collatable"): compared for equality only.
+std::string VersionOf(const nlohmann::json& object) {
+  auto md = object.find("metadata");
+  if (md == object.end() || !md->is_object()) return "";
+  auto rv = md->find("resourceVersion");
+  return rv != md->end() && rv->is_string() ? rv->get<std::string>() : "";
 }
 
 }  // namespace
@@ -39,8 +39,7 @@ const char* WatcherStateName(WatcherState state) {
 nlohmann::json WatcherCore::LastKnown(const std::string& key, const Known& known) const {
   if (keep_objects_) return known.object;
   size_t slash = key.find('/');  // namespaces never contain '/'
-  nlohmann::json meta = {{"name", key.substr(slash + 1)},
-                         {"resourceVersion", std::to_string(known.version)}};
+  nlohmann::json meta = {{"name", key.substr(slash + 1)}, {"resourceVersion", known.version}};
   if (slash > 0) meta["namespace"] = key.substr(0, slash);
   return {{"metadata", std::move(meta)}};
 }
@@ -78,10 +77,8 @@ void WatcherCore::OnWatchOpened() {
 std::vector<ObjectEvent> WatcherCore::OnEvent(const WatchEventJson& event) {
   std::vector<ObjectEvent> out;
   if (state_ != WatcherState::kWatching) return out;
-  int64_t version = VersionOf(event.object);
-  std::string rv =
-      event.object.value("metadata", nlohmann::json::object()).value("resourceVersion", "");
-  if (!rv.empty()) resource_version_ = rv;
+  std::string version = VersionOf(event.object);
+  if (!version.empty()) resource_version_ = version;
   if (event.type == "BOOKMARK") return out;
   std::string key = KeyOf(event.object);
   auto it = known_.find(key);
@@ -93,9 +90,11 @@ std::vector<ObjectEvent> WatcherCore::OnEvent(const WatchEventJson& event) {
     return out;
   }
   if (event.type != "ADDED" && event.type != "MODIFIED") return out;
-  if (it != known_.end() && it->second.version >= version) return out;  // already delivered
+  // The version delivered last, again (a resumed watch replays from its resourceVersion on).
+  // Versions are not ordered: any other one is news, as the server sends it.
+  if (it != known_.end() && it->second.version == version) return out;
   out.push_back({it == known_.end() ? ObjectEvent::kAdded : ObjectEvent::kModified, event.object});
-  known_[key] = Known{version, keep_objects_ ? event.object : nlohmann::json()};
+  known_[key] = Known{std::move(version), keep_objects_ ? event.object : nlohmann::json()};
   return out;
 }
 
@@ -185,7 +184,7 @@ void Watcher::Run() {
     if (!request.ok()) return;
     auto stream = client_.Watch(*request, options_.idle_timeout);
     if (!stream.ok()) {
-      if (IsExpired(stream.status())) {
+      if (stream.status().code() == StatusCode::kExpired) {
         std::lock_guard<std::mutex> lock(mu_);
         core_.OnExpired();
         continue;
@@ -218,13 +217,13 @@ void Watcher::Run() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stream_ = nullptr;
-      if (IsExpired(ended)) {
+      if (ended.code() == StatusCode::kExpired) {
         core_.OnExpired();
       } else {
         core_.OnWatchEnded();
       }
     }
-    if (!ended.ok() && !IsExpired(ended) && !stop_.load()) fail(ended, "stream");
+    if (!ended.ok() && ended.code() != StatusCode::kExpired && !stop_.load()) fail(ended, "stream");
   }
 }
 

@@ -60,7 +60,7 @@ class WatcherCore {
 
  private:
   struct Known {
-    int64_t version;
+    std::string version;    // opaque: equality only
     nlohmann::json object;  // null when !keep_objects_
   };
   nlohmann::json LastKnown(const std::string& key, const Known& known) const;

@@ -465,7 +465,7 @@ class RequestContext {
     while (!w_.Stopping() && !w_.ClientGone() && std::chrono::steady_clock::now() < deadline) {
       auto changes = s_.store_->EventsAfter(rv, r.storage_resource(), 500ms);
       if (!changes.ok()) {
-        if (IsTooOldError(changes.status())) {
+        if (changes.status().code() == StatusCode::kExpired) {
           // The client relists (client-go reflector on 410 Expired).
           send("ERROR", StatusJson({410, "Expired", changes.status().message(), {}}));
         }

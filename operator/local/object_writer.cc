@@ -285,7 +285,7 @@ ApiResult ObjectWriter::CreateLocked(const ResourceInfo& r, const std::string& n
   }
   auto stored = store_.Create(Key(r, ns, name), body);
   if (!stored.ok()) {
-    if (stored.status().code() == StatusCode::kFailedPrecondition)
+    if (stored.status().code() == StatusCode::kAlreadyExists)
       return ApiResult::Error({409, "AlreadyExists",
                                r.qualified() + " \"" + name + "\" already exists",
                                Details(r, name)});

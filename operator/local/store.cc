@@ -59,11 +59,6 @@ const char* EventTypeName(WatchEvent::Type type) {
   return "UNKNOWN";
 }
 
-bool IsTooOldError(const Status& status) {
-  return status.code() == StatusCode::kFailedPrecondition &&
-         status.message().find(kTooOld) != std::string::npos;
-}
-
 StatusOr<std::unique_ptr<Store>> Store::Open(const std::string& dir, size_t history_size) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -175,13 +170,12 @@ StatusOr<ObjectPtr> Store::Write(WatchEvent::Type type, const ObjectKey& key,
                                  const std::optional<int64_t>& expected_version) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = objects_.find(key);
-  if (type == WatchEvent::kAdded && it != objects_.end())
-    return FailedPrecondition("already exists");
+  if (type == WatchEvent::kAdded && it != objects_.end()) return AlreadyExists("already exists");
   if (type != WatchEvent::kAdded && it == objects_.end()) return NotFound("not found");
   // Compare-and-swap under the same lock as the write.
   if (expected_version &&
       (*it->second)["metadata"].value("resourceVersion", "") != std::to_string(*expected_version))
-    return FailedPrecondition("the object has been modified");
+    return Aborted("the object has been modified");
   int64_t version = version_ + 1;
   nlohmann::json stored = type == WatchEvent::kDeleted ? *it->second : std::move(*object);
   stored["metadata"]["resourceVersion"] = std::to_string(version);
@@ -252,8 +246,8 @@ StatusOr<Store::Changes> Store::EventsAfter(int64_t after_version, const std::st
   std::unique_lock<std::mutex> lock(mu_);
   auto collect = [&]() -> StatusOr<Changes> {
     if (after_version < compacted_)
-      return FailedPrecondition(std::string(kTooOld) + ": " + std::to_string(after_version) +
-                                " (oldest available: " + std::to_string(compacted_) + ")");
+      return Expired(std::string(kTooOld) + ": " + std::to_string(after_version) +
+                     " (oldest available: " + std::to_string(compacted_) + ")");
     Changes out;
     out.scanned_to = std::max(after_version, version_);
     // Versions are dense in history_ except across deletes of compacted entries: binary search.

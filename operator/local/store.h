@@ -98,6 +98,4 @@ class Store {
   bool woken_ = false;
 };
 
-bool IsTooOldError(const Status& status);
-
 }  // namespace tidal::local

@@ -25,13 +25,14 @@ const std::map<std::pair<Phase, Event>, Phase>& Table() {
         {{P::kRunning, E::kFinished}, P::kSucceeded},
         {{P::kScaling, E::kFinished}, P::kSucceeded},
     };
-    for (Phase active : {P::kPending, P::kRunning, P::kScaling, P::kRecovering}) {
-      t[{active, E::kWorkerFailed}] = P::kRecovering;
-      t[{active, E::kRestartsExhausted}] = P::kFailed;
-      t[{active, E::kConfigurationError}] = P::kFailed;
-      t[{active, E::kSuspend}] = P::kSuspended;
+    for (Phase held : {P::kPending, P::kRunning, P::kScaling, P::kRecovering, P::kPaused}) {
+      t[{held, E::kWorkerFailed}] = P::kRecovering;
+      t[{held, E::kRestartsExhausted}] = P::kFailed;
+      t[{held, E::kConfigurationError}] = P::kFailed;
+      t[{held, E::kSuspend}] = P::kSuspended;
     }
-    t[{P::kPaused, E::kSuspend}] = P::kSuspended;
+    for (Phase any : AllPhases())
+      if (any != P::kTerminating) t[{any, E::kDeleted}] = P::kTerminating;
     t[{P::kFailed, E::kSpecEdited}] = P::kPending;  // the controller checks the failure's reason
     return t;
   }();
@@ -58,8 +59,22 @@ const char* PhaseName(Phase phase) {
       return "Succeeded";
     case P::kFailed:
       return "Failed";
+    case P::kTerminating:
+      return "Terminating";
   }
   return "?";
+}
+
+std::string PhaseNames() {
+  std::string names;
+  for (Phase p : AllPhases()) names += std::string(names.empty() ? "" : ", ") + PhaseName(p);
+  return names;
+}
+
+StatusOr<Phase> PhaseFromName(const std::string& name) {
+  for (Phase p : AllPhases())
+    if (name == PhaseName(p)) return p;
+  return InvalidArgument("expected one of " + PhaseNames() + ", got \"" + name + "\"");
 }
 
 const char* EventName(Event event) {
@@ -92,20 +107,33 @@ const char* EventName(Event event) {
       return "Unsuspend";
     case E::kFinished:
       return "Finished";
+    case E::kDeleted:
+      return "Deleted";
   }
   return "?";
 }
 
 std::vector<Phase> AllPhases() {
-  return {P::kPending, P::kRunning,   P::kScaling,   P::kRecovering,
-          P::kPaused,  P::kSuspended, P::kSucceeded, P::kFailed};
+  return {P::kPending,   P::kRunning,   P::kScaling, P::kRecovering, P::kPaused,
+          P::kSuspended, P::kSucceeded, P::kFailed,  P::kTerminating};
 }
 
 std::vector<Event> AllEvents() {
-  return {E::kWorkersReady, E::kRescaleStarted, E::kRescaleDone,       E::kRescaleAbandoned,
-          E::kWorkerFailed, E::kRecovered,      E::kRestartsExhausted, E::kConfigurationError,
-          E::kSpecEdited,   E::kAnomalyPause,   E::kUnpause,           E::kSuspend,
-          E::kUnsuspend,    E::kFinished};
+  return {E::kWorkersReady,
+          E::kRescaleStarted,
+          E::kRescaleDone,
+          E::kRescaleAbandoned,
+          E::kWorkerFailed,
+          E::kRecovered,
+          E::kRestartsExhausted,
+          E::kConfigurationError,
+          E::kSpecEdited,
+          E::kAnomalyPause,
+          E::kUnpause,
+          E::kSuspend,
+          E::kUnsuspend,
+          E::kFinished,
+          E::kDeleted};
 }
 
 StatusOr<Phase> Transition(Phase from, Event event) {

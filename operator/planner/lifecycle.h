@@ -7,17 +7,20 @@
 //   Running    --RescaleStarted-->    Scaling     (new pods ready, checkpoint barrier next)
 //   Scaling    --RescaleDone-->       Running     (new generation resumed)
 //   Scaling    --RescaleAbandoned-->  Running     (pods stayed Pending; training never stopped)
-//   Pending|Running|Scaling|Recovering --WorkerFailed--> Recovering (restart counted)
+//   *active*|Paused --WorkerFailed--> Recovering  (restart counted; a pause is no shelter)
 //   Recovering --Recovered-->         Running
-//   *active*   --RestartsExhausted--> Failed      (final)
-//   *active*   --ConfigurationError--> Failed     (a worker cannot use the spec; no restart)
+//   *active*|Paused --RestartsExhausted--> Failed (final)
+//   *active*|Paused --ConfigurationError--> Failed (a worker cannot use the spec; no restart)
 //   Failed     --SpecEdited-->        Pending     (only after ConfigurationError)
 //   Running    --AnomalyPause-->      Paused      (checkpointed first)
 //   Paused     --Unpause-->           Running
 //   *active*|Paused --Suspend-->      Suspended   (checkpointed, pods removed)
 //   Suspended  --Unsuspend-->         Pending     (resumes from that checkpoint)
 //   Running|Scaling --Finished-->     Succeeded
-// An invalid spec is not an event: the phase stays and the InvalidSpec condition is set.
+//   any but Terminating --Deleted-->  Terminating (final checkpoint, then the finalizer goes;
+//                                      as a Namespace's phase says it while it is deleted)
+// *active* is Pending, Running, Scaling and Recovering. An invalid spec is not an event: the
+// phase stays and the InvalidSpec condition is set.
 #pragma once
 
 #include <string>
@@ -35,7 +38,8 @@ enum class Phase {
   kPaused,
   kSuspended,
   kSucceeded,
-  kFailed
+  kFailed,
+  kTerminating,
 };
 enum class Event {
   kWorkersReady,
@@ -52,9 +56,13 @@ enum class Event {
   kSuspend,
   kUnsuspend,
   kFinished,
+  kDeleted,
 };
 
 const char* PhaseName(Phase phase);  // as in status.phase: "Running"
+// The phase named `name` as status.phase spells it; InvalidArgument naming the ones there are.
+StatusOr<Phase> PhaseFromName(const std::string& name);
+std::string PhaseNames();  // "Pending, Running, ..."
 const char* EventName(Event event);
 std::vector<Phase> AllPhases();
 std::vector<Event> AllEvents();

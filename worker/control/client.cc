@@ -24,6 +24,8 @@ const char* GrpcCodeName(grpc::StatusCode code) {
       return "DEADLINE_EXCEEDED";
     case grpc::StatusCode::NOT_FOUND:
       return "NOT_FOUND";
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return "ALREADY_EXISTS";
     case grpc::StatusCode::FAILED_PRECONDITION:
       return "FAILED_PRECONDITION";
     case grpc::StatusCode::ABORTED:
@@ -58,10 +60,14 @@ Status FromGrpc(int grpc_code, const std::string& message) {
       return InvalidArgument(text);
     case grpc::StatusCode::NOT_FOUND:
       return NotFound(text);
+    case grpc::StatusCode::ALREADY_EXISTS:
+      return AlreadyExists(text);
     case grpc::StatusCode::FAILED_PRECONDITION:
-    case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED:
       return FailedPrecondition(text);
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return Unauthenticated(text);
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return PermissionDenied(text);
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       return DeadlineExceeded(text);
     case grpc::StatusCode::ABORTED:

@@ -242,26 +242,6 @@ class WorkerRuntime::Buddy {
   std::thread copier_;  // last: starts once the rest is built
 };
 
-const char* PhaseName(Phase phase) {
-  switch (phase) {
-    case Phase::kWaiting:
-      return "Waiting";
-    case Phase::kJoining:
-      return "Joining";
-    case Phase::kRunning:
-      return "Running";
-    case Phase::kCheckpointing:
-      return "Checkpointing";
-    case Phase::kPaused:
-      return "Paused";
-    case Phase::kFailed:
-      return "Failed";
-    case Phase::kSucceeded:
-      return "Succeeded";
-  }
-  return "Unknown";
-}
-
 WorkerRuntime::WorkerRuntime(RuntimeOptions options)
     : options_(std::move(options)),
       peer_state_(options_.config.name + "/peer-state", options_.peer_state_capacity_bytes) {
@@ -302,10 +282,14 @@ Status WorkerRuntime::AcceptsGeneration(int64_t generation) const {
   if (shutdown_) return FailedPrecondition("the worker is shutting down");
   if (state_.phase == Phase::kSucceeded) return FailedPrecondition("the job has finished");
   const int64_t newest = std::max(state_.generation, pending_ ? pending_->generation : 0);
-  if (generation <= newest)
+  // The same generation again (an operator that lost the answer asks again): AlreadyExists,
+  // which the caller takes as done; an older one is a caller behind the worker.
+  if (generation == newest)
+    return AlreadyExists("generation " + std::to_string(generation) +
+                         " is this worker's generation already");
+  if (generation < newest)
     return FailedPrecondition("generation " + std::to_string(generation) +
-                              " is not newer than this worker's generation " +
-                              std::to_string(newest));
+                              " is older than this worker's generation " + std::to_string(newest));
   return OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/worker_phase.h"
 #include "common/status.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/control/gpu_monitor.h"
@@ -32,8 +33,8 @@
 
 namespace tidal::worker {
 
-enum class Phase { kWaiting, kJoining, kRunning, kCheckpointing, kPaused, kFailed, kSucceeded };
-const char* PhaseName(Phase phase);
+using Phase = api::WorkerPhase;
+inline const char* PhaseName(Phase phase) { return api::WorkerPhaseName(phase); }
 
 struct CheckpointRef {
   int64_t step = 0;
@@ -160,7 +161,8 @@ class WorkerRuntime {
 
   // Accepts the membership of a newer generation. A running generation is left at the next
   // step boundary (every rank agrees; the state is checkpointed first, so nothing is lost); a
-  // paused or failed one at once. Refused (FailedPrecondition) when `generation` is not newer.
+  // paused or failed one at once. Refused when `generation` is not newer: AlreadyExists when
+  // it is this worker's (a repeated call), FailedPrecondition when it is older.
   // With `from.peers`, the generation resumes from their live checkpoint of `from.step`, or from
   // the store's newest when that cannot be read.
   // With `ring`, the generation keeps buddy copies (RuntimeOptions::buddy_every).
@@ -170,7 +172,8 @@ class WorkerRuntime {
   // (engine::Session::Prepare) on the training thread and stays WAITING. A member of a
   // training generation reads the base weights it will hold there and does not hold now
   // (engine::Session::ReadAhead) on a thread of its own, and trains on. State().prepared says
-  // how it goes. FailedPrecondition without keep_engine, for a generation that is not newer,
+  // how it goes. FailedPrecondition without keep_engine or for an older generation,
+  // AlreadyExists for the worker's own,
   // or while nothing trains (joining, held for a Rendezvous). A call while one is under way or
   // done for an older generation only records the newer one: the Regroup re-cuts whatever
   // the plan that was read for missed.

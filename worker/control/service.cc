@@ -9,6 +9,7 @@
 
 #include "common/log.h"
 #include "tidal/worker/v1/worker.grpc.pb.h"
+#include "worker/control/phase_proto.h"
 
 namespace tidal::worker {
 namespace {
@@ -49,28 +50,20 @@ grpc::Status ToGrpc(const Status& s) {
     case tidal::StatusCode::kInternal:
       code = StatusCode::INTERNAL;
       break;
+    case tidal::StatusCode::kAlreadyExists:
+      code = StatusCode::ALREADY_EXISTS;
+      break;
+    case tidal::StatusCode::kUnauthenticated:
+      code = StatusCode::UNAUTHENTICATED;
+      break;
+    case tidal::StatusCode::kPermissionDenied:
+      code = StatusCode::PERMISSION_DENIED;
+      break;
+    case tidal::StatusCode::kExpired:  // no gRPC kind of its own: the state moved on
+      code = StatusCode::FAILED_PRECONDITION;
+      break;
   }
   return grpc::Status(code, s.message());
-}
-
-pb::Phase ToProto(Phase p) {
-  switch (p) {
-    case Phase::kWaiting:
-      return pb::WAITING;
-    case Phase::kJoining:
-      return pb::JOINING;
-    case Phase::kRunning:
-      return pb::RUNNING;
-    case Phase::kCheckpointing:
-      return pb::CHECKPOINTING;
-    case Phase::kPaused:
-      return pb::PAUSED;
-    case Phase::kFailed:
-      return pb::FAILED;
-    case Phase::kSucceeded:
-      return pb::SUCCEEDED;
-  }
-  return pb::PHASE_UNSPECIFIED;
 }
 
 constexpr size_t kRecentSteps = 64;

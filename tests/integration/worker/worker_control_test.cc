@@ -455,10 +455,11 @@ TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
   expect(c.Resume(), "FAILED_PRECONDITION", "not paused");
   // A good one, then the same generation again.
   ASSERT_TRUE(c.Rendezvous(1, 1, 0, "").ok());
-  expect(c.Rendezvous(1, 1, 0, ""), "FAILED_PRECONDITION", "not newer");
+  expect(c.Rendezvous(1, 1, 0, ""), "ALREADY_EXISTS", "generation 1 is this worker's generation");
+  EXPECT_EQ(c.Rendezvous(1, 1, 0, "").code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(WaitFor(0, [](auto& s) { return s.step() >= 1; }).generation(), 1);
   // Only for a generation to come; a worker that builds its engine per generation prepares none.
-  expect(c.PrepareEngine(1, 2, 1), "FAILED_PRECONDITION", "not newer");
+  expect(c.PrepareEngine(1, 2, 1), "ALREADY_EXISTS", "this worker's generation already");
   StartWorker(1, {}, "", {"TIDAL_KEEP_ENGINE=0"});
   expect(workers_[1].client->PrepareEngine(1, 2, 1), "FAILED_PRECONDITION", "TIDAL_KEEP_ENGINE=0");
   EXPECT_FALSE(StatusOf(1).has_prepared_engine());

@@ -17,6 +17,7 @@ namespace {
 
 using nlohmann::json;
 using namespace std::chrono_literals;
+using W = api::WorkerPhase;
 
 json Spec(const std::string& extra = "") {
   json spec = json::parse(R"({
@@ -75,8 +76,16 @@ class Sim {
     o.no_progress_for = progress_.Observe(
         o.pods, o.reports, std::chrono::steady_clock::time_point{} + (now_ - start_ - wall_step_));
     Plan plan = Decide(o);
+    // Every phase change the code makes is one the transition table allows — in every pass of
+    // every scenario below, not only in the table's own test.
+    for (const PhaseChange& c : plan.phase_changes) {
+      EXPECT_FALSE(c.refused) << "refused: " << planner::PhaseName(c.from) << " + "
+                              << planner::EventName(c.event) << " (" << c.reason << ")";
+      phase_changes_.push_back(std::string(planner::PhaseName(c.from)) + " -" +
+                               planner::EventName(c.event) + "-> " + planner::PhaseName(c.to));
+    }
     if (plan.conditions_only)
-      status_json_["conditions"] = plan.status.conditions;
+      status_json_["conditions"] = ToJson(plan.status.conditions);
     else
       status_json_ = ToJson(plan.status, "tidal.dev/job=job");
     // An operator that dies after writing the status loses the actions it had not done.
@@ -108,11 +117,14 @@ class Sim {
     return o.status;
   }
   const json& status_json() const { return status_json_; }
+  std::string phase() const { return planner::PhaseName(status().phase); }
   // A rescale under way has reached its Rendezvous stage.
   bool AtRendezvous() const {
     const JobStatus st = status();
     return st.rescale && st.rescale->stage == RescaleState::Stage::kRendezvous;
   }
+  // Every phase change made so far, "Running -RescaleStarted-> Scaling".
+  std::vector<std::string> phase_changes_;
   bool HasEvent(const std::string& reason) const {
     return std::find(events_.begin(), events_.end(), reason) != events_.end();
   }
@@ -192,7 +204,7 @@ class Sim {
           p.reason = pods_stay_pending_ ? "Unschedulable" : "";
           p.ip = "127.0.0." + std::to_string(10 + a.slots[i]);
           pods_[p.name] = p;
-          reports_[p.name] = WorkerReport{.phase = "Waiting"};
+          reports_[p.name] = WorkerReport{.phase = W::kWaiting};
         }
         break;
       case Action::Kind::kCreatePrepPod: {
@@ -239,10 +251,10 @@ class Sim {
         for (const std::string& p : a.pods) {
           if (!reports_.count(p)) continue;
           WorkerReport& r = reports_[p];
-          if (r.phase == "Running") {
-            r.phase = "Paused";
+          if (r.phase == W::kRunning) {
+            r.phase = W::kPaused;
             r.step = step;
-          } else if (r.phase != "Paused") {
+          } else if (r.phase != W::kPaused) {
             continue;
           }
           // A live barrier keeps the state in the ranks' memory; else (ranks held at a live
@@ -279,13 +291,13 @@ class Sim {
           r.rank = static_cast<int>(rank);
           r.world_size = static_cast<int>(a.pods.size());
           if (a.state_peers.empty()) {
-            r.phase = "Running";
+            r.phase = W::kRunning;
             r.step = checkpoint_;  // resumes from the newest checkpoint
             r.held.clear();
             ++resumed_from_store_;
             last_resumed_step_ = r.step;
           } else {
-            r.phase = "Joining";  // reads from the peers until the next reconcile's Train
+            r.phase = W::kJoining;  // reads from the peers until the next reconcile's Train
             joining_since_[p] = passes_;
             reading_from_ = a.state_peers;
             reading_step_ = a.state_step;
@@ -303,7 +315,7 @@ class Sim {
         break;
       case Action::Kind::kResume:
         for (const std::string& p : a.pods)
-          if (reports_.count(p) && reports_[p].phase == "Paused") reports_[p].phase = "Running";
+          if (reports_.count(p) && reports_[p].phase == W::kPaused) reports_[p].phase = W::kRunning;
         break;
       case Action::Kind::kPrepareEngine:
         ASSERT_EQ(a.pods.size(), a.ranks.size());
@@ -349,9 +361,9 @@ class Sim {
         if (w.live_step != reading_step_ && !copy) peers_hold = false;
       }
       for (const auto& [name, since] : joining_since_) {
-        if (!reports_.count(name) || reports_[name].phase != "Joining") continue;
+        if (!reports_.count(name) || reports_[name].phase != W::kJoining) continue;
         WorkerReport& r = reports_[name];
-        r.phase = "Running";
+        r.phase = W::kRunning;
         r.step = peers_hold ? reading_step_ : checkpoint_;
         r.live_step.reset();
         resumed_from_peers_ += peers_hold ? 1 : 0;
@@ -360,7 +372,7 @@ class Sim {
       }
       joining_since_.clear();
       for (auto& [name, r] : reports_)  // every rank has read: its memory is cleared
-        if (r.phase == "Running") r.held.clear();
+        if (r.phase == W::kRunning) r.held.clear();
     }
     // A member that died ends its generation on every peer (gloo sees the closed pairs).
     std::set<int64_t> broken;
@@ -372,8 +384,8 @@ class Sim {
       for (const std::string& m : members)
         if (!pods_.count(m) || pods_[m].phase == "Failed") broken.insert(generation);
     for (auto& [name, r] : reports_)
-      if (r.phase == "Running" && broken.count(r.generation)) {
-        r.phase = "Failed";
+      if (r.phase == W::kRunning && broken.count(r.generation)) {
+        r.phase = W::kFailed;
         r.last_error = "a peer closed the connection";
       }
     for (auto& [name, r] : reports_)  // engines load in prepare_passes_ reconciles
@@ -381,7 +393,7 @@ class Sim {
           passes_ - preparing_since_[name] >= prepare_passes_)
         r.prepared->ready = true;
     for (auto& [name, r] : reports_)
-      if (r.phase == "Running" && !stuck_) {
+      if (r.phase == W::kRunning && !stuck_) {
         ++r.step;
         if (r.step % 5 == 0) checkpoint_ = std::max(checkpoint_, r.step);
         r.loss = loss_(r.step);
@@ -401,7 +413,7 @@ class Sim {
   void CheckOneGenerationTrains() {
     std::set<int64_t> training;
     for (const auto& [name, r] : reports_)
-      if (r.phase == "Running") training.insert(r.generation);
+      if (r.phase == W::kRunning) training.insert(r.generation);
     EXPECT_LE(training.size(), 1u) << "two generations train at once";
   }
 
@@ -429,8 +441,11 @@ class Sim {
 };
 
 std::string ConditionOf(const JobStatus& st, const std::string& type, const char* field) {
-  for (const json& c : st.conditions)
-    if (c.value("type", "") == type) return c.value(field, "");
+  for (const Condition& c : st.conditions)
+    if (c.type == type)
+      return std::string(field) == "status"   ? c.status
+             : std::string(field) == "reason" ? c.reason
+                                              : c.message;
   return "";
 }
 
@@ -447,13 +462,13 @@ TEST(Reconcile, ANewJobCreatesItsChildrenAndMinGpusWorkersThenRendezvousAsGenera
   for (const Action& a : first.actions) kinds.push_back(ActionKindName(a.kind));
   EXPECT_EQ(kinds, (std::vector<std::string>{"AddFinalizer", "EnsureService", "EnsureTokenSecret",
                                              "EnsureSpecConfig", "CreatePrepPod"}));
-  EXPECT_EQ(sim.status().phase, "Pending");
+  EXPECT_EQ(sim.phase(), "Pending");
   // The data phase is over: its pod goes, the workers come, told the store.
   kinds.clear();
   for (const Action& a : sim.Reconcile().actions) kinds.push_back(ActionKindName(a.kind));
   EXPECT_EQ(kinds, (std::vector<std::string>{"DeletePods", "CreatePods"}));
   EXPECT_EQ(sim.status().data->store_uri, "file:///data/.tidal-tokens/0123abcd");
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().generation, 1);
   EXPECT_EQ(sim.status().members, Names({0, 1}));
   EXPECT_EQ(sim.reports_["job-worker-1"].rank, 1);
@@ -467,17 +482,17 @@ TEST(Reconcile, ANewJobCreatesItsChildrenAndMinGpusWorkersThenRendezvousAsGenera
 
 TEST(Reconcile, ScaleUpIsMakeBeforeBreakAndScaleDownShutsTheSurplusRanks) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   Plan plan = sim.Reconcile();
   // The new pods are created while generation 1 keeps training.
   ASSERT_TRUE(sim.status().rescale.has_value());
   EXPECT_EQ(StageName(sim.status().rescale->stage), std::string("WaitingForPods"));
-  EXPECT_EQ(sim.reports_["job-worker-0"].phase, "Running");
+  EXPECT_EQ(sim.reports_["job-worker-0"].phase, W::kRunning);
   EXPECT_TRUE(sim.pods_.count("job-worker-3"));
   sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
   EXPECT_EQ(sim.status().members, Names({0, 1, 2, 3}));
-  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_EQ(sim.phase(), "Running");
   EXPECT_TRUE(sim.HasEvent("CheckpointBarrier"));
   EXPECT_TRUE(sim.HasEvent("Rescaled"));
   for (const auto& [name, r] : sim.reports_) EXPECT_EQ(r.world_size, 4) << name;
@@ -497,7 +512,7 @@ TEST(Reconcile, ScaleUpIsMakeBeforeBreakAndScaleDownShutsTheSurplusRanks) {
 TEST(Reconcile, AScaleUpLoadsTheNewEnginesAtTheirPlannedRanksWhileTheJobTrainsThenPauses) {
   Sim sim(Spec());
   sim.prepare_passes_ = 4;
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Until([&] { return !sim.prepare_asks_.empty(); });
   const Action ask = sim.prepare_asks_.front();
@@ -548,7 +563,7 @@ TEST(Reconcile, ALeaderDyingAroundTheAskToPrepareStillScalesUpWithoutPausingForA
     SCOPED_TRACE("actions of every " + std::to_string(lose) + "th reconcile lost");
     Sim sim(Spec());
     sim.prepare_passes_ = 4;
-    sim.Until([&] { return sim.status().phase == "Running"; });
+    sim.Until([&] { return sim.phase() == "Running"; });
     sim.lose_actions_every_ = lose;
     sim.SetSpec(Spec(R"({"replicas": 4})"));
     sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
@@ -567,7 +582,7 @@ TEST(Reconcile, ANewWorkerThatRefusesFailsOrOutlastsTheScaleUpTimeoutToPrepareHo
     Sim sim(Spec());
     sim.prepare_ = mode;
     sim.prepare_passes_ = 1000;
-    sim.Until([&] { return sim.status().phase == "Running"; });
+    sim.Until([&] { return sim.phase() == "Running"; });
     sim.SetSpec(Spec(R"({"replicas": 4})"));
     sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; }, 12);
     EXPECT_EQ(sim.prepare_asks_.size(), 1u);
@@ -575,7 +590,7 @@ TEST(Reconcile, ANewWorkerThatRefusesFailsOrOutlastsTheScaleUpTimeoutToPrepareHo
   }
   Sim sim(Spec());  // scaleUpTimeoutSeconds 60; one reconcile a second
   sim.prepare_passes_ = 1000;
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Until([&] { return !sim.prepare_asks_.empty(); });
   for (int i = 0; i < 55; ++i) sim.Reconcile();
@@ -591,7 +606,7 @@ TEST(Reconcile, ANewWorkerThatRefusesFailsOrOutlastsTheScaleUpTimeoutToPrepareHo
 // too), and a surplus rank goes only once the generation reading from it runs.
 TEST(Reconcile, ARescaleMovesTheStateThroughTheRanksMemoryAndShutsTheSurplusOnlyOnceRead) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   for (int i = 0; i < 3; ++i) sim.Reconcile();
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Until([&] { return sim.AtRendezvous(); });
@@ -618,7 +633,7 @@ TEST(Reconcile, ARescaleMovesTheStateThroughTheRanksMemoryAndShutsTheSurplusOnly
 // from the store instead (the worker's fallback), and the rescale completes.
 TEST(Reconcile, ALiveRescaleWhoseSurplusPeerVanishesCompletesFromTheStore) {
   Sim sim(Spec(R"({"replicas": 4})"));
-  sim.Until([&] { return sim.status().phase == "Running" && sim.status().current_gpus == 4; });
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().current_gpus == 4; });
   for (int i = 0; i < 3; ++i) sim.Reconcile();
   const int from_peers = sim.resumed_from_peers_;
   sim.SetSpec(Spec(R"({"replicas": 2})"));
@@ -643,7 +658,7 @@ TEST(Reconcile, AWorkerKilledWhileALiveScaleUpReadsItsStateRecoversFromTheStore)
   for (const std::string dead : {"job-worker-1", "job-worker-3"}) {
     SCOPED_TRACE(dead);
     Sim sim(Spec());
-    sim.Until([&] { return sim.status().phase == "Running"; });
+    sim.Until([&] { return sim.phase() == "Running"; });
     for (int i = 0; i < 6; ++i) sim.Reconcile();
     sim.SetSpec(Spec(R"({"replicas": 4})"));
     sim.Until([&] { return sim.AtRendezvous(); });
@@ -653,22 +668,21 @@ TEST(Reconcile, AWorkerKilledWhileALiveScaleUpReadsItsStateRecoversFromTheStore)
     ASSERT_GT(stored, 0);
     ASSERT_LE(stored, held);
     sim.pods_[dead].phase = "Failed";
-    sim.Until([&] { return sim.status().phase == "Recovering"; });
+    sim.Until([&] { return sim.phase() == "Recovering"; });
     EXPECT_EQ(sim.status().restarts, 1);
     // The live rescale is over; a recovery takes its place, reading nothing from memory.
     ASSERT_TRUE(sim.status().rescale);
     EXPECT_TRUE(sim.status().rescale->recovery);
     EXPECT_TRUE(sim.status().rescale->state_peers.empty());
     sim.now_ += 10s;  // the backoff
-    sim.Until([&] { return sim.status().phase == "Running" && sim.status().generation > next; });
+    sim.Until([&] { return sim.phase() == "Running" && sim.status().generation > next; });
     for (const auto& [name, r] : sim.reports_)
-      if (r.phase == "Running") {
+      if (r.phase == W::kRunning) {
         EXPECT_GE(r.step, stored) << name << " resumed before the store's newest";
         EXPECT_LE(r.step, held + 1) << name;
       }
     sim.Until([&] {
-      return sim.status().phase == "Running" && sim.status().current_gpus == 4 &&
-             !sim.status().rescale;
+      return sim.phase() == "Running" && sim.status().current_gpus == 4 && !sim.status().rescale;
     });
     std::vector<std::string> members = sim.status().members;
     std::sort(members.begin(), members.end());  // the replaced slot may take another rank
@@ -686,8 +700,7 @@ constexpr const char* kThreeRanks =
 int64_t RunThreeRanksWithBuddies(Sim& sim) {
   sim.buddies_ = true;
   sim.Until([&] {
-    return sim.status().phase == "Running" && sim.status().current_gpus == 3 &&
-           !sim.status().rescale;
+    return sim.phase() == "Running" && sim.status().current_gpus == 3 && !sim.status().rescale;
   });
   for (int i = 0; i < 6; ++i) sim.Reconcile();
   return sim.reports_["job-worker-0"].step;
@@ -723,8 +736,7 @@ TEST(Reconcile, ALostWorkerIsRebuiltFromTheSurvivorsBuddyCopiesAndTheStoreIsNotR
   EXPECT_EQ(sim.last_resumed_step_, trained) << "the recovery lost steps";
   EXPECT_EQ(sim.status().restarts, 1);
   sim.Until([&] {
-    return sim.status().phase == "Running" && sim.status().current_gpus == 3 &&
-           !sim.status().rescale;
+    return sim.phase() == "Running" && sim.status().current_gpus == 3 && !sim.status().rescale;
   });
   EXPECT_EQ(sim.resumed_from_store_, from_store) << "the scale-up read the store";
 }
@@ -746,8 +758,7 @@ TEST(Reconcile, TheGpuLostToARecoveryComesBackWithoutWaitingForTheCooldown) {
   sim.Until([&] { return sim.status().current_gpus == 2 && !sim.status().rescale; }, 6);
   sim.Until(
       [&] {
-        return sim.status().phase == "Running" && sim.status().current_gpus == 3 &&
-               !sim.status().rescale;
+        return sim.phase() == "Running" && sim.status().current_gpus == 3 && !sim.status().rescale;
       },
       20);  // 20 passes: 20 simulated seconds, far inside 300
 }
@@ -782,7 +793,7 @@ TEST(Reconcile, AMemberThatMustLeaveIsMovedOffLiveLosingNoStepAndItsGpuComesBack
       sim.Until(
           [&] {
             for (const auto& [name, r] : sim.reports_)
-              if (r.generation == generation && r.phase == "Paused") paused_at = r.step;
+              if (r.generation == generation && r.phase == W::kPaused) paused_at = r.step;
             return sim.status().generation > generation && !sim.status().rescale;
           },
           20);
@@ -797,7 +808,7 @@ TEST(Reconcile, AMemberThatMustLeaveIsMovedOffLiveLosingNoStepAndItsGpuComesBack
       if (notice != "deleted") sim.pods_.erase("job-worker-1");  // its node lets it go
       sim.Until(
           [&] {
-            return sim.status().phase == "Running" && sim.status().current_gpus == 3 &&
+            return sim.phase() == "Running" && sim.status().current_gpus == 3 &&
                    !sim.status().rescale;
           },
           20);  // 20 simulated seconds, far inside the cooldown
@@ -814,14 +825,14 @@ TEST(Reconcile, AMemberThatMustLeaveIsMovedOffLiveLosingNoStepAndItsGpuComesBack
 TEST(Reconcile, AMemberThatMustLeaveWhenTheOthersAreTooFewIsReplacedFirst) {
   {
     Sim sim(Spec(R"({"elastic": {"maxGPUs": 2}})"));
-    sim.Until([&] { return sim.status().phase == "Running"; });
+    sim.Until([&] { return sim.phase() == "Running"; });
     for (int i = 0; i < 3; ++i) sim.Reconcile();
     const int from_store = sim.resumed_from_store_;
     sim.DeleteFromOutside("job-worker-0");
     sim.Reconcile();
     ASSERT_TRUE(sim.status().rescale);
     EXPECT_EQ(sim.status().rescale->new_pods, Names({2}));
-    EXPECT_EQ(sim.reports_["job-worker-0"].phase, "Running") << "training stopped for the move";
+    EXPECT_EQ(sim.reports_["job-worker-0"].phase, W::kRunning) << "training stopped for the move";
     sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
     EXPECT_EQ(sim.status().members, Names({1, 2}));
     EXPECT_EQ(sim.status().restarts, 0);
@@ -830,7 +841,7 @@ TEST(Reconcile, AMemberThatMustLeaveWhenTheOthersAreTooFewIsReplacedFirst) {
   }
   {
     Sim sim(Spec(R"({"elastic": {"maxGPUs": 2}})"));
-    sim.Until([&] { return sim.status().phase == "Running"; });
+    sim.Until([&] { return sim.phase() == "Running"; });
     sim.idle_gpus_ = 0;
     sim.DeleteFromOutside("job-worker-0");
     for (int i = 0; i < 5; ++i) sim.Reconcile();
@@ -843,7 +854,7 @@ TEST(Reconcile, AMemberThatMustLeaveWhenTheOthersAreTooFewIsReplacedFirst) {
     sim.pods_.erase("job-worker-0");  // its grace period is over
     sim.reports_.erase("job-worker-0");
     sim.idle_gpus_ = 8;
-    sim.Until([&] { return sim.status().phase == "Recovering"; });
+    sim.Until([&] { return sim.phase() == "Recovering"; });
     EXPECT_EQ(sim.status().restarts, 1);
   }
 }
@@ -855,7 +866,7 @@ TEST(Reconcile, AMemberThatMustLeaveDuringARescalesBarrierIsLeftOutOfTheNextGene
   const std::string four = R"({"replicas": 4, "optimization": {"globalBatchSize": 24},
                                "elastic": {"minGPUs": 1}})";
   Sim sim(Spec(four));
-  sim.Until([&] { return sim.status().phase == "Running" && sim.status().current_gpus == 4; });
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().current_gpus == 4; });
   for (int i = 0; i < 3; ++i) sim.Reconcile();
   const int64_t generation = sim.status().generation;
   const int from_store = sim.resumed_from_store_;
@@ -874,8 +885,7 @@ TEST(Reconcile, AMemberThatMustLeaveDuringARescalesBarrierIsLeftOutOfTheNextGene
   EXPECT_EQ(std::count(sim.shutdown_.begin(), sim.shutdown_.end(), "job-worker-1"), 1);
   EXPECT_EQ(sim.resumed_from_store_, from_store);
   sim.Until([&] {
-    return sim.status().current_gpus == 3 && !sim.status().rescale &&
-           sim.status().phase == "Running";
+    return sim.status().current_gpus == 3 && !sim.status().rescale && sim.phase() == "Running";
   });
   EXPECT_EQ(sim.status().restarts, 0);
   EXPECT_FALSE(sim.HasEvent("WorkerFailed"));
@@ -885,7 +895,7 @@ TEST(Reconcile, AMemberThatMustLeaveDuringARescalesBarrierIsLeftOutOfTheNextGene
 // comes first, and the job then grows to the size asked for.
 TEST(Reconcile, AMemberThatMustLeaveCancelsAScaleUpStillWaitingForItsPods) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.pods_stay_pending_ = true;
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Reconcile();
@@ -897,8 +907,7 @@ TEST(Reconcile, AMemberThatMustLeaveCancelsAScaleUpStillWaitingForItsPods) {
   EXPECT_TRUE(sim.HasEvent("MovingOff"));
   sim.pods_["job-worker-1"].node_notice.clear();  // uncordoned: nothing else moves it
   sim.Until([&] {
-    return sim.status().current_gpus == 4 && !sim.status().rescale &&
-           sim.status().phase == "Running";
+    return sim.status().current_gpus == 4 && !sim.status().rescale && sim.phase() == "Running";
   });
   EXPECT_EQ(sim.status().restarts, 0);
 }
@@ -913,11 +922,11 @@ TEST(Reconcile, WithoutBuddyCopiesALostWorkerWaitsForTheBackoffAndResumesFromThe
   for (auto& [name, r] : sim.reports_) r.held.clear();
   const int from_store = sim.resumed_from_store_;
   sim.pods_["job-worker-1"].phase = "Failed";
-  sim.Until([&] { return sim.status().phase == "Recovering"; });
+  sim.Until([&] { return sim.phase() == "Recovering"; });
   for (int i = 0; i < 5; ++i) sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Recovering") << "recovered before the backoff";
+  EXPECT_EQ(sim.phase(), "Recovering") << "recovered before the backoff";
   sim.now_ += 10s;
-  sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; });
+  sim.Until([&] { return sim.phase() == "Running" && !sim.status().rescale; });
   EXPECT_EQ(sim.status().current_gpus, 3);
   EXPECT_EQ(sim.resumed_from_store_, from_store + 3);
   EXPECT_FALSE(sim.HasEvent("RecoveringFromMemory"));
@@ -934,9 +943,9 @@ TEST(Reconcile, AWorkerLostWithTheRankKeepingItsCopyRecoversFromTheStoreAndSaysS
   const int from_store = sim.resumed_from_store_;
   sim.pods_["job-worker-1"].phase = "Failed";
   sim.pods_[keeper].phase = "Failed";
-  sim.Until([&] { return sim.status().phase == "Recovering"; });
+  sim.Until([&] { return sim.phase() == "Recovering"; });
   sim.now_ += 10s;
-  sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; });
+  sim.Until([&] { return sim.phase() == "Running" && !sim.status().rescale; });
   EXPECT_TRUE(sim.HasEvent("BuddyCopiesLost"));
   EXPECT_FALSE(sim.HasEvent("RecoveringFromMemory"));
   EXPECT_EQ(sim.resumed_from_store_, from_store + 3);
@@ -953,9 +962,9 @@ TEST(Reconcile, ALeaderDyingDuringABuddyRecoveryLosesNoStepAndNeverRunsTwoGenera
     const int from_store = sim.resumed_from_store_;
     sim.lose_actions_every_ = every;
     sim.pods_["job-worker-2"].phase = "Failed";
-    sim.Until([&] { return sim.status().phase == "Recovering"; });
+    sim.Until([&] { return sim.phase() == "Recovering"; });
     sim.now_ += 10s;
-    sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; }, 80);
+    sim.Until([&] { return sim.phase() == "Running" && !sim.status().rescale; }, 80);
     EXPECT_TRUE(sim.HasEvent("RecoveringFromMemory"));
     EXPECT_EQ(sim.resumed_from_store_, from_store);
     EXPECT_EQ(sim.last_resumed_step_, trained);
@@ -971,13 +980,13 @@ TEST(Reconcile, AKeeperDyingWhileTheNewGenerationReadsFallsBackToTheStore) {
   Sim sim(Spec(kThreeRanks));
   const int64_t trained = RunThreeRanksWithBuddies(sim);
   sim.pods_["job-worker-1"].phase = "Failed";
-  sim.Until([&] { return sim.status().phase == "Recovering"; });
+  sim.Until([&] { return sim.phase() == "Recovering"; });
   sim.now_ += 10s;
   sim.Until([&] { return sim.AtRendezvous() && !sim.status().rescale->state_peers.empty(); });
   const std::string keeper = sim.status().rescale->state_peers[1];
   sim.pods_[keeper].phase = "Failed";
   sim.now_ += 60s;  // past any backoff
-  sim.Until([&] { return sim.status().phase == "Running" && !sim.status().rescale; }, 80);
+  sim.Until([&] { return sim.phase() == "Running" && !sim.status().rescale; }, 80);
   EXPECT_EQ(sim.status().restarts, 2);
   EXPECT_EQ(sim.last_resumed_step_, sim.store_newest());
   EXPECT_LE(sim.last_resumed_step_, trained);
@@ -988,13 +997,13 @@ TEST(Reconcile, AKeeperDyingWhileTheNewGenerationReadsFallsBackToTheStore) {
 // the store and its pods go. Nothing trained is lost.
 TEST(Reconcile, ASuspendDuringALiveRendezvousSeesItThroughThenCheckpointsToTheStore) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   for (int i = 0; i < 3; ++i) sim.Reconcile();
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Until([&] { return sim.AtRendezvous(); });
   const int64_t held = sim.status().rescale->state_step;
   sim.SetSpec(Spec(R"({"replicas": 4, "suspend": true})"));
-  sim.Until([&] { return sim.status().phase == "Suspended"; });
+  sim.Until([&] { return sim.phase() == "Suspended"; });
   EXPECT_EQ(sim.resumed_from_peers_, 4);
   EXPECT_TRUE(sim.pods_.empty());
   ASSERT_TRUE(sim.status().last_checkpoint.contains("step"));
@@ -1006,7 +1015,7 @@ TEST(Reconcile, ASuspendDuringALiveRendezvousSeesItThroughThenCheckpointsToTheSt
 // simulator checks that after every reconcile).
 TEST(Reconcile, ALeaderDyingMidRescaleLeavesARescaleTheNextLeaderFinishes) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.lose_actions_every_ = 2;
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
@@ -1023,7 +1032,7 @@ TEST(Reconcile, PodsWhoseCreationWasLostAreCreatedAgainUnderTheSameNames) {
   sim.Reconcile();
   sim.lose_actions_every_ = 0;
   EXPECT_TRUE(sim.pods_.empty());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().members, Names({0, 1}));
 }
 
@@ -1031,16 +1040,16 @@ TEST(Reconcile, ARecoveryWhoseReplacementStaysPendingGoesOnWithTheSurvivorsWhenA
   // 12 sequences of 1: 2, 3 and 4 ranks are all allowed sizes.
   Sim sim(Spec(R"({"optimization": {"globalBatchSize": 12, "microBatchSize": 1},
                    "replicas": 4})"));
-  sim.Until([&] { return sim.status().current_gpus == 4 && sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.status().current_gpus == 4 && sim.phase() == "Running"; });
   sim.pods_stay_pending_ = true;
   sim.pods_["job-worker-2"].phase = "Failed";
   sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.phase(), "Recovering");
   sim.now_ += 10s;
   for (int i = 0; i < 5; ++i) sim.Reconcile();
   EXPECT_EQ(sim.pods_["job-worker-2"].phase, "Pending");
   sim.now_ += 60s;
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().members, Names({0, 1, 3}));
   EXPECT_EQ(sim.status().current_gpus, 3);
   EXPECT_TRUE(sim.HasEvent("ScaleUpAbandoned"));
@@ -1049,12 +1058,12 @@ TEST(Reconcile, ARecoveryWhoseReplacementStaysPendingGoesOnWithTheSurvivorsWhenA
 
 TEST(Reconcile, AScaleUpWhosePodsStayPendingIsAbandonedAfterTheTimeoutAndTrainingNeverStops) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.pods_stay_pending_ = true;
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   for (int i = 0; i < 30; ++i) {
     sim.Reconcile();
-    EXPECT_EQ(sim.reports_["job-worker-0"].phase, "Running") << "training stopped";
+    EXPECT_EQ(sim.reports_["job-worker-0"].phase, W::kRunning) << "training stopped";
   }
   sim.now_ += 60s;
   sim.Reconcile();
@@ -1063,9 +1072,9 @@ TEST(Reconcile, AScaleUpWhosePodsStayPendingIsAbandonedAfterTheTimeoutAndTrainin
   EXPECT_EQ(sim.status().generation, 1);
   EXPECT_EQ(sim.pods_.size(), 2u) << "the pending pods were not deleted";
   bool condition = false;
-  for (const json& c : sim.status().conditions)
-    condition |= c["type"] == "Scaling" && c["reason"] == "ScaleUpAbandoned" &&
-                 c["message"].get<std::string>().find("Unschedulable") != std::string::npos;
+  for (const Condition& c : sim.status().conditions)
+    condition |= c.type == "Scaling" && c.reason == "ScaleUpAbandoned" &&
+                 c.message.find("Unschedulable") != std::string::npos;
   EXPECT_TRUE(condition) << sim.status_json().dump();
   // No new attempt before max(cooldown, scale-up timeout): pods are not churned.
   for (int i = 0; i < 30; ++i) {
@@ -1079,22 +1088,22 @@ TEST(Reconcile, AScaleUpWhosePodsStayPendingIsAbandonedAfterTheTimeoutAndTrainin
 
 TEST(Reconcile, AFailedWorkerIsReplacedAfterTheBackoffAndTheRestartCounted) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
-  sim.reports_["job-worker-1"].phase = "Failed";
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.reports_["job-worker-1"].phase = W::kFailed;
   sim.reports_["job-worker-1"].last_error = "gloo: connection reset";
-  sim.reports_["job-worker-0"].phase = "Failed";  // its peer's death ends its generation too
+  sim.reports_["job-worker-0"].phase = W::kFailed;  // its peer's death ends its generation too
   sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.phase(), "Recovering");
   EXPECT_EQ(sim.status().restarts, 1);
   EXPECT_TRUE(sim.HasEvent("WorkerFailed"));
   // Both workers are alive (their generation failed, not their pods): nothing is deleted or
   // created, and nothing happens before the backoff.
   for (int i = 0; i < 5; ++i) sim.Reconcile();
   EXPECT_EQ(sim.pods_.size(), 2u);
-  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.phase(), "Recovering");
   EXPECT_EQ(sim.reports_["job-worker-0"].generation, 1);
   sim.now_ += 10s;
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().generation, 2);
   EXPECT_EQ(sim.status().members, Names({0, 1}));
   EXPECT_TRUE(sim.HasEvent("Recovered"));
@@ -1107,7 +1116,7 @@ TEST(Reconcile, AFailedWorkerIsReplacedAfterTheBackoffAndTheRestartCounted) {
 // and is over once the next generation trains.
 TEST(Reconcile, AGenerationWhoseStepStopsWhileItsWorkersAnswerIsStalledAndReplaced) {
   Sim sim(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 10}})"));
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.Reconcile();
   const int64_t at = sim.reports_["job-worker-0"].step;
   sim.stuck_ = true;
@@ -1119,13 +1128,13 @@ TEST(Reconcile, AGenerationWhoseStepStopsWhileItsWorkersAnswerIsStalledAndReplac
   EXPECT_NE(why.find("at step " + std::to_string(at) + " of generation 1"), std::string::npos)
       << why;
   EXPECT_NE(why.find("progressDeadlineSeconds 10"), std::string::npos) << why;
-  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.phase(), "Recovering");
   EXPECT_EQ(sim.status().restarts, 1);
   EXPECT_FALSE(sim.pods_.count("job-worker-0")) << "a stuck worker cannot rejoin: replaced";
   EXPECT_FALSE(sim.pods_.count("job-worker-1"));
   sim.stuck_ = false;
   sim.now_ += 10s;  // the backoff
-  sim.Until([&] { return sim.status().phase == "Running" && sim.status().generation == 2; });
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().generation == 2; });
   sim.Reconcile();
   EXPECT_EQ(ConditionOf(sim.status(), "Stalled", "status"), "False");
   EXPECT_EQ(sim.status().restarts, 1);
@@ -1135,15 +1144,15 @@ TEST(Reconcile, AGenerationWhoseStepStopsWhileItsWorkersAnswerIsStalledAndReplac
 // time are not stalled, and progressDeadlineSeconds 0 turns the detector off.
 TEST(Reconcile, WorkersThatCheckpointForLongOrADetectorTurnedOffNeverStall) {
   Sim sim(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 10}})"));
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.stuck_ = true;
-  for (auto& [name, r] : sim.reports_) r.phase = "Checkpointing";
+  for (auto& [name, r] : sim.reports_) r.phase = W::kCheckpointing;
   for (int i = 0; i < 30; ++i) sim.Reconcile();
   EXPECT_FALSE(sim.HasEvent("Stalled"));
   EXPECT_EQ(sim.status().restarts, 0);
 
   Sim off(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 0}})"));
-  off.Until([&] { return off.status().phase == "Running"; });
+  off.Until([&] { return off.phase() == "Running"; });
   off.stuck_ = true;
   for (int i = 0; i < 30; ++i) off.Reconcile();
   EXPECT_FALSE(off.HasEvent("Stalled"));
@@ -1155,7 +1164,7 @@ TEST(Reconcile, WorkersThatCheckpointForLongOrADetectorTurnedOffNeverStall) {
 // the workers training, does not stall the job.
 TEST(Reconcile, AWallClockStepOfAnHourDoesNotStallATrainingJob) {
   Sim sim(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 10}})"));
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.stuck_ = true;  // a slow step: no step ends for a while, but less than the deadline
   sim.Reconcile();
   sim.now_ += 1h;
@@ -1166,21 +1175,21 @@ TEST(Reconcile, AWallClockStepOfAnHourDoesNotStallATrainingJob) {
   EXPECT_FALSE(sim.HasEvent("Stalled"));
   EXPECT_FALSE(sim.HasEvent("WorkerFailed"));
   EXPECT_EQ(sim.status().restarts, 0);
-  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_EQ(sim.phase(), "Running");
 }
 
 // The waits the status holds are wall-clock times. A step back by an hour during a recovery's
 // backoff of 10 s does not hold the job for an hour: the wait is capped from now.
 TEST(Reconcile, AWallClockStepBackOfAnHourDoesNotLengthenTheRecoveryBackoff) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
-  sim.reports_["job-worker-1"].phase = "Failed";
-  sim.reports_["job-worker-0"].phase = "Failed";
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.reports_["job-worker-1"].phase = W::kFailed;
+  sim.reports_["job-worker-0"].phase = W::kFailed;
   sim.Reconcile();
-  ASSERT_EQ(sim.status().phase, "Recovering");
+  ASSERT_EQ(sim.phase(), "Recovering");
   sim.now_ -= 1h;
   sim.wall_step_ -= 1h;
-  sim.Until([&] { return sim.status().phase == "Running"; }, 30);
+  sim.Until([&] { return sim.phase() == "Running"; }, 30);
   EXPECT_EQ(sim.status().generation, 2);
   EXPECT_EQ(sim.status().restarts, 1);
 }
@@ -1190,12 +1199,12 @@ TEST(Reconcile, AWallClockStepBackOfAnHourDoesNotLengthenTheRecoveryBackoff) {
 TEST(Reconcile, TheRecoveryBackoffDoublesWithinAStreakAndStartsAgainAfterTenQuietMinutes) {
   Sim sim(Spec(R"({"restartPolicy": {"maxRestarts": 5, "backoffSeconds": 10}})"));
   auto fail_and_wait = [&]() {
-    sim.Until([&] { return sim.status().phase == "Running"; }, 100);
-    sim.reports_["job-worker-0"].phase = "Failed";
-    sim.reports_["job-worker-1"].phase = "Failed";
+    sim.Until([&] { return sim.phase() == "Running"; }, 100);
+    sim.reports_["job-worker-0"].phase = W::kFailed;
+    sim.reports_["job-worker-1"].phase = W::kFailed;
     const auto failed_at = sim.now_;
     sim.Reconcile();
-    EXPECT_EQ(sim.status().phase, "Recovering");
+    EXPECT_EQ(sim.phase(), "Recovering");
     return std::chrono::duration_cast<std::chrono::seconds>(*sim.status().restart_not_before -
                                                             failed_at);
   };
@@ -1203,7 +1212,7 @@ TEST(Reconcile, TheRecoveryBackoffDoublesWithinAStreakAndStartsAgainAfterTenQuie
   EXPECT_EQ(fail_and_wait(), 20s) << "a second failure within 10 minutes";
   EXPECT_EQ(fail_and_wait(), 40s);
   EXPECT_EQ(sim.status().restart_streak, 3);
-  sim.Until([&] { return sim.status().phase == "Running"; }, 100);
+  sim.Until([&] { return sim.phase() == "Running"; }, 100);
   sim.now_ += 11min;  // ten quiet minutes of training
   EXPECT_EQ(fail_and_wait(), 10s) << "a new streak";
   EXPECT_EQ(sim.status().restarts, 4);
@@ -1212,28 +1221,28 @@ TEST(Reconcile, TheRecoveryBackoffDoublesWithinAStreakAndStartsAgainAfterTenQuie
 
 TEST(Reconcile, FailuresThatFollowOneAnotherInOneRecoveryCountAsOneRestart) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.pods_["job-worker-1"].phase = "Failed";
   sim.Reconcile();
   sim.pods_["job-worker-0"].phase = "Failed";  // the rest of the generation goes down
   sim.Reconcile();
   EXPECT_EQ(sim.status().restarts, 1);
   sim.now_ += 10s;
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().restarts, 1);
   EXPECT_EQ(sim.status().members.size(), 2u);
 }
 
 TEST(Reconcile, AVanishedPodIsRecoveredWithTheSurvivorKept) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.pods_.erase("job-worker-1");
-  sim.reports_["job-worker-0"].phase = "Failed";
+  sim.reports_["job-worker-0"].phase = W::kFailed;
   sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.phase(), "Recovering");
   EXPECT_TRUE(sim.pods_.count("job-worker-0")) << "the survivor was deleted";
   sim.now_ += 10s;
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().members, Names({0, 1}));
   EXPECT_EQ(sim.reports_["job-worker-0"].generation, 2);
 }
@@ -1241,13 +1250,13 @@ TEST(Reconcile, AVanishedPodIsRecoveredWithTheSurvivorKept) {
 TEST(Reconcile, BeyondMaxRestartsTheJobFailsWithTheCauseAndItsPodsGo) {
   Sim sim(Spec());
   for (int restart = 1; restart <= 3; ++restart) {
-    sim.Until([&] { return sim.status().phase == "Running"; }, 200);
+    sim.Until([&] { return sim.phase() == "Running"; }, 200);
     sim.pods_["job-worker-1"].phase = "Failed";
     sim.pods_["job-worker-1"].reason = "exit code 137";
     sim.Reconcile();
     sim.now_ += std::chrono::seconds(10 << (restart - 1));
   }
-  EXPECT_EQ(sim.status().phase, "Failed");
+  EXPECT_EQ(sim.phase(), "Failed");
   EXPECT_NE(sim.status().failure.find("exit code 137"), std::string::npos) << sim.status().failure;
   EXPECT_NE(sim.status().failure.find("maxRestarts 2"), std::string::npos);
   EXPECT_TRUE(sim.HasEvent("RestartsExhausted"));
@@ -1261,15 +1270,15 @@ TEST(Reconcile, BeyondMaxRestartsTheJobFailsWithTheCauseAndItsPodsGo) {
 // edit of the spec starts it again, the workers reading the edited spec.
 TEST(Reconcile, AWorkerThatCannotUseTheSpecFailsTheJobNamingTheFieldUntilTheSpecIsEdited) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
-  sim.reports_["job-worker-0"].phase = "Failed";
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.reports_["job-worker-0"].phase = W::kFailed;
   sim.reports_["job-worker-0"].last_error = "spec.dataset.uri: cannot open /data/sample.jsonl";
   sim.reports_["job-worker-0"].last_error_permanent = true;
-  sim.reports_["job-worker-1"].phase = "Failed";  // its peer: a transient failure
+  sim.reports_["job-worker-1"].phase = W::kFailed;  // its peer: a transient failure
   sim.reports_["job-worker-1"].last_error = "a peer closed the connection";
   sim.Reconcile();
   JobStatus st = sim.status();
-  EXPECT_EQ(st.phase, "Failed");
+  EXPECT_EQ(planner::PhaseName(st.phase), std::string("Failed"));
   EXPECT_EQ(st.failure_reason, "ConfigurationError");
   EXPECT_EQ(st.restarts, 0) << "a configuration error is not worth a restart";
   EXPECT_NE(st.failure.find("spec.dataset.uri: cannot open"), std::string::npos) << st.failure;
@@ -1286,13 +1295,13 @@ TEST(Reconcile, AWorkerThatCannotUseTheSpecFailsTheJobNamingTheFieldUntilTheSpec
     sim.now_ += 1h;
     EXPECT_TRUE(sim.Reconcile().actions.empty()) << "a job failed on its spec restarted";
   }
-  EXPECT_EQ(sim.status().phase, "Failed");
+  EXPECT_EQ(sim.phase(), "Failed");
 
   sim.SetSpec(Spec(R"({"dataset": {"uri": "/data/other.jsonl"}})"));
   sim.Reconcile();
   EXPECT_TRUE(sim.HasEvent("SpecChanged"));
   EXPECT_EQ(sim.config_updates_, 1);
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().generation, 2);
   EXPECT_EQ(sim.status().restarts, 0);
   EXPECT_TRUE(sim.status().failure.empty());
@@ -1302,11 +1311,11 @@ TEST(Reconcile, AWorkerThatCannotUseTheSpecFailsTheJobNamingTheFieldUntilTheSpec
 // status.lastFailure say what the restart is for.
 TEST(Reconcile, ARecoveringJobShowsTheCauseOfItsLastRestart) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.pods_["job-worker-1"].phase = "Failed";
   sim.pods_["job-worker-1"].reason = "Error (exit code 1)";
   sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Recovering");
+  EXPECT_EQ(sim.phase(), "Recovering");
   EXPECT_EQ(sim.status().restarts, 1);
   EXPECT_NE(sim.status().last_failure.find("exit code 1"), std::string::npos);
   std::string message;
@@ -1330,7 +1339,7 @@ TEST(Reconcile, APoisonSpecIsMarkedInvalidAndAHealthyJobBesideItTrainsOn) {
       poison.Reconcile();
       healthy.Reconcile();
     }
-    EXPECT_EQ(healthy.status().phase, "Running");
+    EXPECT_EQ(healthy.phase(), "Running");
     EXPECT_TRUE(poison.pods_.empty());
     std::string reason, message;
     for (const json& c : poison.status_json()["conditions"])
@@ -1347,18 +1356,18 @@ TEST(Reconcile, APoisonSpecIsMarkedInvalidAndAHealthyJobBesideItTrainsOn) {
 
 TEST(Reconcile, SuspendCheckpointsAndRemovesTheWorkersAndUnsuspendStartsANewGeneration) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.Reconcile();
   sim.SetSpec(Spec(R"({"suspend": true})"));
   Plan plan = sim.Reconcile();
   ASSERT_FALSE(plan.actions.empty());
   EXPECT_EQ(ActionKindName(plan.actions.back().kind), std::string("Barrier"));
-  sim.Until([&] { return sim.status().phase == "Suspended"; });
+  sim.Until([&] { return sim.phase() == "Suspended"; });
   EXPECT_TRUE(sim.pods_.empty());
   EXPECT_TRUE(sim.HasEvent("Suspended"));
   const int64_t generation = sim.status().generation;
   sim.SetSpec(Spec(R"({"suspend": false})"));
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().generation, generation + 1);
   EXPECT_TRUE(sim.HasEvent("Unsuspended"));
 }
@@ -1367,7 +1376,7 @@ TEST(Reconcile, SuspendCheckpointsAndRemovesTheWorkersAndUnsuspendStartsANewGene
 // are free then), shows no current GPUs meanwhile, and resumes into a new generation.
 TEST(Reconcile, ASuspendWaitsForTerminatingPodsAndShowsNoGpusMeanwhile) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.linger_ = 4;
   sim.SetSpec(Spec(R"({"suspend": true})"));
   sim.Until([&] {
@@ -1376,16 +1385,16 @@ TEST(Reconcile, ASuspendWaitsForTerminatingPodsAndShowsNoGpusMeanwhile) {
   });
   int waited = 0;
   while (!sim.pods_.empty() && waited++ < 10) {
-    EXPECT_NE(sim.status().phase, "Suspended") << "Suspended while pods still terminate";
+    EXPECT_NE(sim.phase(), "Suspended") << "Suspended while pods still terminate";
     EXPECT_EQ(sim.status().current_gpus, 0);
     sim.Reconcile();
   }
   EXPECT_GE(waited, 2) << "the pods did not linger";
-  sim.Until([&] { return sim.status().phase == "Suspended"; });
+  sim.Until([&] { return sim.phase() == "Suspended"; });
   EXPECT_EQ(sim.status().current_gpus, 0);
   const int64_t generation = sim.status().generation;
   sim.SetSpec(Spec(R"({"suspend": false})"));
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().generation, generation + 1);
   EXPECT_EQ(sim.status().members, Names({0, 1}));
 }
@@ -1397,7 +1406,7 @@ TEST(Reconcile, ASuspendWaitsForTerminatingPodsAndShowsNoGpusMeanwhile) {
 // (an Event says so); a pod terminating slowly on a healthy node is waited for.
 TEST(Reconcile, APodStuckTerminatingOnALostNodeIsForceDeletedAfterItsGracePeriod) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.linger_ = 100000;  // no deletion completes on its own
   sim.pods_["job-worker-1"].node = "tidal-node-1";
   sim.pods_["job-worker-1"].node_lost = true;
@@ -1413,14 +1422,14 @@ TEST(Reconcile, APodStuckTerminatingOnALostNodeIsForceDeletedAfterItsGracePeriod
   EXPECT_TRUE(sim.HasEvent("ForceDeleted"));
   for (int i = 0; i < 10; ++i) sim.Reconcile();
   EXPECT_EQ(sim.force_deleted_, Names({1})) << "a slow kubelet on a healthy node is waited for";
-  EXPECT_NE(sim.status().phase, "Suspended");
+  EXPECT_NE(sim.phase(), "Suspended");
   sim.pods_.erase("job-worker-0");  // its kubelet finishes
-  sim.Until([&] { return sim.status().phase == "Suspended"; });
+  sim.Until([&] { return sim.phase() == "Suspended"; });
 }
 
 TEST(Reconcile, AResumeWhileThePodsStillTerminateStartsOneNewGeneration) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   const int64_t generation = sim.status().generation;
   sim.linger_ = 6;
   sim.SetSpec(Spec(R"({"suspend": true})"));
@@ -1430,7 +1439,7 @@ TEST(Reconcile, AResumeWhileThePodsStillTerminateStartsOneNewGeneration) {
   });
   sim.SetSpec(Spec(R"({"suspend": false})"));
   sim.Until([&] {
-    return sim.status().generation > generation && sim.status().phase == "Running" &&
+    return sim.status().generation > generation && sim.phase() == "Running" &&
            !sim.status().rescale;
   });
   EXPECT_EQ(sim.status().generation, generation + 1);
@@ -1443,7 +1452,7 @@ TEST(Reconcile, AResumeWhileThePodsStillTerminateStartsOneNewGeneration) {
 
 TEST(Reconcile, DeletionTakesAFinalCheckpointBeforeReleasingTheFinalizer) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.deleting_ = true;
   Plan plan = sim.Reconcile();
   EXPECT_TRUE(sim.finalizer_) << "released before the final checkpoint";
@@ -1452,27 +1461,69 @@ TEST(Reconcile, DeletionTakesAFinalCheckpointBeforeReleasingTheFinalizer) {
   EXPECT_EQ(sim.shutdown_.size(), 2u);
 }
 
+// `kubectl get tj` of a job being deleted says so (as a Namespace's phase does), not "Running"
+// with no GPUs, from the first pass of its deletion to the finalizer's release.
+TEST(Reconcile, AJobBeingDeletedIsTerminatingUntilItsFinalizerGoes) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.deleting_ = true;
+  sim.Reconcile();
+  EXPECT_EQ(sim.phase(), "Terminating");
+  EXPECT_EQ(ConditionOf(sim.status(), "Ready", "reason"), "Terminating");
+  EXPECT_EQ(sim.phase_changes_.back(), "Running -Deleted-> Terminating");
+  sim.Until([&] {
+    EXPECT_EQ(sim.phase(), "Terminating");
+    return !sim.finalizer_;
+  });
+}
+
+// Found the same way: a job resumed after a suspend showed Recovering (and its resume was
+// counted as a recovery) whenever it had ever restarted, since "recovering" was read off the
+// restart count. A resume is Pending until its generation trains, and is measured as one.
+TEST(Reconcile, AResumeOfAJobThatOnceRecoveredIsPendingAndMeasuredAsAResume) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.Reconcile();
+  sim.now_ += 10s;
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().restarts == 1; });
+  sim.SetSpec(Spec(R"({"suspend": true})"));
+  sim.Until([&] { return sim.phase() == "Suspended"; });
+  const size_t recovered_before = std::count(sim.events_.begin(), sim.events_.end(), "Recovered");
+  sim.SetSpec(Spec(R"({"suspend": false})"));
+  std::string kind;
+  for (int i = 0; i < 50 && sim.phase() != "Running"; ++i) {
+    const Plan plan = sim.Reconcile();
+    EXPECT_NE(sim.phase(), "Recovering");
+    EXPECT_EQ(ConditionOf(sim.status(), "Recovering", "status"), "False");
+    if (plan.finished_rescale) kind = plan.finished_rescale->kind;
+  }
+  EXPECT_EQ(sim.phase(), "Running");
+  EXPECT_EQ(kind, "resume");
+  EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "Recovered"), recovered_before);
+  EXPECT_EQ(sim.phase_changes_.back(), "Pending -WorkersReady-> Running");
+}
+
 TEST(Reconcile, AnInvalidSpecSetsReadyFalseInvalidSpecAndCreatesNothing) {
   Sim sim(Spec(R"({"elastic": {"minGPUs": 3}})"));
   Plan plan = sim.Reconcile();
   EXPECT_TRUE(plan.actions.empty());
   EXPECT_TRUE(sim.HasEvent("InvalidSpec"));
   bool found = false;
-  for (const json& c : sim.status().conditions)
-    if (c["type"] == "Ready") {
+  for (const Condition& c : sim.status().conditions)
+    if (c.type == "Ready") {
       found = true;
-      EXPECT_EQ(c["status"], "False");
-      EXPECT_EQ(c["reason"], "InvalidSpec");
-      EXPECT_NE(c["message"].get<std::string>().find("spec.optimization.globalBatchSize"),
-                std::string::npos)
-          << c.dump();
+      EXPECT_EQ(c.status, "False");
+      EXPECT_EQ(c.reason, "InvalidSpec");
+      EXPECT_NE(c.message.find("spec.optimization.globalBatchSize"), std::string::npos)
+          << c.message;
     }
   EXPECT_TRUE(found);
   sim.Reconcile();
   EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "InvalidSpec"), 1)
       << "the same invalid spec is reported once";
   sim.SetSpec(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
 }
 
 // The data phase (status.data): until tidal-prep's pod has said where the token store is, no
@@ -1485,7 +1536,7 @@ TEST(Reconcile, NoWorkerIsCreatedUntilTheDataPhaseHasPreparedTheStore) {
   const std::string prep = sim.prep_pods_created_[0];
   EXPECT_EQ(prep.rfind("job-prep-", 0), 0u) << prep;
   EXPECT_TRUE(sim.pods_.empty()) << "a worker before the data is ready";
-  EXPECT_EQ(sim.status().phase, "Pending");
+  EXPECT_EQ(sim.phase(), "Pending");
   EXPECT_EQ(ConditionOf(sim.status(), "Ready", "reason"), "PreparingData");
   EXPECT_NE(ConditionOf(sim.status(), "Ready", "message").find("kubectl logs " + prep),
             std::string::npos);
@@ -1508,11 +1559,11 @@ TEST(Reconcile, NoWorkerIsCreatedUntilTheDataPhaseHasPreparedTheStore) {
   EXPECT_TRUE(st.data->reused);
   EXPECT_EQ(ConditionOf(st, "DataReady", "status"), "True");
   EXPECT_TRUE(sim.HasEvent("DataReady"));
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   // A recovery that replaces every worker does not prepare again.
   for (const std::string& m : sim.status().members) sim.pods_[m].phase = "Failed";
   sim.now_ += 1h;
-  sim.Until([&] { return sim.status().phase == "Running" && sim.status().restarts == 1; });
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().restarts == 1; });
   EXPECT_EQ(sim.prep_pods_created_.size(), 1u);
 }
 
@@ -1538,7 +1589,7 @@ TEST(Reconcile, ATokenizerThatDoesNotFitTheModelIsInvalidSpecAndNoWorkerIsCreate
   EXPECT_EQ(sim.prep_pods_.size(), 1u) << "its pod is kept for kubectl logs";
   EXPECT_TRUE(sim.pods_.empty());
   const JobStatus st = sim.status();
-  EXPECT_EQ(st.phase, "Pending");
+  EXPECT_EQ(planner::PhaseName(st.phase), std::string("Pending"));
   EXPECT_EQ(ConditionOf(st, "Ready", "reason"), "InvalidSpec");
   EXPECT_EQ(ConditionOf(st, "Ready", "message"), error);
   EXPECT_EQ(ConditionOf(st, "DataReady", "reason"), "InvalidSpec");
@@ -1550,7 +1601,7 @@ TEST(Reconcile, ATokenizerThatDoesNotFitTheModelIsInvalidSpecAndNoWorkerIsCreate
   sim.Reconcile();
   EXPECT_EQ(sim.prep_pods_created_.size(), 1u);
   sim.SetSpec(Spec(R"({"optimization": {"maxSteps": 2000}, "dataset": {"tokenizer": "bytes"}})"));
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   ASSERT_EQ(sim.prep_pods_created_.size(), 2u);
   EXPECT_NE(sim.prep_pods_created_[0], sim.prep_pods_created_[1]);
   EXPECT_TRUE(sim.prep_pods_.empty()) << "the old prep pod was not collected";
@@ -1577,7 +1628,7 @@ TEST(Reconcile, AFailingDataPhaseIsRetriedWithBackoffThenFailsTheJob) {
   for (int i = 0; i < 5; ++i) sim.Reconcile();  // 5 s: still in the backoff
   EXPECT_EQ(sim.prep_pods_created_.size(), 1u) << "retried inside the backoff";
   sim.Until([&] { return sim.prep_pods_created_.size() == 2; }, 12);
-  sim.Until([&] { return sim.status().phase == "Failed"; }, 40);
+  sim.Until([&] { return sim.phase() == "Failed"; }, 40);
   EXPECT_EQ(sim.prep_pods_created_.size(), 3u) << "1 + maxRestarts attempts";
   EXPECT_EQ(sim.status().failure_reason, "RestartsExhausted");
   EXPECT_NE(sim.status().failure.find("the data phase failed 3 times"), std::string::npos)
@@ -1588,10 +1639,10 @@ TEST(Reconcile, AFailingDataPhaseIsRetriedWithBackoffThenFailsTheJob) {
 
 TEST(Reconcile, RankZeroSucceedingMakesTheJobSucceeded) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.pods_["job-worker-0"].phase = "Succeeded";
   sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Succeeded");
+  EXPECT_EQ(sim.phase(), "Succeeded");
   EXPECT_TRUE(sim.HasEvent("Succeeded"));
 }
 
@@ -1599,7 +1650,7 @@ TEST(Reconcile, TheCapacityGateHoldsTheJobAtMinAndSaysWhy) {
   Sim sim(Spec(R"({"elastic": {"schedule": [{"name": "all-day", "start": "0 0 * * *",
                                              "end": "59 23 * * *", "gpus": 4}]}})"));
   sim.idle_gpus_ = 2;  // enough to start at min, not to grow
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.idle_gpus_ = 0;  // the job's own pods now hold those
   for (int i = 0; i < 5; ++i) sim.Reconcile();
   EXPECT_EQ(sim.status().current_gpus, 2);
@@ -1629,6 +1680,11 @@ TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDe
       {{{"rescale", {{"stage", "Barrier"}, {"recovery", "no"}}}},
        "status.rescale.recovery: expected a boolean"},
       {{{"conditions", json::object()}}, "status.conditions: expected a list"},
+      {{{"conditions", {{{"type", "Ready"}, {"status", "Yes"}}}}},
+       R"(status.conditions[0].status: expected True, False or Unknown, got "Yes")"},
+      {{{"conditions", {{{"status", "True"}}}}}, "status.conditions[0].type: expected"},
+      {{{"conditions", {{{"type", "Ready"}, {"status", "True"}, {"observedGeneration", "2"}}}}},
+       "status.conditions[0].observedGeneration: expected an integer"},
       {{{"anomaly", {{"paused", 1}}}}, "status.anomaly.paused: expected a boolean"},
       {{{"loss", "low"}}, "status.loss: expected a number"},
       {json::array(), "status: expected an object"},
@@ -1644,7 +1700,7 @@ TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDe
     auto st = JobStatusFromJson(status);
     ASSERT_TRUE(st.ok()) << status.dump() << ": " << st.status().message();
     EXPECT_EQ(st->generation, 0);
-    EXPECT_EQ(st->phase, "Pending");
+    EXPECT_EQ(st->phase, planner::Phase::kPending);
   }
 }
 
@@ -1653,7 +1709,7 @@ TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDe
 // status keeps what it holds, Ready=False says why and how out; once it reads, the job goes on.
 TEST(Reconcile, AStatusThatDoesNotReadHoldsTheJobAndIsLeftAsItIs) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.mutable_status_json()["generation"] = "one";
   sim.expect_unreadable_status_ = true;
   for (int i = 0; i < 5; ++i) {
@@ -1675,7 +1731,7 @@ TEST(Reconcile, AStatusThatDoesNotReadHoldsTheJobAndIsLeftAsItIs) {
       << message;
   EXPECT_NE(message.find("--subresource=status"), std::string::npos) << message;
   EXPECT_EQ(sim.reports_["job-worker-0"].generation, 1);
-  EXPECT_EQ(sim.reports_["job-worker-0"].phase, "Running") << "the workers were left alone";
+  EXPECT_EQ(sim.reports_["job-worker-0"].phase, W::kRunning) << "the workers were left alone";
 
   sim.mutable_status_json()["generation"] = 1;  // fixed by hand
   sim.expect_unreadable_status_ = false;
@@ -1690,7 +1746,7 @@ TEST(Reconcile, AStatusThatDoesNotReadHoldsTheJobAndIsLeftAsItIs) {
 // pods; then the job starts again from its newest checkpoint.
 TEST(Reconcile, AStatusBehindItsWorkersHoldsTheJobUntilTheirPodsAreDeleted) {
   Sim sim(Spec());
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
   sim.mutable_status_json() = json::object();
@@ -1708,7 +1764,7 @@ TEST(Reconcile, AStatusBehindItsWorkersHoldsTheJobUntilTheirPodsAreDeleted) {
 
   sim.pods_.clear();  // kubectl delete pods -l tidal.dev/job=job
   sim.reports_.clear();
-  sim.Until([&] { return sim.status().phase == "Running"; });
+  sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().generation, 1);
   EXPECT_GT(sim.reports_[sim.status().members[0]].step, 0) << "resumed from the checkpoint";
 }
@@ -1728,7 +1784,7 @@ double RisingFromStep20(int64_t step) {
 TEST(Reconcile, ARisingLossPausesACheckpointedJobUntilItsStepIsAcknowledged) {
   Sim sim(Spec(AnomalySpec("Pause")));
   sim.loss_ = RisingFromStep20;
-  sim.Until([&] { return sim.status().phase == "Paused"; }, 80);
+  sim.Until([&] { return sim.phase() == "Paused"; }, 80);
   const JobStatus paused = sim.status();
   ASSERT_TRUE(paused.anomaly && paused.anomaly->step);
   const int64_t at = *paused.anomaly->step;
@@ -1743,19 +1799,19 @@ TEST(Reconcile, ARisingLossPausesACheckpointedJobUntilItsStepIsAcknowledged) {
   EXPECT_TRUE(sim.HasEvent("LossAnomaly"));
   EXPECT_TRUE(sim.HasEvent("Pausing"));
   // Held at one checkpointed step, no rescale, for as long as nobody acknowledges.
-  sim.Until([&] { return sim.reports_["job-worker-0"].phase == "Paused"; });
+  sim.Until([&] { return sim.reports_["job-worker-0"].phase == W::kPaused; });
   const int64_t held = sim.reports_["job-worker-0"].step;
   EXPECT_EQ(sim.reports_["job-worker-0"].checkpoint_step, held);
   for (int i = 0; i < 10; ++i) sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Paused");
+  EXPECT_EQ(sim.phase(), "Paused");
   EXPECT_EQ(sim.reports_["job-worker-0"].step, held);
-  EXPECT_EQ(sim.reports_["job-worker-1"].phase, "Paused");
+  EXPECT_EQ(sim.reports_["job-worker-1"].phase, W::kPaused);
   EXPECT_EQ(sim.status().generation, 1);
 
   // An acknowledgement below the step does nothing; the step itself resumes.
   sim.SetSpec(Spec(R"({"anomaly": {"action": "Pause", "acknowledgedStep": 21}})"));
   sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Paused");
+  EXPECT_EQ(sim.phase(), "Paused");
   sim.SetSpec(Spec(R"({"anomaly": {"action": "Pause", "acknowledgedStep": 22}})"));
   sim.Reconcile();
   EXPECT_TRUE(sim.HasEvent("Resumed"));
@@ -1763,7 +1819,7 @@ TEST(Reconcile, ARisingLossPausesACheckpointedJobUntilItsStepIsAcknowledged) {
   sim.Until([&] { return sim.reports_["job-worker-0"].step > held; });
   EXPECT_EQ(sim.status().generation, 1) << "a resume is no new generation";
   // The loss goes on rising: the rise past the acknowledged step pauses it again.
-  sim.Until([&] { return sim.status().phase == "Paused"; }, 20);
+  sim.Until([&] { return sim.phase() == "Paused"; }, 20);
   EXPECT_GT(*sim.status().anomaly->step, 22);
 }
 
@@ -1771,7 +1827,7 @@ TEST(Reconcile, ANoisyLossNeverPausesHoweverLargeItsSwings) {
   Sim sim(Spec(AnomalySpec("Pause")));
   sim.loss_ = [](int64_t step) { return 2.0 * (step % 2 ? 1.3 : 0.7); };
   for (int i = 0; i < 80; ++i) sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_EQ(sim.phase(), "Running");
   EXPECT_FALSE(sim.HasEvent("LossAnomaly"));
   ASSERT_TRUE(sim.status().anomaly.has_value());
   EXPECT_GT(sim.status().anomaly->checked_step, 70);
@@ -1783,11 +1839,11 @@ TEST(Reconcile, BusyGpusKeepARisingLossFromPausingAndTheRuleSaysItChecksThem) {
   sim.loss_ = RisingFromStep20;
   sim.gpu_util_ = 85.0;
   for (int i = 0; i < 50; ++i) sim.Reconcile();
-  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_EQ(sim.phase(), "Running");
   EXPECT_EQ(sim.status().anomaly->rule,
             "loss up > 15% over 3 consecutive rising steps while GPU utilisation < 40%");
   sim.gpu_util_ = 10.0;  // the GPUs go idle while the loss still rises
-  sim.Until([&] { return sim.status().phase == "Paused"; }, 20);
+  sim.Until([&] { return sim.phase() == "Paused"; }, 20);
   EXPECT_NE(sim.status().anomaly->message.find("GPU utilisation at most 10%"), std::string::npos)
       << sim.status().anomaly->message;
 }
@@ -1798,14 +1854,37 @@ TEST(Reconcile, ActionAlertWarnsWithoutPausingAndClearsOnceTheLossStopsRising) {
     return step < 20 ? 3.0 - 0.01 * step : step < 26 ? 2.8 * std::pow(1.1, step - 19) : 1.0;
   };
   sim.Until([&] { return sim.HasEvent("LossAnomaly"); }, 80);
-  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_EQ(sim.phase(), "Running");
   EXPECT_EQ(ConditionOf(sim.status(), "LossAnomaly", "status"), "True");
   EXPECT_FALSE(sim.HasEvent("Pausing"));
   EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "LossAnomaly"), 1)
       << "one rise, one Event, however many steps it goes on for";
   sim.Until([&] { return ConditionOf(sim.status(), "LossAnomaly", "status") == "False"; }, 20);
   EXPECT_EQ(ConditionOf(sim.status(), "LossAnomaly", "reason"), "NoLongerRising");
-  EXPECT_EQ(sim.status().phase, "Running");
+  EXPECT_EQ(sim.phase(), "Running");
+}
+
+// Found by walking the code's transitions through the table: a worker that dies while the
+// job is held for a loss anomaly is recovered (the table refused Paused -> Recovering), and the
+// recovered generation is held again — the anomaly still waits for its acknowledgement.
+TEST(Reconcile, AWorkerDyingWhileTheJobIsPausedIsRecoveredAndTheJobHeldAgain) {
+  Sim sim(Spec(AnomalySpec("Pause")));
+  sim.loss_ = RisingFromStep20;
+  sim.Until([&] { return sim.phase() == "Paused"; }, 80);
+  sim.Until([&] { return sim.reports_["job-worker-0"].phase == W::kPaused; });
+  const int64_t generation = sim.status().generation;
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.Reconcile();
+  EXPECT_EQ(sim.phase(), "Recovering");
+  EXPECT_EQ(sim.status().restarts, 1);
+  sim.now_ += 10s;  // the backoff
+  sim.Until([&] { return sim.status().generation > generation && sim.phase() == "Paused"; }, 80);
+  EXPECT_TRUE(sim.status().anomaly->paused);
+  for (const char* change : {"Paused -WorkerFailed-> Recovering", "Recovering -Recovered-> Running",
+                             "Running -AnomalyPause-> Paused"})
+    EXPECT_NE(std::find(sim.phase_changes_.begin(), sim.phase_changes_.end(), change),
+              sim.phase_changes_.end())
+        << change;
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "operator/kube/client.h"
+
 namespace tidal::kube {
 namespace {
 
@@ -101,6 +103,37 @@ TEST(RequestTest, BadNamesAndScopesAreRefusedWithTheField) {
   EXPECT_FALSE(GetRequest(Resource::Pods(), "ml", "-w").ok());
   EXPECT_FALSE(GetRequest(Resource::Pods(), "ml", std::string(254, 'a')).ok());
   EXPECT_TRUE(ValidateObjectName("deepseek-7b-lora.v2").ok());
+}
+
+// Callers tell errors apart by kind, never by their text: a create that finds the object
+// (409 AlreadyExists) is not a lost compare-and-swap (409 Conflict), and a 410 means relist.
+TEST(StatusFromResponseTest, EachApiServerAnswerMapsToAKindAndKeepsTheServersMessage) {
+  auto answer = [](int code, const std::string& reason) {
+    return StatusFromResponse({code,
+                               {{"kind", "Status"},
+                                {"code", code},
+                                {"reason", reason},
+                                {"message", "the server's words"}}});
+  };
+  EXPECT_EQ(answer(409, "AlreadyExists").code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(answer(409, "Conflict").code(), StatusCode::kAborted);
+  EXPECT_EQ(answer(410, "Expired").code(), StatusCode::kExpired);
+  EXPECT_EQ(answer(410, "Gone").code(), StatusCode::kExpired);
+  EXPECT_EQ(answer(404, "NotFound").code(), StatusCode::kNotFound);
+  EXPECT_EQ(answer(401, "Unauthorized").code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(answer(403, "Forbidden").code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(answer(422, "Invalid").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(answer(400, "BadRequest").code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(answer(429, "TooManyRequests").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(answer(503, "ServiceUnavailable").code(), StatusCode::kUnavailable);
+  EXPECT_EQ(answer(418, "").code(), StatusCode::kInternal);
+  EXPECT_EQ(answer(409, "AlreadyExists").message(), "the server's words");
+  EXPECT_TRUE(answer(409, "Conflict").retryable());
+  EXPECT_FALSE(answer(409, "AlreadyExists").retryable());
+  EXPECT_FALSE(answer(410, "Expired").retryable());
+  // A body that is no Status (a proxy's HTML page): the HTTP code says what it can.
+  EXPECT_EQ(StatusFromResponse({409, "<html>"}).code(), StatusCode::kAborted);
+  EXPECT_EQ(StatusFromResponse({409, "<html>"}).message(), "HTTP 409");
 }
 
 }  // namespace

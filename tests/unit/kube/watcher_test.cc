@@ -63,6 +63,25 @@ TEST(WatcherCore, NeverDeliversAnObjectVersionTwice) {
   EXPECT_TRUE(core.OnEvent({"DELETED", Obj("a", 8)}).empty());
 }
 
+// resourceVersion is opaque (API conventions): a server whose versions are not numbers, or not
+// in the order their digits suggest, loses no event — only the version delivered last is
+// recognised as a replay.
+TEST(WatcherCore, ResourceVersionsAreOpaqueAndComparedForEqualityOnly) {
+  auto obj = [](const std::string& rv) {
+    return json{{"metadata", {{"namespace", "default"}, {"name", "a"}, {"resourceVersion", rv}}}};
+  };
+  WatcherCore core;
+  core.OnList({{"metadata", {{"resourceVersion", "zz-10"}}}, {"items", {obj("zz-10")}}});
+  core.OnWatchOpened();
+  EXPECT_TRUE(core.OnEvent({"MODIFIED", obj("zz-10")}).empty());
+  EXPECT_EQ(Describe(core.OnEvent({"MODIFIED", obj("aa-9")})), std::vector<std::string>{"~a"})
+      << "a version that sorts lower is still news";
+  EXPECT_EQ(core.resource_version(), "aa-9");
+  EXPECT_EQ(Describe(core.OnEvent({"MODIFIED", obj("100")})), std::vector<std::string>{"~a"});
+  EXPECT_EQ(Describe(core.OnEvent({"MODIFIED", obj("99")})), std::vector<std::string>{"~a"});
+  EXPECT_TRUE(core.OnEvent({"MODIFIED", obj("99")}).empty());
+}
+
 TEST(WatcherCore, RelistAfterGoneEmitsOnlyTheDifference) {
   WatcherCore core;
   core.OnList(List({Obj("keep", 1), Obj("change", 2), Obj("drop", 3)}, 3));

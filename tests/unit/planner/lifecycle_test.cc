@@ -10,7 +10,7 @@ namespace tidal::planner {
 namespace {
 
 TEST(LifecycleTest, EveryPhaseEventPairIsTheTablesTransitionOrRefused) {
-  const std::map<std::pair<std::string, std::string>, std::string> allowed = {
+  std::map<std::pair<std::string, std::string>, std::string> allowed = {
       {{"Pending", "WorkersReady"}, "Running"},
       {{"Running", "RescaleStarted"}, "Scaling"},
       {{"Scaling", "RescaleDone"}, "Running"},
@@ -19,6 +19,9 @@ TEST(LifecycleTest, EveryPhaseEventPairIsTheTablesTransitionOrRefused) {
       {{"Running", "WorkerFailed"}, "Recovering"},
       {{"Scaling", "WorkerFailed"}, "Recovering"},
       {{"Recovering", "WorkerFailed"}, "Recovering"},
+      {{"Paused", "WorkerFailed"}, "Recovering"},
+      {{"Paused", "RestartsExhausted"}, "Failed"},
+      {{"Paused", "ConfigurationError"}, "Failed"},
       {{"Recovering", "Recovered"}, "Running"},
       {{"Pending", "RestartsExhausted"}, "Failed"},
       {{"Running", "RestartsExhausted"}, "Failed"},
@@ -40,6 +43,9 @@ TEST(LifecycleTest, EveryPhaseEventPairIsTheTablesTransitionOrRefused) {
       {{"Running", "Finished"}, "Succeeded"},
       {{"Scaling", "Finished"}, "Succeeded"},
   };
+  for (const char* phase : {"Pending", "Running", "Scaling", "Recovering", "Paused", "Suspended",
+                            "Succeeded", "Failed"})
+    allowed[{phase, "Deleted"}] = "Terminating";
   size_t seen = 0;
   for (Phase from : AllPhases())
     for (Event event : AllEvents()) {
@@ -60,13 +66,30 @@ TEST(LifecycleTest, EveryPhaseEventPairIsTheTablesTransitionOrRefused) {
   EXPECT_EQ(seen, allowed.size());
 }
 
-// Succeeded is final; Failed leaves only on a spec edit (after a configuration error).
-TEST(LifecycleTest, TerminalPhasesAcceptNothingButAnEditOfAFailedJobsSpec) {
+// Succeeded is final but for its deletion; Failed leaves only on a spec edit (after a
+// configuration error) or its deletion; Terminating leaves on nothing.
+TEST(LifecycleTest, TerminalPhasesAcceptNothingButAnEditOfAFailedJobsSpecOrTheirDeletion) {
   for (Event event : AllEvents()) {
-    EXPECT_FALSE(Transition(Phase::kSucceeded, event).ok()) << EventName(event);
-    EXPECT_EQ(Transition(Phase::kFailed, event).ok(), event == Event::kSpecEdited)
+    EXPECT_EQ(Transition(Phase::kSucceeded, event).ok(), event == Event::kDeleted)
         << EventName(event);
+    EXPECT_EQ(Transition(Phase::kFailed, event).ok(),
+              event == Event::kSpecEdited || event == Event::kDeleted)
+        << EventName(event);
+    EXPECT_FALSE(Transition(Phase::kTerminating, event).ok()) << EventName(event);
   }
+}
+
+TEST(LifecycleTest, EveryPhaseReadsBackFromItsNameAndAnUnknownNameIsRefusedListingThem) {
+  for (Phase p : AllPhases()) {
+    auto read = PhaseFromName(PhaseName(p));
+    ASSERT_TRUE(read.ok()) << PhaseName(p);
+    EXPECT_EQ(*read, p);
+  }
+  auto unknown = PhaseFromName("running");
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_EQ(unknown.status().message(),
+            "expected one of Pending, Running, Scaling, Recovering, Paused, Suspended, Succeeded, "
+            "Failed, Terminating, got \"running\"");
 }
 
 }  // namespace
