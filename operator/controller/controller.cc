@@ -62,37 +62,27 @@ StatusOr<WorkerReport> ReportOf(const pb::WorkerStatus& s) {
   return r;
 }
 
+// What the controller reads of its pods (the pod cache keeps nothing else).
+kube::PodCacheOptions PodCacheOptions() {
+  kube::PodCacheOptions o;
+  o.labels = {kSlotLabel, kRoleLabel};
+  o.annotations = {kCreatedForGenerationAnnotation};
+  return o;
+}
+
 // The pod as Decide sees it; "why not running" from the scheduler or the container.
-PodView ViewOf(const json& pod) {
+PodView ViewOf(const kube::CachedPod& pod) {
   PodView v;
-  const json& md = pod["metadata"];
-  v.name = md.value("name", "");
-  v.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
-  if (v.deleting && md["deletionTimestamp"].is_string())
-    if (auto t = kube::ParseRfc3339(md["deletionTimestamp"].get<std::string>()); t.ok())
-      v.deletion_deadline = *t;
-  if (auto spec = pod.find("spec"); spec != pod.end() && spec->is_object())
-    v.node = spec->value("nodeName", "");
-  if (auto labels = md.find("labels"); labels != md.end() && labels->is_object())
-    v.slot = std::atoi(labels->value(kSlotLabel, "0").c_str());
-  if (auto ann = md.find("annotations"); ann != md.end() && ann->is_object())
-    v.created_for_generation = std::atoll(ann->value(kCreatedForGenerationAnnotation, "0").c_str());
-  const json status = pod.value("status", json::object());
-  v.phase = status.value("phase", "Pending");
-  v.ip = status.value("podIP", "");
-  for (const json& c : status.value("conditions", json::array())) {
-    if (c.value("type", "") == "Ready") v.ready = c.value("status", "") == "True";
-    if (c.value("type", "") == "PodScheduled" && c.value("status", "") == "False")
-      v.reason = c.value("reason", "") + ": " + c.value("message", "");
-  }
-  for (const json& c : status.value("containerStatuses", json::array())) {
-    const json state = c.value("state", json::object());
-    if (auto t = state.find("terminated"); t != state.end() && t->is_object())
-      v.reason = t->value("reason", "Terminated") + " (exit code " +
-                 std::to_string(t->value("exitCode", -1)) + ")";
-    else if (auto w = state.find("waiting"); w != state.end() && w->is_object())
-      v.reason = w->value("reason", "Waiting");
-  }
+  v.name = pod.name;
+  v.deleting = pod.deleting;
+  v.deletion_deadline = pod.deletion_deadline;
+  v.node = pod.node_name;
+  v.slot = std::atoi(pod.Label(kSlotLabel).c_str());
+  v.created_for_generation = std::atoll(pod.Annotation(kCreatedForGenerationAnnotation).c_str());
+  v.phase = pod.phase;
+  v.ip = pod.ip;
+  v.ready = pod.ready;
+  v.reason = pod.not_running_reason;
   return v;
 }
 
@@ -107,12 +97,13 @@ bool NodeSilent(const kube::Node& node) {
 // Why the pod's node wants it gone though it still runs it ("" when not): cordoned (`kubectl
 // cordon`, the first step of `kubectl drain`), or tainted NoExecute with a taint the pod does
 // not tolerate for good (the taint manager evicts it, at once or after tolerationSeconds).
-std::string NodeNotice(const json& pod, const kube::Node& node) {
+std::string NodeNotice(const std::vector<kube::PodToleration>& tolerations,
+                       const kube::Node& node) {
   const std::string& name = node.metadata.name;
   if (node.unschedulable) return "node " + name + " is cordoned";
   for (const kube::Taint& t : node.taints) {
     if (t.effect != "NoExecute") continue;
-    const kube::Toleration toleration = kube::TolerationOf(pod, t);
+    const kube::Toleration toleration = kube::TolerationOf(tolerations, t);
     if (toleration.tolerated && !toleration.seconds) continue;
     return "node " + name + " has taint " + t.key + (t.value.empty() ? "" : "=" + t.value) +
            ":NoExecute";
@@ -120,26 +111,14 @@ std::string NodeNotice(const json& pod, const kube::Node& node) {
   return "";
 }
 
-bool IsPrepPod(const json& pod) {
-  const json& md = pod["metadata"];
-  auto labels = md.find("labels");
-  return labels != md.end() && labels->is_object() && labels->value(kRoleLabel, "") == kPrepRole;
-}
-
 // The data phase's pod: its phase, and the outcome tidal-prep left as termination message.
-PrepPodView PrepViewOf(const json& pod) {
-  const PodView worker_view = ViewOf(pod);
+PrepPodView PrepViewOf(const kube::CachedPod& pod) {
   PrepPodView v;
-  v.name = worker_view.name;
-  v.phase = worker_view.phase;
-  v.deleting = worker_view.deleting;
-  v.reason = worker_view.reason;
-  const json status = pod.value("status", json::object());
-  for (const json& c : status.value("containerStatuses", json::array())) {
-    const json state = c.value("state", json::object());
-    if (auto t = state.find("terminated"); t != state.end() && t->is_object())
-      v.message = t->value("message", "");
-  }
+  v.name = pod.name;
+  v.phase = pod.phase;
+  v.deleting = pod.deleting;
+  v.reason = pod.not_running_reason;
+  v.message = pod.termination_message;
   return v;
 }
 
@@ -158,17 +137,30 @@ std::string OwnerJobKey(const json& object) {
 TrainingJobController::TrainingJobController(kube::KubeClient& client,
                                              kube::EventRecorder& recorder,
                                              ControllerOptions options)
-    : client_(client), recorder_(recorder), options_(std::move(options)) {
+    : client_(client),
+      recorder_(recorder),
+      options_(std::move(options)),
+      pod_cache_(PodCacheOptions()) {
   auto informer = [&](kube::Resource r, const std::string& selector, bool every_namespace = false) {
     kube::InformerOptions o;
     o.resource = r;
     o.namespace_ = r.namespaced && !every_namespace ? options_.namespace_ : "";
     o.label_selector = selector;
+    if (r.plural == kube::Resource::Pods().plural) {
+      o.transform = kube::KeepPodIdentity;
+      o.observe = [this](kube::ObjectEvent::Type type, const json& pod) {
+        std::shared_ptr<const kube::CachedPod> cached = pod_cache_.Apply(type, pod);
+        const json& md = pod.value("metadata", json::object());
+        CountPod(Key(md.value("namespace", ""), md.value("name", "")), cached.get());
+      };
+    }
     return std::make_unique<kube::Informer>(client_, o);
   };
   const std::string ours = "app.kubernetes.io/managed-by=tidal-operator";
   jobs_ = informer(kube::Resource::TrainingJobs(), "");
   // Every pod of every namespace, even with --namespace: the capacity gate counts others' GPUs.
+  // The store keeps only each pod's identity and owner (KeepPodIdentity); what the controller
+  // reads of it is typed in pod_cache_, the GPUs it holds counted as it changes.
   pods_ = informer(kube::Resource::Pods(), "", /*every_namespace=*/true);
   services_ = informer(kube::Resource::Services(), ours);
   secrets_ = informer(kube::Resource::Secrets(), ours);
@@ -190,18 +182,6 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
   for (kube::Informer* inf : {pods_.get(), services_.get(), secrets_.get(), configs_.get()})
     TIDAL_RETURN_IF_ERROR(inf->AddEventHandler(
         {owner, [owner](const kube::ObjectPtr&, const kube::ObjectPtr& o) { owner(o); }, owner}));
-  TIDAL_RETURN_IF_ERROR(pods_->AddEventHandler(
-      {[this](const kube::ObjectPtr& o) { CountPod(o, false); },
-       [this](const kube::ObjectPtr&, const kube::ObjectPtr& o) { CountPod(o, false); },
-       [this](const kube::ObjectPtr& o) { CountPod(o, true); }}));
-  TIDAL_RETURN_IF_ERROR(pods_->AddIndex("controller-uid", [](const json& pod) {
-    std::vector<std::string> out;
-    const json& md = pod["metadata"];
-    if (auto refs = md.find("ownerReferences"); refs != md.end() && refs->is_array())
-      for (const json& r : *refs)
-        if (r.value("controller", false)) out.push_back(r.value("uid", ""));
-    return out;
-  }));
   for (kube::Informer* inf :
        {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
     TIDAL_RETURN_IF_ERROR(inf->Start());
@@ -427,7 +407,7 @@ Plan TrainingJobController::DecideWithCapacity(Observed& observed) {
 int64_t TrainingJobController::IdleGpus(const json& tolerations) {
   int64_t allocatable = 0;
   std::set<std::string> closed;  // nodes that offer nothing
-  const json worker = {{"spec", {{"tolerations", tolerations}}}};
+  const std::vector<kube::PodToleration> worker = kube::TolerationsOf(tolerations);
   for (const kube::ObjectPtr& n : nodes_->store().List()) {
     auto node = kube::NodeFromJson(*n);
     // A node that is not Ready (lost, its kubelet silent), cordoned (`kubectl cordon`, a
@@ -448,10 +428,9 @@ int64_t TrainingJobController::IdleGpus(const json& tolerations) {
   const auto now = Clock::now();
   for (auto it = booked_gpus_.begin(); it != booked_gpus_.end();) {
     const auto slash = it->first.find('/');
-    kube::ObjectPtr cached =
-        pods_->store().Get(it->first.substr(0, slash), it->first.substr(slash + 1));
-    auto pod = cached ? kube::PodFromJson(*cached) : StatusOr<kube::Pod>(NotFound(""));
-    const bool counted = pod.ok() && (!pod->node_name.empty() || pod->Finished());
+    std::shared_ptr<const kube::CachedPod> pod =
+        pod_cache_.Get(it->first.substr(0, slash), it->first.substr(slash + 1));
+    const bool counted = pod && (!pod->node_name.empty() || pod->Finished());
     if (counted || now - it->second.at > std::chrono::minutes(1)) {
       it = booked_gpus_.erase(it);
     } else {
@@ -462,17 +441,13 @@ int64_t TrainingJobController::IdleGpus(const json& tolerations) {
   return std::max<int64_t>(0, allocatable - requested);
 }
 
-void TrainingJobController::CountPod(const kube::ObjectPtr& object, bool gone) {
-  const json& md = (*object)["metadata"];
-  const std::string key = Key(md.value("namespace", ""), md.value("name", ""));
+void TrainingJobController::CountPod(const std::string& key, const kube::CachedPod* pod) {
   int64_t gpus = 0;
   std::string node;
-  if (!gone)
-    if (auto pod = kube::PodFromJson(*object);
-        pod.ok() && !pod->Finished() && !pod->node_name.empty()) {
-      gpus = pod->GpuRequest();
-      node = pod->node_name;
-    }
+  if (pod && !pod->Finished() && !pod->node_name.empty()) {
+    gpus = pod->gpu_request;
+    node = pod->node_name;
+  }
   std::lock_guard<std::mutex> lock(capacity_mu_);
   auto it = held_gpus_.find(key);
   held_total_ += gpus - (it == held_gpus_.end() ? 0 : it->second.gpus);
@@ -499,8 +474,8 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   o.service_exists = services_->store().Get(o.namespace_, ServiceName(o.name)) != nullptr;
   o.token_exists = secrets_->store().Get(o.namespace_, TokenSecretName(o.name)) != nullptr;
   o.spec_config_exists = configs_->store().Get(o.namespace_, SpecConfigMapName(o.name)) != nullptr;
-  for (const kube::ObjectPtr& p : pods_->store().ByIndex("controller-uid", o.uid)) {
-    if (IsPrepPod(*p)) {
+  for (const std::shared_ptr<const kube::CachedPod>& p : pod_cache_.ByController(o.uid)) {
+    if (p->Label(kRoleLabel) == kPrepRole) {
       o.prep_pods.push_back(PrepViewOf(*p));
       continue;
     }
@@ -509,7 +484,7 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       kube::ObjectPtr node = nodes_->store().Get("", view.node);
       auto parsed = node ? kube::NodeFromJson(*node) : StatusOr<kube::Node>(NotFound(""));
       view.node_lost = !parsed.ok() || NodeSilent(*parsed);
-      if (parsed.ok()) view.node_notice = NodeNotice(*p, *parsed);
+      if (parsed.ok()) view.node_notice = NodeNotice(p->tolerations, *parsed);
     }
     o.pods.push_back(std::move(view));
   }

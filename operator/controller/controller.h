@@ -22,6 +22,7 @@
 #include "operator/kube/client.h"
 #include "operator/kube/events.h"
 #include "operator/kube/informer.h"
+#include "operator/kube/pod_cache.h"
 #include "operator/kube/workqueue.h"
 
 namespace tidal::worker {
@@ -92,6 +93,8 @@ class TrainingJobController {
   kube::KubeClient& client_;
   kube::EventRecorder& recorder_;
   ControllerOptions options_;
+  // Before the informers: the pods informer's observe hook fills it.
+  kube::PodCache pod_cache_;
   std::unique_ptr<kube::Informer> jobs_, pods_, services_, secrets_, configs_, nodes_;
   kube::WorkQueue queue_;
   std::vector<std::thread> workers_;
@@ -130,7 +133,8 @@ class TrainingJobController {
   // GPUs requested by bound, unfinished pods, by "namespace/pod", kept by the pods informer's
   // events: IdleGpus then costs nothing per pod. (Listing all pods under capacity_mu_ on every
   // reconcile was most of a reconcile at 2,000 pods, and serialised the reconcile workers.)
-  void CountPod(const kube::ObjectPtr& pod, bool gone);
+  // From the pods informer's observe hook: `pod` as now cached, null once it is gone.
+  void CountPod(const std::string& key, const kube::CachedPod* pod);
   struct Held {
     int64_t gpus = 0;
     std::string node;

@@ -362,6 +362,7 @@ int Informer::relists() const {
 }
 
 void Informer::OnEvent(const ObjectEvent& event) {
+  if (options_.observe) options_.observe(event.type, event.object);
   ObjectEvent copy = event;
   if (options_.transform) options_.transform(copy.object);
   std::optional<StoreChange> change = store_.Apply(std::move(copy));

@@ -124,6 +124,10 @@ struct InformerOptions {
   std::string label_selector;  // server-side filter of what is cached
   // Applied to every object before it is stored and handed to handlers; null for none.
   std::function<void(nlohmann::json&)> transform = StripManagedFields;
+  // Called with every event's object as the server sent it, before the transform, the store
+  // and the handlers, on the informer's thread: where a typed cache (kube::PodCache) takes
+  // what the transform then drops. (A deletion a relist finds carries only metadata.)
+  std::function<void(ObjectEvent::Type type, const nlohmann::json& object)> observe;
   std::chrono::milliseconds initial_backoff{500};
   std::chrono::milliseconds max_backoff{std::chrono::seconds(30)};
   std::chrono::milliseconds idle_timeout{std::chrono::seconds(90)};

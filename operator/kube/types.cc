@@ -442,27 +442,43 @@ std::vector<Taint> TaintsOf(const json& node) {
   return taints;
 }
 
-Toleration TolerationOf(const json& pod, const Taint& taint) {
-  Toleration out;
-  auto spec = pod.find("spec");
-  if (spec == pod.end() || !spec->is_object()) return out;
-  auto list = spec->find("tolerations");
-  if (list == spec->end() || !list->is_array()) return out;
-  for (const json& t : *list) {
+std::vector<PodToleration> TolerationsOf(const json& list) {
+  std::vector<PodToleration> out;
+  if (!list.is_array()) return out;
+  auto text = [](const json& t, const char* key) {
+    auto it = t.find(key);
+    return it != t.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  for (const json& t : list) {
     if (!t.is_object()) continue;
-    const std::string key = t.value("key", ""), op = t.value("operator", "");
-    const std::string effect = t.value("effect", "");
-    if (!effect.empty() && effect != taint.effect) continue;
-    const bool matches = op == "Exists" ? key.empty() || key == taint.key
-                                        : (op.empty() || op == "Equal") && key == taint.key &&
-                                              t.value("value", "") == taint.value;
+    PodToleration p{text(t, "key"), text(t, "operator"), text(t, "value"), text(t, "effect"), {}};
+    if (auto s = t.find("tolerationSeconds"); s != t.end() && s->is_number_integer())
+      p.seconds = s->get<int64_t>();
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+Toleration TolerationOf(const std::vector<PodToleration>& tolerations, const Taint& taint) {
+  Toleration out;
+  for (const PodToleration& t : tolerations) {
+    if (!t.effect.empty() && t.effect != taint.effect) continue;
+    const bool matches = t.op == "Exists" ? t.key.empty() || t.key == taint.key
+                                          : (t.op.empty() || t.op == "Equal") &&
+                                                t.key == taint.key && t.value == taint.value;
     if (!matches) continue;
     out.tolerated = true;
-    if (auto s = t.find("tolerationSeconds"); s != t.end() && s->is_number_integer())
-      out.seconds = s->get<int64_t>();
+    out.seconds = t.seconds;
     return out;  // the first toleration that matches counts (GetMatchingTolerations)
   }
   return out;
+}
+
+Toleration TolerationOf(const json& pod, const Taint& taint) {
+  auto spec = pod.find("spec");
+  if (spec == pod.end() || !spec->is_object()) return {};
+  auto list = spec->find("tolerations");
+  return list == spec->end() ? Toleration{} : TolerationOf(TolerationsOf(*list), taint);
 }
 
 StatusOr<Node> NodeFromJson(const json& object) {

@@ -121,6 +121,17 @@ struct Toleration {
   // as upstream's taint manager takes it (≤ 0: evicted at once; none: tolerated for good).
   std::optional<int64_t> seconds = {};
 };
+// One of a pod's spec.tolerations.
+struct PodToleration {
+  std::string key, op, value, effect;  // op: Exists | Equal ("" = Equal)
+  std::optional<int64_t> seconds;      // tolerationSeconds
+  bool operator==(const PodToleration&) const = default;
+};
+// A spec.tolerations list (entries that are not objects are skipped, as the server would
+// have refused them).
+std::vector<PodToleration> TolerationsOf(const nlohmann::json& tolerations);
+Toleration TolerationOf(const std::vector<PodToleration>& tolerations, const Taint& taint);
+// Of the pod's spec.tolerations.
 Toleration TolerationOf(const nlohmann::json& pod, const Taint& taint);
 inline bool Tolerates(const nlohmann::json& pod, const Taint& taint) {
   return TolerationOf(pod, taint).tolerated;

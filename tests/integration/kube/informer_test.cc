@@ -7,10 +7,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <set>
 
+#include "operator/kube/pod_cache.h"
 #include "tests/integration/kube/local_cluster.h"
 
 namespace tidal::kube {
@@ -226,6 +228,60 @@ TEST_F(InformerIntegration, PodCacheAcrossNamespacesWithLabelsAndOwners) {
   EXPECT_EQ(Names(store.ByController(job_uid)), (NameSet{"worker-0", "worker-2"}));
   EXPECT_EQ(store.IndexValues(kNamespaceIndex), (std::vector<std::string>{"default"}));
   EXPECT_TRUE(store.ByLabel("app", "other").empty());
+}
+
+// The operator's pod cache (controller.cc): the store keeps each pod's identity and owner, the
+// typed cache what the controller reads, both fed by the same events — the cache first, so a
+// handler that enqueues a key finds the pod there.
+TEST_F(InformerIntegration, ATypedPodCacheFedByTheObserveHookFollowsTheServerBeforeTheHandlers) {
+  const Resource pods = Resource::Pods();
+  json job = Create(Resource::ConfigMaps(), "default", ConfigMap("owner", {}));
+  const std::string job_uid = job["metadata"]["uid"];
+  PodCacheOptions kept;
+  kept.labels = {"tidal.dev/rank"};
+  PodCache cache(kept);
+  InformerOptions options;
+  options.resource = pods;
+  options.initial_backoff = 100ms;
+  options.transform = KeepPodIdentity;
+  options.observe = [&](ObjectEvent::Type type, const json& pod) { cache.Apply(type, pod); };
+  Informer informer(*client_, options);
+  std::atomic<int> handled{0}, missing{0};
+  auto check = [&](const ObjectPtr& o) {
+    ++handled;
+    const json& md = (*o)["metadata"];
+    if (!cache.Get(md["namespace"], md["name"])) ++missing;
+  };
+  ASSERT_TRUE(informer
+                  .AddEventHandler(
+                      {check, [&](const ObjectPtr&, const ObjectPtr& o) { check(o); }, nullptr})
+                  .ok());
+  ASSERT_TRUE(informer.Start().ok());
+  ASSERT_TRUE(informer.WaitForSync(30s));
+  for (int i = 0; i < 3; ++i)
+    Create(pods, "default",
+           Pod("cached-" + std::to_string(i), {{"tidal.dev/rank", std::to_string(i)}},
+               {OwnerRef(job, true)}));
+  ASSERT_TRUE(WaitUntil([&] { return cache.ByController(job_uid).size() == 3; }));
+  EXPECT_GE(handled.load(), 3);
+  EXPECT_EQ(missing.load(), 0) << "a handler ran before the cache had the pod";
+  const auto cached = cache.Get("default", "cached-1");
+  ASSERT_TRUE(cached);
+  EXPECT_EQ(cached->Label("tidal.dev/rank"), "1");
+  EXPECT_EQ(cached->phase, "Pending");
+  // The store holds what KeepPodIdentity keeps, and its owner index still works.
+  ObjectPtr stub = informer.store().Get("default", "cached-1");
+  ASSERT_TRUE(stub);
+  EXPECT_FALSE(stub->contains("spec"));
+  EXPECT_FALSE(stub->contains("status"));
+  EXPECT_EQ(Names(informer.store().ByController(job_uid)),
+            (NameSet{"cached-0", "cached-1", "cached-2"}));
+
+  DeleteOptions now;
+  now.grace_period_seconds = 0;
+  ASSERT_TRUE(client_->Call(*DeleteRequest(pods, "default", "cached-1", now)).ok());
+  ASSERT_TRUE(WaitUntil([&] { return cache.Get("default", "cached-1") == nullptr; }));
+  EXPECT_EQ(cache.ByController(job_uid).size(), 2u);
 }
 
 TEST_F(InformerIntegration, ServerSideLabelSelectorLimitsWhatIsCached) {
