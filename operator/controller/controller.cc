@@ -196,6 +196,7 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
 }
 
 void TrainingJobController::Stop() {
+  worker_calls_.Shutdown(std::chrono::milliseconds(0));  // no call wakes a job from now on
   queue_.ShutDown();
   for (std::thread& w : workers_)
     if (w.joinable()) w.join();
@@ -336,11 +337,9 @@ TrainingJobController::WorkerConnections& TrainingJobController::ConnectionsOf(
   return *c;  // stable: entries are erased only by this job's own reconcile
 }
 
-worker::WorkerClient* TrainingJobController::ClientFor(WorkerConnections& connections,
-                                                       const std::string& pod,
-                                                       const std::string& ip,
-                                                       const std::string& token,
-                                                       std::chrono::milliseconds timeout) {
+std::shared_ptr<worker::WorkerClient> TrainingJobController::ClientFor(
+    WorkerConnections& connections, const std::string& pod, const std::string& ip,
+    const std::string& token, std::chrono::milliseconds timeout) {
   if (!connections.tls_unusable.empty()) return nullptr;
   CachedClient& c = connections.clients[pod];
   if (!c.client || c.ip != ip || c.token != token || c.tls_ca != connections.tls_ca) {
@@ -350,12 +349,12 @@ worker::WorkerClient* TrainingJobController::ClientFor(WorkerConnections& connec
     o.timeout = timeout;
     o.tls_ca_pem = connections.tls_ca;
     if (!o.tls_ca_pem.empty()) o.tls_server_name = connections.tls_server_name;
-    c.client = std::make_unique<worker::WorkerClient>(o);
+    c.client = std::make_shared<worker::WorkerClient>(o);
     c.ip = ip;
     c.token = token;
     c.tls_ca = connections.tls_ca;
   }
-  return c.client.get();
+  return c.client;
 }
 
 void TrainingJobController::RefreshTls(WorkerConnections& connections, const Observed& o) {
@@ -494,7 +493,8 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
-    worker::WorkerClient* c = ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
+    std::shared_ptr<worker::WorkerClient> c =
+        ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
     if (!c) {  // its TLS Secret is unusable: no call is made
       connections.unreachable_since.try_emplace(p.name, std::chrono::steady_clock::now());
       connections.unreachable_error[p.name] = connections.tls_unusable;
@@ -588,14 +588,28 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
       if (p.name == name) return p.ip;
     return "";
   };
+  const std::string job_key = Key(o.namespace_, o.name);
+  // Starts a worker call of the plan on its own thread (WorkerCalls): once per pod and `what`
+  // while it runs; its failure is logged and, with `wake`, its end reconciles the job again.
+  auto start = [&](const std::string& pod, const std::string& what, std::function<Status()> call,
+                   bool wake) {
+    worker_calls_.Start(
+        job_key + "/" + pod + "/" + what, std::move(call),
+        [this, job_key, pod, what, wake](const Status& s) {
+          if (!s.ok())
+            LogInfo("worker call failed",
+                    {{"job", job_key}, {"pod", pod}, {"call", what}, {"error", s.ToString()}});
+          if (wake) queue_.Add(job_key);
+        });
+  };
   for (const Action& a : plan.actions) {
     Status done = OkStatus();
     // The pod's worker client; nullptr when the pod has no IP yet, or (recorded in `done`)
     // when its TLS Secret is unusable.
-    auto worker_of = [&](const std::string& pod) -> worker::WorkerClient* {
+    auto worker_of = [&](const std::string& pod) -> std::shared_ptr<worker::WorkerClient> {
       const std::string ip = pod_ip(pod);
       if (ip.empty()) return nullptr;
-      worker::WorkerClient* c = client_for(pod, ip);
+      std::shared_ptr<worker::WorkerClient> c = client_for(pod, ip);
       if (!c) done = FailedPrecondition(connections.tls_unusable);
       return c;
     };
@@ -674,21 +688,18 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           connections.unreachable_error.erase(pod);
         }
         break;
-      case Action::Kind::kBarrier: {
-        std::vector<std::future<Status>> calls;
-        for (const std::string& pod : a.pods) {
-          worker::WorkerClient* c = worker_of(pod);
-          if (!c) continue;
-          const auto timeout = options_.barrier_timeout;
-          calls.push_back(
-              std::async(std::launch::async, [c, timeout, id = a.barrier_id, live = a.live] {
-                return c->Checkpoint(/*pause=*/true, timeout, id, live).status();
-              }));
-        }
-        for (auto& call : calls)
-          if (Status s = call.get(); !s.ok()) done = s;  // Decide sees the workers next pass
+      case Action::Kind::kBarrier:
+        // Returns when every rank holds (or one fails): its end wakes the job, whose next pass
+        // finds the ranks paused and goes on (the Rendezvous, without waiting for a poll).
+        for (const std::string& pod : a.pods)
+          if (std::shared_ptr<worker::WorkerClient> c = worker_of(pod))
+            start(
+                pod, "barrier " + std::to_string(a.barrier_id),
+                [c, timeout = options_.barrier_timeout, id = a.barrier_id, live = a.live] {
+                  return c->Checkpoint(/*pause=*/true, timeout, id, live).status();
+                },
+                /*wake=*/true);
         break;
-      }
       case Action::Kind::kRendezvous: {
         if (a.pods.empty()) break;
         const std::string store = pod_ip(a.pods[0]) + ":" + std::to_string(StorePort(a.generation));
@@ -715,43 +726,55 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         }
         for (const std::string& pod : a.targets) {
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
-          worker::WorkerClient* c = worker_of(pod);
+          std::shared_ptr<worker::WorkerClient> c = worker_of(pod);
           if (!c) continue;
-          Status s =
-              c->Rendezvous(a.generation, static_cast<int>(a.pods.size()), static_cast<int>(rank),
-                            store, peers, peers.empty() ? 0 : a.state_step, members,
-                            members.empty() ? static_cast<int>(rank) : a.wards[rank]);
-          // Already there (a repeated call after a crash) is success.
-          if (!s.ok() && s.code() != StatusCode::kAlreadyExists) done = s;
+          const int ward = members.empty() ? static_cast<int>(rank) : a.wards[rank];
+          start(
+              pod, "rendezvous " + std::to_string(a.generation),
+              [c, generation = a.generation, world = static_cast<int>(a.pods.size()),
+               rank = static_cast<int>(rank), store, peers, step = peers.empty() ? 0 : a.state_step,
+               members, ward] {
+                Status s =
+                    c->Rendezvous(generation, world, rank, store, peers, step, members, ward);
+                // Already there (a repeated call after a crash) is success.
+                return s.code() == StatusCode::kAlreadyExists ? OkStatus() : s;
+              },
+              /*wake=*/true);
         }
         break;
       }
       case Action::Kind::kPrepareEngine:
-        for (size_t i = 0; i < a.pods.size() && i < a.ranks.size(); ++i) {
-          worker::WorkerClient* c = worker_of(a.pods[i]);
-          if (!c) continue;
-          // A refusal (TIDAL_KEEP_ENGINE=0, an older worker) only means that worker loads
-          // after the Rendezvous: Decide does not wait for it.
-          if (Status s = c->PrepareEngine(a.generation, a.world_size, a.ranks[i]); !s.ok())
-            LogInfo("worker prepares no engine ahead",
-                    {{"job", o.name}, {"pod", a.pods[i]}, {"error", s.ToString()}});
-        }
+        // A refusal (TIDAL_KEEP_ENGINE=0, an older worker) only means that worker loads after
+        // the Rendezvous: Decide does not wait for it (its failure is logged).
+        for (size_t i = 0; i < a.pods.size() && i < a.ranks.size(); ++i)
+          if (std::shared_ptr<worker::WorkerClient> c = worker_of(a.pods[i]))
+            start(
+                a.pods[i], "prepare " + std::to_string(a.generation),
+                [c, generation = a.generation, world = a.world_size, rank = a.ranks[i]] {
+                  return c->PrepareEngine(generation, world, rank);
+                },
+                /*wake=*/false);
         break;
       case Action::Kind::kResume:
-        for (const std::string& pod : a.pods) {
-          worker::WorkerClient* c = worker_of(pod);
-          if (!c) continue;
-          // Not paused (any more) is what this asks for: Decide looks again next pass.
-          if (Status s = c->Resume(); !s.ok() && s.code() != StatusCode::kFailedPrecondition)
-            done = s;
-        }
+        for (const std::string& pod : a.pods)
+          if (std::shared_ptr<worker::WorkerClient> c = worker_of(pod))
+            start(
+                pod, "resume",
+                [c] {
+                  // Not paused (any more) is what this asks for: Decide looks again.
+                  Status s = c->Resume();
+                  return s.code() == StatusCode::kFailedPrecondition ? OkStatus() : s;
+                },
+                /*wake=*/true);
         break;
       case Action::Kind::kShutdown:
         for (const std::string& pod : a.pods) {
           const std::string ip = pod_ip(pod);
           if (ip.empty() || token.empty()) continue;
-          if (worker::WorkerClient* c = client_for(pod, ip))
-            (void)c->Shutdown(a.reason);  // the pod is deleted anyway
+          if (std::shared_ptr<worker::WorkerClient> c = client_for(pod, ip))
+            start(
+                pod, "shutdown", [c, reason = a.reason] { return c->Shutdown(reason); },
+                /*wake=*/false);  // the pod is deleted anyway
         }
         break;
     }

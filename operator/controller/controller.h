@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "operator/controller/reconcile.h"
+#include "operator/controller/worker_calls.h"
 #include "operator/kube/client.h"
 #include "operator/kube/events.h"
 #include "operator/kube/informer.h"
@@ -82,9 +83,11 @@ class TrainingJobController {
   // step: two jobs reconciled at once cannot both plan for the same idle GPUs.
   Plan DecideWithCapacity(Observed& observed);
   // nullptr when the job's TLS Secret cannot be used (connections.tls_unusable says why).
-  static worker::WorkerClient* ClientFor(WorkerConnections& connections, const std::string& pod,
-                                         const std::string& ip, const std::string& token,
-                                         std::chrono::milliseconds timeout);
+  static std::shared_ptr<worker::WorkerClient> ClientFor(WorkerConnections& connections,
+                                                         const std::string& pod,
+                                                         const std::string& ip,
+                                                         const std::string& token,
+                                                         std::chrono::milliseconds timeout);
   WorkerConnections& ConnectionsOf(const std::string& key);
   std::string TokenOf(const std::string& ns, const std::string& job) const;
   void EnqueueOwner(const kube::ObjectPtr& object);
@@ -104,7 +107,9 @@ class TrainingJobController {
   // the reconcile of that job touches its entry (one at a time); the map itself is locked.
   struct CachedClient {
     std::string ip, token, tls_ca;
-    std::unique_ptr<worker::WorkerClient> client;
+    // Shared with the calls still running on it (WorkerCalls): a client replaced or a job
+    // forgotten meanwhile outlives them.
+    std::shared_ptr<worker::WorkerClient> client;
   };
   struct WorkerConnections {
     std::map<std::string, CachedClient> clients;
@@ -144,9 +149,14 @@ class TrainingJobController {
   std::mutex connections_mu_;
   std::map<std::string, std::unique_ptr<WorkerConnections>> connections_;  // by job key
   // GetStatus calls to workers, all of a job's at once (a thread per call was most of the
-  // operator's CPU at 2,000 pods). Checkpoint barriers, long and rare, get their own threads.
+  // operator's CPU at 2,000 pods).
   // Declared last: destroyed (its threads joined) before the clients its calls use.
   ThreadPool status_calls_{32};
+  // The worker calls a plan makes — Checkpoint barriers (up to barrier_timeout), Rendezvous,
+  // PrepareEngine, Resume, Shutdown — run here, never on a reconcile worker: a slow worker
+  // holds no reconcile. One call per (pod, what it asks) at a time; its end wakes the job, whose
+  // next pass sees the outcome in what the workers report.
+  WorkerCalls worker_calls_;
 };
 
 }  // namespace tidal::controller

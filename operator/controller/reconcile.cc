@@ -1155,9 +1155,10 @@ class Decider {
         StartScaling(r.reason);
         if (!AllPaused(st_.members, /*live_ok=*/true)) {
           Barrier(kEndOfGeneration, r.reason, /*live=*/true);
-          // The barrier call returns once every rank holds (or fails): the Rendezvous goes
-          // out at once, not a poll later, since the job trains nowhere meanwhile.
-          plan_.requeue_after = std::chrono::milliseconds(0);
+          // The shell runs the barrier calls off the reconcile (they return once every rank
+          // holds, or one fails) and the first to end wakes the job: the Rendezvous goes out
+          // then, not a poll later. The poll is the safety net.
+          plan_.requeue_after = options_.poll;
           return;
         }
         // Every member holds a live checkpoint of the step it paused at: the new generation

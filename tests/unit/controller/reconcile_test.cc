@@ -51,6 +51,12 @@ class Sim {
       pods_.erase(it->first);
       it = lingering_.erase(it);
     }
+    if (pending_barrier_ && --pending_barrier_passes_ <= 0) {  // the barrier calls end
+      releasing_barrier_ = true;
+      Apply(*pending_barrier_);
+      releasing_barrier_ = false;
+      pending_barrier_.reset();
+    }
     Observed o;
     o.name = "job";
     o.namespace_ = "ns";
@@ -146,7 +152,14 @@ class Sim {
   int prepare_passes_ = 1;
   std::vector<Action> prepare_asks_;
   std::vector<std::string> barriers_while_loading_;  // workers loading when a barrier came
-  int prepared_for_another_rank_ = 0;                // Rendezvous ranks off the prepared plan
+  // The barrier's calls run off the reconcile (the shell's WorkerCalls): the ranks hold this
+  // many passes after it is first sent. 0: at once.
+  int barrier_passes_ = 0;
+  std::optional<Action> pending_barrier_;
+  int pending_barrier_passes_ = 0;
+  bool releasing_barrier_ = false;
+  int barrier_resends_ = 0;            // the same barrier sent again while its calls ran
+  int prepared_for_another_rank_ = 0;  // Rendezvous ranks off the prepared plan
   bool pods_stay_pending_ = false;
   bool stuck_ = false;
   bool expect_unreadable_status_ = false;
@@ -237,6 +250,17 @@ class Sim {
         }
         break;
       case Action::Kind::kBarrier: {
+        if (barrier_passes_ > 0 && !releasing_barrier_) {
+          // The shell starts the calls and returns (WorkerCalls): the ranks reach the barrier
+          // some passes later. A barrier sent again meanwhile starts no new call.
+          if (pending_barrier_ && pending_barrier_->barrier_id == a.barrier_id) {
+            ++barrier_resends_;
+          } else {
+            pending_barrier_ = a;
+            pending_barrier_passes_ = barrier_passes_;
+          }
+          break;
+        }
         for (const auto& [name, r] : reports_)  // the job pauses only once nothing loads
           if (r.prepared && r.prepared->generation > r.generation && !r.prepared->ready &&
               r.prepared->error.empty())
@@ -503,6 +527,32 @@ TEST(Reconcile, ScaleUpIsMakeBeforeBreakAndScaleDownShutsTheSurplusRanks) {
   EXPECT_EQ(sim.pods_.size(), 2u);
   EXPECT_EQ(sim.shutdown_, Names({2, 3}));
   EXPECT_EQ(sim.status().current_gpus, 2);
+}
+
+// A reconcile never waits for the barrier's calls (they return once every rank holds, which
+// takes a step and a checkpoint): the passes that follow re-send the same barrier, under the
+// same name, and go no further until every rank holds; the generation then changes once.
+TEST(Reconcile, ABarrierWhoseCallsEndPassesLaterHoldsTheRendezvousUntilEveryRankHolds) {
+  Sim sim(Spec());
+  sim.barrier_passes_ = 4;
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  sim.Until([&] { return sim.pending_barrier_.has_value(); });
+  const uint64_t id = sim.pending_barrier_->barrier_id;
+  for (int i = 0; i < 2; ++i) {
+    const Plan plan = sim.Reconcile();
+    EXPECT_EQ(sim.phase(), "Scaling");
+    EXPECT_EQ(sim.status().generation, 1);
+    for (const Action& a : plan.actions) {
+      EXPECT_NE(a.kind, Action::Kind::kRendezvous) << "a rendezvous before every rank held";
+      if (a.kind == Action::Kind::kBarrier) EXPECT_EQ(a.barrier_id, id) << "renamed";
+    }
+    EXPECT_LE(plan.requeue_after, std::chrono::seconds(2)) << "the poll is the safety net";
+  }
+  sim.Until([&] { return sim.status().generation == 2 && !sim.status().rescale; });
+  EXPECT_GT(sim.barrier_resends_, 0);
+  EXPECT_EQ(sim.phase(), "Running");
+  EXPECT_EQ(sim.status().members, Names({0, 1, 2, 3}));
 }
 
 // Issue 25: the new workers load their engines for the ranks planned for them while the old
