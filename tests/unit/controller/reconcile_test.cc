@@ -74,7 +74,10 @@ class Sim {
     for (const auto& [name, pod] : pods_) o.pods.push_back(pod);
     for (const auto& [name, pod] : prep_pods_) o.prep_pods.push_back(pod);
     for (const auto& [name, r] : reports_)
-      if (pods_.count(name) && pods_[name].phase == "Running") o.reports[name] = r;
+      if (pods_.count(name) && pods_[name].phase == "Running" && !silent_.count(name))
+        o.reports[name] = r;
+    for (const auto& [name, since] : silent_)
+      if (pods_.count(name)) o.unreachable_since[name] = since;
     o.idle_gpus = idle_gpus_;
     o.now = now_;
     // The shell's monotonic clock: as far from its start as the wall clock, unless a test
@@ -161,6 +164,9 @@ class Sim {
   int barrier_resends_ = 0;            // the same barrier sent again while its calls ran
   int prepared_for_another_rank_ = 0;  // Rendezvous ranks off the prepared plan
   bool pods_stay_pending_ = false;
+  // Pods whose worker stopped answering GetStatus, since when (its process hangs, its network
+  // is cut): the shell's unreachable_since.
+  std::map<std::string, Clock::time_point> silent_;
   bool stuck_ = false;
   bool expect_unreadable_status_ = false;
   json& mutable_status_json() {
@@ -526,6 +532,35 @@ TEST(Reconcile, ScaleUpIsMakeBeforeBreakAndScaleDownShutsTheSurplusRanks) {
   EXPECT_EQ(sim.status().members, Names({0, 1}));
   EXPECT_EQ(sim.pods_.size(), 2u);
   EXPECT_EQ(sim.shutdown_, Names({2, 3}));
+  EXPECT_EQ(sim.status().current_gpus, 2);
+}
+
+// Found by the one slot allocator: with no backoff, the recovery from a worker that stopped
+// answering planned the next generation in the same pass that deleted its pod, and took that
+// pod back in as a member (it still ran, as far as that pass saw); the new generation then
+// waited for a pod that was gone. A pod the plan deletes is never a member, nor its slot reused
+// while it goes.
+TEST(Reconcile, AWorkerThatStopsAnsweringIsReplacedAndItsPodNeverTakenBack) {
+  Sim sim(Spec(R"({"restartPolicy": {"backoffSeconds": 0}})"));
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.silent_["job-worker-1"] = sim.now_;
+  sim.now_ += 31s;  // past unreachable_after
+  const Plan plan = sim.Reconcile();
+  EXPECT_EQ(sim.phase(), "Recovering");
+  const JobStatus st = sim.status();
+  ASSERT_TRUE(st.rescale);
+  EXPECT_EQ(std::count(st.rescale->members.begin(), st.rescale->members.end(), "job-worker-1"), 0)
+      << "the silent pod is a member of the generation that replaces it";
+  bool created = false;
+  for (const Action& a : plan.actions)
+    if (a.kind == Action::Kind::kCreatePods) {
+      created = true;
+      EXPECT_EQ(std::count(a.pods.begin(), a.pods.end(), "job-worker-1"), 0)
+          << "a pod created under the name of one this pass deletes";
+    }
+  EXPECT_TRUE(created) << "no backoff: the replacement is created at once";
+  sim.silent_.clear();
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().generation == 2; }, 10);
   EXPECT_EQ(sim.status().current_gpus, 2);
 }
 
