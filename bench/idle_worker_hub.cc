@@ -23,14 +23,17 @@
 #include <map>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 
 #include "tidal/worker/v1/worker.grpc.pb.h"
+#include "worker/control/status_change.h"
 
 namespace {
 
@@ -56,6 +59,45 @@ class IdleWorker final : public pb::WorkerControl::Service {
   Status GetStatus(ServerContext* c, const pb::GetStatusRequest*, pb::WorkerStatus* out) override {
     if (!Authorized(c)) return Unauthenticated();
     std::lock_guard<std::mutex> lock(mu_);
+    FillLocked(out);
+    return Status::OK;
+  }
+  // As tidal-worker's: at once, then on every change the operator acts on, step figures at most
+  // every min_interval_ms, a heartbeat otherwise. Woken by the RPCs that change the state, and
+  // once a second (a step).
+  Status WatchStatus(ServerContext* c, const pb::WatchStatusRequest* req,
+                     grpc::ServerWriter<pb::WorkerStatus>* writer) override {
+    if (!Authorized(c)) return Unauthenticated();
+    using std::chrono::milliseconds;
+    const milliseconds min_interval(req->min_interval_ms() > 0 ? req->min_interval_ms() : 1000);
+    const milliseconds heartbeat(req->heartbeat_ms() > 0 ? req->heartbeat_ms() : 10000);
+    std::string sent_digest;
+    int64_t sent_step = -1;
+    std::optional<std::chrono::steady_clock::time_point> sent_at;
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!c->IsCancelled() && !exiting_) {
+      pb::WorkerStatus s;
+      FillLocked(&s);
+      std::string digest = tidal::worker::ActionableDigest(s);
+      const auto now = std::chrono::steady_clock::now();
+      if (!sent_at || digest != sent_digest ||
+          (s.step() != sent_step && now - *sent_at >= min_interval) ||
+          now - *sent_at >= heartbeat) {
+        lock.unlock();
+        const bool written = writer->Write(s);
+        lock.lock();
+        if (!written) break;
+        sent_digest = std::move(digest);
+        sent_step = s.step();
+        sent_at = now;
+      }
+      changed_.wait_for(lock, std::chrono::seconds(1));
+    }
+    return Status::OK;
+  }
+
+ private:
+  void FillLocked(pb::WorkerStatus* out) {
     Advance();
     out->set_phase(phase_);
     out->set_generation(generation_);
@@ -73,14 +115,18 @@ class IdleWorker final : public pb::WorkerControl::Service {
       ck->set_uri("idle://step-" + std::to_string(checkpoint_step_));
       ck->set_unix_millis(checkpoint_millis_);
     }
-    return Status::OK;
   }
+
+ public:
   Status Rendezvous(ServerContext* c, const pb::RendezvousRequest* in,
                     pb::RendezvousResponse* out) override {
     if (!Authorized(c)) return Unauthenticated();
     std::lock_guard<std::mutex> lock(mu_);
-    if (in->generation() <= generation_)
-      return Status(StatusCode::FAILED_PRECONDITION, "generation is not newer");
+    changed_.notify_all();
+    if (in->generation() == generation_)
+      return Status(StatusCode::ALREADY_EXISTS, "generation is this worker's already");
+    if (in->generation() < generation_)
+      return Status(StatusCode::FAILED_PRECONDITION, "generation is older than this worker's");
     Advance();
     generation_ = in->generation();
     rank_ = in->rank();
@@ -98,6 +144,7 @@ class IdleWorker final : public pb::WorkerControl::Service {
     if (phase_ != pb::RUNNING && phase_ != pb::PAUSED)
       return Status(StatusCode::FAILED_PRECONDITION, "not in a generation");
     Advance();
+    changed_.notify_all();
     checkpoint_step_ = step_;
     checkpoint_millis_ = NowMillis();
     if (in->pause()) phase_ = pb::PAUSED;
@@ -112,6 +159,7 @@ class IdleWorker final : public pb::WorkerControl::Service {
     if (!Authorized(c)) return Unauthenticated();
     std::lock_guard<std::mutex> lock(mu_);
     Advance();
+    changed_.notify_all();
     phase_ = pb::PAUSED;
     out->set_step(step_);
     return Status::OK;
@@ -120,6 +168,7 @@ class IdleWorker final : public pb::WorkerControl::Service {
     if (!Authorized(c)) return Unauthenticated();
     std::lock_guard<std::mutex> lock(mu_);
     if (phase_ != pb::PAUSED) return Status(StatusCode::FAILED_PRECONDITION, "not paused");
+    changed_.notify_all();
     phase_ = pb::RUNNING;
     running_since_ = std::chrono::steady_clock::now();
     step_at_start_ = step_;
@@ -127,6 +176,11 @@ class IdleWorker final : public pb::WorkerControl::Service {
   }
   Status Shutdown(ServerContext* c, const pb::ShutdownRequest*, pb::ShutdownResponse*) override {
     if (!Authorized(c)) return Unauthenticated();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      exiting_ = true;
+      changed_.notify_all();
+    }
     exit_();
     return Status::OK;
   }
@@ -150,6 +204,8 @@ class IdleWorker final : public pb::WorkerControl::Service {
   const std::string token_;
   const std::function<void()> exit_;
   std::mutex mu_;
+  std::condition_variable changed_;  // the state changed (a status stream writes at once)
+  bool exiting_ = false;
   pb::Phase phase_ = pb::WAITING;
   int64_t generation_ = 0, step_ = 0, step_at_start_ = 0;
   int rank_ = 0, world_size_ = 0;

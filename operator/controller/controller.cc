@@ -1,6 +1,7 @@
 // operator/controller/controller.cc
 #include "operator/controller/controller.h"
 
+#include <cmath>
 #include <future>
 #include <optional>
 #include <set>
@@ -122,6 +123,21 @@ PrepPodView PrepViewOf(const kube::CachedPod& pod) {
   return v;
 }
 
+// Whether `after` differs from `before` in nothing but its resourceVersion and the step's
+// figures in status (step, loss, tokensPerSecond).
+bool OnlyFiguresChanged(const json& before, const json& after) {
+  auto strip = [](json j) {
+    if (auto md = j.find("metadata"); md != j.end() && md->is_object()) {
+      md->erase("resourceVersion");
+      md->erase("managedFields");
+    }
+    if (auto st = j.find("status"); st != j.end() && st->is_object())
+      for (const char* figure : {"step", "loss", "tokensPerSecond"}) st->erase(figure);
+    return j;
+  };
+  return strip(before) == strip(after);
+}
+
 std::string OwnerJobKey(const json& object) {
   const json& md = object["metadata"];
   auto refs = md.find("ownerReferences");
@@ -140,7 +156,8 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
     : client_(client),
       recorder_(recorder),
       options_(std::move(options)),
-      pod_cache_(PodCacheOptions()) {
+      pod_cache_(PodCacheOptions()),
+      feed_(StatusFeed::Options{}, [this](const std::string& job) { queue_.Add(job); }) {
   auto informer = [&](kube::Resource r, const std::string& selector, bool every_namespace = false) {
     kube::InformerOptions o;
     o.resource = r;
@@ -174,9 +191,13 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
   auto enqueue_job = [this](const kube::ObjectPtr& o) {
     queue_.Add(Key((*o)["metadata"].value("namespace", ""), (*o)["metadata"].value("name", "")));
   };
+  // An update that only moved the step's figures in status (the patcher's, or a reconcile's
+  // of a steady job) asks for nothing: as controller-runtime's predicates filter events.
   TIDAL_RETURN_IF_ERROR(jobs_->AddEventHandler(
       {enqueue_job,
-       [enqueue_job](const kube::ObjectPtr&, const kube::ObjectPtr& o) { enqueue_job(o); },
+       [enqueue_job](const kube::ObjectPtr& before, const kube::ObjectPtr& o) {
+         if (!OnlyFiguresChanged(*before, *o)) enqueue_job(o);
+       },
        enqueue_job}));
   auto owner = [this](const kube::ObjectPtr& o) { EnqueueOwner(o); };
   for (kube::Informer* inf : {pods_.get(), services_.get(), secrets_.get(), configs_.get()})
@@ -191,12 +212,19 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
       return DeadlineExceeded("informer caches did not sync within the timeout");
   started_ = true;
   for (int i = 0; i < std::max(1, options_.workers); ++i) workers_.emplace_back([this] { Work(); });
+  patcher_ = std::thread([this] { PatchFigures(); });
   LogInfo("controller started", {{"namespace", options_.namespace_}, {"workers", workers_.size()}});
   return OkStatus();
 }
 
 void TrainingJobController::Stop() {
   worker_calls_.Shutdown(std::chrono::milliseconds(0));  // no call wakes a job from now on
+  {
+    std::lock_guard<std::mutex> lock(patcher_mu_);
+    patcher_stop_ = true;
+    patcher_cv_.notify_all();
+  }
+  if (patcher_.joinable()) patcher_.join();
   queue_.ShutDown();
   for (std::thread& w : workers_)
     if (w.joinable()) w.join();
@@ -204,6 +232,59 @@ void TrainingJobController::Stop() {
   for (auto* inf :
        {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
     if (inf) inf->Stop();
+}
+
+void TrainingJobController::PatchFigures() {
+  constexpr auto kTick = std::chrono::milliseconds(250);
+  constexpr auto kPerJob = std::chrono::seconds(1);
+  std::unique_lock<std::mutex> lock(patcher_mu_);
+  while (!patcher_cv_.wait_for(lock, kTick, [&] { return patcher_stop_; })) {
+    lock.unlock();
+    for (const auto& [job, figures] : feed_.TakeChangedFigures()) {
+      Patched& p = patched_[job];
+      if (figures.step > p.figures.step || figures.generation != p.figures.generation) {
+        p.figures = figures;
+        p.pending = true;
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = patched_.begin(); it != patched_.end();) {
+      const std::string& job = it->first;
+      Patched& p = it->second;
+      const auto slash = job.find('/');
+      const std::string ns = job.substr(0, slash), name = job.substr(slash + 1);
+      kube::ObjectPtr cached = jobs_->store().Get(ns, name);
+      if (!cached) {  // deleted
+        it = patched_.erase(it);
+        continue;
+      }
+      ++it;
+      if (!p.pending || now - p.at < kPerJob) continue;
+      p.pending = false;
+      // Only onto a status that trains and is behind (a reconcile may have written it since).
+      const auto status = cached->find("status");
+      if (status == cached->end() || !status->is_object()) continue;
+      const auto phase = status->find("phase"), step = status->find("step");
+      if (phase == status->end() || (*phase != "Running" && *phase != "Scaling") ||
+          step == status->end() || !step->is_number_integer() ||
+          step->get<int64_t>() >= p.figures.step)
+        continue;
+      p.at = now;
+      auto request = kube::MergePatchRequest(kube::Resource::TrainingJobs(), ns, name,
+                                             {{"status",
+                                               {{"step", p.figures.step},
+                                                {"loss", std::round(p.figures.loss * 1e4) / 1e4},
+                                                {"tokensPerSecond", p.figures.tokens_per_second}}}},
+                                             "status");
+      auto written = request.ok() ? client_.Call(*request) : StatusOr<json>(request.status());
+      if (!written.ok()) {
+        LogInfo("could not write the step", {{"job", job}, {"error", written.status().ToString()}});
+        continue;
+      }
+      if (options_.metrics) options_.metrics->SetStep(ns, name, p.figures.step);
+    }
+    lock.lock();
+  }
 }
 
 void TrainingJobController::EnqueueOwner(const kube::ObjectPtr& object) {
@@ -275,6 +356,7 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
   kube::ObjectPtr job = jobs_->store().Get(ns, name);
   if (!job) {  // deleted: its children go with it (ownerReferences)
+    feed_.Forget(key);
     {
       std::lock_guard<std::mutex> lock(connections_mu_);
       connections_.erase(key);
@@ -490,6 +572,15 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   // Ask every running worker at once; a silent one is remembered from its first silence.
   RefreshTls(connections, o);
   const std::string token = TokenOf(o.namespace_, o.name);
+  // And follow each one's pushed status from now on (StatusFeed): its changes wake the job.
+  std::map<std::string, std::shared_ptr<worker::WorkerClient>> followed;
+  for (const PodView& p : o.pods)
+    if (p.phase == "Running" && !p.ip.empty() && !token.empty() && !p.deleting)
+      if (auto c = ClientFor(connections, p.name, p.ip, token, options_.status_timeout))
+        followed[p.name] = c;
+  const std::string key = Key(o.namespace_, o.name);
+  feed_.Follow(key, followed);
+  o.pushed = feed_.Pushed(key, o.status.members);
   std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;

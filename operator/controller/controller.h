@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -19,6 +20,7 @@
 #include "common/status.h"
 #include "common/thread_pool.h"
 #include "operator/controller/reconcile.h"
+#include "operator/controller/status_feed.h"
 #include "operator/controller/worker_calls.h"
 #include "operator/kube/client.h"
 #include "operator/kube/events.h"
@@ -100,6 +102,21 @@ class TrainingJobController {
   kube::PodCache pod_cache_;
   std::unique_ptr<kube::Informer> jobs_, pods_, services_, secrets_, configs_, nodes_;
   kube::WorkQueue queue_;
+  // The workers' pushed status (after queue_, which its wake-ups use; closed before it).
+  StatusFeed feed_;
+  // Writes the step figures the workers push into status (at most once a second per job),
+  // between reconciles: a steady job needs none.
+  void PatchFigures();
+  std::thread patcher_;
+  std::mutex patcher_mu_;
+  std::condition_variable patcher_cv_;
+  bool patcher_stop_ = false;
+  struct Patched {
+    StatusFeed::Figures figures;
+    std::chrono::steady_clock::time_point at{};
+    bool pending = false;
+  };
+  std::map<std::string, Patched> patched_;  // by job key; the patcher's thread only
   std::vector<std::thread> workers_;
   std::atomic<bool> started_{false};
   // What the shell remembers of one job's workers between its reconciles: a gRPC client per

@@ -36,6 +36,11 @@ constexpr auto kBackoffReset = std::chrono::minutes(10);
 // about a second; asking at the general poll of 2 s added up to 2 s to every scale-up), or
 // whether new members have read their state from their peers' memory.
 constexpr std::chrono::milliseconds kWorkerStartPoll{250};
+// A steady job whose workers push their status is looked at again only when the clock alone
+// may change what it should do, and at least this often (a resync, as controller-runtime's).
+constexpr auto kSteadyResync = std::chrono::minutes(10);
+// How long after such an instant (a window's start, the cooldown's end) to look: just past it.
+constexpr std::chrono::milliseconds kAfterBoundary{200};
 
 // "a, b, c"; each item followed by `suffix`.
 inline std::string Join(const std::vector<std::string>& items, const std::string& suffix = "") {
@@ -225,6 +230,11 @@ class Decider {
   // on its own after.)
   void DropLeavingMembers(RescaleState& r);
 
+  // Nothing to change: with every member pushing its status (Observed::pushed), running and
+  // answering, and no capacity gate or anomaly rule to re-read, the next look is a timer — the
+  // decision's revisit, `until`, the progress deadline (a stall is a step unchanged across two
+  // looks), kSteadyResync — instead of the poll.
+  void Steady(const planner::Decision& decision, std::optional<Clock::time_point> until);
   // Adds `n` new pods to a change under way (members and new_pods), in the lowest free slots
   // (FillSlots). Returns the slots.
   std::vector<int> AddNewPods(RescaleState& r, int64_t n) const;

@@ -132,6 +132,12 @@ void OperatorMetrics::SetJob(const std::string& ns, const std::string& name,
   }
 }
 
+void OperatorMetrics::SetStep(const std::string& ns, const std::string& name, int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = jobs_by_key_.find({ns, name});
+  if (it != jobs_by_key_.end() && it->second.step) it->second.step->Set(static_cast<double>(step));
+}
+
 void OperatorMetrics::ForgetJob(const std::string& ns, const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = jobs_by_key_.find({ns, name});

@@ -36,6 +36,8 @@ class OperatorMetrics {
   };
   void SetJob(const std::string& ns, const std::string& name, const JobFigures& job);
   void ForgetJob(const std::string& ns, const std::string& name);
+  // The step alone, as the workers push it between reconciles (a job not seen yet: nothing).
+  void SetStep(const std::string& ns, const std::string& name, int64_t step);
   // Every job's series: this replica stopped leading (another one reports them now).
   void ForgetAllJobs();
   // A rescale (make-before-break or recovery) finished, from decision to the new generation.

@@ -237,6 +237,9 @@ struct Observed {
   // How long every worker has answered "training" without the step moving (the shell
   // measures it on its monotonic clock; zero while any worker does something else).
   std::chrono::seconds no_progress_for{0};
+  // Every member's worker pushes its status (a live WatchStatus stream, StatusFeed): any
+  // change of theirs wakes the job, so a steady one needs no poll.
+  bool pushed = false;
   int64_t idle_gpus = 0;  // the capacity gate's input
   Clock::time_point now;
 };

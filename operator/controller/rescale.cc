@@ -74,10 +74,14 @@ void Decider::MaybeRescale() {
   st_.desired_gpus = decision.desired;
   st_.gpus_reason = decision.reason;
   NoChangeUnderWay("no membership change under way");
-  if (decision.desired == held) return;
+  if (decision.desired == held) {
+    Steady(decision, std::nullopt);
+    return;
+  }
   if (decision.desired > held && st_.scale_up_not_before && o_.now < *st_.scale_up_not_before) {
     st_.gpus_reason = decision.reason + "; holding after an abandoned scale-up until " +
                       kube::FormatTime(*st_.scale_up_not_before);
+    Steady(decision, st_.scale_up_not_before);
     return;
   }
   RescaleState r;
@@ -125,6 +129,28 @@ void Decider::DropLeavingMembers(RescaleState& r) {
   r.reason += "; without the pod(s) that must leave: " + why;
   Emit("Normal", "MovingOff",
        why + ": left out of generation " + std::to_string(r.target_generation));
+}
+
+void Decider::Steady(const planner::Decision& decision, std::optional<Clock::time_point> until) {
+  if (!o_.pushed || decision.capacity_limited || !o_.unreachable_since.empty() || spec_->anomaly ||
+      st_.phase != Phase::kRunning)
+    return;  // the poll stays
+  for (const std::string& m : st_.members) {
+    const WorkerReport* r = Report(m);
+    if (!r || r->phase != W::kRunning || r->generation != st_.generation) return;
+  }
+  auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(kSteadyResync);
+  auto sooner = [&](std::optional<Clock::time_point> t) {
+    if (!t) return;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(*t - o_.now) + kAfterBoundary;
+    wait = std::min(wait, left);
+  };
+  sooner(decision.revisit);
+  sooner(until);
+  if (const int64_t deadline = spec_->restart_policy.progress_deadline_seconds; deadline > 0)
+    wait = std::min<std::chrono::milliseconds>(wait, std::chrono::seconds(deadline));
+  plan_.requeue_after = std::max<std::chrono::milliseconds>(wait, kAfterBoundary);
 }
 
 std::vector<int> Decider::AddNewPods(RescaleState& r, int64_t n) const {

@@ -59,6 +59,48 @@ std::optional<Clock::time_point> LastOccurrence(const api::CronExpr& cron, const
   return std::nullopt;
 }
 
+std::optional<Clock::time_point> NextOccurrence(const api::CronExpr& cron, const std::string& tz,
+                                                Clock::time_point now) {
+  const date::time_zone* zone = date::locate_zone(tz);  // validated with the spec
+  const auto now_minute = date::floor<minutes>(now);
+  date::local_time<minutes> t = date::floor<minutes>(zone->to_local(now_minute)) + minutes(1);
+  const date::local_time<minutes> limit = t + date::days(400);
+  while (t <= limit) {
+    const auto day = date::floor<date::days>(t);
+    const date::year_month_day ymd{day};
+    const unsigned month = static_cast<unsigned>(ymd.month());
+    if (!cron.months[month]) {  // to the first minute of the next month
+      const date::year_month next = date::year_month{ymd.year(), ymd.month()} + date::months(1);
+      t = date::local_days(next / 1);
+      continue;
+    }
+    if (!DayMatches(cron, static_cast<unsigned>(ymd.day()), date::weekday(day).c_encoding())) {
+      t = day + date::days(1);
+      continue;
+    }
+    const auto since_midnight = t - day;
+    const int hour = static_cast<int>(since_midnight.count() / 60);
+    const int minute = static_cast<int>(since_midnight.count() % 60);
+    if (!cron.hours[hour]) {
+      t = day + std::chrono::hours(hour + 1);
+      continue;
+    }
+    if (!cron.minutes[minute]) {
+      t += minutes(1);
+      continue;
+    }
+    const date::local_info info = zone->get_info(date::local_seconds(t));
+    Clock::time_point at;
+    if (info.result == date::local_info::nonexistent)
+      at = info.second.begin;  // in a spring-forward gap: when the gap ends
+    else                       // unique, or the first of a repeated hour
+      at = date::sys_seconds(t.time_since_epoch() - info.first.offset);
+    if (at > now) return at;
+    t += minutes(1);
+  }
+  return std::nullopt;
+}
+
 bool WindowOpen(const api::ScheduleWindow& window, const std::string& tz, Clock::time_point now) {
   const auto start = LastOccurrence(window.start_cron, tz, now);
   if (!start) return false;
@@ -86,6 +128,13 @@ Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
     } else {
       d.reason = e.schedule.empty() ? "minGPUs (no schedule)" : "minGPUs (outside every window)";
     }
+    auto sooner = [&d](std::optional<Clock::time_point> t) {
+      if (t && (!d.revisit || *t < *d.revisit)) d.revisit = t;
+    };
+    for (const api::ScheduleWindow& w : e.schedule) {
+      sooner(NextOccurrence(w.start_cron, e.time_zone, now));
+      sooner(NextOccurrence(w.end_cron, e.time_zone, now));
+    }
   }
   target = std::clamp(target, e.min_gpus, e.max_gpus);
 
@@ -94,6 +143,7 @@ Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
     const int64_t reachable = state.current_gpus + std::max<int64_t>(capacity.idle_gpus, 0);
     if (reachable < target) {
       gated = reachable;
+      d.capacity_limited = true;
       d.reason += "; capacity: " + std::to_string(capacity.idle_gpus) + " idle GPUs, " +
                   std::to_string(target) + " wanted";
     }
@@ -113,6 +163,8 @@ Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
                  "), last change " + std::to_string(since.count()) + "s ago, cooldownSeconds " +
                  std::to_string(e.cooldown_seconds);
       d.desired = state.current_gpus;
+      const Clock::time_point over = *state.last_change + std::chrono::seconds(e.cooldown_seconds);
+      if (!d.revisit || over < *d.revisit) d.revisit = over;
     }
   }
   return d;

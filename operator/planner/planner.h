@@ -31,6 +31,10 @@ bool WindowOpen(const api::ScheduleWindow& window, const std::string& tz, Clock:
 // The last instant at or before `now` whose local wall-clock minute in `tz` matches `cron`.
 std::optional<Clock::time_point> LastOccurrence(const api::CronExpr& cron, const std::string& tz,
                                                 Clock::time_point now);
+// The first instant after `now` whose local wall-clock minute in `tz` matches `cron` (the same
+// daylight-saving rules as LastOccurrence), within 400 days; none beyond.
+std::optional<Clock::time_point> NextOccurrence(const api::CronExpr& cron, const std::string& tz,
+                                                Clock::time_point now);
 
 struct Capacity {
   int64_t idle_gpus = 0;  // allocatable nvidia.com/gpu on eligible nodes minus other pods' requests
@@ -39,6 +43,13 @@ struct Capacity {
 struct Decision {
   int64_t desired = 0;
   std::string reason;  // for status.gpus.reason: which rule set the count
+  // The next instant at which the clock alone may change the answer — a schedule window's
+  // start or end, the cooldown's end — so that the controller sets a timer instead of polling.
+  // None when only the spec, the capacity or the job's size can.
+  std::optional<Clock::time_point> revisit;
+  // The capacity gate held the count below what the schedule wants: GPUs freed elsewhere
+  // change the answer, and nothing announces them to this job.
+  bool capacity_limited = false;
 };
 
 struct JobState {

@@ -3,6 +3,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <condition_variable>
 #include <mutex>
 
 #include "tidal/worker/v1/worker.grpc.pb.h"
@@ -254,6 +255,67 @@ Status WorkerClient::WatchSteps(int64_t after_step, std::chrono::milliseconds ti
   grpc::Status s = reader->Finish();
   if (s.error_code() == grpc::StatusCode::CANCELLED) return OkStatus();  // we stopped it
   return FromGrpcStatus(s);
+}
+
+// One WatchStatus call: reads until the stream ends, then reports once. Owned by its handle,
+// which cancels it and waits for the end before freeing it.
+struct WorkerClient::StatusStream::Reactor : grpc::ClientReadReactor<pb::WorkerStatus> {
+  grpc::ClientContext ctx;
+  pb::WatchStatusRequest request;
+  pb::WorkerStatus message;
+  std::shared_ptr<pb::WorkerControl::Stub> stub;  // kept while the call runs
+  std::function<void(const pb::WorkerStatus&)> on_status;
+  std::function<void(const Status&)> on_end;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ends: OnDone follows
+    on_status(message);
+    StartRead(&message);
+  }
+  void OnDone(const grpc::Status& s) override {
+    on_end(FromGrpcStatus(s));
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+    cv.notify_all();
+  }
+};
+
+std::unique_ptr<WorkerClient::StatusStream> WorkerClient::WatchStatus(
+    std::chrono::milliseconds min_interval, std::chrono::milliseconds heartbeat,
+    std::function<void(const pb::WorkerStatus&)> on_status,
+    std::function<void(const Status&)> on_end) {
+  auto* r = new StatusStream::Reactor();
+  if (!impl_->options.token.empty())
+    r->ctx.AddMetadata("authorization", "Bearer " + impl_->options.token);
+  r->request.set_min_interval_ms(min_interval.count());
+  r->request.set_heartbeat_ms(heartbeat.count());
+  r->on_status = std::move(on_status);
+  r->on_end = std::move(on_end);
+  r->stub = impl_->Stub();
+  r->stub->async()->WatchStatus(&r->ctx, &r->request, r);
+  r->StartRead(&r->message);
+  r->StartCall();
+  std::unique_ptr<StatusStream> handle(new StatusStream());
+  handle->reactor_ = r;
+  return handle;
+}
+
+WorkerClient::StatusStream::~StatusStream() {
+  if (!reactor_) return;
+  reactor_->ctx.TryCancel();
+  {
+    std::unique_lock<std::mutex> lock(reactor_->mu);
+    reactor_->cv.wait(lock, [&] { return reactor_->done; });
+  }
+  delete reactor_;
+}
+
+bool WorkerClient::StatusStream::ended() const {
+  std::lock_guard<std::mutex> lock(reactor_->mu);
+  return reactor_->done;
 }
 
 }  // namespace tidal::worker

@@ -55,9 +55,31 @@ class WorkerClient {
   Status WatchSteps(int64_t after_step, std::chrono::milliseconds timeout,
                     const std::function<bool(const v1::StepEvent&)>& on_event);
 
+  // Opens a WatchStatus stream (worker.proto) on this client's channel, with no thread of its
+  // own (gRPC's callback API): `on_status` gets each status, then `on_end` once, with why the
+  // stream ended (OK: the worker exited). Both run on gRPC's threads and must not block. The
+  // stream has no deadline; destroying the handle cancels it and waits for `on_end`.
+  class StatusStream;
+  std::unique_ptr<StatusStream> WatchStatus(std::chrono::milliseconds min_interval,
+                                            std::chrono::milliseconds heartbeat,
+                                            std::function<void(const v1::WorkerStatus&)> on_status,
+                                            std::function<void(const Status&)> on_end);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+class WorkerClient::StatusStream {
+ public:
+  ~StatusStream();  // cancels, and returns once on_end has run
+  bool ended() const;
+
+ private:
+  friend class WorkerClient;
+  struct Reactor;
+  StatusStream() = default;
+  Reactor* reactor_ = nullptr;  // deletes itself after on_end; this waits for that
 };
 
 // gRPC's status as ours; the gRPC code's name leads the message ("UNAUTHENTICATED: ...").

@@ -4,12 +4,15 @@
 #include <grpcpp/grpcpp.h>
 #include <openssl/crypto.h>
 
+#include <algorithm>
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include "common/log.h"
 #include "tidal/worker/v1/worker.grpc.pb.h"
 #include "worker/control/phase_proto.h"
+#include "worker/control/status_change.h"
 
 namespace tidal::worker {
 namespace {
@@ -111,6 +114,49 @@ class Service final : public pb::WorkerControl::Service {
   grpc::Status GetStatus(grpc::ServerContext* ctx, const pb::GetStatusRequest*,
                          pb::WorkerStatus* out) override {
     if (auto denied = Authenticate(ctx)) return *denied;
+    FillStatus(out);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchStatus(grpc::ServerContext* ctx, const pb::WatchStatusRequest* req,
+                           grpc::ServerWriter<pb::WorkerStatus>* writer) override {
+    if (auto denied = Authenticate(ctx)) return *denied;
+    using std::chrono::milliseconds;
+    const milliseconds min_interval(req->min_interval_ms() == 0
+                                        ? 1000
+                                        : std::clamp<int64_t>(req->min_interval_ms(), 100, 60000));
+    const milliseconds heartbeat(
+        req->heartbeat_ms() == 0 ? 10000 : std::clamp<int64_t>(req->heartbeat_ms(), 1000, 300000));
+    const std::vector<StepEvent> newest = runtime_.RecentEvents(1);
+    uint64_t cursor = newest.empty() ? 0 : newest.back().seq;
+    std::string sent_digest;
+    int64_t sent_step = -1;
+    std::optional<Clock::time_point> sent_at;
+    while (!ctx->IsCancelled()) {
+      pb::WorkerStatus now;
+      FillStatus(&now);
+      std::string digest = ActionableDigest(now);
+      const auto t = Clock::now();
+      const bool due = !sent_at || digest != sent_digest ||
+                       (now.step() != sent_step && t - *sent_at >= min_interval) ||
+                       t - *sent_at >= heartbeat;
+      if (due) {
+        if (!writer->Write(now)) return grpc::Status::OK;  // the caller went away
+        sent_digest = std::move(digest);
+        sent_step = now.step();
+        sent_at = t;
+      }
+      if (runtime_.exited()) break;
+      // A step wakes this at once; a change of phase announces itself to no one: looked at
+      // every 100 ms (in-process, a copy of the state).
+      const std::vector<StepEvent> events =
+          runtime_.EventsAfter(cursor, 256, t + milliseconds(100));
+      if (!events.empty()) cursor = events.back().seq;
+    }
+    return grpc::Status::OK;
+  }
+
+  void FillStatus(pb::WorkerStatus* out) const {
     const WorkerState s = runtime_.State();
     out->set_phase(ToProto(s.phase));
     out->set_generation(s.generation);
@@ -150,7 +196,6 @@ class Service final : public pb::WorkerControl::Service {
     }
     out->set_uptime_millis(
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_).count());
-    return grpc::Status::OK;
   }
 
   // A repeated HOST:PORT field into `out`; INVALID_ARGUMENT naming the first bad entry.

@@ -79,6 +79,7 @@ class Sim {
     for (const auto& [name, since] : silent_)
       if (pods_.count(name)) o.unreachable_since[name] = since;
     o.idle_gpus = idle_gpus_;
+    o.pushed = pushed_;
     o.now = now_;
     // The shell's monotonic clock: as far from its start as the wall clock, unless a test
     // has stepped the wall clock (wall_step_).
@@ -178,6 +179,7 @@ class Sim {
   int reconciles_ = 0;
   bool deleting_ = false, finalizer_ = false;
   int64_t idle_gpus_ = 8;
+  bool pushed_ = false;  // the workers push their status (Observed::pushed)
   Clock::time_point now_ = Clock::time_point{} + std::chrono::hours(24 * 365 * 50);
   const Clock::time_point start_ = now_;
   std::vector<std::string> events_;
@@ -1729,6 +1731,37 @@ TEST(Reconcile, RankZeroSucceedingMakesTheJobSucceeded) {
   sim.Reconcile();
   EXPECT_EQ(sim.phase(), "Succeeded");
   EXPECT_TRUE(sim.HasEvent("Succeeded"));
+}
+
+// Issue 26: a job whose workers push their status is not polled while nothing changes: it is
+// looked at again when the clock alone may change what it should do (the schedule window's
+// next boundary), at the progress deadline (a stall is a step unchanged across two looks), or
+// after the resync — and polled as before when anything else could change it unannounced.
+TEST(Reconcile, ASteadyJobWhoseWorkersPushIsLookedAtAgainOnlyWhenTheClockMayChangeIt) {
+  Sim sim(Spec(R"({"elastic": {"schedule": [{"name": "night", "start": "5 0 * * *",
+                                             "end": "0 6 * * *", "gpus": 4}]}})"));
+  sim.pushed_ = true;
+  sim.Until([&] { return sim.phase() == "Running" && !sim.status().rescale; });
+  Clock::time_point at = sim.now_;
+  Plan plan = sim.Reconcile();
+  EXPECT_EQ(plan.requeue_after,
+            std::chrono::duration_cast<std::chrono::milliseconds>(sim.start_ + 5min - at) + 200ms)
+      << "just past the window's start, 00:05";
+  sim.pushed_ = false;
+  EXPECT_EQ(sim.Reconcile().requeue_after, 5s) << "without pushes, the poll";
+  sim.pushed_ = true;
+
+  Sim plain(Spec());  // no schedule: nothing but the progress deadline (600 s)
+  plain.pushed_ = true;
+  plain.Until([&] { return plain.phase() == "Running" && !plain.status().rescale; });
+  EXPECT_EQ(plain.Reconcile().requeue_after, 600s);
+  plain.SetSpec(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 0}})"));
+  EXPECT_EQ(plain.Reconcile().requeue_after, 10min) << "the resync";
+  plain.SetSpec(Spec(R"({"anomaly": {"action": "Alert"}})"));
+  EXPECT_EQ(plain.Reconcile().requeue_after, 5s) << "the anomaly rule reads every step";
+  plain.SetSpec(Spec());
+  plain.silent_["job-worker-1"] = plain.now_;
+  EXPECT_EQ(plain.Reconcile().requeue_after, 5s) << "a worker that does not answer";
 }
 
 TEST(Reconcile, TheCapacityGateHoldsTheJobAtMinAndSaysWhy) {

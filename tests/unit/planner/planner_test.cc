@@ -126,6 +126,68 @@ TEST(DesiredGpusTest, ManualOverrideBeatsTheScheduleAndTheCooldownNotCapacity) {
   EXPECT_EQ(DesiredGpus(spec, {2, day - seconds(10)}, {0}, day).desired, 4);
 }
 
+TEST(WindowTest, TheNextOccurrenceIsTheFirstMatchingLocalMinuteAfterNowAcrossMonthsAndDst) {
+  const auto at22 = *api::ParseCron("0 22 * * *");
+  // Shanghai 22:00 is 14:00 UTC; at that very instant the next one is a day later.
+  EXPECT_EQ(NextOccurrence(at22, "Asia/Shanghai", Utc(2026_y / 11 / 23, 13, 59)),
+            Utc(2026_y / 11 / 23, 14, 0));
+  EXPECT_EQ(NextOccurrence(at22, "Asia/Shanghai", Utc(2026_y / 11 / 23, 14, 0)),
+            Utc(2026_y / 11 / 24, 14, 0));
+  // Only in March: from November, the first of March next year (local midnight, UTC+8).
+  const auto march = *api::ParseCron("0 0 1 3 *");
+  EXPECT_EQ(NextOccurrence(march, "Asia/Shanghai", Utc(2026_y / 11 / 23, 0, 0)),
+            Utc(2027_y / 2 / 28, 16, 0));
+  // Mondays at 09:30 in New York: Monday 2026-11-23 is EST (UTC-5).
+  const auto monday = *api::ParseCron("30 9 * * 1");
+  EXPECT_EQ(NextOccurrence(monday, "America/New_York", Utc(2026_y / 11 / 21, 0, 0)),
+            Utc(2026_y / 11 / 23, 14, 30));
+  // In the spring-forward gap: 02:30 on 2026-03-08 does not exist; it happens when the gap
+  // ends (07:00 UTC), as LastOccurrence says.
+  const auto at0230 = *api::ParseCron("30 2 * * *");
+  EXPECT_EQ(NextOccurrence(at0230, "America/New_York", Utc(2026_y / 3 / 8, 6, 0)),
+            Utc(2026_y / 3 / 8, 7, 0));
+  // Every next occurrence is one LastOccurrence finds at that instant, and none is skipped.
+  auto t = Utc(2026_y / 3 / 1, 0, 0);
+  for (int i = 0; i < 60; ++i) {
+    const auto next = NextOccurrence(at0230, "America/New_York", t);
+    ASSERT_TRUE(next);
+    EXPECT_GT(*next, t);
+    EXPECT_EQ(LastOccurrence(at0230, "America/New_York", *next), next);
+    EXPECT_EQ(LastOccurrence(at0230, "America/New_York", *next - seconds(1)),
+              LastOccurrence(at0230, "America/New_York", t));
+    t = *next;
+  }
+  // A date that never comes (30 February): none.
+  EXPECT_FALSE(NextOccurrence(*api::ParseCron("0 0 30 2 *"), "UTC", Utc(2026_y / 1 / 1, 0, 0)));
+}
+
+// The controller sets a timer for the next instant the clock alone may change the decision,
+// instead of polling: a window's start or end, the cooldown's end.
+TEST(DesiredGpusTest, TheDecisionSaysWhenTheClockAloneMayChangeItAndWhetherCapacityHoldsIt) {
+  auto spec = Spec();  // night 22:00-08:00 Shanghai (14:00-00:00 UTC), 4 GPUs
+  const auto noon = Utc(2026_y / 11 / 23, 4, 0);
+  Decision d = DesiredGpus(spec, {2, std::nullopt}, {8}, noon);
+  EXPECT_EQ(d.revisit, Utc(2026_y / 11 / 23, 14, 0)) << "the window's start";
+  EXPECT_FALSE(d.capacity_limited);
+  const auto night = Utc(2026_y / 11 / 23, 15, 0);
+  d = DesiredGpus(spec, {4, std::nullopt}, {8}, night);
+  EXPECT_EQ(d.revisit, Utc(2026_y / 11 / 24, 0, 0)) << "the window's end";
+  // Held by the cooldown: its end comes first.
+  spec.elastic.cooldown_seconds = 600;
+  d = DesiredGpus(spec, {2, night - seconds(60)}, {8}, night);
+  EXPECT_EQ(d.desired, 2);
+  EXPECT_EQ(d.revisit, night + seconds(540));
+  // The capacity gate: idle GPUs elsewhere change it, which no timer knows.
+  spec.elastic.require_idle_capacity = true;
+  d = DesiredGpus(spec, {2, std::nullopt}, {1}, night);
+  EXPECT_EQ(d.desired, 2);
+  EXPECT_TRUE(d.capacity_limited);
+  // No schedule, no cooldown: nothing but a change of spec or capacity changes it.
+  spec.elastic.schedule.clear();
+  spec.elastic.require_idle_capacity = false;
+  EXPECT_FALSE(DesiredGpus(spec, {2, std::nullopt}, {8}, night).revisit);
+}
+
 TEST(DesiredGpusTest, NoScheduleRunsAtMin) {
   auto spec = Spec();
   spec.elastic.schedule.clear();

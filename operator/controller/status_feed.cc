@@ -1,0 +1,174 @@
+// operator/controller/status_feed.cc
+#include "operator/controller/status_feed.h"
+
+#include <algorithm>
+
+#include "common/log.h"
+#include "tidal/worker/v1/worker.pb.h"
+#include "worker/control/status_change.h"
+
+namespace tidal::controller {
+
+StatusFeed::StatusFeed(Options options, std::function<void(const std::string&)> wake)
+    : options_(options), wake_(std::move(wake)) {}
+
+StatusFeed::~StatusFeed() {
+  std::vector<std::unique_ptr<worker::WorkerClient::StatusStream>> closing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [job, j] : jobs_)
+      for (auto& [pod, w] : j.workers)
+        if (w.stream) closing.push_back(std::move(w.stream));
+  }
+  closing.clear();  // outside the lock: each waits for its stream's last callback
+}
+
+std::unique_ptr<worker::WorkerClient::StatusStream> StatusFeed::Open(const std::string& job,
+                                                                     const std::string& pod,
+                                                                     Worker& w) {
+  const uint64_t incarnation = w.incarnation = next_incarnation_++;
+  w.open = false;
+  return w.client->WatchStatus(
+      options_.min_interval, options_.heartbeat,
+      [this, job, pod, incarnation](const worker::v1::WorkerStatus& s) {
+        OnStatus(job, pod, incarnation, s);
+      },
+      [this, job, pod, incarnation](const Status& why) { OnEnd(job, pod, incarnation, why); });
+}
+
+void StatusFeed::Follow(const std::string& job,
+                        const std::map<std::string, std::shared_ptr<worker::WorkerClient>>& pods) {
+  std::vector<std::unique_ptr<worker::WorkerClient::StatusStream>> closing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Job& j = jobs_[job];
+    for (auto it = j.workers.begin(); it != j.workers.end();) {
+      auto listed = pods.find(it->first);
+      if (listed == pods.end() || listed->second != it->second.client) {
+        if (it->second.stream) closing.push_back(std::move(it->second.stream));
+        it = j.workers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    for (const auto& [pod, client] : pods) {
+      if (!client) continue;
+      Worker& w = j.workers[pod];
+      const bool ended = w.stream && w.stream->ended();
+      if (w.stream && !ended) continue;
+      if (ended && now < w.retry_at) continue;
+      if (w.stream) closing.push_back(std::move(w.stream));
+      w.client = client;
+      w.stream = Open(job, pod, w);
+    }
+  }
+  closing.clear();
+}
+
+void StatusFeed::Forget(const std::string& job) {
+  std::vector<std::unique_ptr<worker::WorkerClient::StatusStream>> closing;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = jobs_.find(job);
+    if (it == jobs_.end()) return;
+    for (auto& [pod, w] : it->second.workers)
+      if (w.stream) closing.push_back(std::move(w.stream));
+    jobs_.erase(it);
+  }
+  closing.clear();
+}
+
+bool StatusFeed::Pushed(const std::string& job, const std::vector<std::string>& pods) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto j = jobs_.find(job);
+  if (j == jobs_.end() || pods.empty()) return false;
+  for (const std::string& pod : pods) {
+    auto w = j->second.workers.find(pod);
+    if (w == j->second.workers.end() || !w->second.open) return false;
+  }
+  return true;
+}
+
+std::map<std::string, StatusFeed::Figures> StatusFeed::TakeChangedFigures() {
+  std::map<std::string, Figures> out;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [job, j] : jobs_)
+    if (j.figures_changed && j.figures) {
+      out[job] = *j.figures;
+      j.figures_changed = false;
+    }
+  return out;
+}
+
+size_t StatusFeed::streams() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [job, j] : jobs_)
+    for (const auto& [pod, w] : j.workers) n += w.stream && w.open ? 1 : 0;
+  return n;
+}
+
+void StatusFeed::OnStatus(const std::string& job, const std::string& pod, uint64_t incarnation,
+                          const worker::v1::WorkerStatus& status) {
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto j = jobs_.find(job);
+    if (j == jobs_.end()) return;
+    auto it = j->second.workers.find(pod);
+    if (it == j->second.workers.end() || it->second.incarnation != incarnation) return;
+    Worker& w = it->second;
+    std::string digest = worker::ActionableDigest(status);
+    wake = !w.open || digest != w.digest;
+    w.digest = std::move(digest);
+    w.open = true;
+    w.backoff = std::chrono::milliseconds(0);
+    w.error.clear();
+    const bool rank0 =
+        status.rank() == 0 && status.generation() > 0 && status.phase() == worker::v1::RUNNING;
+    w.figures.reset();
+    if (rank0)
+      w.figures =
+          Figures{status.generation(), status.step(), status.loss(), status.tokens_per_second()};
+    // The job's figures: the rank 0 of the newest generation among its workers.
+    std::optional<Figures> newest;
+    for (const auto& [name, other] : j->second.workers)
+      if (other.figures && (!newest || other.figures->generation > newest->generation))
+        newest = other.figures;
+    if (newest && newest != j->second.figures) {
+      j->second.figures = newest;
+      j->second.figures_changed = true;
+    }
+  }
+  if (wake) wake_(job);
+}
+
+void StatusFeed::OnEnd(const std::string& job, const std::string& pod, uint64_t incarnation,
+                       const Status& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto j = jobs_.find(job);
+    if (j == jobs_.end()) return;
+    auto it = j->second.workers.find(pod);
+    if (it == j->second.workers.end() || it->second.incarnation != incarnation) return;
+    Worker& w = it->second;
+    w.open = false;
+    w.figures.reset();
+    w.backoff = w.backoff.count() == 0
+                    ? options_.initial_backoff
+                    : std::min<std::chrono::milliseconds>(w.backoff * 2, options_.max_backoff);
+    w.retry_at = std::chrono::steady_clock::now() + w.backoff;
+    if (w.error != why.ToString()) {
+      w.error = why.ToString();
+      LogInfo("worker status stream ended",
+              {{"job", job},
+               {"pod", pod},
+               {"error", w.error},
+               {"retry_in_seconds", std::chrono::duration<double>(w.backoff).count()}});
+    }
+  }
+  wake_(job);
+}
+
+}  // namespace tidal::controller

@@ -1,0 +1,90 @@
+// operator/controller/status_feed.h — the workers' status, pushed (worker.proto WatchStatus):
+// one long-lived, authenticated stream per running worker pod, with no thread of its own. What
+// the operator acts on (phase, generation, checkpoints, errors, ...: worker/control/
+// status_change.h) wakes the job's reconcile at once; the step's figures (step, loss,
+// tokens/s) only go to status, through the controller's patcher, at a bounded rate. A stream
+// that ends wakes the job too (a signal, never a busy loop): it is opened again at the job's
+// next reconcile after a backoff (0.5 s doubling to 30 s, reset by a status), and until then
+// the job is polled as before.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "worker/control/client.h"
+
+namespace tidal::controller {
+
+class StatusFeed {
+ public:
+  struct Options {
+    std::chrono::milliseconds min_interval{500};  // of step figures, per worker
+    std::chrono::milliseconds heartbeat{std::chrono::seconds(10)};
+    std::chrono::milliseconds initial_backoff{500};
+    std::chrono::milliseconds max_backoff{std::chrono::seconds(30)};
+  };
+  // The newest step figures of a job: its rank 0's, at the newest generation it reports.
+  struct Figures {
+    int64_t generation = 0, step = 0;
+    double loss = 0, tokens_per_second = 0;
+    bool operator==(const Figures&) const = default;
+  };
+
+  // `wake(job)`: an actionable change of one of the job's workers, or a stream that ended.
+  // Runs on gRPC's threads: it must not block.
+  StatusFeed(Options options, std::function<void(const std::string& job)> wake);
+  ~StatusFeed();  // closes every stream
+  StatusFeed(const StatusFeed&) = delete;
+  StatusFeed& operator=(const StatusFeed&) = delete;
+
+  // From the job's reconcile: the worker pods to follow, with their clients (a pod's stream is
+  // reopened when its client changes). Opens what is missing, reopens what ended once its
+  // backoff is over, closes the streams of pods no longer listed.
+  void Follow(const std::string& job,
+              const std::map<std::string, std::shared_ptr<worker::WorkerClient>>& pods);
+  void Forget(const std::string& job);
+  // Whether each of `pods` has an open stream that has delivered a status: the job's workers
+  // push every change, and it needs no poll.
+  bool Pushed(const std::string& job, const std::vector<std::string>& pods) const;
+  // Jobs whose figures changed since the last call, with the newest figures.
+  std::map<std::string, Figures> TakeChangedFigures();
+  size_t streams() const;
+
+ private:
+  struct Worker {
+    std::shared_ptr<worker::WorkerClient> client;
+    std::unique_ptr<worker::WorkerClient::StatusStream> stream;
+    uint64_t incarnation = 0;        // of `stream`: callbacks of an older one are ignored
+    bool open = false;               // delivered a status and has not ended
+    std::string digest;              // ActionableDigest of the newest status
+    std::optional<Figures> figures;  // when it reports rank 0 in a generation
+    std::chrono::steady_clock::time_point retry_at{};
+    std::chrono::milliseconds backoff{0};
+    std::string error;  // why the last stream ended
+  };
+  struct Job {
+    std::map<std::string, Worker> workers;  // by pod
+    std::optional<Figures> figures;         // the newest, as last taken or not
+    bool figures_changed = false;
+  };
+  void OnStatus(const std::string& job, const std::string& pod, uint64_t incarnation,
+                const worker::v1::WorkerStatus& status);
+  void OnEnd(const std::string& job, const std::string& pod, uint64_t incarnation,
+             const Status& why);
+  std::unique_ptr<worker::WorkerClient::StatusStream> Open(const std::string& job,
+                                                           const std::string& pod, Worker& w);
+
+  const Options options_;
+  const std::function<void(const std::string&)> wake_;
+  mutable std::mutex mu_;
+  std::map<std::string, Job> jobs_;
+  uint64_t next_incarnation_ = 1;
+};
+
+}  // namespace tidal::controller

@@ -1,0 +1,209 @@
+// The operator's StatusFeed against a worker's WatchStatus over real gRPC on loopback (a fake
+// WorkerControl service pushes what each test says): what the operator acts on wakes the job
+// at once, step figures only reach the patcher, a stream that ends wakes the job once and is
+// reopened only after its backoff, and a pod no longer followed has its stream closed.
+#include "operator/controller/status_feed.h"
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "tidal/worker/v1/worker.grpc.pb.h"
+
+namespace tidal::controller {
+namespace {
+
+namespace pb = ::tidal::worker::v1;
+using namespace std::chrono_literals;
+
+class FakeWorker final : public pb::WorkerControl::Service {
+ public:
+  grpc::Status WatchStatus(grpc::ServerContext* ctx, const pb::WatchStatusRequest* req,
+                           grpc::ServerWriter<pb::WorkerStatus>* writer) override {
+    auto auth = ctx->client_metadata().find("authorization");
+    if (auth == ctx->client_metadata().end() || auth->second != "Bearer secret")
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "the job token does not match");
+    std::unique_lock<std::mutex> lock(mu_);
+    ++calls_;
+    min_interval_ms_ = req->min_interval_ms();
+    cv_.notify_all();
+    while (!ctx->IsCancelled()) {
+      cv_.wait_for(lock, 20ms, [&] { return !queue_.empty() || end_; });
+      if (end_) {
+        end_ = false;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker goes away");
+      }
+      while (!queue_.empty()) {
+        pb::WorkerStatus s = queue_.front();
+        queue_.pop_front();
+        lock.unlock();
+        writer->Write(s);
+        lock.lock();
+      }
+    }
+    ++cancelled_;
+    cv_.notify_all();
+    return grpc::Status::OK;
+  }
+  void Push(pb::WorkerStatus s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(s));
+    cv_.notify_all();
+  }
+  void EndStream() {
+    std::lock_guard<std::mutex> lock(mu_);
+    end_ = true;
+    cv_.notify_all();
+  }
+  template <typename F>
+  bool WaitFor(F done) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, 30s, [&] { return done(); });
+  }
+  int calls_ = 0, cancelled_ = 0;
+  int64_t min_interval_ms_ = 0;
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<pb::WorkerStatus> queue_;
+  bool end_ = false;
+};
+
+pb::WorkerStatus Status(pb::Phase phase, int64_t generation, int rank, int64_t step) {
+  pb::WorkerStatus s;
+  s.set_phase(phase);
+  s.set_generation(generation);
+  s.set_rank(rank);
+  s.set_world_size(2);
+  s.set_step(step);
+  s.set_loss(2.5 - 0.01 * static_cast<double>(step));
+  s.set_tokens_per_second(1000);
+  return s;
+}
+
+template <typename F>
+bool Eventually(F done) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+class StatusFeedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&fake_);
+    server_ = builder.BuildAndStart();
+    ASSERT_TRUE(server_ && port_ > 0);
+  }
+  void TearDown() override { server_->Shutdown(std::chrono::system_clock::now() + 1s); }
+  std::shared_ptr<worker::WorkerClient> Client(const std::string& token = "secret") {
+    worker::ClientOptions o;
+    o.address = "127.0.0.1:" + std::to_string(port_);
+    o.token = token;
+    return std::make_shared<worker::WorkerClient>(o);
+  }
+  StatusFeed::Options Fast() {
+    StatusFeed::Options o;
+    o.min_interval = 100ms;
+    o.initial_backoff = 300ms;
+    return o;
+  }
+  FakeWorker fake_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<int> wakes_{0};
+};
+
+TEST_F(StatusFeedTest, AnActionableChangeWakesTheJobAtOnceAndStepFiguresOnlyReachThePatcher) {
+  StatusFeed feed(Fast(), [&](const std::string& job) {
+    EXPECT_EQ(job, "ns/job");
+    ++wakes_;
+  });
+  feed.Follow("ns/job", {{"job-worker-0", Client()}});
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.calls_ == 1; }));
+  EXPECT_EQ(fake_.min_interval_ms_, 100) << "the feed asks for its interval";
+  EXPECT_FALSE(feed.Pushed("ns/job", {"job-worker-0"})) << "no status yet";
+  fake_.Push(Status(pb::RUNNING, 1, 0, 10));
+  ASSERT_TRUE(Eventually([&] { return wakes_.load() == 1; })) << "the first status wakes";
+  EXPECT_TRUE(feed.Pushed("ns/job", {"job-worker-0"}));
+  EXPECT_FALSE(feed.Pushed("ns/job", {"job-worker-0", "job-worker-1"}));
+  // Only the step's figures move: the patcher gets them, the job sleeps on.
+  fake_.Push(Status(pb::RUNNING, 1, 0, 11));
+  std::map<std::string, StatusFeed::Figures> taken;
+  ASSERT_TRUE(Eventually([&] {
+    for (auto& [job, f] : feed.TakeChangedFigures()) taken[job] = f;
+    return taken.count("ns/job") && taken["ns/job"].step == 11;
+  }));
+  EXPECT_EQ(taken["ns/job"].generation, 1);
+  EXPECT_DOUBLE_EQ(taken["ns/job"].loss, 2.5 - 0.11);
+  EXPECT_EQ(wakes_.load(), 1) << "a step woke the job";
+  EXPECT_TRUE(feed.TakeChangedFigures().empty()) << "taken once";
+  // What the operator acts on: at once.
+  fake_.Push(Status(pb::PAUSED, 1, 0, 11));
+  ASSERT_TRUE(Eventually([&] { return wakes_.load() == 2; }));
+  // Another rank's figures are not the job's.
+  fake_.Push(Status(pb::RUNNING, 2, 1, 50));
+  ASSERT_TRUE(Eventually([&] { return wakes_.load() == 3; }));
+  EXPECT_TRUE(feed.TakeChangedFigures().empty());
+}
+
+TEST_F(StatusFeedTest, AStreamThatEndsWakesTheJobOnceAndIsReopenedOnlyAfterItsBackoff) {
+  StatusFeed feed(Fast(), [&](const std::string&) { ++wakes_; });
+  const auto client = Client();
+  feed.Follow("ns/job", {{"job-worker-0", client}});
+  fake_.Push(Status(pb::RUNNING, 1, 0, 1));
+  ASSERT_TRUE(Eventually([&] { return feed.Pushed("ns/job", {"job-worker-0"}); }));
+  const int before = wakes_.load();
+  fake_.EndStream();
+  ASSERT_TRUE(Eventually([&] { return wakes_.load() == before + 1; })) << "the end wakes the job";
+  EXPECT_FALSE(feed.Pushed("ns/job", {"job-worker-0"}));
+  // Followed again and again (the reconciles the wake-ups run): the stream is opened again
+  // only once its backoff is over — the first second call comes after it.
+  const auto ended = std::chrono::steady_clock::now();
+  auto calls = [&] {
+    int n = 0;
+    fake_.WaitFor([&] {
+      n = fake_.calls_;
+      return true;
+    });
+    return n;
+  };
+  ASSERT_TRUE(Eventually([&] {
+    feed.Follow("ns/job", {{"job-worker-0", client}});
+    return calls() == 2;
+  }));
+  EXPECT_GE(std::chrono::steady_clock::now() - ended, 250ms) << "reopened inside the backoff";
+  fake_.Push(Status(pb::RUNNING, 1, 0, 2));
+  ASSERT_TRUE(Eventually([&] { return feed.Pushed("ns/job", {"job-worker-0"}); }));
+  EXPECT_EQ(wakes_.load(), before + 2) << "one wake for the end, one for the first status";
+}
+
+TEST_F(StatusFeedTest, AWrongTokenIsNoPushAndAnUnfollowedPodsStreamIsClosed) {
+  StatusFeed feed(Fast(), [&](const std::string&) { ++wakes_; });
+  feed.Follow("ns/refused", {{"job-worker-0", Client("wrong")}});
+  ASSERT_TRUE(Eventually([&] { return wakes_.load() == 1; })) << "the refusal ends the stream";
+  EXPECT_FALSE(feed.Pushed("ns/refused", {"job-worker-0"}));
+  EXPECT_EQ(fake_.calls_, 0);
+
+  feed.Follow("ns/job", {{"job-worker-0", Client()}});
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.calls_ == 1; }));
+  feed.Follow("ns/job", {});  // the pod went: its stream is cancelled
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.cancelled_ == 1; }));
+  feed.Forget("ns/refused");
+  EXPECT_EQ(feed.streams(), 0u);
+}
+
+}  // namespace
+}  // namespace tidal::controller
