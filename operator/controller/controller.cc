@@ -240,6 +240,7 @@ void TrainingJobController::PatchFigures() {
   std::unique_lock<std::mutex> lock(patcher_mu_);
   while (!patcher_cv_.wait_for(lock, kTick, [&] { return patcher_stop_; })) {
     lock.unlock();
+    feed_.Sweep();
     for (const auto& [job, figures] : feed_.TakeChangedFigures()) {
       Patched& p = patched_[job];
       if (figures.step > p.figures.step || figures.generation != p.figures.generation) {

@@ -315,8 +315,12 @@ void Decider::WriteStatus() {
                  "generation " + std::to_string(st_.generation) + " trains", o_.now, gen);
   const bool progressing =
       running || st_.phase == Phase::kPending || st_.phase == Phase::kRecovering;
+  // No step in the message: a condition that changed with every step made every status write
+  // differ from the last, and each write woke another reconcile.
   SetCondition(st_, "Progressing", progressing, progressing ? "Training" : phase,
-               "step " + std::to_string(st_.step), o_.now, gen);
+               progressing ? "generation " + std::to_string(st_.generation) + " (" + phase + ")"
+                           : "phase " + phase,
+               o_.now, gen);
 }
 
 }  // namespace tidal::controller::internal

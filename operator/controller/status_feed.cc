@@ -28,6 +28,7 @@ std::unique_ptr<worker::WorkerClient::StatusStream> StatusFeed::Open(const std::
                                                                      Worker& w) {
   const uint64_t incarnation = w.incarnation = next_incarnation_++;
   w.open = false;
+  w.stale = false;
   return w.client->WatchStatus(
       options_.min_interval, options_.heartbeat,
       [this, job, pod, incarnation](const worker::v1::WorkerStatus& s) {
@@ -55,7 +56,7 @@ void StatusFeed::Follow(const std::string& job,
     for (const auto& [pod, client] : pods) {
       if (!client) continue;
       Worker& w = j.workers[pod];
-      const bool ended = w.stream && w.stream->ended();
+      const bool ended = w.stream && (w.stream->ended() || w.stale);
       if (w.stream && !ended) continue;
       if (ended && now < w.retry_at) continue;
       if (w.stream) closing.push_back(std::move(w.stream));
@@ -101,6 +102,31 @@ std::map<std::string, StatusFeed::Figures> StatusFeed::TakeChangedFigures() {
   return out;
 }
 
+void StatusFeed::Sweep() {
+  std::vector<std::string> woken;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = std::chrono::steady_clock::now();
+    for (auto& [job, j] : jobs_)
+      for (auto& [pod, w] : j.workers) {
+        if (!w.open || now - w.last_message <= 3 * options_.heartbeat) continue;
+        w.open = false;
+        w.stale = true;
+        w.figures.reset();
+        w.backoff = options_.initial_backoff;
+        w.retry_at = now;  // reopened at once: the worker may only have been slow
+        w.error =
+            "no status for " +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::seconds>(now - w.last_message).count()) +
+            " s";
+        LogInfo("worker status stream silent", {{"job", job}, {"pod", pod}, {"error", w.error}});
+        woken.push_back(job);
+      }
+  }
+  for (const std::string& job : woken) wake_(job);
+}
+
 size_t StatusFeed::streams() const {
   std::lock_guard<std::mutex> lock(mu_);
   size_t n = 0;
@@ -123,6 +149,7 @@ void StatusFeed::OnStatus(const std::string& job, const std::string& pod, uint64
     wake = !w.open || digest != w.digest;
     w.digest = std::move(digest);
     w.open = true;
+    w.last_message = std::chrono::steady_clock::now();
     w.backoff = std::chrono::milliseconds(0);
     w.error.clear();
     const bool rank0 =

@@ -54,14 +54,20 @@ class StatusFeed {
   bool Pushed(const std::string& job, const std::vector<std::string>& pods) const;
   // Jobs whose figures changed since the last call, with the newest figures.
   std::map<std::string, Figures> TakeChangedFigures();
+  // A stream that delivered nothing for three heartbeats (a frozen worker keeps its connection)
+  // is taken as ended: its job is woken, and it is reopened at the next Follow after a backoff.
+  // Called every few hundred milliseconds (the controller's patcher).
+  void Sweep();
   size_t streams() const;
 
  private:
   struct Worker {
     std::shared_ptr<worker::WorkerClient> client;
     std::unique_ptr<worker::WorkerClient::StatusStream> stream;
-    uint64_t incarnation = 0;        // of `stream`: callbacks of an older one are ignored
-    bool open = false;               // delivered a status and has not ended
+    uint64_t incarnation = 0;  // of `stream`: callbacks of an older one are ignored
+    bool open = false;         // delivered a status and has not ended
+    bool stale = false;        // Sweep gave up on it: reopened like an ended one
+    std::chrono::steady_clock::time_point last_message{};
     std::string digest;              // ActionableDigest of the newest status
     std::optional<Figures> figures;  // when it reports rank 0 in a generation
     std::chrono::steady_clock::time_point retry_at{};

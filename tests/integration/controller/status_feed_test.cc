@@ -190,6 +190,30 @@ TEST_F(StatusFeedTest, AStreamThatEndsWakesTheJobOnceAndIsReopenedOnlyAfterItsBa
   EXPECT_EQ(wakes_.load(), before + 2) << "one wake for the end, one for the first status";
 }
 
+// A frozen worker (SIGSTOP, a hung host) keeps its connection and sends nothing: after three
+// heartbeats without a status its stream counts as ended — the job is woken, no longer taken
+// as pushed, and the stream is opened afresh.
+TEST_F(StatusFeedTest, AStreamSilentForThreeHeartbeatsIsTakenAsEndedAndOpenedAfresh) {
+  StatusFeed::Options o = Fast();
+  o.heartbeat = 100ms;
+  StatusFeed feed(o, [&](const std::string&) { ++wakes_; });
+  const auto client = Client();
+  feed.Follow("ns/job", {{"job-worker-0", client}});
+  fake_.Push(Status(pb::RUNNING, 1, 0, 1));
+  ASSERT_TRUE(Eventually([&] { return feed.Pushed("ns/job", {"job-worker-0"}); }));
+  const int before = wakes_.load();
+  const auto last = std::chrono::steady_clock::now();
+  ASSERT_TRUE(Eventually([&] {
+    feed.Sweep();
+    return wakes_.load() == before + 1;
+  }));
+  // `last` is read just after the status arrived: three heartbeats from then, less that gap.
+  EXPECT_GE(std::chrono::steady_clock::now() - last, 250ms) << "given up before 3 heartbeats";
+  EXPECT_FALSE(feed.Pushed("ns/job", {"job-worker-0"}));
+  feed.Follow("ns/job", {{"job-worker-0", client}});
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.calls_ == 2 && fake_.cancelled_ == 1; }));
+}
+
 TEST_F(StatusFeedTest, AWrongTokenIsNoPushAndAnUnfollowedPodsStreamIsClosed) {
   StatusFeed feed(Fast(), [&](const std::string&) { ++wakes_; });
   feed.Follow("ns/refused", {{"job-worker-0", Client("wrong")}});
