@@ -123,8 +123,18 @@ PrepPodView PrepViewOf(const kube::CachedPod& pod) {
   return v;
 }
 
+// The fields of status that only report the workers' progress (StatusFeed::Figures): the
+// patcher writes them between reconciles, and a change of them alone asks for no reconcile.
+constexpr const char* kFigures[] = {"step", "loss", "tokensPerSecond", "lastCheckpoint"};
+
+json WithoutFigures(json status) {
+  if (status.is_object())
+    for (const char* figure : kFigures) status.erase(figure);
+  return status;
+}
+
 // Whether `after` differs from `before` in nothing but its resourceVersion and the step's
-// figures in status (step, loss, tokensPerSecond).
+// figures in status.
 bool OnlyFiguresChanged(const json& before, const json& after) {
   auto strip = [](json j) {
     if (auto md = j.find("metadata"); md != j.end() && md->is_object()) {
@@ -132,7 +142,7 @@ bool OnlyFiguresChanged(const json& before, const json& after) {
       md->erase("managedFields");
     }
     if (auto st = j.find("status"); st != j.end() && st->is_object())
-      for (const char* figure : {"step", "loss", "tokensPerSecond"}) st->erase(figure);
+      for (const char* figure : kFigures) st->erase(figure);
     return j;
   };
   return strip(before) == strip(after);
@@ -243,7 +253,8 @@ void TrainingJobController::PatchFigures() {
     feed_.Sweep();
     for (const auto& [job, figures] : feed_.TakeChangedFigures()) {
       Patched& p = patched_[job];
-      if (figures.step > p.figures.step || figures.generation != p.figures.generation) {
+      if (figures.step > p.figures.step || figures.generation != p.figures.generation ||
+          figures.checkpoint_uri != p.figures.checkpoint_uri) {
         p.figures = figures;
         p.pending = true;
       }
@@ -262,21 +273,34 @@ void TrainingJobController::PatchFigures() {
       ++it;
       if (!p.pending || now - p.at < kPerJob) continue;
       p.pending = false;
-      // Only onto a status that trains and is behind (a reconcile may have written it since).
+      // Only onto a status that trains, and only what it lacks (a reconcile may have written
+      // the same since).
       const auto status = cached->find("status");
       if (status == cached->end() || !status->is_object()) continue;
       const auto phase = status->find("phase"), step = status->find("step");
       if (phase == status->end() || (*phase != "Running" && *phase != "Scaling") ||
-          step == status->end() || !step->is_number_integer() ||
-          step->get<int64_t>() >= p.figures.step)
+          step == status->end() || !step->is_number_integer())
         continue;
+      json figures = json::object();
+      if (step->get<int64_t>() < p.figures.step) {
+        figures["step"] = p.figures.step;
+        figures["loss"] = std::round(p.figures.loss * 1e4) / 1e4;  // as Decide rounds it
+        figures["tokensPerSecond"] = p.figures.tokens_per_second;
+      }
+      const auto checkpoint = status->find("lastCheckpoint");
+      std::string known;
+      if (checkpoint != status->end() && checkpoint->is_object())
+        if (auto uri = checkpoint->find("uri"); uri != checkpoint->end() && uri->is_string())
+          known = uri->get<std::string>();
+      if (p.figures.checkpoint_step >= 0 && p.figures.checkpoint_uri != known)
+        figures["lastCheckpoint"] = {{"step", p.figures.checkpoint_step},
+                                     {"kind", p.figures.checkpoint_kind},
+                                     {"uri", p.figures.checkpoint_uri},
+                                     {"time", kube::FormatTime(Clock::now())}};
+      if (figures.empty()) continue;
       p.at = now;
       auto request = kube::MergePatchRequest(kube::Resource::TrainingJobs(), ns, name,
-                                             {{"status",
-                                               {{"step", p.figures.step},
-                                                {"loss", std::round(p.figures.loss * 1e4) / 1e4},
-                                                {"tokensPerSecond", p.figures.tokens_per_second}}}},
-                                             "status");
+                                             {{"status", figures}}, "status");
       auto written = request.ok() ? client_.Call(*request) : StatusOr<json>(request.status());
       if (!written.ok()) {
         LogInfo("could not write the step", {{"job", job}, {"error", written.status().ToString()}});
@@ -368,7 +392,7 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   WorkerConnections& connections = ConnectionsOf(key);
   Observed observed = Observe(*job, connections);
   Plan plan = DecideWithCapacity(observed);
-  TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan));
+  TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan, observed.pushed));
   for (const PhaseChange& c : plan.phase_changes) {
     const json fields = {{"job", key},
                          {"generation", plan.status.generation},
@@ -633,7 +657,7 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   return o;  // idle_gpus: DecideWithCapacity
 }
 
-StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& plan) {
+StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& plan, bool pushed) {
   const std::string selector =
       std::string(kJobLabel) + "=" + JobLabelValue(job["metadata"].value("name", ""));
   if (plan.conditions_only) {
@@ -650,7 +674,11 @@ StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& p
     return written;
   }
   json status = ToJson(plan.status, selector);
-  if (job.value("status", json()) == status) return job;
+  const json current = job.value("status", json());
+  if (current == status) return job;
+  // Figures alone, with the workers pushing them: the patcher writes those. (A reconcile that
+  // wrote them raced the patcher's writes and lost to a conflict.)
+  if (pushed && WithoutFigures(current) == WithoutFigures(status)) return job;
   json updated = job;
   updated["status"] = status;
   const json& md = job["metadata"];

@@ -73,7 +73,9 @@ class TrainingJobController {
   void MarkReconcileFailed(const std::string& key, const Status& error);
   Observed Observe(const nlohmann::json& job, WorkerConnections& connections);
   // The job as written (or unchanged when its status already matched).
-  StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan);
+  // `pushed`: the workers push their figures (Observed::pushed), which the patcher writes.
+  StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan,
+                                       bool pushed = false);
   Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan,
                  WorkerConnections& connections);
   // Allocatable nvidia.com/gpu of schedulable nodes minus what bound, unfinished pods request,

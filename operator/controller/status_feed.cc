@@ -155,9 +155,19 @@ void StatusFeed::OnStatus(const std::string& job, const std::string& pod, uint64
     const bool rank0 =
         status.rank() == 0 && status.generation() > 0 && status.phase() == worker::v1::RUNNING;
     w.figures.reset();
-    if (rank0)
-      w.figures =
-          Figures{status.generation(), status.step(), status.loss(), status.tokens_per_second()};
+    if (rank0) {
+      Figures f;
+      f.generation = status.generation();
+      f.step = status.step();
+      f.loss = status.loss();
+      f.tokens_per_second = status.tokens_per_second();
+      if (status.has_last_checkpoint()) {
+        f.checkpoint_step = status.last_checkpoint().step();
+        f.checkpoint_kind = status.last_checkpoint().kind();
+        f.checkpoint_uri = status.last_checkpoint().uri();
+      }
+      w.figures = std::move(f);
+    }
     // The job's figures: the rank 0 of the newest generation among its workers.
     std::optional<Figures> newest;
     for (const auto& [name, other] : j->second.workers)

@@ -33,6 +33,9 @@ class StatusFeed {
   struct Figures {
     int64_t generation = 0, step = 0;
     double loss = 0, tokens_per_second = 0;
+    // The newest committed checkpoint rank 0 reports (-1: none).
+    int64_t checkpoint_step = -1;
+    std::string checkpoint_kind, checkpoint_uri;
     bool operator==(const Figures&) const = default;
   };
 

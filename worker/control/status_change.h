@@ -1,11 +1,15 @@
 // worker/control/status_change.h — which changes of a WorkerStatus the operator must act on:
 // everything but the step's figures (the step, loss, rates, GPU counters, uptime, the recent
-// steps, and the step of each held buddy copy), which it only reports. The worker pushes an
-// actionable change at once and step figures at a bounded rate (WatchStatus); the operator
-// reconciles a job on the first and only writes the second into status.
+// steps, the step and count of the buddy copies held, and the newest committed checkpoint), which
+// it only reports. (A barrier's checkpoint comes with the change of phase to PAUSED, which is
+// actionable.) The worker pushes an actionable change at once and step figures at a bounded
+// rate (WatchStatus); the operator reconciles a job on the first and only writes the second
+// into status.
 #pragma once
 
+#include <set>
 #include <string>
+#include <tuple>
 
 #include "tidal/worker/v1/worker.pb.h"
 
@@ -23,7 +27,19 @@ inline std::string ActionableDigest(const ::tidal::worker::v1::WorkerStatus& sta
   s.clear_gpu_memory_used_bytes();
   s.clear_uptime_millis();
   s.clear_recent_steps();
-  for (auto& part : *s.mutable_held_parts()) part.clear_step();
+  s.clear_last_checkpoint();
+  // Which ranks' parts it holds, not of which step nor how many copies: a rank briefly holds
+  // two steps' copies of one part while the newer one arrives.
+  std::set<std::tuple<int64_t, int32_t, int32_t>> held;
+  for (const auto& part : s.held_parts())
+    held.emplace(part.generation(), part.rank(), part.world_size());
+  s.clear_held_parts();
+  for (const auto& [generation, rank, world_size] : held) {
+    auto* part = s.add_held_parts();
+    part->set_generation(generation);
+    part->set_rank(rank);
+    part->set_world_size(world_size);
+  }
   std::string out;
   s.SerializeToString(&out);  // no map fields: the bytes are a function of the content
   return out;

@@ -12,6 +12,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -466,6 +467,52 @@ TEST_F(LostNodeTest, APodStuckTerminatingOnALostNodeIsForceDeletedAndTheJobCanSu
   EXPECT_TRUE(WaitUntilTrue([&] { return NodeReady(node) == "True"; }, 30s));
   EXPECT_EQ(Ok({"get", "node", node, "-o", "jsonpath={.spec.taints}"}), "");
   Ok({"delete", "tj", "lost", "--wait=false"});
+}
+
+// Issue 26: the workers push their status. A steady job's status.step follows its rank 0's
+// step within 2 s (the step's figures are patched into status, between reconciles), and a job
+// with no membership change costs no reconcile: the operator's reconcile count stands still
+// for a minute while status.step moves on.
+TEST_F(OperatorTest, StatusFollowsTheWorkersStepWithinTwoSecondsAndASteadyJobCostsNoReconcile) {
+  const std::string manifest =
+      JobYaml("steady", 1000000, "", "{minGPUs: 2, maxGPUs: 2, cooldownSeconds: 0}");
+  Ok({"apply", "-f", manifest});
+  WaitInt(
+      "steady", "{.status.step}", [](int64_t s) { return s >= 3; }, 300s);
+  // The lag: rank 0's step as its /metrics says, then how long until status.step shows it.
+  std::vector<double> lags;
+  for (int i = 0; i < 8; ++i) {
+    const auto worker = MetricValue(PodMetrics("steady-worker-0"), "tidal_worker_step");
+    ASSERT_TRUE(worker);
+    const auto seen = std::chrono::steady_clock::now();
+    WaitInt(
+        "steady", "{.status.step}", [&](int64_t s) { return s >= *worker; }, 30s);
+    lags.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - seen).count());
+  }
+  std::sort(lags.begin(), lags.end());
+  ::testing::Test::RecordProperty("status_lag_median_seconds", std::to_string(lags[4]));
+  ::testing::Test::RecordProperty("status_lag_max_seconds", std::to_string(lags.back()));
+  EXPECT_LE(lags[4], 2.0) << "median lag";
+  EXPECT_LE(lags[6], 2.0) << "7 of 8 samples";
+
+  // A minute with no membership change: the reconcile count stands still while the step moves
+  // on (the event that shows the job was alive, and its status written, all along).
+  auto reconciles = [&] {
+    const std::string text = OperatorMetrics();
+    const auto ok =
+        MetricValue(text, "tidal_operator_reconcile_duration_seconds_count", R"(result="ok")");
+    const auto failed =
+        MetricValue(text, "tidal_operator_reconcile_duration_seconds_count", R"(result="error")");
+    return ok.value_or(0) + failed.value_or(0);
+  };
+  const double before = reconciles();
+  const int64_t step_before = Int("steady", "{.status.step}");
+  std::this_thread::sleep_for(60s);
+  const int64_t step_after = Int("steady", "{.status.step}");
+  EXPECT_EQ(reconciles(), before) << "a steady job was reconciled\nlog tail: " << LogTail();
+  EXPECT_GT(step_after, step_before + 10) << "the status did not follow the steps";
+  EXPECT_EQ(Status("steady", "{.status.phase}"), "Running");
+  Ok({"delete", "-f", manifest, "--wait=false"});
 }
 
 TEST_F(OperatorTest, SuspendCheckpointsAndRemovesThePodsAndResumeContinuesFromThatStep) {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "tidal/worker/v1/worker.grpc.pb.h"
+#include "worker/control/status_change.h"
 
 namespace tidal::controller {
 namespace {
@@ -125,6 +126,39 @@ class StatusFeedTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   std::atomic<int> wakes_{0};
 };
+
+// What wakes a reconcile: not the step's figures, a new periodic checkpoint, or how many
+// copies of one part a rank holds while a newer one arrives (that woke it every step, found by
+// the e2e test of a steady job); a change of phase, generation, error or held ranks does.
+TEST(ActionableDigestTest, StepFiguresCheckpointsAndCopyCountsAreNotActionableTheRestIs) {
+  auto held = [](pb::WorkerStatus s, std::vector<std::pair<int, int64_t>> parts) {
+    for (const auto& [rank, step] : parts) {
+      pb::HeldPart* p = s.add_held_parts();
+      p->set_generation(1);
+      p->set_rank(rank);
+      p->set_world_size(2);
+      p->set_step(step);
+    }
+    return s;
+  };
+  const pb::WorkerStatus a = held(Status(pb::RUNNING, 1, 0, 10), {{0, 9}, {1, 9}});
+  pb::WorkerStatus b = held(Status(pb::RUNNING, 1, 0, 11), {{0, 10}, {1, 10}, {0, 11}, {1, 11}});
+  b.set_gpu_utilization_percent(97);
+  b.set_uptime_millis(12345);
+  b.mutable_last_checkpoint()->set_step(10);
+  b.add_recent_steps()->set_step(11);
+  EXPECT_EQ(worker::ActionableDigest(a), worker::ActionableDigest(b));
+  pb::WorkerStatus paused = a;
+  paused.set_phase(pb::PAUSED);
+  pb::WorkerStatus failed = a;
+  failed.set_last_error("a peer went away");
+  pb::WorkerStatus next = a;
+  next.set_generation(2);
+  const pb::WorkerStatus lost = held(Status(pb::RUNNING, 1, 0, 10), {{0, 9}});
+  for (const pb::WorkerStatus* s :
+       std::vector<const pb::WorkerStatus*>{&paused, &failed, &next, &lost})
+    EXPECT_NE(worker::ActionableDigest(a), worker::ActionableDigest(*s)) << s->ShortDebugString();
+}
 
 TEST_F(StatusFeedTest, AnActionableChangeWakesTheJobAtOnceAndStepFiguresOnlyReachThePatcher) {
   StatusFeed feed(Fast(), [&](const std::string& job) {

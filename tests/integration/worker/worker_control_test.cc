@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -468,6 +470,82 @@ TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
 // A generation that cannot start on the spec — each of the four kinds found by issue 20 — is
 // FAILED with last_error naming the field and last_error_permanent set, so the operator stops
 // restarting it; a kill -9 of a peer (below) is not permanent.
+// Issue 26: a worker pushes its status (WatchStatus): the current one at once, a change the
+// operator acts on (here WAITING → JOINING/RUNNING at generation 1) at once, the step's figures
+// no more often than asked, a heartbeat when nothing changes; the stream needs the token too.
+TEST_F(WorkerControlTest, AWorkerPushesItsStatusAtOnceOnChangesAndItsStepAtMostEveryInterval) {
+  StartWorker(0);
+  WorkerClient& c = *workers_[0].client;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::pair<std::chrono::steady_clock::time_point, pb::WorkerStatus>> got;
+  std::optional<Status> ended;
+  auto stream = c.WatchStatus(
+      std::chrono::milliseconds(400), std::chrono::milliseconds(1000),
+      [&](const pb::WorkerStatus& s) {
+        std::lock_guard<std::mutex> lock(mu);
+        got.emplace_back(std::chrono::steady_clock::now(), s);
+        cv.notify_all();
+      },
+      [&](const Status& s) {
+        std::lock_guard<std::mutex> lock(mu);
+        ended = s;
+        cv.notify_all();
+      });
+  auto wait = [&](const std::function<bool()>& done) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, 60s, done);
+  };
+  ASSERT_TRUE(wait([&] { return !got.empty(); })) << "no status at once";
+  EXPECT_EQ(got[0].second.phase(), pb::WAITING);
+  // Nothing changes while it waits: heartbeats, about one a second.
+  ASSERT_TRUE(wait([&] { return got.size() >= 3; }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_GE(got[2].first - got[1].first, 900ms) << "a heartbeat came before its time";
+  }
+  ASSERT_TRUE(c.Rendezvous(1, 1, 0, "").ok());
+  const auto asked = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait([&] { return !got.empty() && got.back().second.generation() == 1; }))
+      << "the Rendezvous was not pushed";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_LT(got.back().first - asked, 900ms) << "pushed no sooner than a heartbeat";
+  }
+  ASSERT_TRUE(wait([&] { return !got.empty() && got.back().second.step() >= 6; }));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    // Statuses that differ only in the step's figures come at most every 400 ms.
+    for (size_t i = 1; i < got.size(); ++i) {
+      const pb::WorkerStatus &a = got[i - 1].second, &b = got[i].second;
+      if (a.phase() == b.phase() && a.generation() == b.generation() &&
+          a.last_checkpoint().step() == b.last_checkpoint().step() && a.step() != b.step())
+        EXPECT_GE(got[i].first - got[i - 1].first, 350ms)
+            << "steps " << a.step() << " -> " << b.step();
+    }
+  }
+  stream.reset();  // cancels, and returns once the stream is over
+  EXPECT_TRUE(ended.has_value());
+
+  // Without the token: refused, and nothing is sent.
+  worker::ClientOptions o;
+  o.address = workers_[0].address;
+  WorkerClient anonymous(o);
+  std::optional<Status> refused;
+  int statuses = 0;
+  auto denied = anonymous.WatchStatus(
+      std::chrono::milliseconds(400), std::chrono::milliseconds(1000),
+      [&](const pb::WorkerStatus&) { ++statuses; },
+      [&](const Status& s) {
+        std::lock_guard<std::mutex> lock(mu);
+        refused = s;
+        cv.notify_all();
+      });
+  ASSERT_TRUE(wait([&] { return refused.has_value(); }));
+  EXPECT_EQ(refused->code(), StatusCode::kUnauthenticated) << refused->ToString();
+  EXPECT_EQ(statuses, 0);
+}
+
 TEST_F(WorkerControlTest, AGenerationThatCannotStartOnTheSpecIsReportedPermanentNamingTheField) {
   struct Case {
     std::string from, to, field;
