@@ -11,7 +11,9 @@
 //   idle_worker_hub --socket PATH
 //   protocol, one Unix stream connection per pod: "LISTEN host:port token\n" → "OK\n" or
 //   "ERR why\n"; later "EXIT\n" from the hub when the pod was told to shut down. The pod's
-//   connection closing (it was killed) stops its server.
+//   connection closing (it was killed) stops its server. "STEPS\n" on a connection of its
+//   own → a line "host:port generation rank step" per pod served, then "END\n": what the
+//   workers report now, for the bench's status lag.
 #include <grpcpp/grpcpp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -174,6 +176,12 @@ class IdleWorker final : public pb::WorkerControl::Service {
     step_at_start_ = step_;
     return Status::OK;
   }
+  std::string Steps() {
+    std::lock_guard<std::mutex> lock(mu_);
+    Advance();
+    return std::to_string(generation_) + " " + std::to_string(rank_) + " " +
+           std::to_string(phase_ == pb::RUNNING ? step_ : -1);
+  }
   Status Shutdown(ServerContext* c, const pb::ShutdownRequest*, pb::ShutdownResponse*) override {
     if (!Authorized(c)) return Unauthenticated();
     {
@@ -213,6 +221,10 @@ class IdleWorker final : public pb::WorkerControl::Service {
   std::chrono::steady_clock::time_point running_since_;
 };
 
+// The pods served now, by address (for STEPS).
+std::mutex g_mu;
+std::map<std::string, IdleWorker*> g_served;
+
 // One pod: its connection, service and server, served until the connection closes.
 void ServePod(int fd) {
   std::string line;
@@ -224,6 +236,16 @@ void ServePod(int fd) {
   auto reply = [fd](const std::string& text) {
     return ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   };
+  if (verb == "STEPS") {
+    std::string out;
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      for (const auto& [served, worker] : g_served) out += served + " " + worker->Steps() + "\n";
+    }
+    reply(out + "END\n");
+    ::close(fd);
+    return;
+  }
   if (verb != "LISTEN" || address.empty() || token.empty()) {
     reply("ERR expected: LISTEN host:port token\n");
     ::close(fd);
@@ -242,9 +264,17 @@ void ServePod(int fd) {
     ::close(fd);
     return;
   }
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_served[address] = &service;
+  }
   reply("OK\n");
   while (::read(fd, &c, 1) > 0) {
   }  // the pod's process ended (killed, or exited after EXIT)
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_served.erase(address);
+  }
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   ::close(fd);
 }

@@ -7,7 +7,9 @@
 # baseline, same run), then all: once every job runs, the operator is watched for WINDOW_S
 # seconds (default 60) — reconcile duration p50/p99 (from its /metrics histogram, interpolated
 # within buckets as Prometheus' histogram_quantile does), reconciles per job per second, work
-# queue depth and its resident memory. Prints both and the ratios full / baseline.
+# queue depth, its resident memory, and the status lag: how far each job's status.step is behind
+# its rank 0's step (the hub's, a step a second), sampled every 5 s. Prints both and the ratios
+# full / baseline.
 set -euo pipefail
 build=${1:-build}
 jobs=${2:-200}
@@ -92,6 +94,47 @@ wait_running() {
   exit 1
 }
 scrape() { curl -s "http://127.0.0.1:$metrics_port/metrics"; }
+# One sample of every job's status lag in seconds, a line each, appended to $1: rank 0's step
+# as the hub reports it (after `kubectl get tj`, less the time since that answer, a step a
+# second) less status.step. Over-states by at most the `get`'s own duration, printed beside it.
+lag_sample() {
+  python3 - "$work/hub.sock" "$kubectl_bin" "$data/kubeconfig" >>"$1" <<'PY'
+import json, socket, subprocess, sys, time
+sock, kubectl, kubeconfig = sys.argv[1:4]
+k = [kubectl, "--kubeconfig=" + kubeconfig, "--request-timeout=60s", "get", "-o", "json"]
+pods = json.loads(subprocess.run(k + ["pods"], capture_output=True, text=True).stdout or "{}")
+job_of = {p["status"].get("podIP"): p["metadata"].get("labels", {}).get("tidal.dev/job")
+          for p in pods.get("items", [])}
+t0 = time.monotonic()
+jobs = json.loads(subprocess.run(k + ["tj"], capture_output=True, text=True).stdout or "{}")
+t1 = time.monotonic()
+s = socket.socket(socket.AF_UNIX)
+s.connect(sock)
+s.sendall(b"STEPS\n")
+buf = b""
+while not buf.endswith(b"END\n"):
+    chunk = s.recv(1 << 16)
+    if not chunk:
+        break
+    buf += chunk
+t2 = time.monotonic()
+rank0 = {}  # job -> (generation, step) of its rank 0, newest generation
+for line in buf.decode().splitlines():
+    parts = line.split()
+    if len(parts) != 4:
+        continue
+    job = job_of.get(parts[0].rsplit(":", 1)[0])
+    generation, rank, step = int(parts[1]), int(parts[2]), int(parts[3])
+    if job and rank == 0 and step >= 0 and (job not in rank0 or generation > rank0[job][0]):
+        rank0[job] = (generation, step)
+for j in jobs.get("items", []):
+    name, st = j["metadata"]["name"], j.get("status", {})
+    if st.get("phase") != "Running" or name not in rank0:
+        continue
+    worker_then = rank0[name][1] - (t2 - t1)
+    print(f"{max(0.0, worker_then - st.get('step', 0)):.2f} {t1 - t0:.2f}")
+PY
+}
 rss_kib() { awk '/^VmRSS/ {print $2}' "/proc/$operator_pid/status"; }
 # Watches the operator for the window; writes "jobs pods p50 p99 rate depth rss_mib".
 measure() {
@@ -100,6 +143,7 @@ measure() {
   local t0=$SECONDS depth_max=0 rss_max=0
   while ((SECONDS - t0 < window)); do
     sleep 5
+    lag_sample "$work/$label.lags"
     local d r
     d=$(scrape | awk '/^tidal_operator_workqueue_depth / {print int($2)}')
     r=$(rss_kib)
@@ -108,7 +152,8 @@ measure() {
   done
   scrape >"$work/$label.after"
   python3 - "$work/$label.before" "$work/$label.after" "$label" "$njobs" \
-    "$(k get pods --no-headers | wc -l)" "$((SECONDS - t0))" "$depth_max" "$rss_max" <<'PY'
+    "$(k get pods --no-headers | wc -l)" "$((SECONDS - t0))" "$depth_max" "$rss_max" \
+    "$work/$label.lags" <<'PY'
 import sys, re
 def buckets(path):
     out, count = {}, 0.0
@@ -133,10 +178,24 @@ def quantile(q):
         prev_bound, prev = bound, c
     return bounds[-2]
 label, njobs, pods, secs, depth, rss = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
-p50, p99 = quantile(0.5), quantile(0.99)
+p50, p99 = (quantile(0.5), quantile(0.99)) if total > 0 else (0.0, 0.0)
 rate = total / secs / njobs
+lags, gets = [], []
+try:
+    for line in open(sys.argv[9]):
+        lag, get = map(float, line.split())
+        lags.append(lag)
+        gets.append(get)
+except FileNotFoundError:
+    pass
+lags.sort()
+def pick(q):
+    return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else float("nan")
+lag50, lag99 = pick(0.5), pick(0.99)
 print(f"{label:<9} {njobs:>5} jobs {pods:>5} pods: reconcile p50 {p50*1000:7.1f} ms  p99 {p99*1000:7.1f} ms  "
-      f"{rate:5.2f} reconciles/job/s  queue depth <= {depth:4d}  RSS {rss/1024:6.1f} MiB")
+      f"({int(total)} in {secs:.0f} s) {rate:5.2f} reconciles/job/s  queue depth <= {depth:4d}  "
+      f"RSS {rss/1024:6.1f} MiB  status lag p50 {lag50:.2f} s p99 {lag99:.2f} s "
+      f"({len(lags)} samples; a `kubectl get tj` took up to {max(gets or [0]):.2f} s)")
 with open(f"{sys.argv[1]}.result", "w") as f:
     f.write(f"{p50} {p99} {rate} {rss}\n")
 PY
@@ -162,5 +221,6 @@ read -r b50 b99 brate brss <"$work/baseline.before.result"
 read -r f50 f99 frate frss <"$work/full.before.result"
 python3 -c "
 b50,b99,brate,brss,f50,f99,frate,frss=map(float,'$b50 $b99 $brate $brss $f50 $f99 $frate $frss'.split())
-print(f'ratio full/baseline ({$jobs}/{$base_jobs} jobs): p50 {f50/b50:.2f}x  p99 {f99/b99:.2f}x  '
-      f'reconciles per job {frate/brate:.2f}x  RSS {frss/brss:.2f}x')"
+r = lambda a, b: f'{a/b:.2f}x' if b > 0 else 'n/a'
+print(f'ratio full/baseline ({$jobs}/{$base_jobs} jobs): p50 {r(f50,b50)}  p99 {r(f99,b99)}  '
+      f'reconciles per job {r(frate,brate)}  RSS {r(frss,brss)}')"

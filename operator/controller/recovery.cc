@@ -93,6 +93,22 @@ bool Decider::FailuresHandled() {
       (f.pod_lost ? failed : survivors).push_back(m);
   }
   failed.insert(failed.end(), leaving.begin(), leaving.end());
+  // The generation failed, and a member's worker does not answer at all: it is the likeliest
+  // cause (a killed process whose pod the kubelet has not marked failed yet — the survivors
+  // push their failure within milliseconds of it), and it could not join the next generation
+  // anyway. It is replaced, not counted a survivor: taken as one, it failed the next
+  // generation's rendezvous and cost a second restart.
+  if (!causes.empty())
+    for (auto it = survivors.begin(); it != survivors.end();) {
+      const PodView* pod = Pod(*it);
+      if (Report(*it) || (pod && pod->phase != "Running")) {
+        ++it;
+        continue;
+      }
+      causes.push_back("pod " + *it + "'s worker does not answer");
+      failed.push_back(*it);
+      it = survivors.erase(it);
+    }
   if (causes.empty()) {
     const std::string stall = Stall();
     if (stall.empty()) return false;

@@ -135,16 +135,25 @@ size_t StatusFeed::streams() const {
   return n;
 }
 
+StatusFeed::Worker* StatusFeed::FindLocked(const std::string& job, const std::string& pod,
+                                           uint64_t incarnation, Job** job_out) {
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return nullptr;
+  auto it = j->second.workers.find(pod);
+  if (it == j->second.workers.end() || it->second.incarnation != incarnation) return nullptr;
+  if (job_out) *job_out = &j->second;
+  return &it->second;
+}
+
 void StatusFeed::OnStatus(const std::string& job, const std::string& pod, uint64_t incarnation,
                           const worker::v1::WorkerStatus& status) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto j = jobs_.find(job);
-    if (j == jobs_.end()) return;
-    auto it = j->second.workers.find(pod);
-    if (it == j->second.workers.end() || it->second.incarnation != incarnation) return;
-    Worker& w = it->second;
+    Job* j = nullptr;
+    Worker* found = FindLocked(job, pod, incarnation, &j);
+    if (!found) return;
+    Worker& w = *found;
     std::string digest = worker::ActionableDigest(status);
     wake = !w.open || digest != w.digest;
     w.digest = std::move(digest);
@@ -170,12 +179,12 @@ void StatusFeed::OnStatus(const std::string& job, const std::string& pod, uint64
     }
     // The job's figures: the rank 0 of the newest generation among its workers.
     std::optional<Figures> newest;
-    for (const auto& [name, other] : j->second.workers)
+    for (const auto& [name, other] : j->workers)
       if (other.figures && (!newest || other.figures->generation > newest->generation))
         newest = other.figures;
-    if (newest && newest != j->second.figures) {
-      j->second.figures = newest;
-      j->second.figures_changed = true;
+    if (newest && newest != j->figures) {
+      j->figures = newest;
+      j->figures_changed = true;
     }
   }
   if (wake) wake_(job);
@@ -185,11 +194,9 @@ void StatusFeed::OnEnd(const std::string& job, const std::string& pod, uint64_t 
                        const Status& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto j = jobs_.find(job);
-    if (j == jobs_.end()) return;
-    auto it = j->second.workers.find(pod);
-    if (it == j->second.workers.end() || it->second.incarnation != incarnation) return;
-    Worker& w = it->second;
+    Worker* found = FindLocked(job, pod, incarnation);
+    if (!found) return;
+    Worker& w = *found;
     w.open = false;
     w.figures.reset();
     w.backoff = w.backoff.count() == 0

@@ -86,6 +86,10 @@ class StatusFeed {
                 const worker::v1::WorkerStatus& status);
   void OnEnd(const std::string& job, const std::string& pod, uint64_t incarnation,
              const Status& why);
+  // The worker a callback of stream `incarnation` speaks for (null: that stream was replaced
+  // or the pod unfollowed); `job_out` gets its job. Under mu_.
+  Worker* FindLocked(const std::string& job, const std::string& pod, uint64_t incarnation,
+                     Job** job_out = nullptr);
   std::unique_ptr<worker::WorkerClient::StatusStream> Open(const std::string& job,
                                                            const std::string& pod, Worker& w);
 

@@ -15,6 +15,14 @@ bool DayMatches(const api::CronExpr& c, unsigned day, unsigned weekday) {
   return c.days[day] && c.weekdays[weekday];
 }
 
+// The instant a local wall-clock minute in `zone` denotes: in a spring-forward gap, when the
+// gap ends; in a repeated hour, its first occurrence.
+Clock::time_point InstantOf(const date::time_zone& zone, date::local_time<minutes> t) {
+  const date::local_info info = zone.get_info(date::local_seconds(t));
+  if (info.result == date::local_info::nonexistent) return info.second.begin;
+  return date::sys_seconds(t.time_since_epoch() - info.first.offset);
+}
+
 }  // namespace
 
 std::optional<Clock::time_point> LastOccurrence(const api::CronExpr& cron, const std::string& tz,
@@ -47,12 +55,7 @@ std::optional<Clock::time_point> LastOccurrence(const api::CronExpr& cron, const
       continue;
     }
     // A matching wall-clock minute: the instant it denotes.
-    const date::local_info info = zone->get_info(date::local_seconds(t));
-    Clock::time_point at;
-    if (info.result == date::local_info::nonexistent)
-      at = info.second.begin;  // in a spring-forward gap: when the gap ends
-    else                       // unique, or the first of a repeated hour
-      at = date::sys_seconds(t.time_since_epoch() - info.first.offset);
+    const Clock::time_point at = InstantOf(*zone, t);
     if (at <= now) return at;
     t -= minutes(1);
   }
@@ -89,12 +92,7 @@ std::optional<Clock::time_point> NextOccurrence(const api::CronExpr& cron, const
       t += minutes(1);
       continue;
     }
-    const date::local_info info = zone->get_info(date::local_seconds(t));
-    Clock::time_point at;
-    if (info.result == date::local_info::nonexistent)
-      at = info.second.begin;  // in a spring-forward gap: when the gap ends
-    else                       // unique, or the first of a repeated hour
-      at = date::sys_seconds(t.time_since_epoch() - info.first.offset);
+    const Clock::time_point at = InstantOf(*zone, t);
     if (at > now) return at;
     t += minutes(1);
   }

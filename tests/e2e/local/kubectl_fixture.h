@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -34,6 +35,18 @@ class KubectlTest : public ::testing::Test {
   }
   void TearDown() override {
     cluster_.reset();
+    // TIDAL_E2E_KEEP_LOGS=DIR: a failed test's whole cluster log (operator and kubelet) is
+    // kept there, for what the failure message's tail does not show.
+    if (const char* keep = std::getenv("TIDAL_E2E_KEEP_LOGS"); keep && *keep && HasFailure()) {
+      std::error_code ec;
+      fs::create_directories(keep, ec);
+      fs::copy_file(
+          dir_ / "tidal-local.log",
+          fs::path(keep) /
+              (std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+               ".log"),
+          fs::copy_options::overwrite_existing, ec);
+    }
     fs::remove_all(dir_);
   }
 

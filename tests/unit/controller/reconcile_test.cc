@@ -566,6 +566,31 @@ TEST(Reconcile, AWorkerThatStopsAnsweringIsReplacedAndItsPodNeverTakenBack) {
   EXPECT_EQ(sim.status().current_gpus, 2);
 }
 
+// Found when the workers started pushing: a worker killed -9 is silent at once, its peer
+// pushes FAILED for their generation within milliseconds, and the kubelet marks the pod
+// failed only later. The silent member is the one to replace; the one that answers goes on —
+// here alone, from its memory — and the pod's own failure that follows is no second restart.
+TEST(Reconcile, AGenerationFailedWithAMemberThatDoesNotAnswerReplacesThatOneOnly) {
+  Sim sim(Spec(
+      R"({"replicas": 2, "elastic": {"minGPUs": 1}, "checkpoint": {"buddyEverySteps": 1}})"));
+  sim.buddies_ = true;
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().current_gpus == 2; });
+  for (int i = 0; i < 3; ++i) sim.Reconcile();  // buddy copies of a few steps
+  const int64_t generation = sim.status().generation;
+  sim.silent_["job-worker-1"] = sim.now_;  // killed: no answer, its pod still Running
+  sim.reports_["job-worker-0"].phase = W::kFailed;  // its peer's death ends its generation
+  sim.Reconcile();
+  EXPECT_EQ(sim.phase(), "Recovering");
+  EXPECT_EQ(sim.status().restarts, 1);
+  const JobStatus st = sim.status();
+  ASSERT_TRUE(st.rescale);
+  EXPECT_EQ(st.rescale->members, Names({0})) << "the silent member taken as a survivor";
+  sim.pods_["job-worker-1"].phase = "Failed";  // the kubelet catches up
+  sim.silent_.clear();
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().generation > generation; });
+  EXPECT_EQ(sim.status().restarts, 1) << "the pod's failure counted as a second restart";
+}
+
 // A reconcile never waits for the barrier's calls (they return once every rank holds, which
 // takes a step and a checkpoint): the passes that follow re-send the same barrier, under the
 // same name, and go no further until every rank holds; the generation then changes once.
