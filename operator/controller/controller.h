@@ -1,9 +1,12 @@
 // operator/controller/controller.h — the TrainingJob controller's shell: informers on
-// TrainingJobs, their pods, Services, Secrets and ConfigMaps, and Nodes; a rate-limited work
-// queue of job keys; for each key, observe (the caches, GetStatus on every worker pod, the idle
-// GPUs), Decide (reconcile.h), write the status, then carry out the plan's actions and record
-// its Events. Level-triggered: every pass starts from what is, and a job is looked at again
-// after the plan's requeue delay even when nothing changes.
+// TrainingJobs, their pods, Services, Secrets and ConfigMaps, and Nodes; each running worker's
+// pushed status (StatusFeed); a rate-limited work queue of job keys; for each key, observe (the
+// caches, GetStatus on every worker pod, the idle GPUs), Decide (reconcile.h), write the
+// status, then start the plan's actions (worker calls run off the reconcile: WorkerCalls) and
+// record its Events. Level-triggered: every pass starts from what is. A job is looked at again
+// when something it depends on changes (an informer event, a worker's actionable change or
+// its stream's end, a worker call's end) and after the plan's requeue delay — a timer, for a
+// steady job whose workers push, instead of a poll.
 #pragma once
 
 #include <atomic>

@@ -29,6 +29,18 @@ bool Permanent(const Status& failure, bool started) {
          failure.code() == StatusCode::kFailedPrecondition;
 }
 
+// A barrier named (barrier_id: the generation in the high 32 bits) for a generation older than
+// `current` is over: the operator's call for it arrived late — its calls run off its reconcile,
+// so one can reach a worker after the Rendezvous that ended that generation — and applying it
+// would pause the new generation for nobody.
+Status StaleBarrier(uint64_t id, int64_t current) {
+  const int64_t named = static_cast<int64_t>(id >> 32);
+  if (id == 0 || named >= current) return OkStatus();
+  return FailedPrecondition(
+      "barrier " + std::to_string(id) + " is of generation " + std::to_string(named) +
+      ", which is over: this worker is in generation " + std::to_string(current));
+}
+
 bool InGeneration(Phase p) {
   return p == Phase::kJoining || p == Phase::kRunning || p == Phase::kCheckpointing ||
          p == Phase::kPaused;
@@ -385,6 +397,7 @@ StatusOr<CheckpointRef> WorkerRuntime::Checkpoint(bool pause,
   if (!InGeneration(state_.phase))
     return FailedPrecondition(std::string("no generation to checkpoint (phase ") +
                               PhaseName(state_.phase) + ")");
+  TIDAL_RETURN_IF_ERROR(StaleBarrier(barrier_id, state_.generation));
   // Every pause is checkpointed, so a paused worker already holds one at its step: in the
   // store, which serves a live request too, or (for a live request) in memory.
   if (state_.phase == Phase::kPaused) {
@@ -415,6 +428,7 @@ StatusOr<int64_t> WorkerRuntime::Pause(std::chrono::steady_clock::time_point dea
   std::unique_lock<std::mutex> lock(mu_);
   ++control_requests_;
   changed_.notify_all();
+  TIDAL_RETURN_IF_ERROR(StaleBarrier(barrier_id, state_.generation));
   if (state_.phase == Phase::kPaused) return state_.step;
   if (!InGeneration(state_.phase))
     return FailedPrecondition(std::string("no generation to pause (phase ") +

@@ -341,6 +341,14 @@ TEST_F(WorkerControlTest, EveryMethodRefusesACallWithoutTheJobTokenAndChangesNot
          pb::ShutdownResponse out;
          return stub->Shutdown(c, {}, &out);
        }},
+      {"WatchStatus",
+       [&](grpc::ClientContext* c) {
+         auto reader = stub->WatchStatus(c, {});
+         pb::WorkerStatus s;
+         while (reader->Read(&s)) {
+         }
+         return reader->Finish();
+       }},
       {"WatchSteps",
        [&](grpc::ClientContext* c) {
          auto reader = stub->WatchSteps(c, {});
@@ -740,6 +748,15 @@ TEST_F(WorkerControlTest, RescaleTwoFourTwoKeepsEveryStepAndTheLossesOfAnUnresiz
                          std::to_string(barrier->step()) + "/manifest.json"));
   Rendezvous(2, {0, 1, 2, 3});
   WaitFor(3, [](auto& s) { return s.generation() == 2 && s.phase() == pb::RUNNING; });
+  // A barrier call of generation 1 that arrives late (the operator's calls run off its
+  // reconcile, and one can reach a worker after the Rendezvous) is over: refused, never
+  // applied to generation 2, which trains on (the steps below).
+  const uint64_t of_generation_1 = (uint64_t{1} << 32) | 0xFFFFFFFFu;
+  auto late = workers_[0].client->Checkpoint(/*pause=*/true, 10s, of_generation_1);
+  EXPECT_EQ(late.status().code(), StatusCode::kFailedPrecondition) << late.status().ToString();
+  EXPECT_NE(late.status().message().find("which is over"), std::string::npos);
+  EXPECT_EQ(workers_[1].client->Pause(10s, of_generation_1).status().code(),
+            StatusCode::kFailedPrecondition);
   steps.WaitForStep(barrier->step() + 6);
 
   // Scale down: barrier on all four, generation 3 at 2, the surplus shut down.
