@@ -51,7 +51,9 @@ trap 'exit 130' INT TERM
 hub_pid=$!
 for _ in $(seq 1 50); do [[ -S "$work/hub.sock" ]] && break; sleep 0.1; done
 [[ -S "$work/hub.sock" ]] || { echo "idle_worker_hub did not start" >&2; exit 1; }
-"$tidal" local --no-operator --data "$data" --nodes "$nodes" --gpus 100 --port 0 \
+# The data phase's prep pods run the real tidal-prep (the stand-ins train nothing, but each job
+# prepares its store first): the kubelet finds it on its PATH.
+PATH="$build/worker:$PATH" "$tidal" local --no-operator --data "$data" --nodes "$nodes" --gpus 100 --port 0 \
   --image "tidal-idle-worker=$idle" >"$work/cluster.out" 2>"$work/tidal-local.log" &
 cluster_pid=$!
 for _ in $(seq 1 150); do grep -q 'export KUBECONFIG' "$work/cluster.out" 2>/dev/null && break; sleep 0.2; done
