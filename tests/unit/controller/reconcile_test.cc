@@ -571,13 +571,13 @@ TEST(Reconcile, AWorkerThatStopsAnsweringIsReplacedAndItsPodNeverTakenBack) {
 // failed only later. The silent member is the one to replace; the one that answers goes on —
 // here alone, from its memory — and the pod's own failure that follows is no second restart.
 TEST(Reconcile, AGenerationFailedWithAMemberThatDoesNotAnswerReplacesThatOneOnly) {
-  Sim sim(Spec(
-      R"({"replicas": 2, "elastic": {"minGPUs": 1}, "checkpoint": {"buddyEverySteps": 1}})"));
+  Sim sim(
+      Spec(R"({"replicas": 2, "elastic": {"minGPUs": 1}, "checkpoint": {"buddyEverySteps": 1}})"));
   sim.buddies_ = true;
   sim.Until([&] { return sim.phase() == "Running" && sim.status().current_gpus == 2; });
   for (int i = 0; i < 3; ++i) sim.Reconcile();  // buddy copies of a few steps
   const int64_t generation = sim.status().generation;
-  sim.silent_["job-worker-1"] = sim.now_;  // killed: no answer, its pod still Running
+  sim.silent_["job-worker-1"] = sim.now_;           // killed: no answer, its pod still Running
   sim.reports_["job-worker-0"].phase = W::kFailed;  // its peer's death ends its generation
   sim.Reconcile();
   EXPECT_EQ(sim.phase(), "Recovering");
