@@ -599,13 +599,6 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   const std::string token = TokenOf(o.namespace_, o.name);
   // And follow each one's pushed status from now on (StatusFeed): its changes wake the job.
   std::map<std::string, std::shared_ptr<worker::WorkerClient>> followed;
-  for (const PodView& p : o.pods)
-    if (p.phase == "Running" && !p.ip.empty() && !token.empty() && !p.deleting)
-      if (auto c = ClientFor(connections, p.name, p.ip, token, options_.status_timeout))
-        followed[p.name] = c;
-  const std::string key = Key(o.namespace_, o.name);
-  feed_.Follow(key, followed);
-  o.pushed = feed_.Pushed(key, o.status.members);
   std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
@@ -616,8 +609,12 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       connections.unreachable_error[p.name] = connections.tls_unusable;
       continue;
     }
+    if (!p.deleting) followed[p.name] = c;
     asks.emplace_back(p.name, status_calls_.Submit([c] { return c->GetStatus(); }));
   }
+  const std::string key = Key(o.namespace_, o.name);
+  feed_.Follow(key, followed);
+  o.pushed = feed_.Pushed(key, o.status.members);
   o.now = Clock::now();
   const auto steady_now = std::chrono::steady_clock::now();
   for (auto& [pod, answer] : asks) {
