@@ -31,7 +31,7 @@ std::vector<std::string> SplitColons(const std::string& text) {
 
 }  // namespace
 
-double LossHook::Apply(int64_t step, double loss) const {
+double LossHook::Apply(int64_t step, double loss) {
   switch (kind) {
     case Kind::kNone:
       return loss;
@@ -39,7 +39,8 @@ double LossHook::Apply(int64_t step, double loss) const {
       return step < from_step ? loss
                               : loss * std::pow(factor, static_cast<double>(step - from_step + 1));
     case Kind::kNoise:
-      return loss * (step % 2 != 0 ? 1 + factor : 1 - factor);
+      mean_ = mean_ ? 0.9 * *mean_ + 0.1 * loss : loss;
+      return *mean_ * (step % 2 != 0 ? 1 + factor : 1 - factor);
   }
   return loss;
 }

@@ -276,8 +276,8 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheJobAndEveryDashboardQueryAndAlertR
 
 // Two jobs of 2 GPUs side by side, both with the rule {15%, 3 steps, Pause}: "rising" reports a
 // loss made to rise 20% a step from step 8 (the worker's test hook), "noisy" one that swings
-// ±30% around the real loss every step. Only "rising" is paused; acknowledging its step
-// resumes it.
+// ±30% around the real loss's running mean every step. Only "rising" is paused; acknowledging its
+// step resumes it.
 TEST_F(ObservabilityTest, ALossMadeToRisePausesItsJobAndANoisyLossDoesNot) {
   const std::string rule =
       "  anomaly: {lossRisePercent: 15, consecutiveSteps: 3, minGPUUtilPercent: 40, "
@@ -316,7 +316,8 @@ TEST_F(ObservabilityTest, ALossMadeToRisePausesItsJobAndANoisyLossDoesNot) {
   WaitInt(
       "noisy", "{.status.step}", [&](int64_t s) { return s >= held + 20; }, 180s);
   EXPECT_EQ(Status("noisy", "{.status.phase}"), "Running");
-  EXPECT_EQ(Status("noisy", R"({.status.conditions[?(@.type=="LossAnomaly")].status})"), "");
+  EXPECT_EQ(Status("noisy", R"({.status.conditions[?(@.type=="LossAnomaly")].status})"), "")
+      << Status("noisy", "{.status}");
   EXPECT_GE(Int("noisy", "{.status.anomaly.checkedStep}"), held + 10);
 
   // kubectl patch with the step the condition names: it trains again.

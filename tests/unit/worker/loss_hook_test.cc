@@ -9,7 +9,7 @@
 namespace tidal::worker {
 namespace {
 
-TEST(LossHook, RiseMultipliesTheLossFromItsStepOnAndNoiseAlternates) {
+TEST(LossHook, RiseMultipliesTheLossFromItsStepOnAndNoiseAlternatesAroundTheRunningMean) {
   auto rise = ParseLossHook("rise:8:1.2");
   ASSERT_TRUE(rise.ok()) << rise.status().ToString();
   EXPECT_DOUBLE_EQ(rise->Apply(7, 2.0), 2.0);
@@ -19,6 +19,20 @@ TEST(LossHook, RiseMultipliesTheLossFromItsStepOnAndNoiseAlternates) {
   ASSERT_TRUE(noise.ok());
   EXPECT_DOUBLE_EQ(noise->Apply(1, 2.0), 2.6);
   EXPECT_DOUBLE_EQ(noise->Apply(2, 2.0), 1.4);
+  // A real loss that jumps 3x on the even step: the swing around the mean still falls.
+  EXPECT_DOUBLE_EQ(noise->Apply(3, 2.0), 2.6);
+  EXPECT_DOUBLE_EQ(noise->Apply(4, 6.0), (0.9 * 2.0 + 0.1 * 6.0) * 0.7);
+  // However the real loss spreads (here up to 4x from one step to the next), an even step
+  // never reports more than the odd step before it: no three rising steps in a row.
+  double odd = 0;
+  for (int64_t step = 5; step <= 60; ++step) {
+    const double real = step % 3 == 0 ? 8.0 : 2.0;
+    const double reported = noise->Apply(step, real);
+    if (step % 2 != 0)
+      odd = reported;
+    else
+      EXPECT_LT(reported, odd) << "step " << step;
+  }
   auto none = ParseLossHook("");
   ASSERT_TRUE(none.ok());
   EXPECT_DOUBLE_EQ(none->Apply(5, 2.0), 2.0);
