@@ -5,9 +5,11 @@
 # process per pod, blocked in a read) whose control API one hub process serves
 # (bench/idle_worker_hub.cc), the operator a process of its own. First a tenth of the jobs (the
 # baseline, same run), then all: once every job runs, the operator is watched for WINDOW_S
-# seconds (default 60) — reconcile duration p50/p99 (from its /metrics histogram, interpolated
-# within buckets as Prometheus' histogram_quantile does), reconciles per job per second, work
-# queue depth, its resident memory, and the status lag: how far each job's status.step is behind
+# seconds (default 60) — reconcile duration p50/p99 over every reconcile since that phase's jobs
+# went in (from its /metrics histogram, interpolated within buckets as Prometheus'
+# histogram_quantile does; a steady job costs none, so its start-up is what is measured), the
+# window's reconciles per job per second, work queue depth, its resident memory (and where it
+# is: anonymous or file-backed, threads), and the status lag: how far each job's status.step is behind
 # its rank 0's step (the hub's, a step a second), sampled every 5 s. Prints both and the ratios
 # full / baseline.
 set -euo pipefail
@@ -153,9 +155,12 @@ measure() {
     ((r > rss_max)) && rss_max=$r
   done
   scrape >"$work/$label.after"
+  # Where the resident memory is: anonymous (heap, stacks) or file-backed (code), and threads.
+  awk '/^(RssAnon|RssFile|Threads)/ {printf "%s %s %s  ", $1, $2, $3} END {print ""}' \
+    "/proc/$operator_pid/status" | sed "s/^/  $label operator: /"
   python3 - "$work/$label.before" "$work/$label.after" "$label" "$njobs" \
     "$(k get pods --no-headers | wc -l)" "$((SECONDS - t0))" "$depth_max" "$rss_max" \
-    "$work/$label.lags" <<'PY'
+    "$work/$label.lags" "$work/$label.ramp" <<'PY'
 import sys, re
 def buckets(path):
     out, count = {}, 0.0
@@ -166,12 +171,15 @@ def buckets(path):
         le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
         out[float("inf") if le == "+Inf" else float(le)] = float(m.group(2))
     return out
-b0, b1 = buckets(sys.argv[1]), buckets(sys.argv[2])
+# The window's reconciles (a steady job should cost none), and the quantiles of every reconcile
+# since this phase's jobs went in (their start-up is where the reconciles are).
+b0, b1, ramp = buckets(sys.argv[1]), buckets(sys.argv[2]), buckets(sys.argv[10])
 bounds = sorted(b1)
-cum = [b1[b] - b0.get(b, 0) for b in bounds]
-total = cum[-1]
+total = b1[bounds[-1]] - b0.get(bounds[-1], 0)
+cum = [b1[b] - ramp.get(b, 0) for b in bounds]
+ramp_total = cum[-1]
 def quantile(q):
-    rank, prev_bound, prev = q * total, 0.0, 0.0
+    rank, prev_bound, prev = q * ramp_total, 0.0, 0.0
     for bound, c in zip(bounds, cum):
         if c >= rank:
             if bound == float("inf"):
@@ -180,7 +188,7 @@ def quantile(q):
         prev_bound, prev = bound, c
     return bounds[-2]
 label, njobs, pods, secs, depth, rss = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
-p50, p99 = (quantile(0.5), quantile(0.99)) if total > 0 else (0.0, 0.0)
+p50, p99 = (quantile(0.5), quantile(0.99)) if ramp_total > 0 else (0.0, 0.0)
 rate = total / secs / njobs
 lags, gets = [], []
 try:
@@ -195,7 +203,8 @@ def pick(q):
     return lags[min(len(lags) - 1, int(q * len(lags)))] if lags else float("nan")
 lag50, lag99 = pick(0.5), pick(0.99)
 print(f"{label:<9} {njobs:>5} jobs {pods:>5} pods: reconcile p50 {p50*1000:7.1f} ms  p99 {p99*1000:7.1f} ms  "
-      f"({int(total)} in {secs:.0f} s) {rate:5.2f} reconciles/job/s  queue depth <= {depth:4d}  "
+      f"(all {int(ramp_total)} since the jobs went in); steady: {int(total)} in {secs:.0f} s, "
+      f"{rate:5.3f} reconciles/job/s  queue depth <= {depth:4d}  "
       f"RSS {rss/1024:6.1f} MiB  status lag p50 {lag50:.2f} s p99 {lag99:.2f} s "
       f"({len(lags)} samples; a `kubectl get tj` took up to {max(gets or [0]):.2f} s)")
 with open(f"{sys.argv[1]}.result", "w") as f:
@@ -214,9 +223,11 @@ add_jobs() {
   done
 }
 echo "baseline: $base_jobs jobs x $per_job pods" >&2
+scrape >"$work/baseline.ramp"
 add_jobs 1 "$base_jobs"
 measure baseline "$base_jobs"
 echo "full: $jobs jobs x $per_job pods" >&2
+scrape >"$work/full.ramp"
 add_jobs $((base_jobs + 1)) "$jobs"
 measure full "$jobs"
 read -r b50 b99 brate brss <"$work/baseline.before.result"

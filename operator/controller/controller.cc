@@ -260,6 +260,12 @@ void TrainingJobController::PatchFigures() {
       }
     }
     const auto now = std::chrono::steady_clock::now();
+    struct Write {
+      std::string job, ns, name;
+      int64_t step;
+      std::future<StatusOr<json>> done;
+    };
+    std::vector<Write> writes;
     for (auto it = patched_.begin(); it != patched_.end();) {
       const std::string& job = it->first;
       Patched& p = it->second;
@@ -301,12 +307,23 @@ void TrainingJobController::PatchFigures() {
       p.at = now;
       auto request = kube::MergePatchRequest(kube::Resource::TrainingJobs(), ns, name,
                                              {{"status", figures}}, "status");
-      auto written = request.ok() ? client_.Call(*request) : StatusOr<json>(request.status());
-      if (!written.ok()) {
-        LogInfo("could not write the step", {{"job", job}, {"error", written.status().ToString()}});
+      if (!request.ok()) {
+        LogInfo("could not write the step", {{"job", job}, {"error", request.status().ToString()}});
         continue;
       }
-      if (options_.metrics) options_.metrics->SetStep(ns, name, p.figures.step);
+      // Side by side: one at a time, 200 jobs' writes took most of a second.
+      writes.push_back(
+          {job, ns, name, p.figures.step,
+           patch_calls_.Submit([this, r = std::move(*request)] { return client_.Call(r); })});
+    }
+    for (Write& w : writes) {
+      StatusOr<json> written = w.done.get();
+      if (!written.ok()) {
+        LogInfo("could not write the step",
+                {{"job", w.job}, {"error", written.status().ToString()}});
+        continue;
+      }
+      if (options_.metrics) options_.metrics->SetStep(w.ns, w.name, w.step);
     }
     lock.lock();
   }

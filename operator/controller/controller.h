@@ -174,6 +174,7 @@ class TrainingJobController {
   // operator's CPU at 2,000 pods).
   // Declared last: destroyed (its threads joined) before the clients its calls use.
   ThreadPool status_calls_{32};
+  ThreadPool patch_calls_{4};  // the patcher's status writes
   // The worker calls a plan makes — Checkpoint barriers (up to barrier_timeout), Rendezvous,
   // PrepareEngine, Resume, Shutdown — run here, never on a reconcile worker: a slow worker
   // holds no reconcile. One call per (pod, what it asks) at a time; its end wakes the job, whose

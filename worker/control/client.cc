@@ -126,6 +126,16 @@ WorkerClient::WorkerClient(ClientOptions options) : impl_(std::make_unique<Impl>
   impl_->args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   impl_->args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   impl_->args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (options.lean_transport) {
+    impl_->args.SetInt(GRPC_ARG_ENABLE_CHANNELZ, 0);
+    impl_->args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    impl_->args.SetInt(GRPC_ARG_TCP_READ_CHUNK_SIZE, 4096);
+    impl_->args.SetInt(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, 1024);
+    impl_->args.SetInt(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, 16384);
+    impl_->args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16384);
+    impl_->args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, 16384);
+    impl_->args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  }
   impl_->options = std::move(options);
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->Connect();

@@ -24,6 +24,10 @@ struct ClientOptions {
   std::string tls_ca_pem;       // set: TLS, the server's certificate verified against it
   std::string tls_server_name;  // overrides the name checked in the certificate
   std::chrono::milliseconds timeout{std::chrono::seconds(10)};  // per call
+  // Transport settings for a process that holds thousands of these channels (the operator):
+  // small read buffers and flow-control windows, no channelz trace, no retry buffers.
+  // false: gRPC's defaults (bench/worker_follow_memory_bench.cc measures both).
+  bool lean_transport = true;
 };
 
 class WorkerClient {
