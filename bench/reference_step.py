@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 PRESETS = {
-    # Keep in step with worker/engine/model_config.cc.
+    # Keep in step with api/model_config.cc.
     "tiny": dict(vocab=512, hidden=192, inter=512, layers=4, heads=6, kv_heads=2, tied=True),
     "small": dict(vocab=32000, hidden=768, inter=2048, layers=12, heads=12, kv_heads=4, tied=True),
 }

@@ -1,11 +1,11 @@
-// Schedule-window cron expressions (operator/api/cron.h) and the planner's search for their
+// Schedule-window cron expressions (api/cron.h) and the planner's search for their
 // last occurrence (operator/planner/planner.h): a user writes them, and the operator evaluates
 // them on every reconcile. Fields: expression, time-zone index, seconds since 2020.
 #include <chrono>
 #include <string>
 
+#include "api/cron.h"
 #include "fuzz/fuzz_input.h"
-#include "operator/api/cron.h"
 #include "operator/planner/planner.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

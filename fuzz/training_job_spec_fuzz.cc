@@ -1,12 +1,12 @@
-// A TrainingJob's spec (operator/api/training_job.h) from arbitrary YAML or JSON, the way a
+// A TrainingJob's spec (api/training_job.h) from arbitrary YAML or JSON, the way a
 // user's manifest reaches the operator: every violation is an InvalidArgument naming
 // "spec.<field>", never a crash; an accepted spec has somewhere to run.
 #include <sstream>
 #include <string>
 
+#include "api/training_job.h"
 #include "common/yaml_json.h"
 #include "fuzz/fuzz_input.h"
-#include "operator/api/training_job.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tidal;

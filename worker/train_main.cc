@@ -15,13 +15,14 @@
 #include <optional>
 #include <string>
 
+#include "api/training_job.h"
 #include "common/environment.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/yaml_json.h"
-#include "operator/api/training_job.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/data/provider.h"
+#include "worker/engine/job_fit.h"
 #include "worker/engine/memory_plan.h"
 #include "worker/engine/run.h"
 #include "worker/engine/store_server.h"

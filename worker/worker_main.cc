@@ -28,12 +28,12 @@
 #include <sstream>
 #include <thread>
 
+#include "api/training_job.h"
 #include "common/environment.h"
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/metrics/endpoint.h"
 #include "common/yaml_json.h"
-#include "operator/api/training_job.h"
 #include "worker/control/metrics.h"
 #include "worker/control/peer_store.h"
 #include "worker/control/runtime.h"

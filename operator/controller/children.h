@@ -10,8 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/training_job.h"
 #include "common/status.h"
-#include "operator/api/training_job.h"
 
 namespace tidal::controller {
 

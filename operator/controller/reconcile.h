@@ -40,9 +40,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/training_job.h"
 #include "api/worker_phase.h"
 #include "common/status.h"
-#include "operator/api/training_job.h"
 #include "operator/planner/anomaly.h"
 #include "operator/planner/buddy.h"
 #include "operator/planner/lifecycle.h"

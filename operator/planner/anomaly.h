@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "operator/api/training_job.h"
+#include "api/training_job.h"
 
 namespace tidal::planner {
 

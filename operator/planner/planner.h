@@ -16,7 +16,7 @@
 #include <optional>
 #include <string>
 
-#include "operator/api/training_job.h"
+#include "api/training_job.h"
 
 namespace tidal::planner {
 

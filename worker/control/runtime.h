@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/train_config.h"
 #include "api/worker_phase.h"
 #include "common/status.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
@@ -27,7 +28,6 @@
 #include "worker/control/loss_hook.h"
 #include "worker/engine/session.h"
 #include "worker/engine/step_record.h"
-#include "worker/engine/train_config.h"
 #include "worker/objstore/memory_store.h"
 #include "worker/objstore/object_store.h"
 

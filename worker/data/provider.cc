@@ -4,9 +4,10 @@
 #include <cmath>
 #include <optional>
 
+#include "api/model_config.h"
 #include "common/log.h"
 #include "worker/data/loader.h"
-#include "worker/engine/model_config.h"
+#include "worker/engine/job_fit.h"
 
 namespace tidal::data {
 

@@ -8,9 +8,9 @@
 #include <mutex>
 #include <string>
 
+#include "api/train_config.h"
 #include "worker/data/prep.h"
 #include "worker/data/row_source.h"
-#include "worker/engine/train_config.h"
 #include "worker/objstore/object_store.h"
 
 namespace tidal::data {

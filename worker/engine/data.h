@@ -12,9 +12,9 @@
 
 #include <torch/torch.h>
 
+#include "api/model_config.h"
 #include "common/status.h"
 #include "worker/data/row_source.h"
-#include "worker/engine/model_config.h"
 
 namespace tidal::engine {
 

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/train_config.h"
 #include "common/status.h"
-#include "worker/engine/train_config.h"
 
 namespace tidal::engine {
 

@@ -8,9 +8,9 @@
 #include <optional>
 #include <string>
 
+#include "api/train_config.h"
 #include "common/status.h"
 #include "worker/data/row_source.h"
-#include "worker/engine/train_config.h"
 
 namespace tidal::engine {
 

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "api/train_config.h"
 #include "common/status.h"
 #include "worker/data/row_source.h"
 #include "worker/engine/run.h"
 #include "worker/engine/step_record.h"
-#include "worker/engine/train_config.h"
 
 namespace tidal::engine {
 

@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/process_memory.h"
 #include "worker/engine/hf_checkpoint.h"
+#include "worker/engine/job_fit.h"
 
 namespace tidal::engine {
 

@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include "api/train_config.h"
 #include "common/status.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/data.h"
@@ -18,7 +19,6 @@
 #include "worker/engine/model.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/step_record.h"
-#include "worker/engine/train_config.h"
 #include "worker/engine/zero.h"
 
 namespace tidal::engine {

@@ -10,11 +10,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/train_config.h"
+#include "api/training_job.h"
 #include "common/spec_limits.h"
 #include "common/yaml_json.h"
-#include "operator/api/training_job.h"
 #include "operator/local/schema.h"
-#include "worker/engine/train_config.h"
 
 namespace tidal {
 namespace {

@@ -1,7 +1,7 @@
 // The operator's view of a TrainingJob spec: defaults as the CRD gives them, the CRD's CEL
 // rules and the checks beyond them (time zone, cron, URIs, Secret names), each violation named
 // by its field path and all of them reported together; and the cron expressions themselves.
-#include "operator/api/training_job.h"
+#include "api/training_job.h"
 
 #include <gtest/gtest.h>
 

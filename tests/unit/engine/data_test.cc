@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/unit/engine/test_util.h"
+#include "worker/engine/job_fit.h"
 #include "worker/engine/model.h"
 
 namespace tidal::engine {

@@ -13,6 +13,7 @@
 #include "tests/unit/engine/test_util.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/hf_checkpoint.h"
+#include "worker/engine/job_fit.h"
 #include "worker/engine/zero.h"
 
 namespace tidal::engine {

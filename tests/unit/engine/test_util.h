@@ -7,10 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include "api/train_config.h"
 #include "tests/temp_dir.h"
 #include "worker/data/provider.h"
 #include "worker/engine/model.h"
-#include "worker/engine/train_config.h"
 #include "worker/engine/zero.h"
 
 namespace tidal::engine::testing {

@@ -1,13 +1,13 @@
 // The spec as the engine reads it: defaults, whole-TrainingJob input, and a clear message
 // naming the field for each kind of bad input.
-#include "worker/engine/train_config.h"
+#include "api/train_config.h"
 
 #include <gtest/gtest.h>
 
 #include <set>
 
+#include "api/model_config.h"
 #include "common/yaml_json.h"
-#include "worker/engine/model_config.h"
 
 namespace tidal::engine {
 namespace {

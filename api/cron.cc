@@ -1,5 +1,5 @@
-// operator/api/cron.cc
-#include "operator/api/cron.h"
+// api/cron.cc
+#include "api/cron.h"
 
 #include <charconv>
 #include <sstream>

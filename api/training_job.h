@@ -1,4 +1,4 @@
-// operator/api/training_job.h — the TrainingJob spec (DESIGN.md §2) as the operator reads it:
+// api/training_job.h — the TrainingJob spec (DESIGN.md §2) as the operator reads it:
 // typed, defaulted exactly as crds/tidal.dev_trainingjobs.yaml defaults it, and validated
 // against everything the CRD's schema and CEL rules say and more (the time zone exists, cron
 // expressions parse, URIs and Secret names are well formed). Every violation is reported with
@@ -13,9 +13,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/cron.h"
+#include "api/train_config.h"
 #include "common/status.h"
-#include "operator/api/cron.h"
-#include "worker/engine/train_config.h"
 
 namespace tidal::api {
 

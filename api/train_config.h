@@ -1,4 +1,4 @@
-// worker/engine/train_config.h — the parts of a TrainingJob `spec` (DESIGN.md §2) that the
+// api/train_config.h — the parts of a TrainingJob `spec` (DESIGN.md §2) that the
 // engine reads: model, dataset, lora, optimization. The same YAML is a tidal-train config and
 // a TrainingJob spec; sections the engine does not own (elastic, checkpoint, ...) are accepted
 // and ignored here. Plain data; no LibTorch.
@@ -13,10 +13,6 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
-
-namespace tidal::data {
-struct StoreTokenizer;  // worker/data/token_store_manifest.h
-}  // namespace tidal::data
 
 namespace tidal::engine {
 
@@ -99,27 +95,8 @@ struct TrainConfig {
   }
 };
 
-struct ModelConfig;
-
-// A target module the model does not have (k_proj under DeepSeek's latent attention) would
-// leave the adapter smaller than asked: refused naming it and the model's projections. A
-// LoRA rank above the smaller side of a targeted projection (out × in) adds parameters and
-// memory but no capacity: the update B·A cannot have a higher rank. Refused naming
-// spec.lora.rank and the module, before anything is allocated.
-Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model);
 // Every spec.lora.targetModules name some supported family has (what the CRD's enum lists).
 const std::set<std::string>& LoraTargetNames();
-
-// The data's tokenizer fits the model: no id at or beyond config.json's vocab_size, no more
-// ids than the embedding table, BOS/EOS as config.json has them. Errors name both sides.
-Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const ModelConfig& model,
-                               const std::string& model_name);
-
-// Everything of the spec that only the model can check, before anything is allocated: the
-// LoRA rank, the tokenizer, maxSeqLen against max_position_embeddings. What the trainer checks
-// before step 0 and a TrainingJob's data phase checks before any worker is created.
-Status CheckJobFitsModel(const TrainConfig& config, const ModelConfig& model,
-                         const data::StoreTokenizer& tokenizer);
 
 // Accepts either a bare spec or a whole TrainingJob manifest (its .spec is used). Every
 // violation names the field path (e.g. "spec.lora.rank: must be > 0, got 0"). Relative

@@ -1,5 +1,5 @@
-// operator/api/training_job.cc
-#include "operator/api/training_job.h"
+// api/training_job.cc
+#include "api/training_job.h"
 
 #include <date/tz.h>
 

@@ -1,5 +1,5 @@
-// worker/engine/model_config.cc
-#include "worker/engine/model_config.h"
+// api/model_config.cc
+#include "api/model_config.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// worker/engine/model_config.h — the decoder architecture's hyper-parameters, read from a
+// api/model_config.h — the decoder architecture's hyper-parameters, read from a
 // Hugging Face `config.json` — LlamaForCausalLM (LLaMA, DeepSeek-LLM, Llama-3.x and the
 // R1-Distill-Llama models, with RoPE scaling), Qwen2ForCausalLM (the R1-Distill-Qwen models:
 // q/k/v bias), Qwen3ForCausalLM (RMSNorm on each head's q and k), DeepseekV2ForCausalLM and

@@ -1,4 +1,4 @@
-// operator/api/cron.h — the five-field cron expressions of a TrainingJob's schedule windows
+// api/cron.h — the five-field cron expressions of a TrainingJob's schedule windows
 // (minute hour day-of-month month day-of-week), as cron(8) reads them: `*`, numbers, ranges
 // `a-b`, steps `*/n` and `a-b/n`, lists `a,b`, month and day names (jan, mon), 7 for Sunday,
 // and the day rule of Vixie cron (when both day fields are restricted, either may match).
