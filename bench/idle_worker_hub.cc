@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -93,7 +94,8 @@ class IdleWorker final : public pb::WorkerControl::Service {
         sent_step = s.step();
         sent_at = now;
       }
-      changed_.wait_for(lock, std::chrono::seconds(1));
+      // Until the next step (as tidal-worker's stream wakes on a step), or a change.
+      changed_.wait_for(lock, UntilNextStepLocked());
     }
     return Status::OK;
   }
@@ -201,6 +203,15 @@ class IdleWorker final : public pb::WorkerControl::Service {
   }
   static Status Unauthenticated() {
     return Status(StatusCode::UNAUTHENTICATED, "missing or wrong job token");
+  }
+  std::chrono::nanoseconds UntilNextStepLocked() const {
+    if (phase_ != pb::RUNNING) return std::chrono::seconds(1);
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - running_since_).count();
+    const double next = (std::floor(s / kStepSeconds) + 1) * kStepSeconds;
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::duration<double>(next - s)) +
+           std::chrono::milliseconds(1);
   }
   void Advance() {  // under mu_: a step per kStepSeconds while RUNNING
     if (phase_ != pb::RUNNING) return;

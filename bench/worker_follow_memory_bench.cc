@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "operator/controller/status_feed.h"
+#include "worker/control/client.h"
 
 namespace {
 
@@ -76,7 +77,7 @@ Measurement Follow(const std::vector<std::string>& addresses, const std::string&
   Measurement m;
   {
     controller::StatusFeed feed(controller::StatusFeed::Options{}, [](const std::string&) {});
-    std::map<std::string, std::map<std::string, std::shared_ptr<worker::WorkerClient>>> jobs;
+    std::map<std::string, std::map<std::string, std::shared_ptr<worker::WorkerApi>>> jobs;
     std::map<std::string, std::vector<std::string>> pods;
     for (size_t i = 0; i < addresses.size(); ++i) {
       worker::ClientOptions o;

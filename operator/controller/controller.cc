@@ -1,6 +1,8 @@
 // operator/controller/controller.cc
 #include "operator/controller/controller.h"
 
+#include <malloc.h>
+
 #include <cmath>
 #include <future>
 #include <optional>
@@ -245,12 +247,26 @@ void TrainingJobController::Stop() {
 }
 
 void TrainingJobController::PatchFigures() {
-  constexpr auto kTick = std::chrono::milliseconds(250);
+  // A step waits at most a tick for its write (and a job's writes are a second apart); the
+  // streams are swept for silence every second, the allocator trimmed every minute.
+  constexpr auto kTick = std::chrono::milliseconds(100);
   constexpr auto kPerJob = std::chrono::seconds(1);
+  constexpr auto kSweepEvery = std::chrono::seconds(1);
+  constexpr auto kTrimEvery = std::chrono::seconds(60);
+  auto swept = std::chrono::steady_clock::now(), trimmed = swept;
   std::unique_lock<std::mutex> lock(patcher_mu_);
   while (!patcher_cv_.wait_for(lock, kTick, [&] { return patcher_stop_; })) {
     lock.unlock();
-    feed_.Sweep();
+    if (const auto t = std::chrono::steady_clock::now(); t - swept >= kSweepEvery) {
+      feed_.Sweep();
+      swept = t;
+    }
+    if (const auto t = std::chrono::steady_clock::now(); t - trimmed >= kTrimEvery) {
+      // What a start-up of hundreds of pods freed goes back to the system: glibc keeps freed
+      // pages inside its heaps resident until asked.
+      malloc_trim(0);
+      trimmed = t;
+    }
     for (const auto& [job, figures] : feed_.TakeChangedFigures()) {
       Patched& p = patched_[job];
       if (figures.step > p.figures.step || figures.generation != p.figures.generation ||
@@ -461,7 +477,7 @@ TrainingJobController::WorkerConnections& TrainingJobController::ConnectionsOf(
   return *c;  // stable: entries are erased only by this job's own reconcile
 }
 
-std::shared_ptr<worker::WorkerClient> TrainingJobController::ClientFor(
+std::shared_ptr<worker::WorkerApi> TrainingJobController::ClientFor(
     WorkerConnections& connections, const std::string& pod, const std::string& ip,
     const std::string& token, std::chrono::milliseconds timeout) {
   if (!connections.tls_unusable.empty()) return nullptr;
@@ -473,7 +489,7 @@ std::shared_ptr<worker::WorkerClient> TrainingJobController::ClientFor(
     o.timeout = timeout;
     o.tls_ca_pem = connections.tls_ca;
     if (!o.tls_ca_pem.empty()) o.tls_server_name = connections.tls_server_name;
-    c.client = std::make_shared<worker::WorkerClient>(o);
+    c.client = options_.connect ? options_.connect(o) : std::make_shared<worker::WorkerClient>(o);
     c.ip = ip;
     c.token = token;
     c.tls_ca = connections.tls_ca;
@@ -615,11 +631,11 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   RefreshTls(connections, o);
   const std::string token = TokenOf(o.namespace_, o.name);
   // And follow each one's pushed status from now on (StatusFeed): its changes wake the job.
-  std::map<std::string, std::shared_ptr<worker::WorkerClient>> followed;
+  std::map<std::string, std::shared_ptr<worker::WorkerApi>> followed;
   std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
-    std::shared_ptr<worker::WorkerClient> c =
+    std::shared_ptr<worker::WorkerApi> c =
         ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
     if (!c) {  // its TLS Secret is unusable: no call is made
       connections.unreachable_since.try_emplace(p.name, std::chrono::steady_clock::now());
@@ -740,10 +756,10 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
     Status done = OkStatus();
     // The pod's worker client; nullptr when the pod has no IP yet, or (recorded in `done`)
     // when its TLS Secret is unusable.
-    auto worker_of = [&](const std::string& pod) -> std::shared_ptr<worker::WorkerClient> {
+    auto worker_of = [&](const std::string& pod) -> std::shared_ptr<worker::WorkerApi> {
       const std::string ip = pod_ip(pod);
       if (ip.empty()) return nullptr;
-      std::shared_ptr<worker::WorkerClient> c = client_for(pod, ip);
+      std::shared_ptr<worker::WorkerApi> c = client_for(pod, ip);
       if (!c) done = FailedPrecondition(connections.tls_unusable);
       return c;
     };
@@ -826,7 +842,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         // Returns when every rank holds (or one fails): its end wakes the job, whose next pass
         // finds the ranks paused and goes on (the Rendezvous, without waiting for a poll).
         for (const std::string& pod : a.pods)
-          if (std::shared_ptr<worker::WorkerClient> c = worker_of(pod))
+          if (std::shared_ptr<worker::WorkerApi> c = worker_of(pod))
             start(
                 pod, "barrier " + std::to_string(a.barrier_id),
                 [c, timeout = options_.barrier_timeout, id = a.barrier_id, live = a.live] {
@@ -860,7 +876,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         }
         for (const std::string& pod : a.targets) {
           const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
-          std::shared_ptr<worker::WorkerClient> c = worker_of(pod);
+          std::shared_ptr<worker::WorkerApi> c = worker_of(pod);
           if (!c) continue;
           const int ward = members.empty() ? static_cast<int>(rank) : a.wards[rank];
           start(
@@ -881,7 +897,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         // A refusal (TIDAL_KEEP_ENGINE=0, an older worker) only means that worker loads after
         // the Rendezvous: Decide does not wait for it (its failure is logged).
         for (size_t i = 0; i < a.pods.size() && i < a.ranks.size(); ++i)
-          if (std::shared_ptr<worker::WorkerClient> c = worker_of(a.pods[i]))
+          if (std::shared_ptr<worker::WorkerApi> c = worker_of(a.pods[i]))
             start(
                 a.pods[i], "prepare " + std::to_string(a.generation),
                 [c, generation = a.generation, world = a.world_size, rank = a.ranks[i]] {
@@ -891,7 +907,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         break;
       case Action::Kind::kResume:
         for (const std::string& pod : a.pods)
-          if (std::shared_ptr<worker::WorkerClient> c = worker_of(pod))
+          if (std::shared_ptr<worker::WorkerApi> c = worker_of(pod))
             start(
                 pod, "resume",
                 [c] {
@@ -905,7 +921,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         for (const std::string& pod : a.pods) {
           const std::string ip = pod_ip(pod);
           if (ip.empty() || token.empty()) continue;
-          if (std::shared_ptr<worker::WorkerClient> c = client_for(pod, ip))
+          if (std::shared_ptr<worker::WorkerApi> c = client_for(pod, ip))
             start(
                 pod, "shutdown", [c, reason = a.reason] { return c->Shutdown(reason); },
                 /*wake=*/false);  // the pod is deleted anyway

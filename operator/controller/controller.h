@@ -30,10 +30,7 @@
 #include "operator/kube/informer.h"
 #include "operator/kube/pod_cache.h"
 #include "operator/kube/workqueue.h"
-
-namespace tidal::worker {
-class WorkerClient;
-}
+#include "worker/control/worker_api.h"
 
 namespace tidal::controller {
 
@@ -50,6 +47,8 @@ struct ControllerOptions {
   // A pass mostly waits on the API server and the workers, so more than the cores helps.
   int workers = 4;
   OperatorMetrics* metrics = nullptr;  // not owned; none recorded when null
+  // How a worker is reached: empty, over gRPC (worker::WorkerClient). Tests give fakes.
+  worker::WorkerConnector connect;
 };
 
 class TrainingJobController {
@@ -90,11 +89,10 @@ class TrainingJobController {
   // step: two jobs reconciled at once cannot both plan for the same idle GPUs.
   Plan DecideWithCapacity(Observed& observed);
   // nullptr when the job's TLS Secret cannot be used (connections.tls_unusable says why).
-  static std::shared_ptr<worker::WorkerClient> ClientFor(WorkerConnections& connections,
-                                                         const std::string& pod,
-                                                         const std::string& ip,
-                                                         const std::string& token,
-                                                         std::chrono::milliseconds timeout);
+  std::shared_ptr<worker::WorkerApi> ClientFor(WorkerConnections& connections,
+                                               const std::string& pod, const std::string& ip,
+                                               const std::string& token,
+                                               std::chrono::milliseconds timeout);
   WorkerConnections& ConnectionsOf(const std::string& key);
   std::string TokenOf(const std::string& ns, const std::string& job) const;
   void EnqueueOwner(const kube::ObjectPtr& object);
@@ -131,7 +129,7 @@ class TrainingJobController {
     std::string ip, token, tls_ca;
     // Shared with the calls still running on it (WorkerCalls): a client replaced or a job
     // forgotten meanwhile outlives them.
-    std::shared_ptr<worker::WorkerClient> client;
+    std::shared_ptr<worker::WorkerApi> client;
   };
   struct WorkerConnections {
     std::map<std::string, CachedClient> clients;

@@ -13,7 +13,7 @@ StatusFeed::StatusFeed(Options options, std::function<void(const std::string&)> 
     : options_(options), wake_(std::move(wake)) {}
 
 StatusFeed::~StatusFeed() {
-  std::vector<std::unique_ptr<worker::WorkerClient::StatusStream>> closing;
+  std::vector<std::unique_ptr<worker::StatusStream>> closing;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [job, j] : jobs_)
@@ -23,9 +23,8 @@ StatusFeed::~StatusFeed() {
   closing.clear();  // outside the lock: each waits for its stream's last callback
 }
 
-std::unique_ptr<worker::WorkerClient::StatusStream> StatusFeed::Open(const std::string& job,
-                                                                     const std::string& pod,
-                                                                     Worker& w) {
+std::unique_ptr<worker::StatusStream> StatusFeed::Open(const std::string& job,
+                                                       const std::string& pod, Worker& w) {
   const uint64_t incarnation = w.incarnation = next_incarnation_++;
   w.open = false;
   w.stale = false;
@@ -38,8 +37,8 @@ std::unique_ptr<worker::WorkerClient::StatusStream> StatusFeed::Open(const std::
 }
 
 void StatusFeed::Follow(const std::string& job,
-                        const std::map<std::string, std::shared_ptr<worker::WorkerClient>>& pods) {
-  std::vector<std::unique_ptr<worker::WorkerClient::StatusStream>> closing;
+                        const std::map<std::string, std::shared_ptr<worker::WorkerApi>>& pods) {
+  std::vector<std::unique_ptr<worker::StatusStream>> closing;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Job& j = jobs_[job];
@@ -68,7 +67,7 @@ void StatusFeed::Follow(const std::string& job,
 }
 
 void StatusFeed::Forget(const std::string& job) {
-  std::vector<std::unique_ptr<worker::WorkerClient::StatusStream>> closing;
+  std::vector<std::unique_ptr<worker::StatusStream>> closing;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(job);

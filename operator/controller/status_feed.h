@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/control/client.h"
+#include "worker/control/worker_api.h"
 
 namespace tidal::controller {
 
@@ -50,7 +50,7 @@ class StatusFeed {
   // reopened when its client changes). Opens what is missing, reopens what ended once its
   // backoff is over, closes the streams of pods no longer listed.
   void Follow(const std::string& job,
-              const std::map<std::string, std::shared_ptr<worker::WorkerClient>>& pods);
+              const std::map<std::string, std::shared_ptr<worker::WorkerApi>>& pods);
   void Forget(const std::string& job);
   // Whether each of `pods` has an open stream that has delivered a status: the job's workers
   // push every change, and it needs no poll.
@@ -65,8 +65,8 @@ class StatusFeed {
 
  private:
   struct Worker {
-    std::shared_ptr<worker::WorkerClient> client;
-    std::unique_ptr<worker::WorkerClient::StatusStream> stream;
+    std::shared_ptr<worker::WorkerApi> client;
+    std::unique_ptr<worker::StatusStream> stream;
     uint64_t incarnation = 0;  // of `stream`: callbacks of an older one are ignored
     bool open = false;         // delivered a status and has not ended
     bool stale = false;        // Sweep gave up on it: reopened like an ended one
@@ -90,8 +90,8 @@ class StatusFeed {
   // or the pod unfollowed); `job_out` gets its job. Under mu_.
   Worker* FindLocked(const std::string& job, const std::string& pod, uint64_t incarnation,
                      Job** job_out = nullptr);
-  std::unique_ptr<worker::WorkerClient::StatusStream> Open(const std::string& job,
-                                                           const std::string& pod, Worker& w);
+  std::unique_ptr<worker::StatusStream> Open(const std::string& job, const std::string& pod,
+                                             Worker& w);
 
   const Options options_;
   const std::function<void(const std::string&)> wake_;

@@ -267,9 +267,11 @@ Status WorkerClient::WatchSteps(int64_t after_step, std::chrono::milliseconds ti
   return FromGrpcStatus(s);
 }
 
+namespace {
+
 // One WatchStatus call: reads until the stream ends, then reports once. Owned by its handle,
 // which cancels it and waits for the end before freeing it.
-struct WorkerClient::StatusStream::Reactor : grpc::ClientReadReactor<pb::WorkerStatus> {
+struct StatusReactor : grpc::ClientReadReactor<pb::WorkerStatus> {
   grpc::ClientContext ctx;
   pb::WatchStatusRequest request;
   pb::WorkerStatus message;
@@ -293,11 +295,33 @@ struct WorkerClient::StatusStream::Reactor : grpc::ClientReadReactor<pb::WorkerS
   }
 };
 
-std::unique_ptr<WorkerClient::StatusStream> WorkerClient::WatchStatus(
+class GrpcStatusStream : public StatusStream {
+ public:
+  explicit GrpcStatusStream(StatusReactor* reactor) : reactor_(reactor) {}
+  ~GrpcStatusStream() override {
+    reactor_->ctx.TryCancel();
+    {
+      std::unique_lock<std::mutex> lock(reactor_->mu);
+      reactor_->cv.wait(lock, [&] { return reactor_->done; });
+    }
+    delete reactor_;
+  }
+  bool ended() const override {
+    std::lock_guard<std::mutex> lock(reactor_->mu);
+    return reactor_->done;
+  }
+
+ private:
+  StatusReactor* reactor_;  // done once on_end has run; this waits for that
+};
+
+}  // namespace
+
+std::unique_ptr<StatusStream> WorkerClient::WatchStatus(
     std::chrono::milliseconds min_interval, std::chrono::milliseconds heartbeat,
     std::function<void(const pb::WorkerStatus&)> on_status,
     std::function<void(const Status&)> on_end) {
-  auto* r = new StatusStream::Reactor();
+  auto* r = new StatusReactor();
   if (!impl_->options.token.empty())
     r->ctx.AddMetadata("authorization", "Bearer " + impl_->options.token);
   r->request.set_min_interval_ms(min_interval.count());
@@ -308,24 +332,7 @@ std::unique_ptr<WorkerClient::StatusStream> WorkerClient::WatchStatus(
   r->stub->async()->WatchStatus(&r->ctx, &r->request, r);
   r->StartRead(&r->message);
   r->StartCall();
-  std::unique_ptr<StatusStream> handle(new StatusStream());
-  handle->reactor_ = r;
-  return handle;
-}
-
-WorkerClient::StatusStream::~StatusStream() {
-  if (!reactor_) return;
-  reactor_->ctx.TryCancel();
-  {
-    std::unique_lock<std::mutex> lock(reactor_->mu);
-    reactor_->cv.wait(lock, [&] { return reactor_->done; });
-  }
-  delete reactor_;
-}
-
-bool WorkerClient::StatusStream::ended() const {
-  std::lock_guard<std::mutex> lock(reactor_->mu);
-  return reactor_->done;
+  return std::make_unique<GrpcStatusStream>(r);
 }
 
 }  // namespace tidal::worker

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "worker/control/worker_api.h"
 
 namespace tidal::worker::v1 {
 class WorkerStatus;
@@ -18,38 +19,26 @@ class StepEvent;
 
 namespace tidal::worker {
 
-struct ClientOptions {
-  std::string address;          // HOST:PORT
-  std::string token;            // "" sends no authorization metadata (for tests of the refusal)
-  std::string tls_ca_pem;       // set: TLS, the server's certificate verified against it
-  std::string tls_server_name;  // overrides the name checked in the certificate
-  std::chrono::milliseconds timeout{std::chrono::seconds(10)};  // per call
-  // Transport settings for a process that holds thousands of these channels (the operator):
-  // small read buffers and flow-control windows, no channelz trace, no retry buffers.
-  // false: gRPC's defaults (bench/worker_follow_memory_bench.cc measures both).
-  bool lean_transport = true;
-};
-
-class WorkerClient {
+class WorkerClient : public WorkerApi {
  public:
   explicit WorkerClient(ClientOptions options);
-  ~WorkerClient();
+  ~WorkerClient() override;
 
-  StatusOr<v1::WorkerStatus> GetStatus();
+  StatusOr<v1::WorkerStatus> GetStatus() override;
   // The engine built ahead of generation `generation` for this rank and world size (worker.proto).
-  Status PrepareEngine(int64_t generation, int world_size, int rank);
+  Status PrepareEngine(int64_t generation, int world_size, int rank) override;
   // `state_peers` and `state_step`: the previous generation's live checkpoint (worker.proto).
   // `members` and `ward`: buddy copies (worker.proto); none without members.
   Status Rendezvous(int64_t generation, int world_size, int rank, const std::string& store_address,
                     const std::vector<std::string>& state_peers = {}, int64_t state_step = 0,
-                    const std::vector<std::string>& members = {}, int ward = 0);
+                    const std::vector<std::string>& members = {}, int ward = 0) override;
   // `barrier_id`: the barrier the call belongs to (worker.proto); 0: unnamed. `live`: kept in
   // the ranks' memory for the next generation, not written to the store.
   StatusOr<v1::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,
-                                          uint64_t barrier_id = 0, bool live = false);
+                                          uint64_t barrier_id = 0, bool live = false) override;
   StatusOr<int64_t> Pause(std::chrono::milliseconds timeout, uint64_t barrier_id = 0);
-  Status Resume();
-  Status Shutdown(const std::string& reason);
+  Status Resume() override;
+  Status Shutdown(const std::string& reason) override;
   // Bytes [offset, offset + length) of `key` in the worker's peer state (to its end with
   // `to_end`), appended to `into` when given; returns the object's size.
   StatusOr<uint64_t> ReadState(const std::string& key, uint64_t offset, uint64_t length,
@@ -60,30 +49,15 @@ class WorkerClient {
                     const std::function<bool(const v1::StepEvent&)>& on_event);
 
   // Opens a WatchStatus stream (worker.proto) on this client's channel, with no thread of its
-  // own (gRPC's callback API): `on_status` gets each status, then `on_end` once, with why the
-  // stream ended (OK: the worker exited). Both run on gRPC's threads and must not block. The
-  // stream has no deadline; destroying the handle cancels it and waits for `on_end`.
-  class StatusStream;
+  // own (gRPC's callback API). The stream has no deadline.
   std::unique_ptr<StatusStream> WatchStatus(std::chrono::milliseconds min_interval,
                                             std::chrono::milliseconds heartbeat,
                                             std::function<void(const v1::WorkerStatus&)> on_status,
-                                            std::function<void(const Status&)> on_end);
+                                            std::function<void(const Status&)> on_end) override;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-};
-
-class WorkerClient::StatusStream {
- public:
-  ~StatusStream();  // cancels, and returns once on_end has run
-  bool ended() const;
-
- private:
-  friend class WorkerClient;
-  struct Reactor;
-  StatusStream() = default;
-  Reactor* reactor_ = nullptr;  // deletes itself after on_end; this waits for that
 };
 
 // gRPC's status as ours; the gRPC code's name leads the message ("UNAUTHENTICATED: ...").

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "tidal/worker/v1/worker.grpc.pb.h"
+#include "worker/control/client.h"
 #include "worker/control/status_change.h"
 
 namespace tidal::controller {
@@ -109,7 +110,7 @@ class StatusFeedTest : public ::testing::Test {
     ASSERT_TRUE(server_ && port_ > 0);
   }
   void TearDown() override { server_->Shutdown(std::chrono::system_clock::now() + 1s); }
-  std::shared_ptr<worker::WorkerClient> Client(const std::string& token = "secret") {
+  std::shared_ptr<worker::WorkerApi> Client(const std::string& token = "secret") {
     worker::ClientOptions o;
     o.address = "127.0.0.1:" + std::to_string(port_);
     o.token = token;

@@ -1,0 +1,395 @@
+// The controller's whole loop — informers, work queue, Decide, Execute, worker calls, the
+// pushed-status feed and the status patcher — against a real API server (tidal local, in this
+// process; its kubelet runs each worker pod as a sleeping script and the data phase as the real
+// tidal-prep), with the workers behind worker::WorkerApi as in-process fakes: no tidal-worker,
+// no gRPC. The fakes follow the protocol (Rendezvous → RUNNING at that generation, a barrier
+// → PAUSED, Shutdown → gone) and step every 50 ms while they train.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "operator/controller/manager.h"
+#include "operator/kube/client.h"
+#include "operator/kube/config.h"
+#include "operator/kube/request.h"
+#include "operator/local/cluster.h"
+#include "tidal/worker/v1/worker.pb.h"
+
+namespace tidal::controller {
+namespace {
+
+namespace pb = ::tidal::worker::v1;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+class FakeWorker;
+
+class FakeStream : public worker::StatusStream {
+ public:
+  FakeStream(std::shared_ptr<FakeWorker> worker, uint64_t id) : worker_(worker), id_(id) {}
+  ~FakeStream() override;
+  bool ended() const override;
+
+ private:
+  std::shared_ptr<FakeWorker> worker_;
+  uint64_t id_;
+};
+
+// One worker at one address, as tidal-worker answers the operator.
+class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this<FakeWorker> {
+ public:
+  // `agree(barrier, step)`: the step every rank of that barrier holds at.
+  explicit FakeWorker(std::function<int64_t(uint64_t, int64_t)> agree) : agree_(std::move(agree)) {}
+
+  StatusOr<pb::WorkerStatus> GetStatus() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return StatusLocked();
+  }
+  // Built at once: the status says so (the rescale waits for it before its Rendezvous).
+  Status PrepareEngine(int64_t generation, int world_size, int rank) override {
+    Change([&] { prepared_ = {generation, world_size, rank}; });
+    return OkStatus();
+  }
+  Status Rendezvous(int64_t generation, int world_size, int rank, const std::string&,
+                    const std::vector<std::string>&, int64_t, const std::vector<std::string>&,
+                    int) override {
+    Change([&] {
+      generation_ = generation;
+      world_size_ = world_size;
+      rank_ = rank;
+      phase_ = pb::RUNNING;
+    });
+    return OkStatus();
+  }
+  StatusOr<pb::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,
+                                          uint64_t barrier_id, bool live) override {
+    {
+      // A barrier held by the test: the call waits (up to its timeout) like a slow worker.
+      std::unique_lock<std::mutex> lock(mu_);
+      ++barriers_;
+      released_.wait_for(lock, timeout, [&] { return !hold_barriers_; });
+      if (hold_barriers_) return DeadlineExceeded("the barrier was held");
+    }
+    pb::CheckpointInfo info;
+    Change([&] {
+      // The ranks of a barrier hold at one step, as real ones agree on it.
+      if (pause) {
+        phase_ = pb::PAUSED;
+        step_ = agree_(barrier_id, step_);
+      }
+      (live ? live_step_ : checkpoint_step_) = step_;
+      info.set_step(step_);
+      info.set_kind(live ? "live" : "full");
+      info.set_uri(live ? "" : "file:///fake/step-" + std::to_string(step_));
+    });
+    return info;
+  }
+  Status Resume() override {
+    Change([&] { phase_ = pb::RUNNING; });
+    return OkStatus();
+  }
+  Status Shutdown(const std::string&) override { return OkStatus(); }
+  std::unique_ptr<worker::StatusStream> WatchStatus(
+      std::chrono::milliseconds, std::chrono::milliseconds,
+      std::function<void(const pb::WorkerStatus&)> on_status,
+      std::function<void(const Status&)> on_end) override {
+    // The first status goes out from the ticker's thread, as gRPC's callbacks never run
+    // inside the call that opens the stream (the feed holds its lock there).
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t id = next_stream_++;
+    streams_[id] = {std::move(on_status), std::move(on_end), /*greeted=*/false};
+    return std::make_unique<FakeStream>(shared_from_this(), id);
+  }
+
+  // The ticker: greets new streams, and trains a step while RUNNING.
+  void Step() {
+    pb::WorkerStatus now;
+    std::vector<std::function<void(const pb::WorkerStatus&)>> greet;
+    bool running;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      now = StatusLocked();
+      for (auto& [id, s] : streams_)
+        if (!s.greeted) {
+          s.greeted = true;
+          greet.push_back(s.on_status);
+        }
+      running = phase_ == pb::RUNNING;
+    }
+    for (const auto& f : greet) f(now);
+    if (running) Change([&] { ++step_; });
+  }
+  bool Open(uint64_t id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return streams_.count(id) > 0;
+  }
+  void HoldBarriers(bool hold) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_barriers_ = hold;
+    released_.notify_all();
+  }
+  int barriers() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return barriers_;
+  }
+  void Close(uint64_t id) {
+    std::function<void(const Status&)> on_end;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = streams_.find(id);
+      if (it == streams_.end()) return;
+      on_end = std::move(it->second.on_end);
+      streams_.erase(it);
+    }
+    on_end(Unavailable("the stream was cancelled"));
+  }
+
+ private:
+  struct Stream {
+    std::function<void(const pb::WorkerStatus&)> on_status;
+    std::function<void(const Status&)> on_end;
+    bool greeted = false;
+  };
+  pb::WorkerStatus StatusLocked() const {
+    pb::WorkerStatus s;
+    s.set_phase(phase_);
+    s.set_generation(generation_);
+    s.set_rank(rank_);
+    s.set_world_size(world_size_);
+    s.set_step(step_);
+    s.set_max_steps(1000000);
+    if (generation_ > 0) s.set_loss(2.0);
+    if (checkpoint_step_ >= 0) {
+      s.mutable_last_checkpoint()->set_step(checkpoint_step_);
+      s.mutable_last_checkpoint()->set_kind("full");
+      s.mutable_last_checkpoint()->set_uri("file:///fake/step-" + std::to_string(checkpoint_step_));
+    }
+    if (live_step_ >= 0) {
+      s.mutable_live_checkpoint()->set_step(live_step_);
+      s.mutable_live_checkpoint()->set_kind("live");
+    }
+    if (prepared_[0] > generation_) {
+      pb::PreparedEngine* p = s.mutable_prepared_engine();
+      p->set_generation(prepared_[0]);
+      p->set_world_size(static_cast<int32_t>(prepared_[1]));
+      p->set_rank(static_cast<int32_t>(prepared_[2]));
+      p->set_ready(true);
+    }
+    return s;
+  }
+  // Applies `change`, then pushes the new status to every open stream (outside the lock).
+  void Change(const std::function<void()>& change) {
+    pb::WorkerStatus now;
+    std::vector<std::function<void(const pb::WorkerStatus&)>> to;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      change();
+      now = StatusLocked();
+      for (const auto& [id, s] : streams_)
+        if (s.greeted) to.push_back(s.on_status);
+    }
+    for (const auto& f : to) f(now);
+  }
+
+  const std::function<int64_t(uint64_t, int64_t)> agree_;
+  mutable std::mutex mu_;
+  std::condition_variable released_;
+  int64_t checkpoint_step_ = -1, live_step_ = -1;
+  pb::Phase phase_ = pb::WAITING;
+  int64_t generation_ = 0, step_ = 0;
+  int rank_ = 0, world_size_ = 0;
+  std::array<int64_t, 3> prepared_{0, 0, 0};  // generation, world size, rank
+  bool hold_barriers_ = false;
+  int barriers_ = 0;
+  std::map<uint64_t, Stream> streams_;
+  uint64_t next_stream_ = 1;
+};
+
+FakeStream::~FakeStream() { worker_->Close(id_); }
+bool FakeStream::ended() const { return !worker_->Open(id_); }
+
+class ControllerLoopTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("tidal-loop-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    // Worker pods sleep; the prep pod's tidal-prep is found on the kubelet's PATH.
+    const std::string script = (dir_ / "sleeping-worker").string();
+    std::ofstream(script) << "#!/bin/sh\nexec sleep 600\n";
+    std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+    const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
+    if (path.rfind(TIDAL_WORKER_BIN_DIR ":", 0) != 0)
+      ::setenv("PATH", (TIDAL_WORKER_BIN_DIR ":" + path).c_str(), 1);
+    local::ClusterOptions c;
+    c.data_dir = (dir_ / "cluster").string();
+    c.port = 0;
+    c.nodes = 1;
+    c.gpus_per_node = 8;
+    c.images = {"tidal-sleeping-worker=" + script};
+    auto cluster = local::LocalCluster::Start(c);
+    ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+    cluster_ = std::move(*cluster);
+    auto connection = kube::LoadKubeconfig(cluster_->kubeconfig_path());
+    ASSERT_TRUE(connection.ok()) << connection.status().ToString();
+    auto client = kube::KubeClient::Create(*connection);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    client_ = std::move(*client);
+
+    ManagerOptions m;
+    m.connection = *connection;
+    m.leader_elect = false;
+    m.install_crd = true;
+    m.controller.workers = 1;  // one reconcile at a time: a blocked one would hold every job
+    m.controller.default_checkpoint_root = "file://" + (dir_ / "checkpoints").string();
+    m.controller.connect = [this](const worker::ClientOptions& o) {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::shared_ptr<FakeWorker>& w = workers_[o.address];
+      if (!w)
+        w = std::make_shared<FakeWorker>([this](uint64_t barrier, int64_t step) {
+          std::lock_guard<std::mutex> lock(barriers_mu_);
+          return barrier_steps_.try_emplace(barrier, step + 5).first->second;
+        });
+      return w;
+    };
+    auto manager = Manager::Start(m);
+    ASSERT_TRUE(manager.ok()) << manager.status().ToString();
+    manager_ = std::move(*manager);
+    ticker_ = std::thread([this] {
+      while (!stop_) {
+        std::this_thread::sleep_for(50ms);
+        for (const auto& w : Workers()) w->Step();
+      }
+    });
+  }
+  void TearDown() override {
+    stop_ = true;
+    if (ticker_.joinable()) ticker_.join();
+    for (const auto& w : Workers()) w->HoldBarriers(false);
+    if (manager_) manager_->Stop();
+    manager_.reset();
+    client_.reset();
+    if (cluster_) cluster_->Stop();
+    cluster_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+  std::vector<std::shared_ptr<FakeWorker>> Workers() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::shared_ptr<FakeWorker>> out;
+    for (const auto& [address, w] : workers_) out.push_back(w);
+    return out;
+  }
+  void Apply(const std::string& name, int gpus) {
+    const json job = {
+        {"apiVersion", "tidal.dev/v1alpha1"},
+        {"kind", "TrainingJob"},
+        {"metadata", {{"name", name}}},
+        {"spec",
+         {{"model", {{"preset", "tiny"}}},
+          {"dataset",
+           {{"uri", std::string(TIDAL_SOURCE_DIR) + "/examples/data/sample.jsonl"},
+            {"format", "text"},
+            {"maxSeqLen", 32}}},
+          {"optimization", {{"globalBatchSize", 8}, {"microBatchSize", 2}, {"maxSteps", 1000000}}},
+          {"elastic",
+           {{"minGPUs", gpus}, {"maxGPUs", gpus}, {"gpusPerPod", 1}, {"cooldownSeconds", 0}}},
+          {"worker", {{"image", "tidal-sleeping-worker"}}}}}};
+    auto created =
+        client_->Call(*kube::CreateRequest(kube::Resource::TrainingJobs(), "default", job));
+    ASSERT_TRUE(created.ok()) << created.status().ToString();
+  }
+  json Status(const std::string& name) {
+    auto got = client_->Call(*kube::GetRequest(kube::Resource::TrainingJobs(), "default", name));
+    return got.ok() && got->contains("status") ? (*got)["status"] : json::object();
+  }
+  // Polls every 50 ms until `done` holds for the job's status or `timeout` passes.
+  bool WaitStatus(const std::string& name, const std::function<bool(const json&)>& done,
+                  std::chrono::milliseconds timeout = 60s) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (done(Status(name))) return true;
+      std::this_thread::sleep_for(50ms);
+    }
+    return done(Status(name));
+  }
+  static int64_t Int(const json& status, const char* field) {
+    auto it = status.find(field);
+    return it != status.end() && it->is_number_integer() ? it->get<int64_t>() : -1;
+  }
+  static std::string Phase(const json& status) { return status.value("phase", ""); }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<local::LocalCluster> cluster_;
+  std::unique_ptr<kube::KubeClient> client_;
+  std::unique_ptr<Manager> manager_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<FakeWorker>> workers_;  // by address
+  std::mutex barriers_mu_;
+  std::map<uint64_t, int64_t> barrier_steps_;  // the step each barrier holds at
+  std::atomic<bool> stop_{false};
+  std::thread ticker_;
+};
+
+// A job of 2 GPUs on fake workers: Pending → Running at generation 1, and status.step follows
+// the workers' pushed steps (written by the patcher, no reconcile needed).
+TEST_F(ControllerLoopTest, AJobRunsOnFakeWorkersAndItsStatusFollowsTheirPushedSteps) {
+  Apply("loop", 2);
+  ASSERT_TRUE(WaitStatus("loop", [](const json& s) {
+    return Phase(s) == "Running" && Int(s, "generation") == 1;
+  })) << Status("loop").dump();
+  EXPECT_EQ(Workers().size(), 2u);
+  const int64_t first = Int(Status("loop"), "step");
+  ASSERT_TRUE(WaitStatus(
+      "loop", [&](const json& s) { return Int(s, "step") >= first + 20; }, 20s))
+      << "status.step stayed at " << Int(Status("loop"), "step") << " from " << first;
+}
+
+// A rescale whose barrier the workers hold (a slow checkpoint) keeps that job Scaling, while
+// another job, created meanwhile, is reconciled to Running by the one reconcile worker: the
+// barrier runs off the reconcile.
+TEST_F(ControllerLoopTest, AWorkerHoldingItsBarrierHoldsNoReconcileOfAnotherJob) {
+  Apply("slow", 2);
+  ASSERT_TRUE(WaitStatus("slow", [](const json& s) { return Phase(s) == "Running"; }))
+      << Status("slow").dump();
+  for (const auto& w : Workers()) w->HoldBarriers(true);
+  // Down to one GPU: a make-before-break rescale begins with a barrier on both ranks.
+  auto patched = client_->Call(
+      *kube::MergePatchRequest(kube::Resource::TrainingJobs(), "default", "slow",
+                               {{"spec", {{"elastic", {{"minGPUs", 1}, {"maxGPUs", 1}}}}}}));
+  ASSERT_TRUE(patched.ok()) << patched.status().ToString();
+  ASSERT_TRUE(WaitStatus("slow",
+                         [&](const json&) {
+                           int held = 0;
+                           for (const auto& w : Workers()) held += w->barriers();
+                           return held >= 1;
+                         }))
+      << "no barrier reached the workers: " << Status("slow").dump();
+  Apply("other", 2);
+  EXPECT_TRUE(WaitStatus("other", [](const json& s) { return Phase(s) == "Running"; }))
+      << Status("other").dump();
+  EXPECT_NE(Phase(Status("slow")), "Running") << "the held barrier had not held the rescale";
+  // Released, the rescale completes.
+  for (const auto& w : Workers()) w->HoldBarriers(false);
+  EXPECT_TRUE(WaitStatus("slow", [](const json& s) {
+    return Phase(s) == "Running" && Int(s, "generation") >= 2;
+  })) << Status("slow").dump();
+}
+
+}  // namespace
+}  // namespace tidal::controller
