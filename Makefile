@@ -99,7 +99,7 @@ bench-operator: build
 	bench/operator_scale.sh $(BUILD_DIR) 200 10 60
 
 format:
-	find common operator worker tests bench -name '*.cc' -o -name '*.h' | xargs clang-format -i
+	find api common operator worker tests bench -name '*.cc' -o -name '*.h' | xargs clang-format -i
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz out

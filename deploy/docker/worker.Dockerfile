@@ -30,6 +30,7 @@ RUN python3 -m venv /opt/tidal \
       -r tools/requirements-cuda-build.txt
 ENV TIDAL_PYTHON=/opt/tidal/bin/python3
 COPY CMakeLists.txt ./
+COPY api api
 COPY common common
 COPY crds crds
 COPY operator operator

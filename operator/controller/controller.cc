@@ -484,6 +484,7 @@ std::shared_ptr<worker::WorkerApi> TrainingJobController::ClientFor(
   CachedClient& c = connections.clients[pod];
   if (!c.client || c.ip != ip || c.token != token || c.tls_ca != connections.tls_ca) {
     worker::ClientOptions o;
+    o.lean_transport = true;  // one per worker pod: thousands of channels
     o.address = ip + ":" + std::to_string(kControlPort);
     o.token = token;
     o.timeout = timeout;

@@ -27,10 +27,11 @@ struct ClientOptions {
   std::string tls_ca_pem;       // set: TLS, the server's certificate verified against it
   std::string tls_server_name;  // overrides the name checked in the certificate
   std::chrono::milliseconds timeout{std::chrono::seconds(10)};  // per call
-  // Transport settings for a process that holds thousands of these channels (the operator):
-  // small read buffers and flow-control windows, no channelz trace, no retry buffers.
-  // false: gRPC's defaults (bench/worker_follow_memory_bench.cc measures both).
-  bool lean_transport = true;
+  // Transport settings for a process that holds thousands of these channels (the operator:
+  // small messages, many workers): small read buffers and flow-control windows, no channelz
+  // trace, no retry buffers. Off (gRPC's defaults) for a worker reading a peer's state in 1 MB
+  // chunks, which 16 KB windows would stall. bench/worker_follow_memory_bench.cc measures both.
+  bool lean_transport = false;
 };
 
 // A WatchStatus stream, open until its handle goes: destroying it cancels the stream and

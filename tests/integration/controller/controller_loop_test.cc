@@ -262,9 +262,9 @@ class ControllerLoopTest : public ::testing::Test {
       std::lock_guard<std::mutex> lock(mu_);
       std::shared_ptr<FakeWorker>& w = workers_[o.address];
       if (!w)
-        w = std::make_shared<FakeWorker>([this](uint64_t barrier, int64_t step) {
-          std::lock_guard<std::mutex> lock(barriers_mu_);
-          return barrier_steps_.try_emplace(barrier, step + 5).first->second;
+        w = std::make_shared<FakeWorker>([book = barrier_steps_](uint64_t barrier, int64_t step) {
+          std::lock_guard<std::mutex> lock(book->mu);
+          return book->steps.try_emplace(barrier, step + 5).first->second;
         });
       return w;
     };
@@ -340,8 +340,13 @@ class ControllerLoopTest : public ::testing::Test {
   std::unique_ptr<Manager> manager_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<FakeWorker>> workers_;  // by address
-  std::mutex barriers_mu_;
-  std::map<uint64_t, int64_t> barrier_steps_;  // the step each barrier holds at
+  // The step each barrier holds at; shared with the fakes, which a worker call still running
+  // after a failed test may outlive the fixture in.
+  struct BarrierBook {
+    std::mutex mu;
+    std::map<uint64_t, int64_t> steps;
+  };
+  std::shared_ptr<BarrierBook> barrier_steps_ = std::make_shared<BarrierBook>();
   std::atomic<bool> stop_{false};
   std::thread ticker_;
 };
