@@ -61,7 +61,11 @@ cluster_pid=$!
 for _ in $(seq 1 150); do grep -q 'export KUBECONFIG' "$work/cluster.out" 2>/dev/null && break; sleep 0.2; done
 grep -q 'export KUBECONFIG' "$work/cluster.out" || { echo "tidal local did not start" >&2; exit 1; }
 metrics_port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-"$tidal" operator --kubeconfig "$data/kubeconfig" --install-crd --no-leader-elect \
+# TIDAL_BENCH_OPERATOR_PREFIX: words put before the operator's command, one that execs it (so its
+# pid stays the operator's), e.g. "env LD_PRELOAD=.../libheaptrack_preload.so
+# DUMP_HEAPTRACK_OUTPUT=FIFO" to see where its memory goes.
+# shellcheck disable=SC2086
+${TIDAL_BENCH_OPERATOR_PREFIX:-} "$tidal" operator --kubeconfig "$data/kubeconfig" --install-crd --no-leader-elect \
   --metrics-address "127.0.0.1:$metrics_port" --default-checkpoint-root "file://$work/ckpt" \
   2>"$work/operator.log" &
 operator_pid=$!

@@ -3,6 +3,7 @@
 
 #include <malloc.h>
 
+#include <array>
 #include <cmath>
 #include <future>
 #include <optional>
@@ -409,6 +410,9 @@ void TrainingJobController::MarkReconcileFailed(const std::string& key, const St
   }
 }
 
+// A pass this long is logged with where its time went.
+constexpr auto kSlowReconcile = std::chrono::milliseconds(100);
+
 Status TrainingJobController::Reconcile(const std::string& key) {
   const auto slash = key.find('/');
   const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
@@ -422,10 +426,16 @@ Status TrainingJobController::Reconcile(const std::string& key) {
     if (options_.metrics) options_.metrics->ForgetJob(ns, name);
     return OkStatus();
   }
+  // Where a slow pass spent its time, logged (the duration histogram says only that it was).
+  using Steady = std::chrono::steady_clock;
+  std::array<Steady::time_point, 5> at{Steady::now()};
   WorkerConnections& connections = ConnectionsOf(key);
   Observed observed = Observe(*job, connections);
+  at[1] = Steady::now();
   Plan plan = DecideWithCapacity(observed);
+  at[2] = Steady::now();
   TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan, observed.pushed));
+  at[3] = Steady::now();
   for (const PhaseChange& c : plan.phase_changes) {
     const json fields = {{"job", key},
                          {"generation", plan.status.generation},
@@ -454,10 +464,50 @@ Status TrainingJobController::Reconcile(const std::string& key) {
           std::chrono::duration<double>(observed.now - plan.finished_rescale->started).count());
   }
   Status executed = Execute(current, observed, plan, connections);
+  FollowWorkers(key, observed, plan, connections);
+  at[4] = Steady::now();
+  if (at[4] - at[0] >= kSlowReconcile) {
+    auto ms = [&](int i) {
+      return std::chrono::duration<double, std::milli>(at[i + 1] - at[i]).count();
+    };
+    LogInfo("slow reconcile", {{"job", key},
+                               {"generation", plan.status.generation},
+                               {"observe_ms", ms(0)},
+                               {"decide_ms", ms(1)},
+                               {"status_write_ms", ms(2)},
+                               {"actions_ms", ms(3)},
+                               {"actions", plan.actions.size()},
+                               {"workers_answered", observed.reports.size()}});
+  }
   for (const Event& e : plan.events) recorder_.Record(*job, e.type, e.reason, e.message);
   if (!executed.ok()) return executed;
   queue_.AddAfter(key, plan.requeue_after);
   return OkStatus();
+}
+
+void TrainingJobController::FollowWorkers(const std::string& key, const Observed& observed,
+                                          const Plan& plan, WorkerConnections& connections) {
+  std::map<std::string, std::shared_ptr<worker::WorkerApi>> followable;
+  followable.swap(connections.followable);
+  std::string rank0;
+  if (plan.steady)
+    for (const auto& [pod, report] : observed.reports)
+      if (report.rank == 0 && report.generation == plan.status.generation && followable.count(pod))
+        rank0 = pod;
+  if (rank0.empty()) {
+    if (connections.quiet_pod.empty()) return;  // every worker is followed already
+    connections.quiet_pod.clear();
+    feed_.Follow(key, followable);
+    LogInfo("following every worker", {{"job", key}});
+    return;
+  }
+  if (connections.quiet_pod != rank0) {
+    connections.quiet_pod = rank0;
+    feed_.Follow(key, {{rank0, followable.at(rank0)}});
+    LogInfo("steady: following rank 0 alone", {{"job", key}, {"pod", rank0}});
+  }
+  // The others' connections go (a call still running on one keeps its client until it ends).
+  std::erase_if(connections.clients, [&](const auto& c) { return c.first != rank0; });
 }
 
 std::string TrainingJobController::TokenOf(const std::string& ns, const std::string& job) const {
@@ -632,7 +682,9 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   RefreshTls(connections, o);
   const std::string token = TokenOf(o.namespace_, o.name);
   // And follow each one's pushed status from now on (StatusFeed): its changes wake the job.
-  std::map<std::string, std::shared_ptr<worker::WorkerApi>> followed;
+  // A steady job's rank 0 alone (FollowWorkers).
+  std::map<std::string, std::shared_ptr<worker::WorkerApi>>& followed = connections.followable;
+  followed.clear();
   std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
@@ -647,8 +699,14 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     asks.emplace_back(p.name, status_calls_.Submit([c] { return c->GetStatus(); }));
   }
   const std::string key = Key(o.namespace_, o.name);
-  feed_.Follow(key, followed);
-  o.pushed = feed_.Pushed(key, o.status.members);
+  if (const std::string& rank0 = connections.quiet_pod; !rank0.empty() && followed.count(rank0)) {
+    feed_.Follow(key, {{rank0, followed.at(rank0)}});
+    o.pushed = feed_.Pushed(key, {rank0});
+  } else {
+    connections.quiet_pod.clear();
+    feed_.Follow(key, followed);
+    o.pushed = feed_.Pushed(key, o.status.members);
+  }
   o.now = Clock::now();
   const auto steady_now = std::chrono::steady_clock::now();
   for (auto& [pod, answer] : asks) {

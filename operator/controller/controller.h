@@ -144,7 +144,17 @@ class TrainingJobController {
     std::string tls_secret, tls_ca, tls_server_name;
     std::string tls_unusable;  // why the named Secret cannot be used ("" when it can)
     Clock::time_point tls_read;
+    // The pod of the job's rank 0 while the job is steady (Plan::steady): the one followed,
+    // and the one kept connected ("": every running worker is followed). A steady job holds
+    // one connection instead of one per pod.
+    std::string quiet_pod;
+    // This pass's running workers, each with its client (Observe fills, FollowWorkers empties).
+    std::map<std::string, std::shared_ptr<worker::WorkerApi>> followable;
   };
+  // After a pass: follows rank 0 alone (and lets the other clients go) when `plan` finds the
+  // job steady, else every running worker.
+  void FollowWorkers(const std::string& key, const Observed& observed, const Plan& plan,
+                     WorkerConnections& connections);
   // Reads the job's TLS Secret into `connections` when it is named and not read lately.
   void RefreshTls(WorkerConnections& connections, const Observed& observed);
   // GPUs of pods a plan creates, by "namespace/pod", until the pod cache shows the pod bound

@@ -237,8 +237,9 @@ struct Observed {
   // How long every worker has answered "training" without the step moving (the shell
   // measures it on its monotonic clock; zero while any worker does something else).
   std::chrono::seconds no_progress_for{0};
-  // Every member's worker pushes its status (a live WatchStatus stream, StatusFeed): any
-  // change of theirs wakes the job, so a steady one needs no poll.
+  // The followed workers push their status (a live WatchStatus stream, StatusFeed): any change
+  // of theirs wakes the job, so a steady one needs no poll. Every member is followed, except
+  // while the job is steady: then only its rank 0 (Plan::steady).
   bool pushed = false;
   int64_t idle_gpus = 0;  // the capacity gate's input
   Clock::time_point now;
@@ -331,6 +332,11 @@ struct Plan {
   // Write status.conditions alone (a merge patch), leaving every other field as it is: the
   // status does not read, and what it holds is the evidence a person needs.
   bool conditions_only = false;
+  // Nothing to change, every member running and pushing (Decider::Steady): the shell then
+  // follows the job's rank 0 alone until a pass finds it otherwise. A peer that fails or
+  // freezes stops rank 0's collectives, which rank 0 pushes (an error, after the group's
+  // timeout at the latest); a peer's pod that ends wakes the job through the pod informer.
+  bool steady = false;
 };
 
 struct ReconcileOptions {

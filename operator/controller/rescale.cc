@@ -151,6 +151,7 @@ void Decider::Steady(const planner::Decision& decision, std::optional<Clock::tim
   if (const int64_t deadline = spec_->restart_policy.progress_deadline_seconds; deadline > 0)
     wait = std::min<std::chrono::milliseconds>(wait, std::chrono::seconds(deadline));
   plan_.requeue_after = std::max<std::chrono::milliseconds>(wait, kAfterBoundary);
+  plan_.steady = true;
 }
 
 std::vector<int> Decider::AddNewPods(RescaleState& r, int64_t n) const {

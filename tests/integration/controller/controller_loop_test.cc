@@ -146,6 +146,14 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
     std::lock_guard<std::mutex> lock(mu_);
     return barriers_;
   }
+  int open_streams() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(streams_.size());
+  }
+  int rank() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rank_;
+  }
   void Close(uint64_t id) {
     std::function<void(const Status&)> on_end;
     {
@@ -289,6 +297,16 @@ class ControllerLoopTest : public ::testing::Test {
     cluster_.reset();
     std::filesystem::remove_all(dir_);
   }
+  // The fake serving `pod` (by its IP), or null.
+  std::shared_ptr<FakeWorker> WorkerOf(const std::string& pod) {
+    auto got = client_->Call(*kube::GetRequest(kube::Resource::Pods(), "default", pod));
+    if (!got.ok()) return nullptr;
+    const std::string ip = (*got)["status"].value("podIP", "");
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [address, w] : workers_)
+      if (!ip.empty() && address.rfind(ip + ":", 0) == 0) return w;
+    return nullptr;
+  }
   std::vector<std::shared_ptr<FakeWorker>> Workers() {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<std::shared_ptr<FakeWorker>> out;
@@ -394,6 +412,45 @@ TEST_F(ControllerLoopTest, AWorkerHoldingItsBarrierHoldsNoReconcileOfAnotherJob)
   EXPECT_TRUE(WaitStatus("slow", [](const json& s) {
     return Phase(s) == "Running" && Int(s, "generation") >= 2;
   })) << Status("slow").dump();
+}
+
+// A steady job is followed through its rank 0 alone — one connection for the job, not one per
+// pod — and a peer that goes still wakes it: its pod deleted, the job recovers on a new
+// generation, followed by every worker while it changes and by rank 0 alone once steady again.
+TEST_F(ControllerLoopTest, ASteadyJobIsFollowedThroughRankZeroAloneAndAPeerThatGoesWakesIt) {
+  Apply("quiet", 2);
+  ASSERT_TRUE(WaitStatus("quiet", [](const json& s) {
+    return Phase(s) == "Running" && Int(s, "generation") == 1;
+  })) << Status("quiet").dump();
+  auto streams = [&] {
+    int n = 0;
+    for (const auto& w : Workers()) n += w->open_streams();
+    return n;
+  };
+  // Both are followed while the job starts; rank 0 alone once it runs with nothing to change.
+  ASSERT_TRUE(WaitStatus("quiet", [&](const json&) { return streams() == 1; }))
+      << streams() << " streams open";
+  const json members = Status("quiet").value("members", json::array());
+  ASSERT_EQ(members.size(), 2u) << Status("quiet").dump();
+  std::string peer;
+  for (const json& m : members) {
+    std::shared_ptr<FakeWorker> w = WorkerOf(m.get<std::string>());
+    ASSERT_TRUE(w) << "no fake serves " << m;
+    EXPECT_EQ(w->open_streams(), w->rank() == 0 ? 1 : 0) << m << " at rank " << w->rank();
+    if (w->rank() == 1) peer = m.get<std::string>();
+  }
+  ASSERT_FALSE(peer.empty());
+  const int64_t step = Int(Status("quiet"), "step");
+  EXPECT_TRUE(WaitStatus("quiet", [&](const json& s) { return Int(s, "step") >= step + 10; }))
+      << "status.step no longer follows rank 0's pushed steps";
+
+  auto deleted = client_->Call(*kube::DeleteRequest(kube::Resource::Pods(), "default", peer));
+  ASSERT_TRUE(deleted.ok()) << deleted.status().ToString();
+  EXPECT_TRUE(WaitStatus(
+      "quiet", [](const json& s) { return Phase(s) == "Running" && Int(s, "generation") >= 2; }))
+      << "the peer's pod went and the job did not recover: " << Status("quiet").dump();
+  EXPECT_TRUE(WaitStatus("quiet", [&](const json&) { return streams() == 1; }))
+      << streams() << " streams open once steady again";
 }
 
 }  // namespace

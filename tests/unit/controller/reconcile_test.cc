@@ -1779,14 +1779,20 @@ TEST(Reconcile, ASteadyJobWhoseWorkersPushIsLookedAtAgainOnlyWhenTheClockMayChan
   Sim plain(Spec());  // no schedule: nothing but the progress deadline (600 s)
   plain.pushed_ = true;
   plain.Until([&] { return plain.phase() == "Running" && !plain.status().rescale; });
-  EXPECT_EQ(plain.Reconcile().requeue_after, 600s);
+  Plan steady = plain.Reconcile();
+  EXPECT_EQ(steady.requeue_after, 600s);
+  EXPECT_TRUE(steady.steady) << "the shell may follow rank 0 alone";
   plain.SetSpec(Spec(R"({"restartPolicy": {"progressDeadlineSeconds": 0}})"));
   EXPECT_EQ(plain.Reconcile().requeue_after, 10min) << "the resync";
   plain.SetSpec(Spec(R"({"anomaly": {"action": "Alert"}})"));
-  EXPECT_EQ(plain.Reconcile().requeue_after, 5s) << "the anomaly rule reads every step";
+  Plan anomaly = plain.Reconcile();
+  EXPECT_EQ(anomaly.requeue_after, 5s) << "the anomaly rule reads every step";
+  EXPECT_FALSE(anomaly.steady);
   plain.SetSpec(Spec());
   plain.silent_["job-worker-1"] = plain.now_;
-  EXPECT_EQ(plain.Reconcile().requeue_after, 5s) << "a worker that does not answer";
+  Plan silent = plain.Reconcile();
+  EXPECT_EQ(silent.requeue_after, 5s) << "a worker that does not answer";
+  EXPECT_FALSE(silent.steady) << "every worker is followed again";
 }
 
 TEST(Reconcile, TheCapacityGateHoldsTheJobAtMinAndSaysWhy) {
