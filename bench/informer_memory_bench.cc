@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   size_t estimated = 0, estimated_slim = 0;
   size_t per_pod = measure(nullptr, estimated);
   // What the operator keeps (controller.cc): the store holds each pod's identity and owner
-  // (KeepPodIdentity, an informer transform as controller-runtime's cache.TransformFunc), and
+  // (KeepIdentity, an informer transform as controller-runtime's cache.TransformFunc), and
   // the pod cache the typed fields the controller reads, filled from the same events.
   tidal::kube::PodCacheOptions kept;
   kept.labels = {"tidal.dev/slot", "tidal.dev/role"};
@@ -135,7 +135,7 @@ int main(int argc, char** argv) {
     for (const auto& pod : incoming) {
       cache->Apply(tidal::kube::ObjectEvent::kAdded, pod);
       json copy = pod;
-      tidal::kube::KeepPodIdentity(copy);
+      tidal::kube::KeepIdentity(copy);
       store->Apply({tidal::kube::ObjectEvent::kAdded, std::move(copy)});
     }
     operator_cache = (HeapInUse() - before) / static_cast<size_t>(pods);

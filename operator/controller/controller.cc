@@ -176,8 +176,14 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
     o.resource = r;
     o.namespace_ = r.namespaced && !every_namespace ? options_.namespace_ : "";
     o.label_selector = selector;
+    // Of a Service and a ConfigMap the controller asks only whether it is there; of a Secret,
+    // its data (the workers' token).
+    if (r.plural == kube::Resource::Services().plural ||
+        r.plural == kube::Resource::ConfigMaps().plural)
+      o.transform = kube::KeepIdentity;
+    if (r.plural == kube::Resource::Secrets().plural) o.transform = kube::KeepIdentityAndData;
     if (r.plural == kube::Resource::Pods().plural) {
-      o.transform = kube::KeepPodIdentity;
+      o.transform = kube::KeepIdentity;
       o.observe = [this](kube::ObjectEvent::Type type, const json& pod) {
         std::shared_ptr<const kube::CachedPod> cached = pod_cache_.Apply(type, pod);
         const json& md = pod.value("metadata", json::object());
@@ -189,7 +195,7 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
   const std::string ours = "app.kubernetes.io/managed-by=tidal-operator";
   jobs_ = informer(kube::Resource::TrainingJobs(), "");
   // Every pod of every namespace, even with --namespace: the capacity gate counts others' GPUs.
-  // The store keeps only each pod's identity and owner (KeepPodIdentity); what the controller
+  // The store keeps only each pod's identity and owner (KeepIdentity); what the controller
   // reads of it is typed in pod_cache_, the GPUs it holds counted as it changes.
   pods_ = informer(kube::Resource::Pods(), "", /*every_namespace=*/true);
   services_ = informer(kube::Resource::Services(), ours);
@@ -249,11 +255,11 @@ void TrainingJobController::Stop() {
 
 void TrainingJobController::PatchFigures() {
   // A step waits at most a tick for its write (and a job's writes are a second apart); the
-  // streams are swept for silence every second, the allocator trimmed every minute.
+  // streams are swept for silence every second, the allocator trimmed every ten seconds.
   constexpr auto kTick = std::chrono::milliseconds(100);
   constexpr auto kPerJob = std::chrono::seconds(1);
   constexpr auto kSweepEvery = std::chrono::seconds(1);
-  constexpr auto kTrimEvery = std::chrono::seconds(60);
+  constexpr auto kTrimEvery = std::chrono::seconds(10);
   auto swept = std::chrono::steady_clock::now(), trimmed = swept;
   std::unique_lock<std::mutex> lock(patcher_mu_);
   while (!patcher_cv_.wait_for(lock, kTick, [&] { return patcher_stop_; })) {

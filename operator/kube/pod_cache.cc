@@ -100,15 +100,21 @@ CachedPod CachedPodOf(const json& pod, const PodCacheOptions& options) {
   return p;
 }
 
-void KeepPodIdentity(json& pod) {
-  const json& md = Child(pod, "metadata");
+void KeepIdentity(json& object) {
+  const json& md = Child(object, "metadata");
   json kept = {{"name", Text(md, "name")}, {"namespace", Text(md, "namespace")}};
   if (const json* ref = ControllerRef(md))
     kept["ownerReferences"] = json::array({{{"kind", Text(*ref, "kind")},
                                             {"name", Text(*ref, "name")},
                                             {"uid", Text(*ref, "uid")},
                                             {"controller", true}}});
-  pod = {{"metadata", std::move(kept)}};
+  object = {{"metadata", std::move(kept)}};
+}
+
+void KeepIdentityAndData(json& object) {
+  json data = Child(object, "data");
+  KeepIdentity(object);
+  if (!data.is_null()) object["data"] = std::move(data);
 }
 
 std::shared_ptr<const CachedPod> PodCache::Apply(ObjectEvent::Type type, const json& pod) {

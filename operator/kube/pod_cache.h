@@ -1,7 +1,7 @@
 // operator/kube/pod_cache.h — the pods an operator reads, typed and cut down to what it reads
 // (controller-runtime's cache with a TransformFunc, kube-rs's reflector over a projection):
 // a Pod's JSON tree costs about 7.7× its text in an informer's store; a CachedPod, with the
-// identity stub the informer keeps beside it (KeepPodIdentity), about 1× (informer_memory_bench).
+// identity stub the informer keeps beside it (KeepIdentity), about 1× (informer_memory_bench).
 // Fed by the pods informer's observe hook; read by any thread.
 #pragma once
 
@@ -55,10 +55,13 @@ struct PodCacheOptions {
 // unexpected shape takes its default.
 CachedPod CachedPodOf(const nlohmann::json& pod, const PodCacheOptions& options = {});
 
-// The informer transform that goes with a PodCache: metadata.name, namespace, uid and the
-// controller's ownerReference (kind, name, uid) — what the store's keys and owner indexes and
-// an owner's work-queue key need — and nothing else.
-void KeepPodIdentity(nlohmann::json& pod);
+// The informer transform that goes with a PodCache, and with any cache whose readers ask only
+// whether an object is there and whose it is: metadata.name, namespace and the controller's
+// ownerReference (kind, name, uid) — what the store's keys and owner indexes and an owner's
+// work-queue key need — and nothing else.
+void KeepIdentity(nlohmann::json& object);
+// KeepIdentity, and the object's `data` (a Secret whose value is read).
+void KeepIdentityAndData(nlohmann::json& object);
 
 class PodCache {
  public:

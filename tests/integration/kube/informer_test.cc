@@ -243,7 +243,7 @@ TEST_F(InformerIntegration, ATypedPodCacheFedByTheObserveHookFollowsTheServerBef
   InformerOptions options;
   options.resource = pods;
   options.initial_backoff = 100ms;
-  options.transform = KeepPodIdentity;
+  options.transform = KeepIdentity;
   options.observe = [&](ObjectEvent::Type type, const json& pod) { cache.Apply(type, pod); };
   Informer informer(*client_, options);
   std::atomic<int> handled{0}, missing{0};
@@ -269,7 +269,7 @@ TEST_F(InformerIntegration, ATypedPodCacheFedByTheObserveHookFollowsTheServerBef
   ASSERT_TRUE(cached);
   EXPECT_EQ(cached->Label("tidal.dev/rank"), "1");
   EXPECT_EQ(cached->phase, "Pending");
-  // The store holds what KeepPodIdentity keeps, and its owner index still works.
+  // The store holds what KeepIdentity keeps, and its owner index still works.
   ObjectPtr stub = informer.store().Get("default", "cached-1");
   ASSERT_TRUE(stub);
   EXPECT_FALSE(stub->contains("spec"));

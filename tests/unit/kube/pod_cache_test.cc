@@ -97,13 +97,30 @@ TEST(PodCacheTest, WhyAPodDoesNotRunComesFromTheSchedulerOrItsContainer) {
 
 TEST(PodCacheTest, TheInformerKeepsOnlyThePodsIdentityAndControllerOwner) {
   json pod = WorkerPod("llama-worker-3", "job-uid");
-  KeepPodIdentity(pod);
+  KeepIdentity(pod);
   EXPECT_EQ(pod, json::parse(R"({"metadata": {"name": "llama-worker-3", "namespace": "ml",
       "ownerReferences": [{"kind": "TrainingJob", "name": "llama", "uid": "job-uid",
                            "controller": true}]}})"));
   json orphan = {{"metadata", {{"name", "x"}, {"namespace", "ml"}}}, {"spec", json::object()}};
-  KeepPodIdentity(orphan);
+  KeepIdentity(orphan);
   EXPECT_EQ(orphan, json::parse(R"({"metadata": {"name": "x", "namespace": "ml"}})"));
+}
+
+// The Secrets cache keeps what the controller reads of a Secret (its data) beside its identity;
+// the Services and ConfigMaps caches only the identity.
+TEST(PodCacheTest, ASecretKeepsItsDataBesideItsIdentityAndNothingElse) {
+  json secret = json::parse(R"({"metadata": {"name": "llama-token", "namespace": "ml",
+      "labels": {"a": "b"}, "resourceVersion": "7", "ownerReferences": [{"kind": "TrainingJob",
+      "name": "llama", "uid": "u", "controller": true}]}, "type": "Opaque",
+      "data": {"token": "c2VjcmV0"}})");
+  KeepIdentityAndData(secret);
+  EXPECT_EQ(secret, json::parse(R"({"metadata": {"name": "llama-token", "namespace": "ml",
+      "ownerReferences": [{"kind": "TrainingJob", "name": "llama", "uid": "u",
+                           "controller": true}]}, "data": {"token": "c2VjcmV0"}})"));
+  json empty = {{"metadata", {{"name", "x"}, {"namespace", "ml"}}}};
+  KeepIdentityAndData(empty);
+  EXPECT_EQ(empty, json::parse(R"({"metadata": {"name": "x", "namespace": "ml"}})"))
+      << "no data: none made up";
 }
 
 TEST(PodCacheTest, EventsAddReplaceAndRemovePodsAndTheirControllerIndex) {
