@@ -497,9 +497,11 @@ void TrainingJobController::FollowWorkers(const std::string& key, const Observed
   followable.swap(connections.followable);
   std::string rank0;
   if (plan.steady)
-    for (const auto& [pod, report] : observed.reports)
-      if (report.rank == 0 && report.generation == plan.status.generation && followable.count(pod))
-        rank0 = pod;
+    for (const std::string& member : plan.status.members)
+      if (auto r = observed.reports.find(member);
+          r != observed.reports.end() && r->second.rank == 0 &&
+          r->second.generation == plan.status.generation && followable.count(member))
+        rank0 = member;
   if (rank0.empty()) {
     if (connections.quiet_pod.empty()) return;  // every worker is followed already
     connections.quiet_pod.clear();
