@@ -106,7 +106,7 @@ std::string ReadFile(const fs::path& path) {
 struct Options {
   uint64_t seed = 1;
   int duration_s = 180;
-  int steps = 0;  // 0: sized from the duration
+  int steps = 0;  // 0: sized from the duration and a measured step time (Driver::SizeSteps)
   double mean_gap_s = 10;
   std::string dir;
   std::vector<std::string> faults = kAllFaults;
@@ -150,7 +150,8 @@ class Driver {
   testing::ProcessResult Kubectl(std::vector<std::string> args,
                                  std::chrono::milliseconds timeout = 60s);
   std::string WriteFile(const std::string& name, const std::string& text);
-  std::string JobYaml(bool with_store) const;
+  std::string JobYaml(bool with_store, int steps) const;
+  bool SizeSteps();
   std::map<int64_t, double> Reference();
   // Faults.
   void Inject(const std::string& kind);
@@ -227,7 +228,7 @@ std::string Driver::WriteFile(const std::string& name, const std::string& text) 
 // The job: as tests/e2e/local/operator_fixture.h's tiny one, on s3:// through the proxy. Its
 // losses do not depend on the world size (the global batch is fixed), so one reference run at 2
 // ranks is the truth for every generation.
-std::string Driver::JobYaml(bool with_store) const {
+std::string Driver::JobYaml(bool with_store, int steps) const {
   std::ostringstream y;
   y << "apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: " << kJob
     << "}\nspec:\n"
@@ -236,7 +237,7 @@ std::string Driver::JobYaml(bool with_store) const {
     << "/examples/data/sample.jsonl, format: text, maxSeqLen: 32}\n"
     << "  lora: {rank: 4, alpha: 8, dropout: 0.1, targetModules: [q_proj, v_proj]}\n"
     << "  optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 8, microBatchSize: 2,"
-    << " learningRate: 2.0e-3, warmup: {steps: 5, adaptive: true}, maxSteps: " << o_.steps
+    << " learningRate: 2.0e-3, warmup: {steps: 5, adaptive: true}, maxSteps: " << steps
     << ", seed: 1}\n"
     << "  elastic: {minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 30}\n";
   if (with_store) {
@@ -282,8 +283,43 @@ void Driver::StartOperator(int which) {
 // The per-step losses of tidal-train's undisturbed run of the job's spec. With
 // --reference-cache, kept there under a key of the spec and the tidal-train binary (its size
 // and time), so a soak of several seeds trains the reference once.
+// Without --steps, the job is sized so that, undisturbed, it would train for two thirds of the
+// duration: faults slow it by more than the other third (seed 1's first 7 faults cost it 20 s of
+// 45), so it outlasts them, and they stop at the duration rather than at the job's end. A fixed
+// count cannot do that on every machine and operator: 2 steps per second of faults once did,
+// until the operator stopped polling workers and the job finished a 3-minute soak in 45 s after
+// 7 faults. The step time is measured by a short undisturbed run of the job's spec (its median
+// step past the warm-up); the count is rounded up to a multiple of 100 so that a soak of several
+// seeds on one machine mostly agrees on it (--reference-cache).
+bool Driver::SizeSteps() {
+  constexpr int kProbeSteps = 40;
+  const std::string manifest = WriteFile("probe.yaml", JobYaml(false, kProbeSteps));
+  auto r = RunProcess({TIDAL_TRAIN_BIN, "--config", manifest, "--nproc", "2"}, 600s);
+  std::vector<double> seconds;
+  std::istringstream in(r.out);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.value("step", int64_t{0}) > 10 &&
+        j.contains("seconds") && j["seconds"].is_number())
+      seconds.push_back(j["seconds"].get<double>());
+  }
+  if (r.exit_code != 0 || seconds.empty()) {
+    std::cerr << "tidal-chaos: the run that measures a step failed (exit " << r.exit_code << ", "
+              << seconds.size() << " step times): " << r.err.substr(0, 2000) << "\n";
+    return false;
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  const double step_s = std::max(seconds[seconds.size() / 2], 1e-3);
+  const int raw = static_cast<int>(std::ceil(o_.duration_s * 2.0 / 3.0 / step_s));
+  o_.steps = std::clamp((raw + 99) / 100 * 100, 100, 20000);
+  std::cout << "a step takes " << std::to_string(step_s).substr(0, 5)
+            << " s undisturbed: the job trains " << o_.steps << " steps" << std::endl;
+  return true;
+}
+
 std::map<int64_t, double> Driver::Reference() {
-  const std::string yaml = JobYaml(false);
+  const std::string yaml = JobYaml(false, o_.steps);
   const std::string manifest = WriteFile("reference.yaml", yaml);
   const auto parse = [](const std::string& text) {
     std::map<int64_t, double> losses;
@@ -888,13 +924,14 @@ int Driver::Run() {
   dir_ = o_.dir.empty() ? fs::temp_directory_path() / ("tidal-chaos-" + std::to_string(::getpid()))
                         : fs::path(o_.dir);
   std::cout << "tidal-chaos: seed " << o_.seed << ", " << o_.duration_s << " s of faults ("
-            << o_.mean_gap_s << " s apart on average), " << o_.steps << " steps, in " << dir_
-            << std::endl;
+            << o_.mean_gap_s << " s apart on average), in " << dir_ << std::endl;
   if (!Start()) return 2;
+  if (o_.steps == 0 && !SizeSteps()) return 2;
   const auto reference = Reference();
   if (reference.empty()) return 2;
   std::cout << "reference: " << reference.size() << " steps trained undisturbed" << std::endl;
-  const std::string manifest = WriteFile("job.yaml", JobYaml(true));
+  std::cout << "job: " << o_.steps << " steps" << std::endl;
+  const std::string manifest = WriteFile("job.yaml", JobYaml(true, o_.steps));
   if (Kubectl({"apply", "-f", manifest}).exit_code != 0) {
     std::cerr << "tidal-chaos: kubectl apply failed\n";
     return 2;
@@ -1015,9 +1052,6 @@ int main(int argc, char** argv) {
   }
   if (o.duration_s < 1) return Usage("--duration: expected at least 1 second");
   if (o.mean_gap_s <= 0) return Usage("--mean-gap: expected a positive number of seconds");
-  // 3-5 steps a second on 2 cores between faults, about 1.2 under them (a soak of seed 11
-  // trained 700 steps in 10 minutes of faults): the job outlasts the faults.
-  if (o.steps == 0) o.steps = std::max(100, o.duration_s * 2);
-  if (o.steps < 10) return Usage("--steps: expected at least 10");
+  if (o.steps != 0 && o.steps < 10) return Usage("--steps: expected at least 10");
   return Driver(std::move(o)).Run();
 }
