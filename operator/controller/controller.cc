@@ -20,6 +20,14 @@
 #include "worker/control/phase_proto.h"
 
 namespace tidal::controller {
+
+// A GetStatus no pass waits for (Observe): its answer, once it came.
+struct TrainingJobController::WorkerConnections::Ask {
+  std::mutex mu;
+  std::optional<StatusOr<::tidal::worker::v1::WorkerStatus>> answer;  // guarded by mu
+  std::chrono::steady_clock::time_point asked;
+};
+
 namespace {
 
 using nlohmann::json;
@@ -687,26 +695,72 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     o.pods.push_back(std::move(view));
   }
   // Ask every running worker at once; a silent one is remembered from its first silence.
+  // A pass waits only for the workers that answered and are not silent now: a worker still
+  // starting (connecting to it is most of a slow start-up pass) and one silent now are asked
+  // in the background. Their answer is read by the next pass, which an answer wakes, as does
+  // a first silence (it starts the clock that declares a worker lost). The decisions see what
+  // they saw before: such a worker gave no report then either, only later a first answer.
+  // (A worker that answered is waited for, a peer of a steady job reconnected included: a
+  // drain must see every member's report before it checkpoints.)
   RefreshTls(connections, o);
   const std::string token = TokenOf(o.namespace_, o.name);
   // And follow each one's pushed status from now on (StatusFeed): its changes wake the job.
   // A steady job's rank 0 alone (FollowWorkers).
   std::map<std::string, std::shared_ptr<worker::WorkerApi>>& followed = connections.followable;
   followed.clear();
-  std::vector<std::pair<std::string, std::future<StatusOr<pb::WorkerStatus>>>> asks;
+  const std::string key = Key(o.namespace_, o.name);
+  const auto steady_now = std::chrono::steady_clock::now();
+  struct Answer {
+    std::string pod;
+    std::chrono::steady_clock::time_point asked;
+    std::optional<StatusOr<pb::WorkerStatus>> ready;
+    std::future<StatusOr<pb::WorkerStatus>> waited;
+  };
+  std::vector<Answer> answers;
+  std::set<std::string> running;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
+    running.insert(p.name);
     std::shared_ptr<worker::WorkerApi> c =
         ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
     if (!c) {  // its TLS Secret is unusable: no call is made
-      connections.unreachable_since.try_emplace(p.name, std::chrono::steady_clock::now());
+      connections.unreachable_since.try_emplace(p.name, steady_now);
       connections.unreachable_error[p.name] = connections.tls_unusable;
       continue;
     }
     if (!p.deleting) followed[p.name] = c;
-    asks.emplace_back(p.name, status_calls_.Submit([c] { return c->GetStatus(); }));
+    bool failed = false;  // its answer, read now, is a failure
+    if (auto a = connections.asking.find(p.name); a != connections.asking.end()) {
+      std::lock_guard<std::mutex> lock(a->second->mu);
+      if (!a->second->answer) continue;  // still asking
+      failed = !a->second->answer->ok();
+      answers.push_back({p.name, a->second->asked, std::move(a->second->answer), {}});
+      connections.asking.erase(a);
+      // After a failure the worker is asked again, so that its coming back wakes the job.
+      if (!failed) continue;
+    }
+    const bool silent = failed || connections.unreachable_since.count(p.name);
+    const bool wait = connections.answered.count(p.name) && !silent;
+    if (wait) {
+      answers.push_back(
+          {p.name, steady_now, std::nullopt, status_calls_.Submit([c] { return c->GetStatus(); })});
+      continue;
+    }
+    auto ask = std::make_shared<WorkerConnections::Ask>();
+    ask->asked = steady_now;
+    connections.asking[p.name] = ask;
+    const bool wake_on_failure = !silent;
+    status_calls_.Submit([this, c, ask, key, wake_on_failure] {
+      StatusOr<pb::WorkerStatus> answer = c->GetStatus();
+      const bool wake = answer.ok() || wake_on_failure;
+      {
+        std::lock_guard<std::mutex> lock(ask->mu);
+        ask->answer = std::move(answer);
+      }
+      if (wake) queue_.Add(key);
+    });
   }
-  const std::string key = Key(o.namespace_, o.name);
+  std::erase_if(connections.asking, [&](const auto& a) { return !running.count(a.first); });
   if (const std::string& rank0 = connections.quiet_pod; !rank0.empty() && followed.count(rank0)) {
     feed_.Follow(key, {{rank0, followed.at(rank0)}});
     o.pushed = feed_.Pushed(key, {rank0});
@@ -716,9 +770,10 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     o.pushed = feed_.Pushed(key, o.status.members);
   }
   o.now = Clock::now();
-  const auto steady_now = std::chrono::steady_clock::now();
-  for (auto& [pod, answer] : asks) {
-    StatusOr<pb::WorkerStatus> asked = answer.get();
+  for (Answer& answer : answers) {
+    const std::string& pod = answer.pod;
+    StatusOr<pb::WorkerStatus> asked =
+        answer.ready ? std::move(*answer.ready) : answer.waited.get();
     StatusOr<WorkerReport> s = asked.ok() ? ReportOf(*asked) : asked.status();
     if (s.ok()) {
       o.reports[pod] = std::move(*s);
@@ -735,7 +790,7 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       }
       connections.unreachable_error.erase(pod);
     } else {
-      connections.unreachable_since.try_emplace(pod, steady_now);
+      connections.unreachable_since.try_emplace(pod, answer.asked);
       // Logged when it starts and whenever the reason changes (refused while the worker
       // starts, then a TLS handshake that fails, say), not on every pass.
       std::string& last = connections.unreachable_error[pod];
@@ -877,11 +932,25 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
               options_.default_checkpoint_root + "/" + o.namespace_ + "/" + o.name;
         if (plan.status.data && plan.status.data->phase == "Ready")
           w.dataset_store = plan.status.data->store_uri;
-        for (int slot : a.slots) {  // all pods of the step, back to back (one gang)
+        // All pods of the step in one pass (one gang). The first alone: a pod the server
+        // refuses (quota, admission, a bad field) is refused once, not once per slot. The rest
+        // side by side, as the Job controller's slow start does, so a 10-pod gang costs about
+        // two round trips of the pass, not ten.
+        std::vector<json> pods;
+        for (int slot : a.slots) {
           w.slot = slot;
-          Status made = create(kube::Resource::Pods(), WorkerPod(ref, *o.spec, w));
-          if (!made.ok()) done = made;
+          pods.push_back(WorkerPod(ref, *o.spec, w));
         }
+        if (pods.empty()) break;
+        done = create(kube::Resource::Pods(), pods[0]);
+        if (!done.ok()) break;
+        std::vector<std::future<Status>> rest;
+        for (size_t i = 1; i < pods.size(); ++i)
+          rest.push_back(std::async(std::launch::async, [&create, &pod = pods[i]] {
+            return create(kube::Resource::Pods(), pod);
+          }));
+        for (auto& f : rest)
+          if (Status made = f.get(); !made.ok()) done = made;
         break;
       }
       case Action::Kind::kCreatePrepPod:

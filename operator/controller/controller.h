@@ -150,6 +150,10 @@ class TrainingJobController {
     std::string quiet_pod;
     // This pass's running workers, each with its client (Observe fills, FollowWorkers empties).
     std::map<std::string, std::shared_ptr<worker::WorkerApi>> followable;
+    // GetStatus asks no pass waits for (Observe), by pod: the answer, once it came, is read by
+    // the next pass.
+    struct Ask;
+    std::map<std::string, std::shared_ptr<Ask>> asking;
   };
   // After a pass: follows rank 0 alone (and lets the other clients go) when `plan` finds the
   // job steady, else every running worker.

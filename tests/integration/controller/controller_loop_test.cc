@@ -56,7 +56,10 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
   explicit FakeWorker(std::function<int64_t(uint64_t, int64_t)> agree) : agree_(std::move(agree)) {}
 
   StatusOr<pb::WorkerStatus> GetStatus() override {
-    std::lock_guard<std::mutex> lock(mu_);
+    // An answer held by the test: the call waits like a worker that is still starting.
+    std::unique_lock<std::mutex> lock(mu_);
+    ++status_asks_;
+    released_.wait(lock, [&] { return !hold_status_; });
     return StatusLocked();
   }
   // Built at once: the status says so (the rescale waits for it before its Rendezvous).
@@ -137,6 +140,22 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
     std::lock_guard<std::mutex> lock(mu_);
     return streams_.count(id) > 0;
   }
+  // The generation fails on this worker (a collective that timed out, say), as its status says.
+  void Fail(const std::string& why) {
+    Change([&] {
+      phase_ = pb::FAILED;
+      last_error_ = why;
+    });
+  }
+  void HoldStatus(bool hold) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_status_ = hold;
+    released_.notify_all();
+  }
+  int status_asks() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return status_asks_;
+  }
   void HoldBarriers(bool hold) {
     std::lock_guard<std::mutex> lock(mu_);
     hold_barriers_ = hold;
@@ -180,6 +199,7 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
     s.set_world_size(world_size_);
     s.set_step(step_);
     s.set_max_steps(1000000);
+    s.set_last_error(last_error_);
     if (generation_ > 0) s.set_loss(2.0);
     if (checkpoint_step_ >= 0) {
       s.mutable_last_checkpoint()->set_step(checkpoint_step_);
@@ -219,10 +239,11 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
   int64_t checkpoint_step_ = -1, live_step_ = -1;
   pb::Phase phase_ = pb::WAITING;
   int64_t generation_ = 0, step_ = 0;
+  std::string last_error_;
   int rank_ = 0, world_size_ = 0;
   std::array<int64_t, 3> prepared_{0, 0, 0};  // generation, world size, rank
-  bool hold_barriers_ = false;
-  int barriers_ = 0;
+  bool hold_barriers_ = false, hold_status_ = false;
+  int barriers_ = 0, status_asks_ = 0;
   std::map<uint64_t, Stream> streams_;
   uint64_t next_stream_ = 1;
 };
@@ -269,11 +290,13 @@ class ControllerLoopTest : public ::testing::Test {
     m.controller.connect = [this](const worker::ClientOptions& o) {
       std::lock_guard<std::mutex> lock(mu_);
       std::shared_ptr<FakeWorker>& w = workers_[o.address];
-      if (!w)
+      if (!w) {
         w = std::make_shared<FakeWorker>([book = barrier_steps_](uint64_t barrier, int64_t step) {
           std::lock_guard<std::mutex> lock(book->mu);
           return book->steps.try_emplace(barrier, step + 5).first->second;
         });
+        w->HoldStatus(hold_new_workers_status_);
+      }
       return w;
     };
     auto manager = Manager::Start(m);
@@ -289,7 +312,14 @@ class ControllerLoopTest : public ::testing::Test {
   void TearDown() override {
     stop_ = true;
     if (ticker_.joinable()) ticker_.join();
-    for (const auto& w : Workers()) w->HoldBarriers(false);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hold_new_workers_status_ = false;
+    }
+    for (const auto& w : Workers()) {
+      w->HoldBarriers(false);
+      w->HoldStatus(false);
+    }
     if (manager_) manager_->Stop();
     manager_.reset();
     client_.reset();
@@ -358,6 +388,7 @@ class ControllerLoopTest : public ::testing::Test {
   std::unique_ptr<Manager> manager_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<FakeWorker>> workers_;  // by address
+  bool hold_new_workers_status_ = false;                        // guarded by mu_
   // The step each barrier holds at; shared with the fakes, which a worker call still running
   // after a failed test may outlive the fixture in.
   struct BarrierBook {
@@ -451,6 +482,66 @@ TEST_F(ControllerLoopTest, ASteadyJobIsFollowedThroughRankZeroAloneAndAPeerThatG
       << "the peer's pod went and the job did not recover: " << Status("quiet").dump();
   EXPECT_TRUE(WaitStatus("quiet", [&](const json&) { return streams() == 1; }))
       << streams() << " streams open once steady again";
+}
+
+// A peer that fails or freezes in place while its job is steady (followed through rank 0
+// alone) stops rank 0's collectives; rank 0's generation then fails and rank 0 pushes that. The
+// push alone wakes the job, which recovers on a new generation — no poll of the peer needed.
+TEST_F(ControllerLoopTest, ASteadyJobWhoseRankZeroPushesAFailedGenerationRecovers) {
+  Apply("pushed", 2);
+  auto streams = [&] {
+    int n = 0;
+    for (const auto& w : Workers()) n += w->open_streams();
+    return n;
+  };
+  ASSERT_TRUE(WaitStatus("pushed",
+                         [&](const json& s) {
+                           return Phase(s) == "Running" && Int(s, "generation") == 1 &&
+                                  streams() == 1;
+                         }))
+      << "not steady on rank 0 alone: " << Status("pushed").dump() << ", " << streams()
+      << " streams";
+  std::shared_ptr<FakeWorker> rank0;
+  for (const json& m : Status("pushed").value("members", json::array()))
+    if (std::shared_ptr<FakeWorker> w = WorkerOf(m.get<std::string>()); w && w->rank() == 0)
+      rank0 = w;
+  ASSERT_TRUE(rank0) << Status("pushed").dump();
+  rank0->Fail("the collective timed out after 120 s: rank 1 did not take part");
+  EXPECT_TRUE(WaitStatus(
+      "pushed", [](const json& s) { return Phase(s) == "Running" && Int(s, "generation") >= 2; }))
+      << "rank 0's pushed failure did not recover the job: " << Status("pushed").dump();
+}
+
+// Workers that have not answered yet — still starting, their GetStatus unanswered — hold no
+// pass: with the one reconcile worker, another job is reconciled to Running meanwhile. Their
+// first answers, when they come, wake their job, which then starts.
+TEST_F(ControllerLoopTest, WorkersThatHaveNotAnsweredYetHoldNoPassAndTheirFirstAnswersWakeTheJob) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_new_workers_status_ = true;
+  }
+  Apply("starting", 2);
+  ASSERT_TRUE(WaitStatus("starting",
+                         [&](const json&) {
+                           int asked = 0;
+                           for (const auto& w : Workers()) asked += w->status_asks() > 0;
+                           return asked == 2;
+                         }))
+      << "the operator did not ask both workers (a pass waited on the first?): "
+      << Status("starting").dump();
+  const auto starting = Workers();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_new_workers_status_ = false;
+  }
+  Apply("other", 2);
+  EXPECT_TRUE(WaitStatus("other", [](const json& s) { return Phase(s) == "Running"; }))
+      << "a pass waited on the unanswered workers of another job: " << Status("other").dump();
+  EXPECT_NE(Phase(Status("starting")), "Running") << "it ran on workers that never answered";
+  for (const auto& w : starting) w->HoldStatus(false);
+  EXPECT_TRUE(WaitStatus(
+      "starting", [](const json& s) { return Phase(s) == "Running" && Int(s, "generation") == 1; }))
+      << "their first answers did not start the job: " << Status("starting").dump();
 }
 
 }  // namespace
