@@ -44,6 +44,11 @@ cleanup() {
   [[ -n "$operator_pid" ]] && stop "$operator_pid"
   [[ -n "$cluster_pid" ]] && stop "$cluster_pid"
   [[ -n "$hub_pid" ]] && stop "$hub_pid"
+  # TIDAL_BENCH_KEEP_LOGS=DIR keeps the operator's log (its "slow reconcile" lines say where a
+  # slow pass's time went) and tidal local's.
+  if [[ -n "${TIDAL_BENCH_KEEP_LOGS:-}" ]]; then
+    mkdir -p "$TIDAL_BENCH_KEEP_LOGS" && cp "$work"/*.log "$TIDAL_BENCH_KEEP_LOGS"/
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
