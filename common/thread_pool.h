@@ -18,14 +18,17 @@ namespace tidal {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads) {
+  // `finish_queued`: whether the destructor runs what is still queued (else it is dropped, its
+  // futures broken; the calls already running finish either way).
+  explicit ThreadPool(int threads, bool finish_queued = true) : finish_queued_(finish_queued) {
     for (int i = 0; i < std::max(1, threads); ++i) threads_.emplace_back([this] { Run(); });
   }
-  // Runs what was submitted, then joins.
+  // Runs what was submitted (with finish_queued), then joins.
   ~ThreadPool() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stopping_ = true;
+      if (!finish_queued_) queue_.clear();
     }
     ready_.notify_all();
     for (std::thread& t : threads_) t.join();
@@ -66,6 +69,7 @@ class ThreadPool {
   std::condition_variable ready_;
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;
+  const bool finish_queued_;
   std::vector<std::thread> threads_;
 };
 

@@ -695,13 +695,15 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     o.pods.push_back(std::move(view));
   }
   // Ask every running worker at once; a silent one is remembered from its first silence.
-  // A pass waits only for the workers that answered and are not silent now: a worker still
-  // starting (connecting to it is most of a slow start-up pass) and one silent now are asked
-  // in the background. Their answer is read by the next pass, which an answer wakes, as does
-  // a first silence (it starts the clock that declares a worker lost). The decisions see what
-  // they saw before: such a worker gave no report then either, only later a first answer.
-  // (A worker that answered is waited for, a peer of a steady job reconnected included: a
-  // drain must see every member's report before it checkpoints.)
+  // A pass waits for the members of the job's generation and for every worker that answered
+  // and is not silent now. The others — pods of a generation still starting (connecting to
+  // them was most of a slow start-up pass) and silent ones that are no member — are asked in
+  // the background: their answer is read by the next pass, which an answer wakes, as does a
+  // first silence (it starts the clock that declares a worker lost). What a decision needs
+  // stays waited for: a drain, a recovery's survivors and buddy copies read the members'
+  // reports. And the first pass of this operator over a job (a restart, a new leader) waits
+  // for every worker: it has yet to learn which answer, and a worker at a generation the
+  // status does not know must be seen before anything is decided.
   RefreshTls(connections, o);
   const std::string token = TokenOf(o.namespace_, o.name);
   // And follow each one's pushed status from now on (StatusFeed): its changes wake the job.
@@ -718,6 +720,9 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   };
   std::vector<Answer> answers;
   std::set<std::string> running;
+  const std::set<std::string> members(o.status.members.begin(), o.status.members.end());
+  const bool first_pass = !connections.observed;
+  connections.observed = true;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
     running.insert(p.name);
@@ -740,7 +745,8 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       if (!failed) continue;
     }
     const bool silent = failed || connections.unreachable_since.count(p.name);
-    const bool wait = connections.answered.count(p.name) && !silent;
+    const bool wait =
+        first_pass || members.count(p.name) || (connections.answered.count(p.name) && !silent);
     if (wait) {
       answers.push_back(
           {p.name, steady_now, std::nullopt, status_calls_.Submit([c] { return c->GetStatus(); })});
@@ -750,7 +756,7 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     ask->asked = steady_now;
     connections.asking[p.name] = ask;
     const bool wake_on_failure = !silent;
-    status_calls_.Submit([this, c, ask, key, wake_on_failure] {
+    background_asks_.Submit([this, c, ask, key, wake_on_failure] {
       StatusOr<pb::WorkerStatus> answer = c->GetStatus();
       const bool wake = answer.ok() || wake_on_failure;
       {
@@ -972,6 +978,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           connections.answered.erase(pod);
           connections.unreachable_since.erase(pod);
           connections.unreachable_error.erase(pod);
+          connections.asking.erase(pod);
         }
         break;
       case Action::Kind::kBarrier:

@@ -154,6 +154,7 @@ class TrainingJobController {
     // the next pass.
     struct Ask;
     std::map<std::string, std::shared_ptr<Ask>> asking;
+    bool observed = false;  // a pass of this operator has observed the job
   };
   // After a pass: follows rank 0 alone (and lets the other clients go) when `plan` finds the
   // job steady, else every running worker.
@@ -186,6 +187,9 @@ class TrainingJobController {
   // operator's CPU at 2,000 pods).
   // Declared last: destroyed (its threads joined) before the clients its calls use.
   ThreadPool status_calls_{32};
+  // The GetStatus asks no pass waits for (workers starting or silent): apart, so that a silent
+  // worker's 3 s never delays a waited ask; what is still queued at shutdown is dropped.
+  ThreadPool background_asks_{8, /*finish_queued=*/false};
   ThreadPool patch_calls_{4};  // the patcher's status writes
   // The worker calls a plan makes — Checkpoint barriers (up to barrier_timeout), Rendezvous,
   // PrepareEngine, Resume, Shutdown — run here, never on a reconcile worker: a slow worker

@@ -299,6 +299,7 @@ class ControllerLoopTest : public ::testing::Test {
       }
       return w;
     };
+    manager_options_ = m;
     auto manager = Manager::Start(m);
     ASSERT_TRUE(manager.ok()) << manager.status().ToString();
     manager_ = std::move(*manager);
@@ -326,6 +327,16 @@ class ControllerLoopTest : public ::testing::Test {
     if (cluster_) cluster_->Stop();
     cluster_.reset();
     std::filesystem::remove_all(dir_);
+  }
+  // Stops the operator and starts another one (a restart: it remembers nothing of the first),
+  // running `meanwhile` between the two.
+  void RestartOperator(const std::function<void()>& meanwhile) {
+    manager_->Stop();
+    manager_.reset();
+    meanwhile();
+    auto manager = Manager::Start(manager_options_);
+    ASSERT_TRUE(manager.ok()) << manager.status().ToString();
+    manager_ = std::move(*manager);
   }
   // The fake serving `pod` (by its IP), or null.
   std::shared_ptr<FakeWorker> WorkerOf(const std::string& pod) {
@@ -385,6 +396,7 @@ class ControllerLoopTest : public ::testing::Test {
   std::filesystem::path dir_;
   std::unique_ptr<local::LocalCluster> cluster_;
   std::unique_ptr<kube::KubeClient> client_;
+  ManagerOptions manager_options_;
   std::unique_ptr<Manager> manager_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<FakeWorker>> workers_;  // by address
@@ -542,6 +554,29 @@ TEST_F(ControllerLoopTest, WorkersThatHaveNotAnsweredYetHoldNoPassAndTheirFirstA
   EXPECT_TRUE(WaitStatus(
       "starting", [](const json& s) { return Phase(s) == "Running" && Int(s, "generation") == 1; }))
       << "their first answers did not start the job: " << Status("starting").dump();
+}
+
+// An operator restarted while its job was told to suspend knows nothing of the workers yet;
+// its first pass still waits for their reports, so the drain checkpoints them (a barrier on
+// each) before it removes them, rather than taking workers it has not heard from for gone.
+TEST_F(ControllerLoopTest, AnOperatorRestartedOnASuspendedJobCheckpointsItsWorkersFirst) {
+  Apply("restart", 2);
+  ASSERT_TRUE(WaitStatus("restart", [](const json& s) {
+    return Phase(s) == "Running" && Int(s, "generation") == 1;
+  })) << Status("restart").dump();
+  std::vector<std::shared_ptr<FakeWorker>> members;
+  for (const json& m : Status("restart").value("members", json::array()))
+    if (std::shared_ptr<FakeWorker> w = WorkerOf(m.get<std::string>())) members.push_back(w);
+  ASSERT_EQ(members.size(), 2u) << Status("restart").dump();
+  RestartOperator([&] {
+    auto patched = client_->Call(*kube::MergePatchRequest(
+        kube::Resource::TrainingJobs(), "default", "restart", {{"spec", {{"suspend", true}}}}));
+    ASSERT_TRUE(patched.ok()) << patched.status().ToString();
+  });
+  ASSERT_TRUE(WaitStatus("restart", [](const json& s) { return Phase(s) == "Suspended"; }))
+      << Status("restart").dump();
+  for (const auto& w : members)
+    EXPECT_GE(w->barriers(), 1) << "a worker was removed without the drain's checkpoint";
 }
 
 }  // namespace

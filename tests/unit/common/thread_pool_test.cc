@@ -4,8 +4,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <future>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
 
 namespace tidal {
 namespace {
@@ -48,6 +53,44 @@ TEST(ThreadPool, DestroyingItRunsWhatWasAlreadySubmitted) {
     for (int i = 0; i < 20; ++i) pool.Submit([&] { ++done; });
   }
   EXPECT_EQ(done.load(), 20);
+}
+
+// A pool that need not finish its queue (the operator's background asks) drops what is still
+// queued when it goes — its futures broken — and lets the call already running finish.
+TEST(ThreadPool, DestroyedWithoutFinishingItDropsTheQueuedCallsAndFinishesTheRunningOne) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false, go = false;
+  std::atomic<bool> queued_ran{false};
+  auto pool = std::make_unique<ThreadPool>(1, /*finish_queued=*/false);
+  auto running = pool->Submit([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    started = true;
+    cv.notify_all();
+    cv.wait(lock, [&] { return go; });
+    return 1;
+  });
+  auto queued = pool->Submit([&] { queued_ran = true; });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return started; });
+  }
+  std::thread destroy([&] { pool.reset(); });
+  queued.wait();  // broken once the destructor has dropped it
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  destroy.join();
+  EXPECT_EQ(running.get(), 1);
+  EXPECT_FALSE(queued_ran.load());
+  try {
+    queued.get();
+    ADD_FAILURE() << "the queued call ran";
+  } catch (const std::future_error& e) {
+    EXPECT_EQ(e.code(), std::future_errc::broken_promise);
+  }
 }
 
 }  // namespace
