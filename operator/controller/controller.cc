@@ -310,34 +310,13 @@ void TrainingJobController::PatchFigures() {
       ++it;
       if (!p.pending || now - p.at < kPerJob) continue;
       p.pending = false;
-      // Only onto a status that trains, and only what it lacks (a reconcile may have written
-      // the same since).
-      const auto status = cached->find("status");
-      if (status == cached->end() || !status->is_object()) continue;
-      const auto phase = status->find("phase"), step = status->find("step");
-      if (phase == status->end() || (*phase != "Running" && *phase != "Scaling") ||
-          step == status->end() || !step->is_number_integer())
-        continue;
-      json figures = json::object();
-      if (step->get<int64_t>() < p.figures.step) {
-        figures["step"] = p.figures.step;
-        figures["loss"] = std::round(p.figures.loss * 1e4) / 1e4;  // as Decide rounds it
-        figures["tokensPerSecond"] = p.figures.tokens_per_second;
-      }
-      const auto checkpoint = status->find("lastCheckpoint");
-      std::string known;
-      if (checkpoint != status->end() && checkpoint->is_object())
-        if (auto uri = checkpoint->find("uri"); uri != checkpoint->end() && uri->is_string())
-          known = uri->get<std::string>();
-      if (p.figures.checkpoint_step >= 0 && p.figures.checkpoint_uri != known)
-        figures["lastCheckpoint"] = {{"step", p.figures.checkpoint_step},
-                                     {"kind", p.figures.checkpoint_kind},
-                                     {"uri", p.figures.checkpoint_uri},
-                                     {"time", kube::FormatTime(Clock::now())}};
-      if (figures.empty()) continue;
+      // Only onto a status that trains, only forward, and only onto the status this cache
+      // holds (FiguresPatch): a reconcile may have written the same or newer since.
+      std::optional<json> patch = FiguresPatch(*cached, p.figures, Clock::now());
+      if (!patch) continue;
       p.at = now;
-      auto request = kube::MergePatchRequest(kube::Resource::TrainingJobs(), ns, name,
-                                             {{"status", figures}}, "status");
+      auto request =
+          kube::MergePatchRequest(kube::Resource::TrainingJobs(), ns, name, *patch, "status");
       if (!request.ok()) {
         LogInfo("could not write the step", {{"job", job}, {"error", request.status().ToString()}});
         continue;
@@ -349,6 +328,15 @@ void TrainingJobController::PatchFigures() {
     }
     for (Write& w : writes) {
       StatusOr<json> written = w.done.get();
+      if (written.status().code() == StatusCode::kAborted) {
+        // The status moved past what the cache held (a reconcile wrote it): tried again
+        // against the newer one, at the next tick after the cache has it.
+        if (auto it = patched_.find(w.job); it != patched_.end()) {
+          it->second.pending = true;
+          it->second.at = {};
+        }
+        continue;
+      }
       if (!written.ok()) {
         LogInfo("could not write the step",
                 {{"job", w.job}, {"error", written.status().ToString()}});

@@ -164,6 +164,27 @@ StatusOr<JobStatus> JobStatusFromJson(const nlohmann::json& status);
 // The status subresource body; `label_selector` is written for the scale subresource.
 nlohmann::json ToJson(const JobStatus& status, const std::string& label_selector);
 
+// The newest step figures of a job: its rank 0's, at the newest generation it reports, as it
+// pushes them while it trains (StatusFeed). The controller's patcher writes them to status
+// between reconciles.
+struct StepFigures {
+  int64_t generation = 0, step = 0;
+  double loss = 0, tokens_per_second = 0;
+  // The newest committed checkpoint rank 0 reports (-1: none).
+  int64_t checkpoint_step = -1;
+  std::string checkpoint_kind, checkpoint_uri;
+  bool operator==(const StepFigures&) const = default;
+};
+// The merge patch that brings the cached job's status up to `figures` (null: nothing to
+// write). Only onto a status that trains (Running, Scaling), and only forward: a step past
+// status.step, a checkpoint past status.lastCheckpoint's step. Rank 0's figures stop where it
+// last trained: a drain's checkpoint, written by the reconcile from the paused workers'
+// answers, is newer than anything they hold. The patch carries the cached resourceVersion as
+// its precondition, so a status the cache has not caught up with (a reconcile's write) is
+// refused with a Conflict rather than overwritten.
+std::optional<nlohmann::json> FiguresPatch(const nlohmann::json& cached_job,
+                                           const StepFigures& figures, Clock::time_point now);
+
 // A worker's answer to GetStatus (worker/control's proto, without protobuf types).
 struct WorkerReport {
   api::WorkerPhase phase = api::WorkerPhase::kWaiting;

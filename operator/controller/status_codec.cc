@@ -1,5 +1,6 @@
 // operator/controller/status_codec.cc — the status subresource to and from JobStatus: read
 // strictly (a field of the wrong type is an error naming it), written whole.
+#include <cmath>
 #include <type_traits>
 
 #include "operator/controller/decider.h"
@@ -308,6 +309,45 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
     }
   }
   return j;
+}
+
+std::optional<json> FiguresPatch(const json& cached_job, const StepFigures& f,
+                                 Clock::time_point now) {
+  auto integer = [](const json& object, const char* field) -> std::optional<int64_t> {
+    if (!object.is_object()) return std::nullopt;
+    auto it = object.find(field);
+    if (it == object.end() || !it->is_number_integer()) return std::nullopt;
+    return it->get<int64_t>();
+  };
+  if (!cached_job.is_object()) return std::nullopt;
+  const auto status = cached_job.find("status");
+  if (status == cached_job.end() || !status->is_object()) return std::nullopt;
+  const json phase = status->value("phase", json());
+  if (phase != "Running" && phase != "Scaling") return std::nullopt;
+  const std::optional<int64_t> step = integer(*status, "step");
+  if (!step) return std::nullopt;
+  // Figures of a generation the status has moved past (its rank 0 trains on until the new one
+  // starts) are not the job's any more.
+  if (f.generation < integer(*status, "generation").value_or(0)) return std::nullopt;
+  json figures = json::object();
+  if (f.step > *step) {
+    figures["step"] = f.step;
+    figures["loss"] = std::round(f.loss * 1e4) / 1e4;  // as Decide rounds it
+    figures["tokensPerSecond"] = f.tokens_per_second;
+  }
+  const int64_t known =
+      integer(status->value("lastCheckpoint", json()), "step").value_or(int64_t{-1});
+  if (f.checkpoint_step >= 0 && f.checkpoint_step > known)
+    figures["lastCheckpoint"] = {{"step", f.checkpoint_step},
+                                 {"kind", f.checkpoint_kind},
+                                 {"uri", f.checkpoint_uri},
+                                 {"time", kube::FormatTime(now)}};
+  if (figures.empty()) return std::nullopt;
+  json patch = {{"status", std::move(figures)}};
+  const json& md = cached_job.value("metadata", json());
+  if (md.is_object() && md.value("resourceVersion", json()).is_string())
+    patch["metadata"] = {{"resourceVersion", md["resourceVersion"]}};
+  return patch;
 }
 
 }  // namespace tidal::controller

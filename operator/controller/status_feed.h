@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "operator/controller/reconcile.h"
 #include "worker/control/worker_api.h"
 
 namespace tidal::controller {
@@ -29,15 +30,7 @@ class StatusFeed {
     std::chrono::milliseconds initial_backoff{500};
     std::chrono::milliseconds max_backoff{std::chrono::seconds(30)};
   };
-  // The newest step figures of a job: its rank 0's, at the newest generation it reports.
-  struct Figures {
-    int64_t generation = 0, step = 0;
-    double loss = 0, tokens_per_second = 0;
-    // The newest committed checkpoint rank 0 reports (-1: none).
-    int64_t checkpoint_step = -1;
-    std::string checkpoint_kind, checkpoint_uri;
-    bool operator==(const Figures&) const = default;
-  };
+  using Figures = StepFigures;  // of a job: its rank 0's, at the newest generation it reports
 
   // `wake(job)`: an actionable change of one of the job's workers, or a stream that ended.
   // Runs on gRPC's threads: it must not block.

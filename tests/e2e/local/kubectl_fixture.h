@@ -36,27 +36,34 @@ class KubectlTest : public ::testing::Test {
   void TearDown() override {
     cluster_.reset();
     // TIDAL_E2E_KEEP_LOGS=DIR: a failed test's whole cluster log (operator and kubelet) is
-    // kept there, for what the failure message's tail does not show.
-    if (const char* keep = std::getenv("TIDAL_E2E_KEEP_LOGS"); keep && *keep && HasFailure()) {
+    // kept there, for what the failure message's tail does not show, and beside it every
+    // container's output (the cluster runs with --keep-logs then).
+    if (const char* keep = KeepLogsDir(); keep && HasFailure()) {
+      const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
       std::error_code ec;
       fs::create_directories(keep, ec);
-      fs::copy_file(
-          dir_ / "tidal-local.log",
-          fs::path(keep) /
-              (std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
-               ".log"),
-          fs::copy_options::overwrite_existing, ec);
+      fs::copy_file(dir_ / "tidal-local.log", fs::path(keep) / (test + ".log"),
+                    fs::copy_options::overwrite_existing, ec);
+      for (const char* logs : {"logs", "logs-archive"})
+        if (fs::exists(dir_ / "data" / logs, ec))
+          fs::copy(dir_ / "data" / logs, fs::path(keep) / (test + "-" + logs),
+                   fs::copy_options::recursive | fs::copy_options::overwrite_existing, ec);
     }
     fs::remove_all(dir_);
   }
 
   virtual std::vector<std::string> ExtraClusterArgs() { return {}; }
+  static const char* KeepLogsDir() {
+    const char* keep = std::getenv("TIDAL_E2E_KEEP_LOGS");
+    return keep && *keep ? keep : nullptr;
+  }
   void StartCluster(std::vector<std::string> extra = {}) {
     // Its log goes to a file (a pipe nobody drains would stall it); `exec` keeps the pid.
     std::string command = "exec \"$0\" \"$@\" 2>>" + (dir_ / "tidal-local.log").string();
     std::vector<std::string> argv = {
         "/bin/sh", "-c", command, TIDAL_BIN, "local", "--data", (dir_ / "data").string()};
     if (!with_operator_) argv.push_back("--no-operator");  // these tests are about the cluster
+    if (KeepLogsDir()) argv.push_back("--keep-logs");
     argv.insert(argv.end(), extra.begin(), extra.end());
     cluster_ = std::make_unique<Process>(argv);
     ASSERT_TRUE(cluster_->WaitForOutput(
