@@ -134,31 +134,6 @@ PrepPodView PrepViewOf(const kube::CachedPod& pod) {
   return v;
 }
 
-// The fields of status that only report the workers' progress (StatusFeed::Figures): the
-// patcher writes them between reconciles, and a change of them alone asks for no reconcile.
-constexpr const char* kFigures[] = {"step", "loss", "tokensPerSecond", "lastCheckpoint"};
-
-json WithoutFigures(json status) {
-  if (status.is_object())
-    for (const char* figure : kFigures) status.erase(figure);
-  return status;
-}
-
-// Whether `after` differs from `before` in nothing but its resourceVersion and the step's
-// figures in status.
-bool OnlyFiguresChanged(const json& before, const json& after) {
-  auto strip = [](json j) {
-    if (auto md = j.find("metadata"); md != j.end() && md->is_object()) {
-      md->erase("resourceVersion");
-      md->erase("managedFields");
-    }
-    if (auto st = j.find("status"); st != j.end() && st->is_object())
-      for (const char* figure : kFigures) st->erase(figure);
-    return j;
-  };
-  return strip(before) == strip(after);
-}
-
 std::string OwnerJobKey(const json& object) {
   const json& md = object["metadata"];
   auto refs = md.find("ownerReferences");
@@ -292,7 +267,7 @@ void TrainingJobController::PatchFigures() {
     }
     const auto now = std::chrono::steady_clock::now();
     struct Write {
-      std::string job, ns, name;
+      std::string job, ns, name, version;
       int64_t step;
       std::future<StatusOr<json>> done;
     };
@@ -308,8 +283,16 @@ void TrainingJobController::PatchFigures() {
         continue;
       }
       ++it;
-      if (!p.pending || now - p.at < kPerJob) continue;
+      if (!p.pending) continue;
+      // After a Conflict, again as soon as the cache holds a newer version than the one refused
+      // (the write that won), else at the job's usual pace.
+      std::string version;
+      if (auto md = cached->find("metadata"); md != cached->end() && md->is_object())
+        version = md->value("resourceVersion", "");
+      const bool newer = !p.refused_version.empty() && version != p.refused_version;
+      if (!newer && now - p.at < kPerJob) continue;
       p.pending = false;
+      p.refused_version.clear();
       // Only onto a status that trains, only forward, and only onto the status this cache
       // holds (FiguresPatch): a reconcile may have written the same or newer since.
       std::optional<json> patch = FiguresPatch(*cached, p.figures, Clock::now());
@@ -323,17 +306,17 @@ void TrainingJobController::PatchFigures() {
       }
       // Side by side: one at a time, 200 jobs' writes took most of a second.
       writes.push_back(
-          {job, ns, name, p.figures.step,
+          {job, ns, name, version, p.figures.step,
            patch_calls_.Submit([this, r = std::move(*request)] { return client_.Call(r); })});
     }
     for (Write& w : writes) {
       StatusOr<json> written = w.done.get();
       if (written.status().code() == StatusCode::kAborted) {
-        // The status moved past what the cache held (a reconcile wrote it): tried again
-        // against the newer one, at the next tick after the cache has it.
+        // The status moved past what the cache held (a reconcile wrote it): tried again onto
+        // the newer one once the cache has it.
         if (auto it = patched_.find(w.job); it != patched_.end()) {
           it->second.pending = true;
-          it->second.at = {};
+          it->second.refused_version = w.version;
         }
         continue;
       }
@@ -832,6 +815,23 @@ StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& p
       auto request, kube::ReplaceRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
                                          md.value("name", ""), updated, "status"));
   auto written = client_.Call(request);
+  if (written.status().code() == StatusCode::kAborted) {
+    // Most often the patcher's figures landed since this pass read the job: a job that moved
+    // only in those is written again at once, onto the fresh version, with whichever figures
+    // are further along. Any other change is a new pass's to read (the conflict fails this one).
+    TIDAL_ASSIGN_OR_RETURN(
+        auto get, kube::GetRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
+                                   md.value("name", "")));
+    auto fresh = client_.Call(get);
+    if (fresh.ok() && OnlyFiguresChanged(job, *fresh)) {
+      updated["metadata"]["resourceVersion"] = (*fresh)["metadata"]["resourceVersion"];
+      updated["status"] = WithNewerFigures(status, fresh->value("status", json()));
+      TIDAL_ASSIGN_OR_RETURN(
+          request, kube::ReplaceRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
+                                        md.value("name", ""), updated, "status"));
+      written = client_.Call(request);
+    }
+  }
   if (!written.ok()) return written.status().WithContext("writing status");
   return written;  // its resourceVersion is the one later patches must name
 }

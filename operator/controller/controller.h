@@ -118,6 +118,7 @@ class TrainingJobController {
     StatusFeed::Figures figures;
     std::chrono::steady_clock::time_point at{};
     bool pending = false;
+    std::string refused_version;  // of the cached job a write was refused against (Conflict)
   };
   std::map<std::string, Patched> patched_;  // by job key; the patcher's thread only
   std::vector<std::thread> workers_;

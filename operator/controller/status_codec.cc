@@ -311,33 +311,78 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
   return j;
 }
 
+namespace {
+constexpr const char* kFigures[] = {"step", "loss", "tokensPerSecond", "lastCheckpoint"};
+
+std::optional<int64_t> IntegerField(const json& object, const char* field) {
+  if (!object.is_object()) return std::nullopt;
+  auto it = object.find(field);
+  if (it == object.end() || !it->is_number_integer()) return std::nullopt;
+  return it->get<int64_t>();
+}
+// lastCheckpoint.step of a status (-1: none or unreadable).
+int64_t CheckpointStep(const json& status) {
+  if (!status.is_object()) return -1;
+  return IntegerField(status.value("lastCheckpoint", json()), "step").value_or(-1);
+}
+}  // namespace
+
+json WithoutFigures(json status) {
+  if (status.is_object())
+    for (const char* figure : kFigures) status.erase(figure);
+  return status;
+}
+
+bool OnlyFiguresChanged(const json& before, const json& after) {
+  auto strip = [](json j) {
+    if (auto md = j.find("metadata"); md != j.end() && md->is_object()) {
+      md->erase("resourceVersion");
+      md->erase("managedFields");
+    }
+    if (auto st = j.find("status"); st != j.end()) *st = WithoutFigures(std::move(*st));
+    return j;
+  };
+  return strip(before) == strip(after);
+}
+
+json WithNewerFigures(json status, const json& fresh) {
+  if (!status.is_object() || !fresh.is_object()) return status;
+  if (IntegerField(status, "generation").value_or(0) !=
+      IntegerField(fresh, "generation").value_or(0))
+    return status;
+  if (IntegerField(fresh, "step").value_or(-1) > IntegerField(status, "step").value_or(-1))
+    for (const char* figure : {"step", "loss", "tokensPerSecond"})
+      if (fresh.contains(figure)) status[figure] = fresh[figure];
+  if (CheckpointStep(fresh) > CheckpointStep(status))
+    status["lastCheckpoint"] = fresh["lastCheckpoint"];
+  return status;
+}
+
 std::optional<json> FiguresPatch(const json& cached_job, const StepFigures& f,
                                  Clock::time_point now) {
-  auto integer = [](const json& object, const char* field) -> std::optional<int64_t> {
-    if (!object.is_object()) return std::nullopt;
-    auto it = object.find(field);
-    if (it == object.end() || !it->is_number_integer()) return std::nullopt;
-    return it->get<int64_t>();
-  };
   if (!cached_job.is_object()) return std::nullopt;
   const auto status = cached_job.find("status");
   if (status == cached_job.end() || !status->is_object()) return std::nullopt;
   const json phase = status->value("phase", json());
   if (phase != "Running" && phase != "Scaling") return std::nullopt;
-  const std::optional<int64_t> step = integer(*status, "step");
+  const std::optional<int64_t> step = IntegerField(*status, "step");
   if (!step) return std::nullopt;
   // Figures of a generation the status has moved past (its rank 0 trains on until the new one
   // starts) are not the job's any more.
-  if (f.generation < integer(*status, "generation").value_or(0)) return std::nullopt;
+  if (f.generation < IntegerField(*status, "generation").value_or(0)) return std::nullopt;
   json figures = json::object();
   if (f.step > *step) {
     figures["step"] = f.step;
     figures["loss"] = std::round(f.loss * 1e4) / 1e4;  // as Decide rounds it
     figures["tokensPerSecond"] = f.tokens_per_second;
   }
-  const int64_t known =
-      integer(status->value("lastCheckpoint", json()), "step").value_or(int64_t{-1});
-  if (f.checkpoint_step >= 0 && f.checkpoint_step > known)
+  // A checkpoint past the known one; or another one while rank 0 trains past status.step — its
+  // figures are current then, not the ones it paused with: after a resume that fell back from
+  // an unreadable newest checkpoint, the new ones are behind the status's and still the job's.
+  const json known = status->value("lastCheckpoint", json());
+  const bool other = !known.is_object() || known.value("uri", json()) != f.checkpoint_uri;
+  if (f.checkpoint_step >= 0 &&
+      (f.checkpoint_step > CheckpointStep(*status) || (other && f.step > *step)))
     figures["lastCheckpoint"] = {{"step", f.checkpoint_step},
                                  {"kind", f.checkpoint_kind},
                                  {"uri", f.checkpoint_uri},

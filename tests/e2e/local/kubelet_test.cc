@@ -471,6 +471,7 @@ TEST_F(KeptLogsTest, EveryRunsOutputOutlivesItsRestartItsPodAndASameNamedSuccess
 }
 
 TEST_F(KubeletTest, WithoutKeepLogsThePodsLogsGoWithIt) {
+  if (KeepLogsDir()) GTEST_SKIP() << "TIDAL_E2E_KEEP_LOGS starts every cluster with --keep-logs";
   Ok({"apply", "-f", Pod("brief", "echo bye", "  restartPolicy: Never\n")});
   EXPECT_EQ(WaitFor({"pod", "brief"}, "{.status.phase}",
                     [](const std::string& s) { return s == "Succeeded"; }),

@@ -57,6 +57,19 @@ TEST(FiguresPatch, OlderFiguresNeverOverwriteADrainsNewerStepOrCheckpoint) {
   EXPECT_FALSE(FiguresPatch(job, Figures(1, 14, 14), kNow)) << "the same figures: nothing to write";
 }
 
+// A generation that resumed from an older checkpoint (the newest was unreadable) saves ones
+// behind the status's: they are the job's newest all the same, and rank 0 training past
+// status.step says its figures are current.
+TEST(FiguresPatch, ACheckpointBehindTheKnownOneIsWrittenWhileRankZeroTrainsPastTheStatus) {
+  const json job = Job(R"({"phase": "Running", "generation": 3, "step": 91,
+                           "lastCheckpoint": {"step": 100, "uri": "file:///c/step-100"}})");
+  std::optional<json> patch = FiguresPatch(job, Figures(3, 96, 95), kNow);
+  ASSERT_TRUE(patch);
+  EXPECT_EQ((*patch)["status"]["lastCheckpoint"]["step"], 95);
+  EXPECT_FALSE(FiguresPatch(job, Figures(3, 91, 95), kNow))
+      << "rank 0 not past the status: its figures may be the ones it paused with";
+}
+
 TEST(FiguresPatch, AStepAheadWithTheKnownCheckpointWritesTheStepAlone) {
   const json job = Job(R"({"phase": "Scaling", "generation": 2, "step": 20,
                            "lastCheckpoint": {"step": 20, "uri": "file:///c/step-20"}})");
@@ -100,6 +113,57 @@ TEST(FiguresPatch, AnUnreadableStatusGetsNoPatch) {
       FiguresPatch(Job(R"({"phase": "Running", "step": 3, "lastCheckpoint": "x"})"), f, kNow);
   ASSERT_TRUE(patch);
   EXPECT_EQ((*patch)["status"]["lastCheckpoint"]["step"], 5);
+}
+
+// A reconcile's status write that lost to the patcher is written again onto the fresh version:
+// only when nothing but the figures moved, and with whichever figures are further along.
+TEST(FiguresPatch, OnlyAFiguresChangeLetsALostStatusWriteBeRetried) {
+  const json before = Job(R"({"phase": "Running", "generation": 1, "step": 10, "members": ["a"],
+                              "lastCheckpoint": {"step": 5}})");
+  json after = before;
+  after["metadata"]["resourceVersion"] = "42";
+  after["metadata"]["managedFields"] = json::array({{{"manager", "tidal"}}});
+  after["status"]["step"] = 12;
+  after["status"]["loss"] = 1.5;
+  after["status"]["tokensPerSecond"] = 10;
+  after["status"]["lastCheckpoint"] = {{"step", 10}};
+  EXPECT_TRUE(OnlyFiguresChanged(before, after));
+  json members = after;
+  members["status"]["members"] = json::array({"a", "b"});
+  EXPECT_FALSE(OnlyFiguresChanged(before, members));
+  json spec = after;
+  spec["spec"] = {{"suspend", true}};
+  EXPECT_FALSE(OnlyFiguresChanged(before, spec));
+  json label = after;
+  label["metadata"]["labels"] = {{"x", "y"}};
+  EXPECT_FALSE(OnlyFiguresChanged(before, label));
+}
+
+TEST(FiguresPatch, ARetriedStatusWriteKeepsWhicheverFiguresAreFurtherAlong) {
+  const json ours = json::parse(R"({"phase": "Scaling", "generation": 2, "step": 20, "loss": 2.0,
+      "tokensPerSecond": 5, "lastCheckpoint": {"step": 20, "uri": "u20"}})");
+  // The patcher's figures, further along in the step, behind in the checkpoint.
+  const json fresh = json::parse(R"({"phase": "Running", "generation": 2, "step": 23,
+      "loss": 1.9, "tokensPerSecond": 6, "lastCheckpoint": {"step": 15, "uri": "u15"}})");
+  json merged = WithNewerFigures(ours, fresh);
+  EXPECT_EQ(merged["step"], 23);
+  EXPECT_EQ(merged["loss"], 1.9);
+  EXPECT_EQ(merged["tokensPerSecond"], 6);
+  EXPECT_EQ(merged["lastCheckpoint"]["uri"], "u20");
+  EXPECT_EQ(merged["phase"], "Scaling") << "only figures are taken";
+  // A newer checkpoint is taken on its own.
+  json behind = fresh;
+  behind["step"] = 19;
+  behind["lastCheckpoint"] = {{"step", 25}, {"uri", "u25"}};
+  merged = WithNewerFigures(ours, behind);
+  EXPECT_EQ(merged["step"], 20);
+  EXPECT_EQ(merged["lastCheckpoint"]["uri"], "u25");
+  // Another generation's figures (the old rank 0's, written before this pass bumped it) are
+  // not this status's: a recovery that resumed at an earlier step keeps that step.
+  json old_generation = fresh;
+  old_generation["generation"] = 1;
+  EXPECT_EQ(WithNewerFigures(ours, old_generation), ours);
+  EXPECT_EQ(WithNewerFigures(ours, json("garbled")), ours);
 }
 
 }  // namespace
