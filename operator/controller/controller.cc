@@ -187,7 +187,26 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
   nodes_ = informer(kube::Resource::Nodes(), "");
 }
 
+namespace {
+std::string ResourceVersion(const json& object) {
+  auto md = object.find("metadata");
+  if (md == object.end() || !md->is_object()) return "";
+  auto v = md->find("resourceVersion");
+  return v != md->end() && v->is_string() ? v->get<std::string>() : "";
+}
+}  // namespace
+
 TrainingJobController::~TrainingJobController() { Stop(); }
+
+void TrainingJobController::ForgetOwnWrite(const json& cached) {
+  const json& md = cached.value("metadata", json::object());
+  if (!md.is_object()) return;
+  const std::string key = Key(md.value("namespace", ""), md.value("name", ""));
+  std::lock_guard<std::mutex> lock(own_writes_mu_);
+  if (auto own = own_writes_.find(key);
+      own != own_writes_.end() && ResourceVersion(cached) != own->second.replaced)
+    own_writes_.erase(own);
+}
 
 Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
   auto enqueue_job = [this](const kube::ObjectPtr& o) {
@@ -195,12 +214,18 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
   };
   // An update that only moved the step's figures in status (the patcher's, or a reconcile's
   // of a steady job) asks for nothing: as controller-runtime's predicates filter events.
+  // Each also ends what a pass remembers of its own last status write, once the cache holds a
+  // version other than the one that write replaced (OwnWrite).
   TIDAL_RETURN_IF_ERROR(jobs_->AddEventHandler(
       {enqueue_job,
-       [enqueue_job](const kube::ObjectPtr& before, const kube::ObjectPtr& o) {
+       [this, enqueue_job](const kube::ObjectPtr& before, const kube::ObjectPtr& o) {
+         ForgetOwnWrite(*o);
          if (!OnlyFiguresChanged(*before, *o)) enqueue_job(o);
        },
-       enqueue_job}));
+       [this, enqueue_job](const kube::ObjectPtr& o) {
+         ForgetOwnWrite(*o);
+         enqueue_job(o);
+       }}));
   auto owner = [this](const kube::ObjectPtr& o) { EnqueueOwner(o); };
   for (kube::Informer* inf : {pods_.get(), services_.get(), secrets_.get(), configs_.get()})
     TIDAL_RETURN_IF_ERROR(inf->AddEventHandler(
@@ -405,11 +430,28 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   if (!job) {  // deleted: its children go with it (ownerReferences)
     feed_.Forget(key);
     {
+      std::lock_guard<std::mutex> lock(own_writes_mu_);
+      own_writes_.erase(key);
+    }
+    {
       std::lock_guard<std::mutex> lock(connections_mu_);
       connections_.erase(key);
     }
     if (options_.metrics) options_.metrics->ForgetJob(ns, name);
     return OkStatus();
+  }
+  // Read your own writes: a pass woken (by a pod's event, say) before the cache has this
+  // operator's last status write would decide on the status before it, and lose its own write
+  // to a Conflict. Where the cache still holds the very version that write replaced, what the
+  // write returned is the job as it is (versions are compared for equality only).
+  {
+    std::lock_guard<std::mutex> lock(own_writes_mu_);
+    if (auto own = own_writes_.find(key); own != own_writes_.end()) {
+      if (ResourceVersion(*job) == own->second.replaced)
+        job = own->second.written;
+      else
+        own_writes_.erase(own);
+    }
   }
   // Where a slow pass spent its time, logged (the duration histogram says only that it was).
   using Steady = std::chrono::steady_clock;
@@ -421,6 +463,17 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   at[2] = Steady::now();
   TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan, observed.pushed));
   at[3] = Steady::now();
+  if (const std::string replaced = ResourceVersion(*job); ResourceVersion(current) != replaced) {
+    // Kept only while the cache still holds the replaced version: checked under the lock the
+    // informer's handlers take after the cache has an event's object, so a write whose event
+    // came already is not kept (a steady job keeps no copy of itself).
+    std::lock_guard<std::mutex> lock(own_writes_mu_);
+    kube::ObjectPtr cached = jobs_->store().Get(ns, name);
+    if (cached && ResourceVersion(*cached) == replaced)
+      own_writes_[key] = {replaced, std::make_shared<const json>(current)};
+    else
+      own_writes_.erase(key);
+  }
   for (const PhaseChange& c : plan.phase_changes) {
     const json fields = {{"job", key},
                          {"generation", plan.status.generation},

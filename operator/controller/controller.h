@@ -96,6 +96,16 @@ class TrainingJobController {
   WorkerConnections& ConnectionsOf(const std::string& key);
   std::string TokenOf(const std::string& ns, const std::string& job) const;
   void EnqueueOwner(const kube::ObjectPtr& object);
+  // A pass's own last status write, by job key, while the jobs cache still holds the version it
+  // replaced: the next pass reads `written` instead (read your own writes). Ended by the
+  // informer's next event for the job (ForgetOwnWrite), so a steady job keeps no copy.
+  struct OwnWrite {
+    std::string replaced;  // the resourceVersion the write replaced
+    kube::ObjectPtr written;
+  };
+  void ForgetOwnWrite(const nlohmann::json& cached);
+  std::mutex own_writes_mu_;
+  std::map<std::string, OwnWrite> own_writes_;
   void Work();
 
   kube::KubeClient& client_;
