@@ -758,6 +758,13 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       continue;
     }
     if (!p.deleting) followed[p.name] = c;
+    // A worker that pushes (its open stream delivered) is decided on what it pushed: no call,
+    // no wait. The others are asked.
+    if (std::shared_ptr<const pb::WorkerStatus> pushed = feed_.Latest(key, p.name, c)) {
+      connections.asking.erase(p.name);
+      answers.push_back({p.name, steady_now, StatusOr<pb::WorkerStatus>(*pushed), {}});
+      continue;
+    }
     bool failed = false;  // its answer, read now, is a failure
     if (auto a = connections.asking.find(p.name); a != connections.asking.end()) {
       std::lock_guard<std::mutex> lock(a->second->mu);

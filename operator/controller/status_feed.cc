@@ -28,6 +28,7 @@ std::unique_ptr<worker::StatusStream> StatusFeed::Open(const std::string& job,
   const uint64_t incarnation = w.incarnation = next_incarnation_++;
   w.open = false;
   w.stale = false;
+  w.latest.reset();
   return w.client->WatchStatus(
       options_.min_interval, options_.heartbeat,
       [this, job, pod, incarnation](const worker::v1::WorkerStatus& s) {
@@ -90,6 +91,17 @@ bool StatusFeed::Pushed(const std::string& job, const std::vector<std::string>& 
   return true;
 }
 
+std::shared_ptr<const worker::v1::WorkerStatus> StatusFeed::Latest(
+    const std::string& job, const std::string& pod,
+    const std::shared_ptr<worker::WorkerApi>& client) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto j = jobs_.find(job);
+  if (j == jobs_.end()) return nullptr;
+  auto w = j->second.workers.find(pod);
+  if (w == j->second.workers.end() || !w->second.open || w->second.client != client) return nullptr;
+  return w->second.latest;
+}
+
 std::map<std::string, StatusFeed::Figures> StatusFeed::TakeChangedFigures() {
   std::map<std::string, Figures> out;
   std::lock_guard<std::mutex> lock(mu_);
@@ -112,6 +124,7 @@ void StatusFeed::Sweep() {
         w.open = false;
         w.stale = true;
         w.figures.reset();
+        w.latest.reset();
         w.backoff = options_.initial_backoff;
         w.retry_at = now;  // reopened at once: the worker may only have been slow
         w.error =
@@ -156,6 +169,7 @@ void StatusFeed::OnStatus(const std::string& job, const std::string& pod, uint64
     std::string digest = worker::ActionableDigest(status);
     wake = !w.open || digest != w.digest;
     w.digest = std::move(digest);
+    w.latest = std::make_shared<const worker::v1::WorkerStatus>(status);
     w.open = true;
     w.last_message = std::chrono::steady_clock::now();
     w.backoff = std::chrono::milliseconds(0);
@@ -198,6 +212,7 @@ void StatusFeed::OnEnd(const std::string& job, const std::string& pod, uint64_t 
     Worker& w = *found;
     w.open = false;
     w.figures.reset();
+    w.latest.reset();
     w.backoff = w.backoff.count() == 0
                     ? options_.initial_backoff
                     : std::min<std::chrono::milliseconds>(w.backoff * 2, options_.max_backoff);

@@ -48,6 +48,13 @@ class StatusFeed {
   // Whether each of `pods` has an open stream that has delivered a status: the job's workers
   // push every change, and it needs no poll.
   bool Pushed(const std::string& job, const std::vector<std::string>& pods) const;
+  // The newest status `pod`'s open stream through `client` delivered (null: none — not
+  // followed, not yet delivered, ended, silent, or through another client). The worker pushes
+  // what the operator acts on at once (within 100 ms) and its figures at least every
+  // min_interval, so a pass decides on this as it would on a GetStatus answer.
+  std::shared_ptr<const worker::v1::WorkerStatus> Latest(
+      const std::string& job, const std::string& pod,
+      const std::shared_ptr<worker::WorkerApi>& client) const;
   // Jobs whose figures changed since the last call, with the newest figures.
   std::map<std::string, Figures> TakeChangedFigures();
   // A stream that delivered nothing for three heartbeats (a frozen worker keeps its connection)
@@ -64,7 +71,8 @@ class StatusFeed {
     bool open = false;         // delivered a status and has not ended
     bool stale = false;        // Sweep gave up on it: reopened like an ended one
     std::chrono::steady_clock::time_point last_message{};
-    std::string digest;              // ActionableDigest of the newest status
+    std::string digest;  // ActionableDigest of the newest status
+    std::shared_ptr<const worker::v1::WorkerStatus> latest;  // while open
     std::optional<Figures> figures;  // when it reports rank 0 in a generation
     std::chrono::steady_clock::time_point retry_at{};
     std::chrono::milliseconds backoff{0};

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -126,7 +127,8 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
     return std::make_unique<FakeStream>(shared_from_this(), id);
   }
 
-  // The ticker: greets new streams, and trains a step while RUNNING.
+  // The ticker: greets new streams (not while its answers are held: a worker still starting
+  // serves neither), and trains a step while RUNNING.
   void Step() {
     pb::WorkerStatus now;
     std::vector<std::function<void(const pb::WorkerStatus&)>> greet;
@@ -135,7 +137,7 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
       std::lock_guard<std::mutex> lock(mu_);
       now = StatusLocked();
       for (auto& [id, s] : streams_)
-        if (!s.greeted) {
+        if (!s.greeted && !hold_status_) {
           s.greeted = true;
           greet.push_back(s.on_status);
         }
@@ -176,6 +178,11 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
   int open_streams() const {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int>(streams_.size());
+  }
+  int greeted_streams() const {  // open ones that delivered a status
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(std::count_if(streams_.begin(), streams_.end(),
+                                          [](const auto& s) { return s.second.greeted; }));
   }
   int rank() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -633,6 +640,41 @@ TEST_F(ControllerLoopTest, ASuspendsCheckpointIsNotOverwrittenByTheOlderOneRankZ
   EXPECT_EQ(status["lastCheckpoint"]["step"], drained) << status.dump();
   EXPECT_EQ(status["lastCheckpoint"]["uri"], "file:///fake/step-" + std::to_string(drained));
   EXPECT_EQ(Int(status, "step"), drained) << status.dump();
+}
+
+// Push, not poll: a pass decides on the status a worker's open stream delivered and asks only
+// the workers that do not push. A steady job follows its rank 0 alone; a pass over it (an edit
+// of its labels) asks the peer, which has no stream then, and not rank 0.
+TEST_F(ControllerLoopTest, AWorkerThatPushesItsStatusIsNotAskedForIt) {
+  Apply("pushing", 2);
+  ASSERT_TRUE(WaitStatus("pushing", [](const json& s) {
+    return Phase(s) == "Running" && Int(s, "generation") == 1;
+  })) << Status("pushing").dump();
+  std::vector<std::shared_ptr<FakeWorker>> members;
+  for (const json& m : Status("pushing").value("members", json::array()))
+    if (std::shared_ptr<FakeWorker> w = WorkerOf(m.get<std::string>())) members.push_back(w);
+  ASSERT_EQ(members.size(), 2u) << Status("pushing").dump();
+  const std::shared_ptr<FakeWorker> rank0 = members[0], peer = members[1];
+  ASSERT_EQ(rank0->rank(), 0);
+  // Steady: rank 0 alone is followed, and its stream has delivered.
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while ((rank0->greeted_streams() != 1 || peer->open_streams() != 0) &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  ASSERT_EQ(peer->open_streams(), 0) << "the job never went steady";
+  ASSERT_EQ(rank0->greeted_streams(), 1);
+  const int rank0_asked = rank0->status_asks(), peer_asked = peer->status_asks();
+
+  auto patched =
+      client_->Call(*kube::MergePatchRequest(kube::Resource::TrainingJobs(), "default", "pushing",
+                                             {{"metadata", {{"labels", {{"team", "nlp"}}}}}}));
+  ASSERT_TRUE(patched.ok()) << patched.status().ToString();
+  deadline = std::chrono::steady_clock::now() + 30s;
+  while (peer->status_asks() == peer_asked && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(20ms);
+  ASSERT_GT(peer->status_asks(), peer_asked) << "no pass over the edited job";
+  EXPECT_EQ(rank0->status_asks(), rank0_asked) << "rank 0 pushes, and was asked all the same";
+  EXPECT_EQ(Phase(Status("pushing")), "Running");
 }
 
 }  // namespace
