@@ -865,9 +865,13 @@ StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& p
   json status = ToJson(plan.status, selector);
   const json current = job.value("status", json());
   if (current == status) return job;
-  // Figures alone, with the workers pushing them: the patcher writes those. (A reconcile that
-  // wrote them raced the patcher's writes and lost to a conflict.)
-  if (pushed && WithoutFigures(current) == WithoutFigures(status)) return job;
+  // Figures alone, with the workers pushing them onto a status that trains: the patcher writes
+  // those (FiguresPatch). (A reconcile that wrote them raced the patcher's writes and lost to a
+  // conflict.) Onto any other phase — a job held Paused whose workers have just checkpointed —
+  // the patcher writes nothing, so the reconcile does.
+  const bool trains = plan.status.phase == planner::Phase::kRunning ||
+                      plan.status.phase == planner::Phase::kScaling;
+  if (pushed && trains && WithoutFigures(current) == WithoutFigures(status)) return job;
   json updated = job;
   updated["status"] = status;
   const json& md = job["metadata"];
@@ -875,23 +879,6 @@ StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& p
       auto request, kube::ReplaceRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
                                          md.value("name", ""), updated, "status"));
   auto written = client_.Call(request);
-  if (written.status().code() == StatusCode::kAborted) {
-    // Most often the patcher's figures landed since this pass read the job: a job that moved
-    // only in those is written again at once, onto the fresh version, with whichever figures
-    // are further along. Any other change is a new pass's to read (the conflict fails this one).
-    TIDAL_ASSIGN_OR_RETURN(
-        auto get, kube::GetRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
-                                   md.value("name", "")));
-    auto fresh = client_.Call(get);
-    if (fresh.ok() && OnlyFiguresChanged(job, *fresh)) {
-      updated["metadata"]["resourceVersion"] = (*fresh)["metadata"]["resourceVersion"];
-      updated["status"] = WithNewerFigures(status, fresh->value("status", json()));
-      TIDAL_ASSIGN_OR_RETURN(
-          request, kube::ReplaceRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
-                                        md.value("name", ""), updated, "status"));
-      written = client_.Call(request);
-    }
-  }
   if (!written.ok()) return written.status().WithContext("writing status");
   return written;  // its resourceVersion is the one later patches must name
 }

@@ -190,10 +190,6 @@ nlohmann::json WithoutFigures(nlohmann::json status);
 // Whether job `after` differs from `before` in nothing but its resourceVersion, managedFields
 // and the figures in status: a change that asks for no reconcile (the patcher's).
 bool OnlyFiguresChanged(const nlohmann::json& before, const nlohmann::json& after);
-// `status` with the figures of `fresh` where those are further along at the same generation
-// (a step past status.step takes its loss and tokens/s along; a checkpoint past
-// lastCheckpoint's step). Of another generation, `fresh`'s figures are not this status's.
-nlohmann::json WithNewerFigures(nlohmann::json status, const nlohmann::json& fresh);
 
 // A worker's answer to GetStatus (worker/control's proto, without protobuf types).
 struct WorkerReport {

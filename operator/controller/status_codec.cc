@@ -345,19 +345,6 @@ bool OnlyFiguresChanged(const json& before, const json& after) {
   return strip(before) == strip(after);
 }
 
-json WithNewerFigures(json status, const json& fresh) {
-  if (!status.is_object() || !fresh.is_object()) return status;
-  if (IntegerField(status, "generation").value_or(0) !=
-      IntegerField(fresh, "generation").value_or(0))
-    return status;
-  if (IntegerField(fresh, "step").value_or(-1) > IntegerField(status, "step").value_or(-1))
-    for (const char* figure : {"step", "loss", "tokensPerSecond"})
-      if (fresh.contains(figure)) status[figure] = fresh[figure];
-  if (CheckpointStep(fresh) > CheckpointStep(status))
-    status["lastCheckpoint"] = fresh["lastCheckpoint"];
-  return status;
-}
-
 std::optional<json> FiguresPatch(const json& cached_job, const StepFigures& f,
                                  Clock::time_point now) {
   if (!cached_job.is_object()) return std::nullopt;

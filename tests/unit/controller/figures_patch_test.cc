@@ -115,9 +115,8 @@ TEST(FiguresPatch, AnUnreadableStatusGetsNoPatch) {
   EXPECT_EQ((*patch)["status"]["lastCheckpoint"]["step"], 5);
 }
 
-// A reconcile's status write that lost to the patcher is written again onto the fresh version:
-// only when nothing but the figures moved, and with whichever figures are further along.
-TEST(FiguresPatch, OnlyAFiguresChangeLetsALostStatusWriteBeRetried) {
+// A job update that moved nothing but the figures (the patcher's) asks for no reconcile.
+TEST(FiguresPatch, OnlyAChangeOfTheFiguresIsAnUpdateThatAsksForNoReconcile) {
   const json before = Job(R"({"phase": "Running", "generation": 1, "step": 10, "members": ["a"],
                               "lastCheckpoint": {"step": 5}})");
   json after = before;
@@ -137,33 +136,6 @@ TEST(FiguresPatch, OnlyAFiguresChangeLetsALostStatusWriteBeRetried) {
   json label = after;
   label["metadata"]["labels"] = {{"x", "y"}};
   EXPECT_FALSE(OnlyFiguresChanged(before, label));
-}
-
-TEST(FiguresPatch, ARetriedStatusWriteKeepsWhicheverFiguresAreFurtherAlong) {
-  const json ours = json::parse(R"({"phase": "Scaling", "generation": 2, "step": 20, "loss": 2.0,
-      "tokensPerSecond": 5, "lastCheckpoint": {"step": 20, "uri": "u20"}})");
-  // The patcher's figures, further along in the step, behind in the checkpoint.
-  const json fresh = json::parse(R"({"phase": "Running", "generation": 2, "step": 23,
-      "loss": 1.9, "tokensPerSecond": 6, "lastCheckpoint": {"step": 15, "uri": "u15"}})");
-  json merged = WithNewerFigures(ours, fresh);
-  EXPECT_EQ(merged["step"], 23);
-  EXPECT_EQ(merged["loss"], 1.9);
-  EXPECT_EQ(merged["tokensPerSecond"], 6);
-  EXPECT_EQ(merged["lastCheckpoint"]["uri"], "u20");
-  EXPECT_EQ(merged["phase"], "Scaling") << "only figures are taken";
-  // A newer checkpoint is taken on its own.
-  json behind = fresh;
-  behind["step"] = 19;
-  behind["lastCheckpoint"] = {{"step", 25}, {"uri", "u25"}};
-  merged = WithNewerFigures(ours, behind);
-  EXPECT_EQ(merged["step"], 20);
-  EXPECT_EQ(merged["lastCheckpoint"]["uri"], "u25");
-  // Another generation's figures (the old rank 0's, written before this pass bumped it) are
-  // not this status's: a recovery that resumed at an earlier step keeps that step.
-  json old_generation = fresh;
-  old_generation["generation"] = 1;
-  EXPECT_EQ(WithNewerFigures(ours, old_generation), ours);
-  EXPECT_EQ(WithNewerFigures(ours, json("garbled")), ours);
 }
 
 }  // namespace
