@@ -168,9 +168,16 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
     if (r.plural == kube::Resource::Pods().plural) {
       o.transform = kube::KeepIdentity;
       o.observe = [this](kube::ObjectEvent::Type type, const json& pod) {
-        std::shared_ptr<const kube::CachedPod> cached = pod_cache_.Apply(type, pod);
+        std::shared_ptr<const kube::CachedPod> before;
+        std::shared_ptr<const kube::CachedPod> cached = pod_cache_.Apply(type, pod, &before);
         const json& md = pod.value("metadata", json::object());
         CountPod(Key(md.value("namespace", ""), md.value("name", "")), cached.get());
+        // An update wakes the pod's job only where it changed what the controller reads of a
+        // pod (kube::CachedPod): a kubelet's status write that moves a timestamp asks for no
+        // pass — which, over a steady job, connects to every peer again (a predicate, as
+        // controller-runtime's). Creations and deletions wake it through the handlers.
+        if (type == kube::ObjectEvent::kModified && !(before && cached && *before == *cached))
+          if (const std::string key = OwnerJobKey(pod); !key.empty()) queue_.Add(key);
       };
     }
     return std::make_unique<kube::Informer>(client_, o);
@@ -227,9 +234,11 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
          enqueue_job(o);
        }}));
   auto owner = [this](const kube::ObjectPtr& o) { EnqueueOwner(o); };
-  for (kube::Informer* inf : {pods_.get(), services_.get(), secrets_.get(), configs_.get()})
+  for (kube::Informer* inf : {services_.get(), secrets_.get(), configs_.get()})
     TIDAL_RETURN_IF_ERROR(inf->AddEventHandler(
         {owner, [owner](const kube::ObjectPtr&, const kube::ObjectPtr& o) { owner(o); }, owner}));
+  // A pod's update wakes its job from the observe hook, where what changed is known.
+  TIDAL_RETURN_IF_ERROR(pods_->AddEventHandler({owner, nullptr, owner}));
   for (kube::Informer* inf :
        {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
     TIDAL_RETURN_IF_ERROR(inf->Start());

@@ -117,7 +117,8 @@ void KeepIdentityAndData(json& object) {
   if (!data.is_null()) object["data"] = std::move(data);
 }
 
-std::shared_ptr<const CachedPod> PodCache::Apply(ObjectEvent::Type type, const json& pod) {
+std::shared_ptr<const CachedPod> PodCache::Apply(ObjectEvent::Type type, const json& pod,
+                                                 std::shared_ptr<const CachedPod>* before) {
   const json& md = Child(pod, "metadata");
   const std::string key = Text(md, "namespace") + "/" + Text(md, "name");
   std::shared_ptr<const CachedPod> next;
@@ -125,6 +126,7 @@ std::shared_ptr<const CachedPod> PodCache::Apply(ObjectEvent::Type type, const j
     next = std::make_shared<const CachedPod>(CachedPodOf(pod, options_));
   std::lock_guard<std::mutex> lock(mu_);
   auto it = pods_.find(key);
+  if (before) *before = it != pods_.end() ? it->second : nullptr;
   if (it != pods_.end()) {
     UnindexLocked(key, *it->second);
     if (next)

@@ -45,6 +45,7 @@ struct CachedPod {
   std::string Label(const std::string& key) const;
   std::string Annotation(const std::string& key) const;
   bool Finished() const { return phase == "Succeeded" || phase == "Failed"; }
+  bool operator==(const CachedPod&) const = default;
 };
 
 struct PodCacheOptions {
@@ -69,8 +70,10 @@ class PodCache {
   PodCache(const PodCache&) = delete;
   PodCache& operator=(const PodCache&) = delete;
 
-  // The pods informer's observe hook. Returns the pod as now cached (null once deleted).
-  std::shared_ptr<const CachedPod> Apply(ObjectEvent::Type type, const nlohmann::json& pod);
+  // The pods informer's observe hook. Returns the pod as now cached (null once deleted);
+  // `before`, when given, gets it as cached until now (null: it was not).
+  std::shared_ptr<const CachedPod> Apply(ObjectEvent::Type type, const nlohmann::json& pod,
+                                         std::shared_ptr<const CachedPod>* before = nullptr);
 
   std::shared_ptr<const CachedPod> Get(const std::string& ns, const std::string& name) const;
   // The pods whose controller ownerReference has `uid`, by name.

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <vector>
+
 namespace tidal::kube {
 namespace {
 
@@ -150,6 +153,45 @@ TEST(PodCacheTest, EventsAddReplaceAndRemovePodsAndTheirControllerIndex) {
       cache.Apply(ObjectEvent::kDeleted, {{"metadata", {{"name", "zz"}, {"namespace", "ml"}}}}))
       << "an unknown pod's deletion changes nothing";
   EXPECT_EQ(cache.size(), 2u);
+}
+
+// The controller's predicate for pod updates: only a change of what it reads of a pod wakes the
+// pod's job. Apply hands back the pod as cached before, to compare with.
+TEST(PodCacheTest, AnUpdateOfWhatTheControllerDoesNotReadLeavesTheCachedPodEqual) {
+  PodCache cache(Kept());
+  cache.Apply(ObjectEvent::kAdded, WorkerPod("a", "job-1"));
+  json touched = WorkerPod("a", "job-1");
+  touched["metadata"]["resourceVersion"] = "43";
+  touched["metadata"]["annotations"]["note"] = "bigger";
+  touched["metadata"]["labels"]["tidal.dev/job"] = "renamed";
+  touched["status"]["hostIP"] = "192.168.1.2";
+  touched["status"]["conditions"][1]["lastTransitionTime"] = "2026-11-27T10:00:31Z";
+  std::shared_ptr<const CachedPod> before;
+  std::shared_ptr<const CachedPod> after = cache.Apply(ObjectEvent::kModified, touched, &before);
+  ASSERT_TRUE(before && after);
+  EXPECT_EQ(*before, *after);
+  for (const auto& change : std::vector<std::function<void(json&)>>{
+           [](json& p) { p["status"]["podIP"] = "10.0.0.10"; },
+           [](json& p) { p["status"]["phase"] = "Running"; },
+           [](json& p) { p["status"]["conditions"][0]["status"] = "True"; },
+           [](json& p) { p["metadata"]["deletionTimestamp"] = "2026-11-27T10:01:00Z"; },
+           [](json& p) { p["metadata"]["annotations"]["tidal.dev/created-for-generation"] = "8"; },
+           [](json& p) { p["spec"]["nodeName"] = "gpu-2"; },
+           [](json& p) {
+             p["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 4;
+           },
+       }) {
+    json changed = touched;
+    change(changed);
+    after = cache.Apply(ObjectEvent::kModified, changed, &before);
+    ASSERT_TRUE(before && after);
+    EXPECT_NE(*before, *after) << changed.dump();
+    cache.Apply(ObjectEvent::kModified, touched);
+  }
+  // A pod first seen in an update has no "before": it wakes its job.
+  after = cache.Apply(ObjectEvent::kModified, WorkerPod("new", "job-1"), &before);
+  EXPECT_FALSE(before);
+  EXPECT_TRUE(after);
 }
 
 }  // namespace
