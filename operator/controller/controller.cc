@@ -528,7 +528,8 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   }
   for (const Event& e : plan.events) recorder_.Record(*job, e.type, e.reason, e.message);
   if (!executed.ok()) return executed;
-  queue_.AddAfter(key, plan.requeue_after);
+  // This pass's timed look replaces any an earlier one asked for (a steady job's is minutes).
+  queue_.AddAfterReplacing(key, plan.requeue_after);
   return OkStatus();
 }
 
@@ -756,6 +757,10 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   const std::set<std::string> members(o.status.members.begin(), o.status.members.end());
   const bool first_pass = !connections.observed;
   connections.observed = true;
+  // The workers whose open stream delivered a status: each one's client and newest push.
+  std::map<std::string,
+           std::pair<std::shared_ptr<worker::WorkerApi>, std::shared_ptr<const pb::WorkerStatus>>>
+      pushing;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
     running.insert(p.name);
@@ -767,11 +772,9 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       continue;
     }
     if (!p.deleting) followed[p.name] = c;
-    // A worker that pushes (its open stream delivered) is decided on what it pushed: no call,
-    // no wait. The others are asked.
+    // A worker that pushes (its open stream delivered): decided below.
     if (std::shared_ptr<const pb::WorkerStatus> pushed = feed_.Latest(key, p.name, c)) {
-      connections.asking.erase(p.name);
-      answers.push_back({p.name, steady_now, StatusOr<pb::WorkerStatus>(*pushed), {}});
+      pushing[p.name] = {c, std::move(pushed)};
       continue;
     }
     bool failed = false;  // its answer, read now, is a failure
@@ -805,6 +808,27 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       }
       if (wake) queue_.Add(key);
     });
+  }
+  // What the workers pushed stands for their answers only while the generation trains
+  // undisturbed: every member pushes, Running, at the status's generation, and no rescale or
+  // recovery is under way. Otherwise each of them is asked too: a push's figures may be up to
+  // min_interval old, and a recovery from the survivors' memory must know exactly the step of
+  // each buddy copy they hold (OperatorTest.KillNineOfAWorker… resumed from the store when a
+  // pass took a survivor's pushed copies for its current ones).
+  bool undisturbed = !members.empty() && !o.status.rescale;
+  for (const std::string& m : members) {
+    auto it = pushing.find(m);
+    undisturbed = undisturbed && it != pushing.end() && it->second.second->phase() == pb::RUNNING &&
+                  it->second.second->generation() == o.status.generation;
+  }
+  for (auto& [pod, pushed] : pushing) {
+    connections.asking.erase(pod);
+    std::shared_ptr<worker::WorkerApi> c = pushed.first;
+    if (undisturbed)
+      answers.push_back({pod, steady_now, StatusOr<pb::WorkerStatus>(*pushed.second), {}});
+    else
+      answers.push_back(
+          {pod, steady_now, std::nullopt, status_calls_.Submit([c] { return c->GetStatus(); })});
   }
   std::erase_if(connections.asking, [&](const auto& a) { return !running.count(a.first); });
   if (const std::string& rank0 = connections.quiet_pod; !rank0.empty() && followed.count(rank0)) {

@@ -121,6 +121,17 @@ void WorkQueue::AddAfter(const std::string& key, Clock::Duration delay) {
   cv_.notify_all();  // a Get waiting for a later deadline must wait less
 }
 
+void WorkQueue::AddAfterReplacing(const std::string& key, Clock::Duration delay) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = waiting_deadline_.find(key); it != waiting_deadline_.end()) {
+      waiting_.erase({it->second.first, it->second.second, key});
+      waiting_deadline_.erase(it);
+    }
+  }
+  AddAfter(key, delay);
+}
+
 void WorkQueue::AddRateLimited(const std::string& key) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -4,7 +4,8 @@
 //    however often it is added (the dirty set);
 //  - a key being processed is never handed to a second worker: added again meanwhile, it is
 //    queued again when the first worker calls Done (the processing set);
-//  - AddAfter delays a key (an earlier deadline for the same key wins);
+//  - AddAfter delays a key (an earlier deadline for the same key wins); AddAfterReplacing
+//    sets its one deadline;
 //  - AddRateLimited delays it by the rate limiter: by default the larger of a per-key
 //    exponential backoff (5 ms doubling to 1000 s) and an overall token bucket (10 qps, burst
 //    100), as client-go's DefaultControllerRateLimiter;
@@ -117,6 +118,10 @@ class WorkQueue {
   // Queues `key` once `delay` has passed (at once when delay ≤ 0). A key already waiting
   // keeps the earlier of its two deadlines.
   void AddAfter(const std::string& key, Clock::Duration delay);
+  // A processed key's next timed look: queues `key` once `delay` has passed, replacing any
+  // deadline it was waiting for, sooner or later (a reconcile that just ran knows best when the
+  // clock alone may change what it does; a re-check an earlier pass asked for is moot).
+  void AddAfterReplacing(const std::string& key, Clock::Duration delay);
   // AddAfter(key, limiter.When(key)).
   void AddRateLimited(const std::string& key);
   // Resets the key's failure count (call when it was processed successfully).

@@ -216,6 +216,11 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
     s.set_max_steps(1000000);
     s.set_last_error(last_error_);
     if (generation_ > 0) s.set_loss(2.0);
+    if (generation_ > 0 && step_ > 0) {  // the step just trained (the anomaly rule reads it)
+      pb::StepEvent* e = s.add_recent_steps();
+      e->set_step(step_);
+      e->set_loss(2.0);
+    }
     if (checkpoint_step_ >= 0) {
       s.mutable_last_checkpoint()->set_step(checkpoint_step_);
       s.mutable_last_checkpoint()->set_kind("full");
@@ -642,39 +647,40 @@ TEST_F(ControllerLoopTest, ASuspendsCheckpointIsNotOverwrittenByTheOlderOneRankZ
   EXPECT_EQ(Int(status, "step"), drained) << status.dump();
 }
 
-// Push, not poll: a pass decides on the status a worker's open stream delivered and asks only
-// the workers that do not push. A steady job follows its rank 0 alone; a pass over it (an edit
-// of its labels) asks the peer, which has no stream then, and not rank 0.
-TEST_F(ControllerLoopTest, AWorkerThatPushesItsStatusIsNotAskedForIt) {
-  Apply("pushing", 2);
-  ASSERT_TRUE(WaitStatus("pushing", [](const json& s) {
+// Push, not poll: while a generation trains undisturbed (every member pushing, Running), a pass
+// decides on what the workers pushed and asks none of them. A job with a loss-anomaly rule is
+// never quiet (the rule reads every step): it is looked at every poll, each pass moving
+// status.anomaly.checkedStep on, and none of those passes calls GetStatus.
+TEST_F(ControllerLoopTest, WorkersThatPushWhileTheirGenerationTrainsAreNotAskedForTheirStatus) {
+  Apply("watched", 2,
+        {{"anomaly", {{"lossRisePercent", 15}, {"consecutiveSteps", 3}, {"action", "Alert"}}}});
+  ASSERT_TRUE(WaitStatus("watched", [](const json& s) {
     return Phase(s) == "Running" && Int(s, "generation") == 1;
-  })) << Status("pushing").dump();
+  })) << Status("watched").dump();
   std::vector<std::shared_ptr<FakeWorker>> members;
-  for (const json& m : Status("pushing").value("members", json::array()))
+  for (const json& m : Status("watched").value("members", json::array()))
     if (std::shared_ptr<FakeWorker> w = WorkerOf(m.get<std::string>())) members.push_back(w);
-  ASSERT_EQ(members.size(), 2u) << Status("pushing").dump();
-  const std::shared_ptr<FakeWorker> rank0 = members[0], peer = members[1];
-  ASSERT_EQ(rank0->rank(), 0);
-  // Steady: rank 0 alone is followed, and its stream has delivered.
-  auto deadline = std::chrono::steady_clock::now() + 30s;
-  while ((rank0->greeted_streams() != 1 || peer->open_streams() != 0) &&
+  ASSERT_EQ(members.size(), 2u) << Status("watched").dump();
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while ((members[0]->greeted_streams() != 1 || members[1]->greeted_streams() != 1) &&
          std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(20ms);
-  ASSERT_EQ(peer->open_streams(), 0) << "the job never went steady";
-  ASSERT_EQ(rank0->greeted_streams(), 1);
-  const int rank0_asked = rank0->status_asks(), peer_asked = peer->status_asks();
-
-  auto patched =
-      client_->Call(*kube::MergePatchRequest(kube::Resource::TrainingJobs(), "default", "pushing",
-                                             {{"metadata", {{"labels", {{"team", "nlp"}}}}}}));
-  ASSERT_TRUE(patched.ok()) << patched.status().ToString();
-  deadline = std::chrono::steady_clock::now() + 30s;
-  while (peer->status_asks() == peer_asked && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(20ms);
-  ASSERT_GT(peer->status_asks(), peer_asked) << "no pass over the edited job";
-  EXPECT_EQ(rank0->status_asks(), rank0_asked) << "rank 0 pushes, and was asked all the same";
-  EXPECT_EQ(Phase(Status("pushing")), "Running");
+  ASSERT_EQ(members[0]->greeted_streams(), 1);
+  ASSERT_EQ(members[1]->greeted_streams(), 1);
+  const int asked0 = members[0]->status_asks(), asked1 = members[1]->status_asks();
+  auto checked = [&] {
+    return Status("watched").value("anomaly", json::object()).value("checkedStep", int64_t{-1});
+  };
+  // Two passes that began after the counts were read: the second starts after the first wrote.
+  for (int pass = 0; pass < 2; ++pass) {
+    const int64_t before = checked();
+    ASSERT_TRUE(WaitStatus(
+        "watched", [&](const json&) { return checked() > before; }, 30s))
+        << "no pass moved status.anomaly.checkedStep on: " << Status("watched").dump();
+  }
+  EXPECT_EQ(members[0]->status_asks(), asked0) << "rank 0 pushes, and was asked all the same";
+  EXPECT_EQ(members[1]->status_asks(), asked1) << "rank 1 pushes, and was asked all the same";
+  EXPECT_EQ(Phase(Status("watched")), "Running");
 }
 
 }  // namespace

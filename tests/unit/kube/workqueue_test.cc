@@ -114,6 +114,30 @@ TEST(WorkQueue, AddAfterQueuesOnceTheDelayHasPassedAndEarlierDeadlineWins) {
   EXPECT_EQ(q.Len(), 1u);
 }
 
+// A reconcile's requeue: the pass that just ran sets the key's one timed look. A steady job's
+// pass asks for one in minutes; a re-check in seconds an earlier pass asked for no longer wakes
+// it (each such pass over a steady job asked every peer again).
+TEST(WorkQueue, AddAfterReplacingSetsTheKeysOneDeadlineSoonerOrLater) {
+  auto clock = NewFakeClock();
+  WorkQueue q(clock);
+  q.AddAfter("a", 5s);
+  q.AddAfterReplacing("a", 600s);
+  q.AddAfter("b", 600s);
+  q.AddAfterReplacing("b", 1s);
+  EXPECT_EQ(q.NumWaiting(), 2u);
+  clock->Advance(1s);
+  EXPECT_EQ(q.Len(), 1u);
+  EXPECT_EQ(q.Get(), "b");
+  q.Done("b");
+  clock->Advance(10s);
+  EXPECT_EQ(q.Len(), 0u) << "the replaced 5 s deadline must not queue it";
+  clock->Advance(590s);
+  EXPECT_EQ(q.Len(), 1u);
+  EXPECT_EQ(q.Get(), "a");
+  q.AddAfterReplacing("c", 0s);  // no delay: at once
+  EXPECT_EQ(q.Len(), 1u);
+}
+
 TEST(WorkQueue, DelayedKeyAlreadyQueuedIsNotDuplicated) {
   auto clock = NewFakeClock();
   WorkQueue q(clock);
