@@ -372,6 +372,13 @@ class ControllerLoopTest : public ::testing::Test {
       if (!ip.empty() && address.rfind(ip + ":", 0) == 0) return w;
     return nullptr;
   }
+  // The fakes of the job's status.members, in rank order (those found).
+  std::vector<std::shared_ptr<FakeWorker>> MembersOf(const std::string& job) {
+    std::vector<std::shared_ptr<FakeWorker>> members;
+    for (const json& m : Status(job).value("members", json::array()))
+      if (std::shared_ptr<FakeWorker> w = WorkerOf(m.get<std::string>())) members.push_back(w);
+    return members;
+  }
   std::vector<std::shared_ptr<FakeWorker>> Workers() {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<std::shared_ptr<FakeWorker>> out;
@@ -590,9 +597,7 @@ TEST_F(ControllerLoopTest, AnOperatorRestartedOnASuspendedJobCheckpointsItsWorke
   ASSERT_TRUE(WaitStatus("restart", [](const json& s) {
     return Phase(s) == "Running" && Int(s, "generation") == 1;
   })) << Status("restart").dump();
-  std::vector<std::shared_ptr<FakeWorker>> members;
-  for (const json& m : Status("restart").value("members", json::array()))
-    if (std::shared_ptr<FakeWorker> w = WorkerOf(m.get<std::string>())) members.push_back(w);
+  const std::vector<std::shared_ptr<FakeWorker>> members = MembersOf("restart");
   ASSERT_EQ(members.size(), 2u) << Status("restart").dump();
   RestartOperator([&] {
     auto patched = client_->Call(*kube::MergePatchRequest(
@@ -618,9 +623,7 @@ TEST_F(ControllerLoopTest, ASuspendsCheckpointIsNotOverwrittenByTheOlderOneRankZ
   ASSERT_TRUE(WaitStatus("keeps", [](const json& s) {
     return Phase(s) == "Running" && Int(s, "generation") == 1;
   })) << Status("keeps").dump();
-  std::vector<std::shared_ptr<FakeWorker>> members;
-  for (const json& m : Status("keeps").value("members", json::array()))
-    if (std::shared_ptr<FakeWorker> w = WorkerOf(m.get<std::string>())) members.push_back(w);
+  const std::vector<std::shared_ptr<FakeWorker>> members = MembersOf("keeps");
   ASSERT_EQ(members.size(), 2u) << Status("keeps").dump();
   for (const auto& w : members) w->CheckpointNow();
   const int64_t periodic = members[0]->checkpoint_step();
@@ -657,9 +660,7 @@ TEST_F(ControllerLoopTest, WorkersThatPushWhileTheirGenerationTrainsAreNotAskedF
   ASSERT_TRUE(WaitStatus("watched", [](const json& s) {
     return Phase(s) == "Running" && Int(s, "generation") == 1;
   })) << Status("watched").dump();
-  std::vector<std::shared_ptr<FakeWorker>> members;
-  for (const json& m : Status("watched").value("members", json::array()))
-    if (std::shared_ptr<FakeWorker> w = WorkerOf(m.get<std::string>())) members.push_back(w);
+  const std::vector<std::shared_ptr<FakeWorker>> members = MembersOf("watched");
   ASSERT_EQ(members.size(), 2u) << Status("watched").dump();
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   while ((members[0]->greeted_streams() != 1 || members[1]->greeted_streams() != 1) &&
