@@ -453,10 +453,13 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   // operator's last status write would decide on the status before it, and lose its own write
   // to a Conflict. Where the cache still holds the very version that write replaced, what the
   // write returned is the job as it is (versions are compared for equality only).
+  // The version the cache holds: what a write of this pass replaces in the cache's eyes, even
+  // where the pass reads an earlier write's copy (two writes before the cache has either).
+  const std::string cached_version = ResourceVersion(*job);
   {
     std::lock_guard<std::mutex> lock(own_writes_mu_);
     if (auto own = own_writes_.find(key); own != own_writes_.end()) {
-      if (ResourceVersion(*job) == own->second.replaced)
+      if (cached_version == own->second.replaced)
         job = own->second.written;
       else
         own_writes_.erase(own);
@@ -472,14 +475,14 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   at[2] = Steady::now();
   TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan, observed.pushed));
   at[3] = Steady::now();
-  if (const std::string replaced = ResourceVersion(*job); ResourceVersion(current) != replaced) {
-    // Kept only while the cache still holds the replaced version: checked under the lock the
-    // informer's handlers take after the cache has an event's object, so a write whose event
-    // came already is not kept (a steady job keeps no copy of itself).
+  if (ResourceVersion(current) != ResourceVersion(*job)) {
+    // Kept only while the cache still holds the version it held when this pass began: checked
+    // under the lock the informer's handlers take after the cache has an event's object, so a
+    // write whose event came already is not kept (a steady job keeps no copy of itself).
     std::lock_guard<std::mutex> lock(own_writes_mu_);
     kube::ObjectPtr cached = jobs_->store().Get(ns, name);
-    if (cached && ResourceVersion(*cached) == replaced)
-      own_writes_[key] = {replaced, std::make_shared<const json>(current)};
+    if (cached && ResourceVersion(*cached) == cached_version)
+      own_writes_[key] = {cached_version, std::make_shared<const json>(current)};
     else
       own_writes_.erase(key);
   }
@@ -773,7 +776,8 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     }
     if (!p.deleting) followed[p.name] = c;
     // A worker that pushes (its open stream delivered): decided below.
-    if (std::shared_ptr<const pb::WorkerStatus> pushed = feed_.Latest(key, p.name, c)) {
+    if (std::shared_ptr<const pb::WorkerStatus> pushed =
+            feed_.Latest(key, p.name, c, options_.status_timeout)) {
       pushing[p.name] = {c, std::move(pushed)};
       continue;
     }

@@ -93,12 +93,14 @@ bool StatusFeed::Pushed(const std::string& job, const std::vector<std::string>& 
 
 std::shared_ptr<const worker::v1::WorkerStatus> StatusFeed::Latest(
     const std::string& job, const std::string& pod,
-    const std::shared_ptr<worker::WorkerApi>& client) const {
+    const std::shared_ptr<worker::WorkerApi>& client, std::chrono::milliseconds max_age) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return nullptr;
   auto w = j->second.workers.find(pod);
-  if (w == j->second.workers.end() || !w->second.open || w->second.client != client) return nullptr;
+  if (w == j->second.workers.end() || !w->second.open || w->second.client != client ||
+      std::chrono::steady_clock::now() - w->second.last_message > max_age)
+    return nullptr;
   return w->second.latest;
 }
 

@@ -48,13 +48,14 @@ class StatusFeed {
   // Whether each of `pods` has an open stream that has delivered a status: the job's workers
   // push every change, and it needs no poll.
   bool Pushed(const std::string& job, const std::vector<std::string>& pods) const;
-  // The newest status `pod`'s open stream through `client` delivered (null: none — not
-  // followed, not yet delivered, ended, silent, or through another client). The worker pushes
-  // what the operator acts on at once (within 100 ms) and its figures at least every
-  // min_interval, so a pass decides on this as it would on a GetStatus answer.
+  // The newest status `pod`'s open stream through `client` delivered, if within `max_age`
+  // (null: none — not followed, not yet delivered, ended, through another client, or older: a
+  // worker frozen or cut off keeps its stream open until three heartbeats pass). The worker
+  // pushes what the operator acts on at once (within 100 ms) and its figures at least every
+  // min_interval while it trains.
   std::shared_ptr<const worker::v1::WorkerStatus> Latest(
       const std::string& job, const std::string& pod,
-      const std::shared_ptr<worker::WorkerApi>& client) const;
+      const std::shared_ptr<worker::WorkerApi>& client, std::chrono::milliseconds max_age) const;
   // Jobs whose figures changed since the last call, with the newest figures.
   std::map<std::string, Figures> TakeChangedFigures();
   // A stream that delivered nothing for three heartbeats (a frozen worker keeps its connection)

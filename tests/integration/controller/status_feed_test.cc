@@ -194,6 +194,30 @@ TEST_F(StatusFeedTest, AnActionableChangeWakesTheJobAtOnceAndStepFiguresOnlyReac
   EXPECT_TRUE(feed.TakeChangedFigures().empty());
 }
 
+// What a pass may take for a worker's answer: the newest push of its open stream, through the
+// client the pass holds, while it is recent; a worker that pushed once and then fell silent (a
+// frozen process keeps its stream open until three heartbeats pass) is asked instead.
+TEST_F(StatusFeedTest, TheNewestPushStandsForAnAnswerOnlyWhileItIsRecent) {
+  StatusFeed feed(Fast(), [&](const std::string&) { ++wakes_; });
+  const std::shared_ptr<worker::WorkerApi> client = Client();
+  EXPECT_FALSE(feed.Latest("ns/job", "job-worker-0", client, 10s)) << "not followed";
+  feed.Follow("ns/job", {{"job-worker-0", client}});
+  ASSERT_TRUE(fake_.WaitFor([&] { return fake_.calls_ == 1; }));
+  EXPECT_FALSE(feed.Latest("ns/job", "job-worker-0", client, 10s)) << "nothing delivered yet";
+  fake_.Push(Status(pb::RUNNING, 1, 0, 7));
+  ASSERT_TRUE(Eventually([&] { return wakes_.load() == 1; }));
+  std::shared_ptr<const pb::WorkerStatus> latest =
+      feed.Latest("ns/job", "job-worker-0", client, 10s);
+  ASSERT_TRUE(latest);
+  EXPECT_EQ(latest->step(), 7);
+  EXPECT_EQ(latest->phase(), pb::RUNNING);
+  EXPECT_FALSE(feed.Latest("ns/job", "job-worker-0", Client(), 10s)) << "another client's";
+  EXPECT_FALSE(feed.Latest("ns/job", "job-worker-1", client, 10s));
+  std::this_thread::sleep_for(60ms);  // ages the push past a 50 ms bound (no wait on an event)
+  EXPECT_FALSE(feed.Latest("ns/job", "job-worker-0", client, 50ms)) << "older than allowed";
+  EXPECT_TRUE(feed.Latest("ns/job", "job-worker-0", client, 10s));
+}
+
 TEST_F(StatusFeedTest, AStreamThatEndsWakesTheJobOnceAndIsReopenedOnlyAfterItsBackoff) {
   StatusFeed feed(Fast(), [&](const std::string&) { ++wakes_; });
   const auto client = Client();
