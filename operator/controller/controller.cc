@@ -320,9 +320,7 @@ void TrainingJobController::PatchFigures() {
       if (!p.pending) continue;
       // After a Conflict, again as soon as the cache holds a newer version than the one refused
       // (the write that won), else at the job's usual pace.
-      std::string version;
-      if (auto md = cached->find("metadata"); md != cached->end() && md->is_object())
-        version = md->value("resourceVersion", "");
+      const std::string version = ResourceVersion(*cached);
       const bool newer = !p.refused_version.empty() && version != p.refused_version;
       if (!newer && now - p.at < kPerJob) continue;
       p.pending = false;
