@@ -21,11 +21,29 @@
 
 namespace tidal::controller {
 
-// A GetStatus no pass waits for (Observe): its answer, once it came.
+// The asks a pass that decided nothing waits for (Observe): the last to end wakes the job, so
+// that ten members answering one after another run one pass, not ten. One reference is the
+// pass's own until it has counted them all (one that ended meanwhile is then not counted).
+struct TrainingJobController::WorkerConnections::Awaited {
+  std::atomic<int> pending{1};
+};
+
+// A worker's GetStatus, asked by a pass (Observe): its answer, once it came, is read by a later
+// one.
 struct TrainingJobController::WorkerConnections::Ask {
   std::mutex mu;
-  std::optional<StatusOr<::tidal::worker::v1::WorkerStatus>> answer;  // guarded by mu
   std::chrono::steady_clock::time_point asked;
+  // Guarded by mu:
+  std::optional<StatusOr<::tidal::worker::v1::WorkerStatus>> answer;
+  std::chrono::steady_clock::time_point answered;
+  bool wake_on_failure = false;      // else only an answer wakes the job
+  std::shared_ptr<Awaited> awaited;  // a pass waits for it: the last one's end wakes the job
+};
+
+// The API writes of a plan (Execute): the outcome, once the last one returned or one failed.
+struct TrainingJobController::WorkerConnections::Writes {
+  std::mutex mu;
+  std::optional<Status> result;  // guarded by mu
 };
 
 namespace {
@@ -34,6 +52,26 @@ using nlohmann::json;
 namespace pb = ::tidal::worker::v1;
 
 std::string Key(const std::string& ns, const std::string& name) { return ns + "/" + name; }
+
+// The actions that write API objects (Execute runs them after the pass, in order); the others
+// call workers.
+bool IsApiWrite(Action::Kind kind) {
+  switch (kind) {
+    case Action::Kind::kAddFinalizer:
+    case Action::Kind::kRemoveFinalizer:
+    case Action::Kind::kEnsureService:
+    case Action::Kind::kEnsureTokenSecret:
+    case Action::Kind::kEnsureSpecConfig:
+    case Action::Kind::kUpdateSpecConfig:
+    case Action::Kind::kCreatePods:
+    case Action::Kind::kDeletePods:
+    case Action::Kind::kForceDeletePods:
+    case Action::Kind::kCreatePrepPod:
+      return true;
+    default:
+      return false;
+  }
+}
 
 // A phase this operator does not know (a newer worker's) is no answer: nothing is decided on it.
 StatusOr<WorkerReport> ReportOf(const pb::WorkerStatus& s) {
@@ -371,10 +409,15 @@ void TrainingJobController::EnqueueOwner(const kube::ObjectPtr& object) {
 void TrainingJobController::Work() {
   while (auto key = queue_.Get()) {
     const auto start = std::chrono::steady_clock::now();
-    Status s = ReconcileIsolated(*key);
+    bool awaiting = false;
+    Status s = ReconcileIsolated(*key, &awaiting);
     if (OperatorMetrics* m = options_.metrics) {
+      using R = OperatorMetrics::PassResult;
       m->ObserveReconcile(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), s.ok());
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+          !s.ok()    ? R::kError
+          : awaiting ? R::kAwaiting
+                     : R::kOk);
       m->SetQueueDepth(queue_.Len());
     }
     if (!s.ok()) {
@@ -387,10 +430,10 @@ void TrainingJobController::Work() {
   }
 }
 
-Status TrainingJobController::ReconcileIsolated(const std::string& key) {
+Status TrainingJobController::ReconcileIsolated(const std::string& key, bool* awaiting) {
   Status s;
   try {
-    s = Reconcile(key);
+    s = Reconcile(key, awaiting);
   } catch (const std::exception& e) {
     s = Internal(std::string("reconcile threw: ") + e.what());
   } catch (...) {
@@ -430,7 +473,7 @@ void TrainingJobController::MarkReconcileFailed(const std::string& key, const St
 // A pass this long is logged with where its time went.
 constexpr auto kSlowReconcile = std::chrono::milliseconds(100);
 
-Status TrainingJobController::Reconcile(const std::string& key) {
+Status TrainingJobController::Reconcile(const std::string& key, bool* awaiting) {
   const auto slash = key.find('/');
   const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
   kube::ObjectPtr job = jobs_->store().Get(ns, name);
@@ -467,7 +510,15 @@ Status TrainingJobController::Reconcile(const std::string& key) {
   using Steady = std::chrono::steady_clock;
   std::array<Steady::time_point, 5> at{Steady::now()};
   WorkerConnections& connections = ConnectionsOf(key);
-  Observed observed = Observe(*job, connections);
+  std::optional<Observed> seen = Observe(*job, connections);
+  if (!seen) {
+    // The answers it waits for wake the job; the look after two status timeouts only guards
+    // against one that never came (an earlier timed look still wins).
+    if (awaiting) *awaiting = true;
+    queue_.AddAfter(key, 2 * options_.status_timeout + std::chrono::seconds(1));
+    return OkStatus();
+  }
+  Observed& observed = *seen;
   at[1] = Steady::now();
   Plan plan = DecideWithCapacity(observed);
   at[2] = Steady::now();
@@ -518,13 +569,16 @@ Status TrainingJobController::Reconcile(const std::string& key) {
     auto ms = [&](int i) {
       return std::chrono::duration<double, std::milli>(at[i + 1] - at[i]).count();
     };
+    std::string kinds;
+    for (const Action& a : plan.actions)
+      kinds += (kinds.empty() ? "" : ",") + std::string(ActionKindName(a.kind));
     LogInfo("slow reconcile", {{"job", key},
                                {"generation", plan.status.generation},
                                {"observe_ms", ms(0)},
                                {"decide_ms", ms(1)},
                                {"status_write_ms", ms(2)},
                                {"actions_ms", ms(3)},
-                               {"actions", plan.actions.size()},
+                               {"actions", kinds},
                                {"workers_answered", observed.reports.size()}});
   }
   for (const Event& e : plan.events) recorder_.Record(*job, e.type, e.reason, e.message);
@@ -698,7 +752,8 @@ void TrainingJobController::CountPod(const std::string& key, const kube::CachedP
     held_gpus_.erase(it);
 }
 
-Observed TrainingJobController::Observe(const json& job, WorkerConnections& connections) {
+std::optional<Observed> TrainingJobController::Observe(const json& job,
+                                                       WorkerConnections& connections) {
   Observed o;
   const json& md = job["metadata"];
   o.name = md.value("name", "");
@@ -729,16 +784,17 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     }
     o.pods.push_back(std::move(view));
   }
-  // Ask every running worker at once; a silent one is remembered from its first silence.
-  // A pass waits for the members of the job's generation and for every worker that answered
-  // and is not silent now. The others — pods of a generation still starting (connecting to
-  // them was most of a slow start-up pass) and silent ones that are no member — are asked in
-  // the background: their answer is read by the next pass, which an answer wakes, as does a
-  // first silence (it starts the clock that declares a worker lost). What a decision needs
-  // stays waited for: a drain, a recovery's survivors and buddy copies read the members'
-  // reports. And the first pass of this operator over a job (a restart, a new leader) waits
-  // for every worker: it has yet to learn which answer, and a worker at a generation the
-  // status does not know must be seen before anything is decided.
+  // Every running worker's status, asked of all at once; a silent one is remembered from its
+  // first silence. No pass waits for an answer (a reconcile never blocks): asks run on their
+  // own threads and each answer wakes the job. Some answers a decision needs: the members' of
+  // the job's generation, every worker's that answered and is not silent now, and on this
+  // operator's first pass over a job (a restart, a new leader) every worker's — it has yet to
+  // learn which answer, and a worker at a generation the status does not know must be seen
+  // before anything is decided. A drain, a recovery's survivors and buddy copies read them.
+  // While one of those is out, the pass decides nothing (Observe returns none) and the
+  // answer's arrival runs the next; that one decides on answers at most a status timeout old.
+  // The others — pods of a generation still starting, silent ones that are no member — are
+  // asked too, and what they said is read by whichever pass comes next.
   RefreshTls(connections, o);
   const std::string token = TokenOf(o.namespace_, o.name);
   // And follow each one's pushed status from now on (StatusFeed): its changes wake the job.
@@ -747,24 +803,13 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
   followed.clear();
   const std::string key = Key(o.namespace_, o.name);
   const auto steady_now = std::chrono::steady_clock::now();
-  struct Answer {
-    std::string pod;
-    std::chrono::steady_clock::time_point asked;
-    std::optional<StatusOr<pb::WorkerStatus>> ready;
-    std::future<StatusOr<pb::WorkerStatus>> waited;
-  };
-  std::vector<Answer> answers;
-  std::set<std::string> running;
   const std::set<std::string> members(o.status.members.begin(), o.status.members.end());
   const bool first_pass = !connections.observed;
-  connections.observed = true;
-  // The workers whose open stream delivered a status: each one's client and newest push.
-  std::map<std::string,
-           std::pair<std::shared_ptr<worker::WorkerApi>, std::shared_ptr<const pb::WorkerStatus>>>
-      pushing;
+  // The running workers' clients, and the newest status each one's open stream pushed.
+  std::map<std::string, std::shared_ptr<worker::WorkerApi>> running;
+  std::map<std::string, std::shared_ptr<const pb::WorkerStatus>> pushing;
   for (const PodView& p : o.pods) {
     if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
-    running.insert(p.name);
     std::shared_ptr<worker::WorkerApi> c =
         ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
     if (!c) {  // its TLS Secret is unusable: no call is made
@@ -772,65 +817,10 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
       connections.unreachable_error[p.name] = connections.tls_unusable;
       continue;
     }
+    running[p.name] = c;
     if (!p.deleting) followed[p.name] = c;
-    // A worker that pushes (its open stream delivered): decided below.
-    if (std::shared_ptr<const pb::WorkerStatus> pushed =
-            feed_.Latest(key, p.name, c, options_.status_timeout)) {
-      pushing[p.name] = {c, std::move(pushed)};
-      continue;
-    }
-    bool failed = false;  // its answer, read now, is a failure
-    if (auto a = connections.asking.find(p.name); a != connections.asking.end()) {
-      std::lock_guard<std::mutex> lock(a->second->mu);
-      if (!a->second->answer) continue;  // still asking
-      failed = !a->second->answer->ok();
-      answers.push_back({p.name, a->second->asked, std::move(a->second->answer), {}});
-      connections.asking.erase(a);
-      // After a failure the worker is asked again, so that its coming back wakes the job.
-      if (!failed) continue;
-    }
-    const bool silent = failed || connections.unreachable_since.count(p.name);
-    const bool wait =
-        first_pass || members.count(p.name) || (connections.answered.count(p.name) && !silent);
-    if (wait) {
-      answers.push_back(
-          {p.name, steady_now, std::nullopt, status_calls_.Submit([c] { return c->GetStatus(); })});
-      continue;
-    }
-    auto ask = std::make_shared<WorkerConnections::Ask>();
-    ask->asked = steady_now;
-    connections.asking[p.name] = ask;
-    const bool wake_on_failure = !silent;
-    background_asks_.Submit([this, c, ask, key, wake_on_failure] {
-      StatusOr<pb::WorkerStatus> answer = c->GetStatus();
-      const bool wake = answer.ok() || wake_on_failure;
-      {
-        std::lock_guard<std::mutex> lock(ask->mu);
-        ask->answer = std::move(answer);
-      }
-      if (wake) queue_.Add(key);
-    });
-  }
-  // What the workers pushed stands for their answers only while the generation trains
-  // undisturbed: every member pushes, Running, at the status's generation, and no rescale or
-  // recovery is under way. Otherwise each of them is asked too: a push's figures may be up to
-  // min_interval old, and a recovery from the survivors' memory must know exactly the step of
-  // each buddy copy they hold (OperatorTest.KillNineOfAWorker… resumed from the store when a
-  // pass took a survivor's pushed copies for its current ones).
-  bool undisturbed = !members.empty() && !o.status.rescale;
-  for (const std::string& m : members) {
-    auto it = pushing.find(m);
-    undisturbed = undisturbed && it != pushing.end() && it->second.second->phase() == pb::RUNNING &&
-                  it->second.second->generation() == o.status.generation;
-  }
-  for (auto& [pod, pushed] : pushing) {
-    connections.asking.erase(pod);
-    std::shared_ptr<worker::WorkerApi> c = pushed.first;
-    if (undisturbed)
-      answers.push_back({pod, steady_now, StatusOr<pb::WorkerStatus>(*pushed.second), {}});
-    else
-      answers.push_back(
-          {pod, steady_now, std::nullopt, status_calls_.Submit([c] { return c->GetStatus(); })});
+    if (auto pushed = feed_.Latest(key, p.name, c, options_.status_timeout))
+      pushing[p.name] = std::move(pushed);
   }
   std::erase_if(connections.asking, [&](const auto& a) { return !running.count(a.first); });
   if (const std::string& rank0 = connections.quiet_pod; !rank0.empty() && followed.count(rank0)) {
@@ -841,12 +831,116 @@ Observed TrainingJobController::Observe(const json& job, WorkerConnections& conn
     feed_.Follow(key, followed);
     o.pushed = feed_.Pushed(key, o.status.members);
   }
+  // What the workers pushed stands for their answers only while the generation trains
+  // undisturbed: every member pushes, Running, at the status's generation, and no rescale or
+  // recovery is under way. Otherwise each of them is asked too: a push's figures may be up to
+  // min_interval old, and a recovery from the survivors' memory must know exactly the step of
+  // each buddy copy they hold (OperatorTest.KillNineOfAWorker… resumed from the store when a
+  // pass took a survivor's pushed copies for its current ones).
+  bool undisturbed = !members.empty() && !o.status.rescale;
+  for (const std::string& m : members) {
+    auto it = pushing.find(m);
+    undisturbed = undisturbed && it != pushing.end() && it->second->phase() == pb::RUNNING &&
+                  it->second->generation() == o.status.generation;
+  }
+  // Starts an ask; `needed`: a decision waits for it (on its own pool: a silent worker's 3 s
+  // never delays it). An answer wakes the job; a failure too where `wake_on_failure`, which a
+  // pass waiting for it sets (a silent worker's repeated silence wakes nobody otherwise).
+  auto ask = [&](const std::string& pod, const std::shared_ptr<worker::WorkerApi>& c, bool needed,
+                 bool wake_on_failure, const std::shared_ptr<WorkerConnections::Awaited>& awaited) {
+    auto a = std::make_shared<WorkerConnections::Ask>();
+    a->asked = steady_now;
+    a->wake_on_failure = wake_on_failure;
+    if (awaited) {
+      ++awaited->pending;
+      a->awaited = awaited;
+    }
+    connections.asking[pod] = a;
+    (needed ? status_calls_ : background_asks_).Submit([this, c, a, key] {
+      StatusOr<pb::WorkerStatus> answer = c->GetStatus();
+      const bool ok = answer.ok();
+      bool wake;
+      std::shared_ptr<WorkerConnections::Awaited> awaited;
+      {
+        std::lock_guard<std::mutex> lock(a->mu);
+        a->answer = std::move(answer);
+        a->answered = std::chrono::steady_clock::now();
+        awaited = std::move(a->awaited);
+        wake = ok || a->wake_on_failure;
+      }
+      if (awaited) wake = --awaited->pending == 0;
+      if (wake) queue_.Add(key);
+    });
+  };
+  // Which workers' answers this pass has, which it waits for, which it asks for now.
+  struct Answer {
+    std::string pod;
+    std::chrono::steady_clock::time_point asked;
+    StatusOr<pb::WorkerStatus> status;
+  };
+  std::vector<Answer> answers;
+  std::vector<std::string> consumed;                 // the asks whose answer this pass reads
+  std::vector<std::pair<std::string, bool>> to_ask;  // pod, needed
+  bool awaiting = false;
+  auto awaited = std::make_shared<WorkerConnections::Awaited>();
+  for (const auto& [pod, c] : running) {
+    if (undisturbed && pushing.count(pod)) {
+      connections.asking.erase(pod);
+      answers.push_back({pod, steady_now, StatusOr<pb::WorkerStatus>(*pushing.at(pod))});
+      continue;
+    }
+    const bool silent = connections.unreachable_since.count(pod) > 0;
+    const bool needed = first_pass || members.count(pod) || pushing.count(pod) ||
+                        (connections.answered.count(pod) && !silent);
+    if (auto it = connections.asking.find(pod); it != connections.asking.end()) {
+      WorkerConnections::Ask& a = *it->second;
+      std::lock_guard<std::mutex> lock(a.mu);
+      if (!a.answer) {  // still asking
+        if (needed) {   // this pass's to wait for now
+          ++awaited->pending;
+          a.awaited = awaited;
+          awaiting = true;
+        }
+        continue;
+      }
+      // An answer a decision needs is read only while fresh; an older one is asked again.
+      if (!needed || steady_now - a.answered <= 2 * options_.status_timeout) {
+        consumed.push_back(pod);
+        continue;
+      }
+    }
+    to_ask.emplace_back(pod, needed);
+    awaiting = awaiting || needed;
+  }
+  if (awaiting) {
+    for (const auto& [pod, needed] : to_ask)
+      ask(pod, running.at(pod), needed, !connections.unreachable_since.count(pod),
+          needed ? awaited : nullptr);
+    if (--awaited->pending == 0) queue_.Add(key);  // every one ended already
+    return std::nullopt;                           // the last answer wakes the job
+  }
+  connections.observed = true;
+  for (const std::string& pod : consumed) {
+    std::shared_ptr<WorkerConnections::Ask> a = connections.asking.at(pod);
+    connections.asking.erase(pod);
+    std::lock_guard<std::mutex> lock(a->mu);
+    answers.push_back({pod, a->asked, std::move(*a->answer)});
+    // After a failure the worker is asked again, so that its coming back wakes the job.
+    if (!answers.back().status.ok()) to_ask.emplace_back(pod, false);
+  }
+  for (const auto& [pod, needed] : to_ask) {
+    // A silent worker's answer wakes the job; its silence again does not (it is counted).
+    const bool silent = connections.unreachable_since.count(pod) ||
+                        std::any_of(answers.begin(), answers.end(), [&](const Answer& a) {
+                          return a.pod == pod && !a.status.ok();
+                        });
+    ask(pod, running.at(pod), needed, !silent, nullptr);
+  }
   o.now = Clock::now();
   for (Answer& answer : answers) {
     const std::string& pod = answer.pod;
-    StatusOr<pb::WorkerStatus> asked =
-        answer.ready ? std::move(*answer.ready) : answer.waited.get();
-    StatusOr<WorkerReport> s = asked.ok() ? ReportOf(*asked) : asked.status();
+    StatusOr<WorkerReport> s =
+        answer.status.ok() ? ReportOf(*answer.status) : answer.status.status();
     if (s.ok()) {
       o.reports[pod] = std::move(*s);
       auto& unreachable = connections.unreachable_since;
@@ -925,11 +1019,23 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
   auto client_for = [&](const std::string& pod, const std::string& ip) {
     return ClientFor(connections, pod, ip, token, options_.status_timeout);
   };
-  auto create = [&](kube::Resource r, const json& object) -> Status {
-    TIDAL_ASSIGN_OR_RETURN(auto request, kube::CreateRequest(r, o.namespace_, object));
-    auto made = client_.Call(request);
-    if (made.ok() || made.status().code() == StatusCode::kAlreadyExists) return OkStatus();
-    return made.status();
+  // The plan's API writes, in its order: run after this pass, on api_writes_ (below).
+  struct Write {
+    Action::Kind kind;
+    std::function<Status()> call;
+  };
+  std::vector<Write> writes;
+  auto create = [this, ns = o.namespace_](kube::Resource r, json object) {
+    return [this, ns, r, object = std::move(object)]() -> Status {
+      TIDAL_ASSIGN_OR_RETURN(auto request, kube::CreateRequest(r, ns, object));
+      auto made = client_.Call(request);
+      if (made.ok() || made.status().code() == StatusCode::kAlreadyExists) return OkStatus();
+      return made.status().WithContext("creating " + r.plural + "/" +
+                                       object["metadata"].value("name", std::string()));
+    };
+  };
+  auto call = [this](kube::Request request) {
+    return [this, request = std::move(request)] { return client_.Call(request).status(); };
   };
   auto pod_ip = [&](const std::string& name) -> std::string {
     for (const PodView& p : o.pods)
@@ -950,7 +1056,26 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           if (wake) queue_.Add(job_key);
         });
   };
+  // The API writes of an earlier plan: while they run, this pass writes nothing (their end
+  // wakes the job, whose next pass decides again on what they made). One that failed fails
+  // this pass if it writes too, as it would have failed the pass that planned it (an Event and
+  // Ready=False for an error a retry would meet again; a retry with backoff); a plan that
+  // writes nothing any more (the pods came, the job was suspended) leaves it behind.
+  bool writing = false;
+  if (std::shared_ptr<WorkerConnections::Writes> w = connections.writing) {
+    std::optional<Status> result;
+    {
+      std::lock_guard<std::mutex> lock(w->mu);
+      result = w->result;
+    }
+    writing = !result;
+    if (result) connections.writing.reset();
+    const bool writes_again = std::any_of(plan.actions.begin(), plan.actions.end(),
+                                          [](const Action& a) { return IsApiWrite(a.kind); });
+    if (result && !result->ok() && writes_again) return *result;
+  }
   for (const Action& a : plan.actions) {
+    if (writing && IsApiWrite(a.kind)) continue;
     Status done = OkStatus();
     // The pod's worker client; nullptr when the pod has no IP yet, or (recorded in `done`)
     // when its TLS Secret is unusable.
@@ -973,29 +1098,32 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
                               {"resourceVersion", job["metadata"].value("resourceVersion", "")}}}};
         TIDAL_ASSIGN_OR_RETURN(auto request, kube::MergePatchRequest(kube::Resource::TrainingJobs(),
                                                                      o.namespace_, o.name, patch));
-        done = client_.Call(request).status();
+        writes.push_back({a.kind, call(std::move(request))});
         break;
       }
       case Action::Kind::kEnsureService:
-        done = create(kube::Resource::Services(), HeadlessService(ref));
+        writes.push_back({a.kind, create(kube::Resource::Services(), HeadlessService(ref))});
         break;
       case Action::Kind::kEnsureTokenSecret: {
         TIDAL_ASSIGN_OR_RETURN(std::string fresh, NewToken());
-        done = create(kube::Resource::Secrets(), TokenSecret(ref, fresh));
+        writes.push_back({a.kind, create(kube::Resource::Secrets(), TokenSecret(ref, fresh))});
         break;
       }
       case Action::Kind::kEnsureSpecConfig:
-        done = create(kube::Resource::ConfigMaps(), SpecConfigMap(ref, o.raw_spec));
+        writes.push_back(
+            {a.kind, create(kube::Resource::ConfigMaps(), SpecConfigMap(ref, o.raw_spec))});
         break;
       case Action::Kind::kUpdateSpecConfig: {
-        const json config = SpecConfigMap(ref, o.raw_spec);
+        json config = SpecConfigMap(ref, o.raw_spec);
         TIDAL_ASSIGN_OR_RETURN(
             auto request,
             kube::MergePatchRequest(kube::Resource::ConfigMaps(), o.namespace_,
                                     SpecConfigMapName(o.name), {{"data", config["data"]}}));
-        done = client_.Call(request).status();
-        if (done.code() == StatusCode::kNotFound)
-          done = create(kube::Resource::ConfigMaps(), config);
+        writes.push_back({a.kind, [patch = call(std::move(request)),
+                                   make = create(kube::Resource::ConfigMaps(), config)] {
+                            Status patched = patch();
+                            return patched.code() == StatusCode::kNotFound ? make() : patched;
+                          }});
         break;
       }
       case Action::Kind::kCreatePods: {
@@ -1008,31 +1136,33 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
               options_.default_checkpoint_root + "/" + o.namespace_ + "/" + o.name;
         if (plan.status.data && plan.status.data->phase == "Ready")
           w.dataset_store = plan.status.data->store_uri;
-        // All pods of the step in one pass (one gang). The first alone: a pod the server
-        // refuses (quota, admission, a bad field) is refused once, not once per slot. The rest
-        // side by side, as the Job controller's slow start does, so a 10-pod gang costs about
-        // two round trips of the pass, not ten.
         std::vector<json> pods;
         for (int slot : a.slots) {
           w.slot = slot;
           pods.push_back(WorkerPod(ref, *o.spec, w));
         }
         if (pods.empty()) break;
-        done = create(kube::Resource::Pods(), pods[0]);
-        if (!done.ok()) break;
-        std::vector<std::future<Status>> rest;
-        for (size_t i = 1; i < pods.size(); ++i)
-          rest.push_back(std::async(std::launch::async, [&create, &pod = pods[i]] {
-            return create(kube::Resource::Pods(), pod);
-          }));
-        for (auto& f : rest)
-          if (Status made = f.get(); !made.ok()) done = made;
+        // All pods of the step at once (one gang). The first alone: a pod the server refuses
+        // (quota, admission, a bad field) is refused once, not once per slot. The rest side by
+        // side, as the Job controller's slow start does: a 10-pod gang costs two round trips.
+        std::vector<std::function<Status()>> each;
+        for (json& pod : pods) each.push_back(create(kube::Resource::Pods(), std::move(pod)));
+        writes.push_back({a.kind, [each = std::move(each)] {
+                            Status made = each[0]();
+                            if (!made.ok()) return made;
+                            std::vector<std::future<Status>> rest;
+                            for (size_t i = 1; i < each.size(); ++i)
+                              rest.push_back(std::async(std::launch::async, each[i]));
+                            for (auto& f : rest)
+                              if (Status s = f.get(); !s.ok()) made = s;
+                            return made;
+                          }});
         break;
       }
       case Action::Kind::kCreatePrepPod:
         if (!o.spec.ok() || !plan.status.data) break;
-        done = create(kube::Resource::Pods(),
-                      PrepPod(ref, *o.spec, a.pods.at(0), plan.status.data->key));
+        writes.push_back({a.kind, create(kube::Resource::Pods(), PrepPod(ref, *o.spec, a.pods.at(0),
+                                                                         plan.status.data->key))});
         break;
       case Action::Kind::kDeletePods:
       case Action::Kind::kForceDeletePods:
@@ -1041,9 +1171,10 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           if (a.kind == Action::Kind::kForceDeletePods) options.grace_period_seconds = 0;
           TIDAL_ASSIGN_OR_RETURN(auto request, kube::DeleteRequest(kube::Resource::Pods(),
                                                                    o.namespace_, pod, options));
-          auto deleted = client_.Call(request);
-          if (!deleted.ok() && deleted.status().code() != StatusCode::kNotFound)
-            done = deleted.status();
+          writes.push_back({a.kind, [delete_pod = call(std::move(request))] {
+                              Status deleted = delete_pod();
+                              return deleted.code() == StatusCode::kNotFound ? OkStatus() : deleted;
+                            }});
           connections.clients.erase(pod);
           connections.answered.erase(pod);
           connections.unreachable_since.erase(pod);
@@ -1147,6 +1278,28 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
       return done.WithContext(ActionKindName(a.kind));
     }
   }
+  if (writes.empty()) return OkStatus();
+  // In order, the first failure ending them, on api_writes_: a slow API server holds no
+  // reconcile (creating a job's pods and updating its spec's ConfigMap were most of the slow
+  // start-up passes at 200 jobs). Their end wakes the job.
+  auto batch = std::make_shared<WorkerConnections::Writes>();
+  connections.writing = batch;
+  api_writes_.Submit([this, batch, job_key, writes = std::move(writes)] {
+    Status result = OkStatus();
+    for (const Write& w : writes) {
+      if (Status s = w.call(); !s.ok()) {
+        LogWarn("action failed",
+                {{"job", job_key}, {"action", ActionKindName(w.kind)}, {"error", s.ToString()}});
+        result = s.WithContext(ActionKindName(w.kind));
+        break;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(batch->mu);
+      batch->result = result;
+    }
+    queue_.Add(job_key);
+  });
   return OkStatus();
 }
 

@@ -65,15 +65,17 @@ class TrainingJobController {
   Status Start(std::chrono::milliseconds sync_timeout = std::chrono::seconds(30));
   void Stop();
   // One pass over "namespace/name" (what the worker runs; public for tests).
-  Status Reconcile(const std::string& key);
+  // `awaiting`, where given: set when the pass only asked the workers (Observe returned none).
+  Status Reconcile(const std::string& key, bool* awaiting = nullptr);
   // Reconcile, with anything it throws confined to the job; an exception or an error a retry
   // would meet again gives the job an Event and Ready=False (ReconcileError), and the operator
   // goes on with the others.
-  Status ReconcileIsolated(const std::string& key);
+  Status ReconcileIsolated(const std::string& key, bool* awaiting = nullptr);
 
  private:
   void MarkReconcileFailed(const std::string& key, const Status& error);
-  Observed Observe(const nlohmann::json& job, WorkerConnections& connections);
+  // None while answers a decision needs are still out (their arrival wakes the job).
+  std::optional<Observed> Observe(const nlohmann::json& job, WorkerConnections& connections);
   // The job as written (or unchanged when its status already matched).
   // `pushed`: the workers push their figures (Observed::pushed), which the patcher writes.
   StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan,
@@ -161,10 +163,15 @@ class TrainingJobController {
     std::string quiet_pod;
     // This pass's running workers, each with its client (Observe fills, FollowWorkers empties).
     std::map<std::string, std::shared_ptr<worker::WorkerApi>> followable;
-    // GetStatus asks no pass waits for (Observe), by pod: the answer, once it came, is read by
-    // the next pass.
+    // The workers' GetStatus asks (Observe), by pod: the answer, once it came, is read by a
+    // later pass; those a pass waits for (Awaited) wake the job when the last one ends.
     struct Ask;
+    struct Awaited;
     std::map<std::string, std::shared_ptr<Ask>> asking;
+    // The API writes a pass started (Execute), on api_writes_: one plan's at a time; their end
+    // wakes the job, whose next pass reads a failure.
+    struct Writes;
+    std::shared_ptr<Writes> writing;
     bool observed = false;  // a pass of this operator has observed the job
   };
   // After a pass: follows rank 0 alone (and lets the other clients go) when `plan` finds the
@@ -194,14 +201,18 @@ class TrainingJobController {
   int64_t held_total_ = 0;
   std::mutex connections_mu_;
   std::map<std::string, std::unique_ptr<WorkerConnections>> connections_;  // by job key
-  // GetStatus calls to workers, all of a job's at once (a thread per call was most of the
-  // operator's CPU at 2,000 pods).
+  // The GetStatus asks a decision needs, all of a job's at once (a thread per call was most of
+  // the operator's CPU at 2,000 pods); no pass waits on them.
   // Declared last: destroyed (its threads joined) before the clients its calls use.
   ThreadPool status_calls_{32};
-  // The GetStatus asks no pass waits for (workers starting or silent): apart, so that a silent
-  // worker's 3 s never delays a waited ask; what is still queued at shutdown is dropped.
+  // The GetStatus asks no decision needs (workers starting or silent): apart, so that a silent
+  // worker's 3 s never delays a needed ask; what is still queued at shutdown is dropped.
   ThreadPool background_asks_{8, /*finish_queued=*/false};
   ThreadPool patch_calls_{4};  // the patcher's status writes
+  // The API writes of a plan (children, pods, finalizers), in its order: here, never on a
+  // reconcile worker, so that a slow API server holds no reconcile. What is still queued at
+  // shutdown is dropped: the next leader's pass decides it again.
+  ThreadPool api_writes_{4, /*finish_queued=*/false};
   // The worker calls a plan makes — Checkpoint barriers (up to barrier_timeout), Rendezvous,
   // PrepareEngine, Resume, Shutdown — run here, never on a reconcile worker: a slow worker
   // holds no reconcile. One call per (pod, what it asks) at a time; its end wakes the job, whose

@@ -11,7 +11,7 @@ OperatorMetrics::OperatorMetrics()
           prometheus::BuildHistogram()
               .Name("tidal_operator_reconcile_duration_seconds")
               .Help("Time of one reconcile pass of one TrainingJob, in seconds, by result "
-                    "(ok, error).")
+                    "(ok, error, awaiting: asked the workers, decided nothing yet).")
               .Register(*registry_)),
       queue_depth_(prometheus::BuildGauge()
                        .Name("tidal_operator_workqueue_depth")
@@ -83,6 +83,7 @@ OperatorMetrics::OperatorMetrics()
   const auto pass = metrics::ExponentialBuckets(0.001, 1.5, 26);
   reconcile_ok_ = &reconcile_duration_.Add({{"result", "ok"}}, pass);
   reconcile_error_ = &reconcile_duration_.Add({{"result", "error"}}, pass);
+  reconcile_awaiting_ = &reconcile_duration_.Add({{"result", "awaiting"}}, pass);
   const auto rescale = metrics::ExponentialBuckets(0.5, 2, 14);
   for (const char* kind : {"start", "resume", "scale_up", "scale_down", "drain", "recovery"})
     rescale_by_kind_[kind] = &rescale_duration_.Add({{"kind", kind}}, rescale);
@@ -90,8 +91,18 @@ OperatorMetrics::OperatorMetrics()
   RecountPhases();
 }
 
-void OperatorMetrics::ObserveReconcile(double seconds, bool ok) {
-  (ok ? reconcile_ok_ : reconcile_error_)->Observe(seconds);
+void OperatorMetrics::ObserveReconcile(double seconds, PassResult result) {
+  switch (result) {
+    case PassResult::kOk:
+      reconcile_ok_->Observe(seconds);
+      break;
+    case PassResult::kError:
+      reconcile_error_->Observe(seconds);
+      break;
+    case PassResult::kAwaiting:
+      reconcile_awaiting_->Observe(seconds);
+      break;
+  }
 }
 
 void OperatorMetrics::SetQueueDepth(size_t depth) { queue_depth_.Set(static_cast<double>(depth)); }

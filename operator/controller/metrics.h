@@ -24,8 +24,10 @@ class OperatorMetrics {
   OperatorMetrics();
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
-  // One reconcile pass of one job; `ok` false when it returned an error (and was requeued).
-  void ObserveReconcile(double seconds, bool ok);
+  // How a reconcile pass ended: it decided (ok), returned an error (and was requeued), or
+  // started the status asks a decision needs and decided nothing (their answers wake the job).
+  enum class PassResult { kOk, kError, kAwaiting };
+  void ObserveReconcile(double seconds, PassResult result);
   void SetQueueDepth(size_t depth);
   // A job as of its latest reconcile (its status); Forget drops its series.
   struct JobFigures {
@@ -64,6 +66,7 @@ class OperatorMetrics {
   prometheus::Family<prometheus::Histogram>& reconcile_duration_;
   prometheus::Histogram* reconcile_ok_ = nullptr;
   prometheus::Histogram* reconcile_error_ = nullptr;
+  prometheus::Histogram* reconcile_awaiting_ = nullptr;
   prometheus::Gauge& queue_depth_;
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& gpus_desired_;

@@ -503,7 +503,9 @@ TEST_F(OperatorTest, StatusFollowsTheWorkersStepWithinTwoSecondsAndASteadyJobCos
         MetricValue(text, "tidal_operator_reconcile_duration_seconds_count", R"(result="ok")");
     const auto failed =
         MetricValue(text, "tidal_operator_reconcile_duration_seconds_count", R"(result="error")");
-    return ok.value_or(0) + failed.value_or(0);
+    const auto awaiting = MetricValue(text, "tidal_operator_reconcile_duration_seconds_count",
+                                      R"(result="awaiting")");
+    return ok.value_or(0) + failed.value_or(0) + awaiting.value_or(0);
   };
   const double before = reconciles();
   const int64_t step_before = Int("steady", "{.status.step}");

@@ -610,6 +610,46 @@ TEST_F(ControllerLoopTest, AnOperatorRestartedOnASuspendedJobCheckpointsItsWorke
     EXPECT_GE(w->barriers(), 1) << "a worker was removed without the drain's checkpoint";
 }
 
+// A reconcile never waits for a worker's answer. An operator restarted over a running job must
+// hear from every worker before it decides anything, and these do not answer (nor push) until
+// the test lets them: its pass asks and returns, deciding nothing, and the one reconcile worker
+// goes on to another job. The answers, once let go, wake the job, and the pass they run finds
+// it as it was (no recovery from workers it had not heard from).
+TEST_F(ControllerLoopTest, WorkersWhoseAnswersAreHeldHoldNoReconcileAndTheirAnswersRunTheNextPass) {
+  Apply("held", 2);
+  ASSERT_TRUE(WaitStatus("held", [](const json& s) {
+    return Phase(s) == "Running" && Int(s, "generation") == 1;
+  })) << Status("held").dump();
+  const std::vector<std::shared_ptr<FakeWorker>> members = MembersOf("held");
+  ASSERT_EQ(members.size(), 2u) << Status("held").dump();
+  std::vector<int> asked_before;
+  RestartOperator([&] {
+    for (const auto& w : members) {
+      w->HoldStatus(true);
+      asked_before.push_back(w->status_asks());
+    }
+  });
+  ASSERT_TRUE(WaitStatus("held", [&](const json&) {
+    for (size_t i = 0; i < members.size(); ++i)
+      if (members[i]->status_asks() == asked_before[i]) return false;
+    return true;
+  })) << "the restarted operator did not ask both workers";
+  Apply("other", 2);
+  EXPECT_TRUE(WaitStatus("other", [](const json& s) { return Phase(s) == "Running"; }))
+      << "a pass waited for the held answers: " << Status("other").dump();
+  const json held = Status("held");
+  EXPECT_EQ(Phase(held), "Running") << held.dump();
+  EXPECT_EQ(Int(held, "generation"), 1) << "decided on workers it had not heard from";
+  for (const auto& w : members) w->HoldStatus(false);
+  const int64_t step = Int(Status("held"), "step");
+  EXPECT_TRUE(WaitStatus("held",
+                         [&](const json& s) {
+                           return Phase(s) == "Running" && Int(s, "generation") == 1 &&
+                                  Int(s, "step") >= step + 10;
+                         }))
+      << "the answers did not bring the job back under watch: " << Status("held").dump();
+}
+
 // A suspend's checkpoint stays the job's last: rank 0's pushed figures stop at its last training
 // step and periodic checkpoint when it pauses at the drain's barrier, and the patcher, which
 // writes them between reconciles, must not put those back over the newer step and checkpoint

@@ -84,8 +84,9 @@ TEST(OperatorMetrics, ALossAnomalyShowsWhileItsConditionHoldsAndIsCountedOnce) {
 
 TEST(OperatorMetrics, ReconcilesRescalesAndApiErrorsLandInTheirSeries) {
   OperatorMetrics m;
-  m.ObserveReconcile(0.004, true);
-  m.ObserveReconcile(0.5, false);
+  m.ObserveReconcile(0.004, OperatorMetrics::PassResult::kOk);
+  m.ObserveReconcile(0.5, OperatorMetrics::PassResult::kError);
+  m.ObserveReconcile(0.001, OperatorMetrics::PassResult::kAwaiting);
   m.ObserveRescale("scale_up", 7.5);
   m.ObserveRescale("no-such-kind", 1);  // ignored rather than a new series
   m.CountApiError("put", 409);
@@ -96,6 +97,7 @@ TEST(OperatorMetrics, ReconcilesRescalesAndApiErrorsLandInTheirSeries) {
   EXPECT_TRUE(Has(text, R"(tidal_operator_reconcile_duration_seconds_count{result="ok"} 1)"))
       << text;
   EXPECT_TRUE(Has(text, R"(tidal_operator_reconcile_duration_seconds_count{result="error"} 1)"));
+  EXPECT_TRUE(Has(text, R"(tidal_operator_reconcile_duration_seconds_count{result="awaiting"} 1)"));
   EXPECT_TRUE(Has(text, R"(tidal_trainingjob_rescale_duration_seconds_sum{kind="scale_up"} 7.5)"));
   EXPECT_TRUE(Has(text, R"(tidal_trainingjob_rescale_duration_seconds_count{kind="start"} 0)"));
   EXPECT_EQ(text.find("no-such-kind"), std::string::npos);
