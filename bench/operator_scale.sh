@@ -171,29 +171,24 @@ measure() {
     "$(k get pods --no-headers | wc -l)" "$((SECONDS - t0))" "$depth_max" "$rss_max" \
     "$work/$label.lags" "$work/$label.ramp" <<'PY'
 import sys, re
-# A pass that decided (result "ok"); "awaiting": one that only asked the workers (it ends at
-# once, and is counted apart so it does not thin out the quantiles of the passes that decide).
-def buckets(path, result="ok"):
-    out, count = {}, 0.0
+# A histogram's cumulative buckets from a scrape: `series` one of its label pairs.
+def buckets(path, series='result="ok"', name="tidal_operator_reconcile_duration_seconds"):
+    out = {}
     for line in open(path):
-        m = re.match(r'tidal_operator_reconcile_duration_seconds_bucket\{([^}]*)\} (\S+)', line)
-        if not m or f'result="{result}"' not in m.group(1):
+        m = re.match(name + r'_bucket\{([^}]*)\} (\S+)', line)
+        if not m or series not in m.group(1):
             continue
         le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
         out[float("inf") if le == "+Inf" else float(le)] = float(m.group(2))
     return out
-# The window's reconciles (a steady job should cost none), and the quantiles of every reconcile
-# since this phase's jobs went in (their start-up is where the reconciles are).
-b0, b1, ramp = buckets(sys.argv[1]), buckets(sys.argv[2]), buckets(sys.argv[10])
-a0, a1, aramp = (buckets(sys.argv[i], "awaiting") for i in (1, 2, 10))
-bounds = sorted(b1)
-inf = float("inf")
-total = b1[bounds[-1]] - b0.get(bounds[-1], 0) + a1.get(inf, 0) - a0.get(inf, 0)
-awaiting = a1.get(inf, 0) - aramp.get(inf, 0)
-cum = [b1[b] - ramp.get(b, 0) for b in bounds]
-ramp_total = cum[-1]
-def quantile(q):
-    rank, prev_bound, prev = q * ramp_total, 0.0, 0.0
+# A quantile of what a histogram counted between two scrapes (interpolated within buckets, as
+# Prometheus' histogram_quantile does).
+def quantile(q, before, after):
+    bounds = sorted(after)
+    cum = [after[b] - before.get(b, 0) for b in bounds]
+    if not cum or cum[-1] <= 0:
+        return 0.0
+    rank, prev_bound, prev = q * cum[-1], 0.0, 0.0
     for bound, c in zip(bounds, cum):
         if c >= rank:
             if bound == float("inf"):
@@ -201,8 +196,25 @@ def quantile(q):
             return prev_bound + (bound - prev_bound) * (rank - prev) / max(c - prev, 1e-9)
         prev_bound, prev = bound, c
     return bounds[-2]
+# The window's reconciles (a steady job should cost none), and the quantiles of every reconcile
+# since this phase's jobs went in (their start-up is where the reconciles are). A pass that
+# decided (result "ok"); "awaiting": one that only asked the workers (it ends at once, and is
+# counted apart so that it does not thin out the quantiles of the passes that decide).
+b0, b1, ramp = buckets(sys.argv[1]), buckets(sys.argv[2]), buckets(sys.argv[10])
+a0, a1, aramp = (buckets(sys.argv[i], 'result="awaiting"') for i in (1, 2, 10))
+inf = float("inf")
+total = b1.get(inf, 0) - b0.get(inf, 0) + a1.get(inf, 0) - a0.get(inf, 0)
+awaiting = a1.get(inf, 0) - aramp.get(inf, 0)
+ramp_total = b1.get(inf, 0) - ramp.get(inf, 0)
+# What the API server's answers took meanwhile (a pass that writes waits for one): status
+# writes are PUTs, the patcher's figures PATCHes, creations POSTs.
+api = {}
+for verb in ("put", "patch", "post"):
+    name = "tidal_operator_api_request_duration_seconds"
+    before, after = buckets(sys.argv[10], f'verb="{verb}"', name), buckets(sys.argv[2], f'verb="{verb}"', name)
+    api[verb] = (quantile(0.5, before, after), quantile(0.99, before, after))
 label, njobs, pods, secs, depth, rss = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
-p50, p99 = (quantile(0.5), quantile(0.99)) if ramp_total > 0 else (0.0, 0.0)
+p50, p99 = quantile(0.5, ramp, b1), quantile(0.99, ramp, b1)
 rate = total / secs / njobs
 lags, gets = [], []
 try:
@@ -221,7 +233,8 @@ print(f"{label:<9} {njobs:>5} jobs {pods:>5} pods: reconcile p50 {p50*1000:7.1f}
       f"asked the workers); steady: {int(total)} in {secs:.0f} s, "
       f"{rate:5.3f} reconciles/job/s  queue depth <= {depth:4d}  "
       f"RSS {rss/1024:6.1f} MiB  status lag p50 {lag50:.2f} s p99 {lag99:.2f} s "
-      f"({len(lags)} samples; a `kubectl get tj` took up to {max(gets or [0]):.2f} s)")
+      f"({len(lags)} samples; a `kubectl get tj` took up to {max(gets or [0]):.2f} s); "
+      "API answers p50/p99: " + ", ".join(f"{v} {a[0]*1000:.1f}/{a[1]*1000:.1f} ms" for v, a in api.items()))
 with open(f"{sys.argv[1]}.result", "w") as f:
     f.write(f"{p50} {p99} {rate} {rss}\n")
 PY

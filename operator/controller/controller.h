@@ -204,7 +204,7 @@ class TrainingJobController {
   // The GetStatus asks a decision needs, all of a job's at once (a thread per call was most of
   // the operator's CPU at 2,000 pods); no pass waits on them.
   // Declared last: destroyed (its threads joined) before the clients its calls use.
-  ThreadPool status_calls_{32};
+  ThreadPool status_calls_{16};
   // The GetStatus asks no decision needs (workers starting or silent): apart, so that a silent
   // worker's 3 s never delays a needed ask; what is still queued at shutdown is dropped.
   ThreadPool background_asks_{8, /*finish_queued=*/false};

@@ -85,15 +85,17 @@ StatusOr<std::unique_ptr<Manager>> Manager::Start(ManagerOptions options) {
     LogInfo("serving /metrics", {{"port", state->endpoint->port()}});
   }
   TIDAL_ASSIGN_OR_RETURN(state->client, kube::KubeClient::Create(state->options.connection));
-  // Failed API requests, for tidal_operator_api_errors_total. A 404 is an answer the
-  // controller asks for (does it exist yet?), not a failure.
-  state->client->set_observer(
-      [metrics = &state->metrics](const kube::Request& request, bool watch, int code) {
-        if (code != 0 && (code < 400 || code == 404)) return;
-        std::string verb = watch ? "watch" : request.method;
-        for (char& c : verb) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        metrics->CountApiError(verb, code);
-      });
+  // Every request's time (tidal_operator_api_request_duration_seconds; not a watch's, which
+  // lasts as long as it is open), and the failed ones (tidal_operator_api_errors_total). A 404
+  // is an answer the controller asks for (does it exist yet?), not a failure.
+  state->client->set_observer([metrics = &state->metrics](const kube::Request& request, bool watch,
+                                                          int code, double seconds) {
+    std::string verb = watch ? "watch" : request.method;
+    for (char& c : verb) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (!watch) metrics->ObserveApiRequest(verb, seconds);
+    if (code != 0 && (code < 400 || code == 404)) return;
+    metrics->CountApiError(verb, code);
+  });
   if (state->options.install_crd) TIDAL_RETURN_IF_ERROR(InstallCrd(*state->client));
   std::string identity = state->options.identity;
   if (identity.empty()) {

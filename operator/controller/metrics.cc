@@ -71,6 +71,11 @@ OperatorMetrics::OperatorMetrics()
                       .Help("Kubernetes API requests of the operator that failed, by verb "
                             "and HTTP status code (0: no answer).")
                       .Register(*registry_)),
+      api_duration_(prometheus::BuildHistogram()
+                        .Name("tidal_operator_api_request_duration_seconds")
+                        .Help("Time of the operator's Kubernetes API requests, from sending one "
+                              "to its answer, in seconds, by verb (watches not counted).")
+                        .Register(*registry_)),
       leader_(prometheus::BuildGauge()
                   .Name("tidal_operator_leader")
                   .Help("1 while this operator process holds the leader lease and "
@@ -190,6 +195,18 @@ void OperatorMetrics::ObserveRescale(const std::string& kind, double seconds) {
 
 void OperatorMetrics::CountRestart(const std::string& ns, const std::string& name) {
   restarts_.Add({{"namespace", ns}, {"trainingjob", name}}).Increment();
+}
+
+void OperatorMetrics::ObserveApiRequest(const std::string& verb, double seconds) {
+  prometheus::Histogram* h;
+  {
+    std::lock_guard<std::mutex> lock(api_mu_);
+    prometheus::Histogram*& known = api_by_verb_[verb];
+    if (!known)
+      known = &api_duration_.Add({{"verb", verb}}, metrics::ExponentialBuckets(0.001, 1.5, 26));
+    h = known;
+  }
+  h->Observe(seconds);
 }
 
 void OperatorMetrics::CountApiError(const std::string& verb, int code) {

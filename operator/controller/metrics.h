@@ -47,6 +47,8 @@ class OperatorMetrics {
   void CountRestart(const std::string& ns, const std::string& name);
   // A Kubernetes API request that failed: its HTTP status, or 0 when none came back.
   void CountApiError(const std::string& verb, int code);
+  // A Kubernetes API request's time from sending it to its answer, by verb (get, post, ...).
+  void ObserveApiRequest(const std::string& verb, double seconds);
   void SetLeader(bool leading);
 
  private:
@@ -80,6 +82,9 @@ class OperatorMetrics {
   std::map<std::string, prometheus::Histogram*> rescale_by_kind_;
   prometheus::Family<prometheus::Counter>& restarts_;
   prometheus::Family<prometheus::Counter>& api_errors_;
+  prometheus::Family<prometheus::Histogram>& api_duration_;
+  std::mutex api_mu_;
+  std::map<std::string, prometheus::Histogram*> api_by_verb_;  // guarded by api_mu_
   prometheus::Gauge& leader_;
 
   std::mutex mu_;

@@ -32,8 +32,9 @@ http::Request KubeClient::ToHttp(const Request& request) const {
 }
 
 StatusOr<ApiResponse> KubeClient::Send(const Request& request) {
+  const auto start = std::chrono::steady_clock::now();
   StatusOr<http::Response> sent = http_->Send(ToHttp(request));
-  Observe(request, /*watch=*/false, sent.ok() ? sent->status : 0);
+  Observe(request, /*watch=*/false, sent.ok() ? sent->status : 0, start);
   TIDAL_ASSIGN_OR_RETURN(http::Response response, std::move(sent));
   ApiResponse out;
   out.code = response.status;
@@ -50,8 +51,9 @@ StatusOr<nlohmann::json> KubeClient::Call(const Request& request) {
 
 StatusOr<std::unique_ptr<WatchStream>> KubeClient::Watch(const Request& request,
                                                          std::chrono::milliseconds idle_timeout) {
+  const auto start = std::chrono::steady_clock::now();
   auto opened = http_->Stream(ToHttp(request), idle_timeout);
-  Observe(request, /*watch=*/true, opened.ok() ? (*opened)->head().status : 0);
+  Observe(request, /*watch=*/true, opened.ok() ? (*opened)->head().status : 0, start);
   TIDAL_ASSIGN_OR_RETURN(auto stream, std::move(opened));
   if (stream->head().status / 100 != 2) {
     ApiResponse response;

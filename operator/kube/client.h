@@ -56,9 +56,11 @@ class KubeClient {
   StatusOr<std::unique_ptr<WatchStream>> Watch(const Request& request,
                                                std::chrono::milliseconds idle_timeout);
 
-  // Told of every request's outcome: the HTTP status, or 0 when no answer came (metrics). Set
-  // it before the client is shared; it is called from whichever thread sent the request.
-  using Observer = std::function<void(const Request& request, bool watch, int code)>;
+  // Told of every request's outcome: the HTTP status, or 0 when no answer came, and how long
+  // the answer took (a watch's: to open). Set it before the client is shared; it is called
+  // from whichever thread sent the request.
+  using Observer =
+      std::function<void(const Request& request, bool watch, int code, double seconds)>;
   void set_observer(Observer observer) { observer_ = std::move(observer); }
 
  private:
@@ -66,8 +68,11 @@ class KubeClient {
       : connection_(std::move(connection)), http_(std::move(http)) {}
   http::Request ToHttp(const Request& request) const;
 
-  void Observe(const Request& request, bool watch, int code) const {
-    if (observer_) observer_(request, watch, code);
+  void Observe(const Request& request, bool watch, int code,
+               std::chrono::steady_clock::time_point sent) const {
+    if (observer_)
+      observer_(request, watch, code,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count());
   }
 
   Connection connection_;

@@ -89,15 +89,16 @@ Status ValidateEvent(const EventRecord& r) {
 }
 
 template <typename V>
-V* EventCorrelator::Lru<V>::Find(const std::string& key) {
-  auto it = at_.find(key);
+V* EventCorrelator::Lru<V>::Find(const std::string& text) {
+  auto it = at_.find(HashOf(text));
   if (it == at_.end()) return nullptr;
   items_.splice(items_.begin(), items_, it->second);  // now the most recent
   return &it->second->second;
 }
 
 template <typename V>
-V& EventCorrelator::Lru<V>::Put(const std::string& key, V value) {
+V& EventCorrelator::Lru<V>::Put(const std::string& text, V value) {
+  const uint64_t key = HashOf(text);
   auto it = at_.find(key);
   if (it != at_.end()) {
     items_.erase(it->second);
@@ -162,7 +163,7 @@ CorrelatedEvent EventCorrelator::Correlate(const EventRecord& r) {
   if (!similar || r.seen - similar->last_seen > options_.window)
     similar = &similar_.Put(aggregate_key, Similar{{}, r.seen});
   similar->last_seen = r.seen;
-  similar->dedup_keys.insert(dedup_key);
+  similar->dedup_keys.insert(HashOf(dedup_key));
   if (options_.aggregate_max_events > 0 &&
       similar->dedup_keys.size() >= static_cast<size_t>(options_.aggregate_max_events)) {
     similar->dedup_keys.erase(similar->dedup_keys.begin());  // stay bounded, as client-go

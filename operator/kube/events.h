@@ -97,6 +97,10 @@ class EventCorrelator {
   std::string SpamKey(const EventRecord& record) const;
 
  private:
+  // Keys are kept as 64-bit hashes of the key strings (a key names the object, reason, source
+  // and message: hundreds of bytes, held twice, for each of up to 3 × 4,096 entries). Two keys
+  // that collide would count as one Event; at 2^-64 a pair, that is never in practice.
+  static uint64_t HashOf(const std::string& key) { return std::hash<std::string>{}(key); }
   template <typename V>
   class Lru {
    public:
@@ -106,8 +110,8 @@ class EventCorrelator {
 
    private:
     size_t capacity_;
-    std::list<std::pair<std::string, V>> items_;  // most recent first
-    std::unordered_map<std::string, typename std::list<std::pair<std::string, V>>::iterator> at_;
+    std::list<std::pair<uint64_t, V>> items_;  // most recent first
+    std::unordered_map<uint64_t, typename std::list<std::pair<uint64_t, V>>::iterator> at_;
   };
   struct Posted {  // an Event this correlator created
     std::string name;
@@ -116,7 +120,7 @@ class EventCorrelator {
     Clock::TimePoint last_seen;
   };
   struct Similar {
-    std::unordered_set<std::string> dedup_keys;
+    std::unordered_set<uint64_t> dedup_keys;  // HashOf
     Clock::TimePoint last_seen;
   };
   struct Bucket {

@@ -117,7 +117,12 @@ std::string ObjectKey(const json& object) {
 
 void StripManagedFields(json& object) {
   auto it = object.find("metadata");
-  if (it != object.end() && it->is_object()) it->erase("managedFields");
+  if (it == object.end() || !it->is_object()) return;
+  it->erase("managedFields");
+  auto annotations = it->find("annotations");
+  if (annotations == it->end() || !annotations->is_object()) return;
+  annotations->erase("kubectl.kubernetes.io/last-applied-configuration");
+  if (annotations->empty()) it->erase(annotations);
 }
 
 Store::Store() {

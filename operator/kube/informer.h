@@ -6,7 +6,8 @@
 // Memory: every object is held once, as shared_ptr<const json> (readers get the same pointer,
 // no copies); indexes hold pointers to the store's own key strings; the watcher keeps versions
 // only (WatcherCore::KeepingVersionsOnly). metadata.managedFields is dropped before storing by
-// default (controller-runtime's cache.TransformStripManagedFields), since no reader needs it.
+// default (controller-runtime's cache.TransformStripManagedFields), since no reader needs it,
+// and so is kubectl's last-applied-configuration annotation (a copy of the applied manifest).
 #pragma once
 
 #include <atomic>
@@ -115,7 +116,9 @@ class Store {
   size_t bytes_ = 0;
 };
 
-// Drops metadata.managedFields.
+// Drops metadata.managedFields and the annotation kubectl apply keeps its last manifest in
+// (kubectl.kubernetes.io/last-applied-configuration): bookkeeping of the writers, which no
+// reader of a cache needs. (A status write replaces only the status: neither is lost.)
 void StripManagedFields(nlohmann::json& object);
 
 struct InformerOptions {

@@ -91,6 +91,8 @@ TEST(OperatorMetrics, ReconcilesRescalesAndApiErrorsLandInTheirSeries) {
   m.ObserveRescale("no-such-kind", 1);  // ignored rather than a new series
   m.CountApiError("put", 409);
   m.CountApiError("put", 409);
+  m.ObserveApiRequest("put", 0.02);
+  m.ObserveApiRequest("put", 0.2);
   m.SetQueueDepth(3);
   m.SetLeader(true);
   const std::string text = Render(m);
@@ -99,6 +101,8 @@ TEST(OperatorMetrics, ReconcilesRescalesAndApiErrorsLandInTheirSeries) {
   EXPECT_TRUE(Has(text, R"(tidal_operator_reconcile_duration_seconds_count{result="error"} 1)"));
   EXPECT_TRUE(Has(text, R"(tidal_operator_reconcile_duration_seconds_count{result="awaiting"} 1)"));
   EXPECT_TRUE(Has(text, R"(tidal_trainingjob_rescale_duration_seconds_sum{kind="scale_up"} 7.5)"));
+  EXPECT_TRUE(Has(text, R"(tidal_operator_api_request_duration_seconds_count{verb="put"} 2)"))
+      << text;
   EXPECT_TRUE(Has(text, R"(tidal_trainingjob_rescale_duration_seconds_count{kind="start"} 0)"));
   EXPECT_EQ(text.find("no-such-kind"), std::string::npos);
   EXPECT_TRUE(Has(text, R"(tidal_operator_api_errors_total{code="409",verb="put"} 2)")) << text;

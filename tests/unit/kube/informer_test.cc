@@ -195,12 +195,21 @@ TEST(InformerStore, MemoryEstimateGrowsWithObjectsAndReturnsToZero) {
   EXPECT_EQ(store.ApproximateBytes(), 0u) << "every byte added is taken off again";
 }
 
-TEST(InformerStore, StripManagedFieldsDropsOnlyThem) {
+TEST(InformerStore, StripManagedFieldsDropsOnlyThemAndKubectlsLastAppliedManifest) {
   json pod = Pod("a", "p", 1);
   pod["metadata"]["managedFields"] = json::array({{{"manager", "kubectl"}}});
+  pod["metadata"]["annotations"] = {
+      {"kubectl.kubernetes.io/last-applied-configuration", "{\"kind\":\"Pod\"}"},
+      {"tidal.dev/note", "kept"}};
   StripManagedFields(pod);
   EXPECT_FALSE(pod["metadata"].contains("managedFields"));
+  EXPECT_EQ(pod["metadata"]["annotations"], json({{"tidal.dev/note", "kept"}}));
   EXPECT_EQ(pod["metadata"]["name"], "p");
+  json applied_only = Pod("a", "q", 1);
+  applied_only["metadata"]["annotations"] = {
+      {"kubectl.kubernetes.io/last-applied-configuration", "{}"}};
+  StripManagedFields(applied_only);
+  EXPECT_FALSE(applied_only["metadata"].contains("annotations")) << applied_only.dump();
   json odd = {{"metadata", "not an object"}};
   StripManagedFields(odd);  // harmless
   EXPECT_EQ(odd["metadata"], "not an object");
