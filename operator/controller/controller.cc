@@ -409,31 +409,34 @@ void TrainingJobController::EnqueueOwner(const kube::ObjectPtr& object) {
 void TrainingJobController::Work() {
   while (auto key = queue_.Get()) {
     const auto start = std::chrono::steady_clock::now();
-    bool awaiting = false;
-    Status s = ReconcileIsolated(*key, &awaiting);
+    PassOutcome outcome;
+    Status s = ReconcileIsolated(*key, &outcome);
     if (OperatorMetrics* m = options_.metrics) {
       using R = OperatorMetrics::PassResult;
       m->ObserveReconcile(
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-          !s.ok()    ? R::kError
-          : awaiting ? R::kAwaiting
-                     : R::kOk);
+          !s.ok()            ? R::kError
+          : outcome.awaiting ? R::kAwaiting
+                             : R::kOk);
       m->SetQueueDepth(queue_.Len());
     }
     if (!s.ok()) {
       LogWarn("reconcile failed", {{"job", *key}, {"error", s.ToString()}});
       queue_.AddRateLimited(*key);
-    } else {
+    } else if (!outcome.awaiting && !outcome.wrote) {
+      // Only a pass that decided and whose writes all landed ends a streak of failures (and
+      // its backoff): an awaiting pass, or one whose API writes still run, has yet to see how
+      // it went (a refused pod creation fails the pass after its batch; its retries back off).
       queue_.Forget(*key);
     }
     queue_.Done(*key);
   }
 }
 
-Status TrainingJobController::ReconcileIsolated(const std::string& key, bool* awaiting) {
+Status TrainingJobController::ReconcileIsolated(const std::string& key, PassOutcome* outcome) {
   Status s;
   try {
-    s = Reconcile(key, awaiting);
+    s = Reconcile(key, outcome);
   } catch (const std::exception& e) {
     s = Internal(std::string("reconcile threw: ") + e.what());
   } catch (...) {
@@ -473,7 +476,7 @@ void TrainingJobController::MarkReconcileFailed(const std::string& key, const St
 // A pass this long is logged with where its time went.
 constexpr auto kSlowReconcile = std::chrono::milliseconds(100);
 
-Status TrainingJobController::Reconcile(const std::string& key, bool* awaiting) {
+Status TrainingJobController::Reconcile(const std::string& key, PassOutcome* outcome) {
   const auto slash = key.find('/');
   const std::string ns = key.substr(0, slash), name = key.substr(slash + 1);
   kube::ObjectPtr job = jobs_->store().Get(ns, name);
@@ -510,11 +513,22 @@ Status TrainingJobController::Reconcile(const std::string& key, bool* awaiting) 
   using Steady = std::chrono::steady_clock;
   std::array<Steady::time_point, 5> at{Steady::now()};
   WorkerConnections& connections = ConnectionsOf(key);
+  // While the API writes of an earlier plan run, nothing is decided: a plan made now would
+  // act on a world those writes are changing, and one whose own writes were dropped could
+  // record in status a step it never took (a spec edit's ConfigMap update). Their end wakes
+  // the job.
+  if (std::shared_ptr<WorkerConnections::Writes> w = connections.writing) {
+    std::lock_guard<std::mutex> lock(w->mu);
+    if (!w->result) {
+      if (outcome) outcome->awaiting = true;
+      return OkStatus();
+    }
+  }
   std::optional<Observed> seen = Observe(*job, connections);
   if (!seen) {
     // The answers it waits for wake the job; the look after two status timeouts only guards
     // against one that never came (an earlier timed look still wins).
-    if (awaiting) *awaiting = true;
+    if (outcome) outcome->awaiting = true;
     queue_.AddAfter(key, 2 * options_.status_timeout + std::chrono::seconds(1));
     return OkStatus();
   }
@@ -562,7 +576,9 @@ Status TrainingJobController::Reconcile(const std::string& key, bool* awaiting) 
           plan.finished_rescale->kind,
           std::chrono::duration<double>(observed.now - plan.finished_rescale->started).count());
   }
-  Status executed = Execute(current, observed, plan, connections);
+  bool wrote = false;
+  Status executed = Execute(current, observed, plan, connections, &wrote);
+  if (outcome) outcome->wrote = wrote;
   FollowWorkers(key, observed, plan, connections);
   at[4] = Steady::now();
   if (at[4] - at[0] >= kSlowReconcile) {
@@ -792,7 +808,8 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
   // learn which answer, and a worker at a generation the status does not know must be seen
   // before anything is decided. A drain, a recovery's survivors and buddy copies read them.
   // While one of those is out, the pass decides nothing (Observe returns none) and the
-  // answer's arrival runs the next; that one decides on answers at most a status timeout old.
+  // last answer's arrival runs the next; that one decides on answers asked since the passes
+  // began waiting, or given within two status timeouts.
   // The others — pods of a generation still starting, silent ones that are no member — are
   // asked too, and what they said is read by whichever pass comes next.
   RefreshTls(connections, o);
@@ -857,7 +874,13 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
     }
     connections.asking[pod] = a;
     (needed ? status_calls_ : background_asks_).Submit([this, c, a, key] {
-      StatusOr<pb::WorkerStatus> answer = c->GetStatus();
+      StatusOr<pb::WorkerStatus> answer = Internal("GetStatus threw");
+      try {
+        answer = c->GetStatus();
+      } catch (const std::exception& e) {
+        answer = Internal(std::string("GetStatus threw: ") + e.what());
+      } catch (...) {
+      }
       const bool ok = answer.ok();
       bool wake;
       std::shared_ptr<WorkerConnections::Awaited> awaited;
@@ -879,8 +902,8 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
     StatusOr<pb::WorkerStatus> status;
   };
   std::vector<Answer> answers;
-  std::vector<std::string> consumed;                 // the asks whose answer this pass reads
-  std::vector<std::pair<std::string, bool>> to_ask;  // pod, needed
+  std::vector<std::pair<std::string, bool>> consumed;  // the asks whose answer this pass reads
+  std::vector<std::pair<std::string, bool>> to_ask;    // pod, needed
   bool awaiting = false;
   auto awaited = std::make_shared<WorkerConnections::Awaited>();
   for (const auto& [pod, c] : running) {
@@ -903,9 +926,14 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
         }
         continue;
       }
-      // An answer a decision needs is read only while fresh; an older one is asked again.
-      if (!needed || steady_now - a.answered <= 2 * options_.status_timeout) {
-        consumed.push_back(pod);
+      // An answer a decision needs is read only while fresh — asked since the passes began
+      // waiting (answers that come over several status timeouts, a pool's worth of silent
+      // workers at a time, all count), or answered within two status timeouts — else it is
+      // asked again.
+      const bool fresh = (connections.awaiting_since && a.asked >= *connections.awaiting_since) ||
+                         steady_now - a.answered <= 2 * options_.status_timeout;
+      if (!needed || fresh) {
+        consumed.emplace_back(pod, needed);
         continue;
       }
     }
@@ -913,6 +941,7 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
     awaiting = awaiting || needed;
   }
   if (awaiting) {
+    if (!connections.awaiting_since) connections.awaiting_since = steady_now;
     for (const auto& [pod, needed] : to_ask)
       ask(pod, running.at(pod), needed, !connections.unreachable_since.count(pod),
           needed ? awaited : nullptr);
@@ -920,13 +949,15 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
     return std::nullopt;                           // the last answer wakes the job
   }
   connections.observed = true;
-  for (const std::string& pod : consumed) {
+  connections.awaiting_since.reset();
+  for (const auto& [pod, needed] : consumed) {
     std::shared_ptr<WorkerConnections::Ask> a = connections.asking.at(pod);
     connections.asking.erase(pod);
     std::lock_guard<std::mutex> lock(a->mu);
     answers.push_back({pod, a->asked, std::move(*a->answer)});
-    // After a failure the worker is asked again, so that its coming back wakes the job.
-    if (!answers.back().status.ok()) to_ask.emplace_back(pod, false);
+    // After a failure the worker is asked again, so that its coming back wakes the job (a
+    // member on the pool of the asks a decision needs: the next pass waits for it).
+    if (!answers.back().status.ok()) to_ask.emplace_back(pod, needed);
   }
   for (const auto& [pod, needed] : to_ask) {
     // A silent worker's answer wakes the job; its silence again does not (it is counted).
@@ -1013,7 +1044,7 @@ StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& p
 }
 
 Status TrainingJobController::Execute(const json& job, const Observed& o, const Plan& plan,
-                                      WorkerConnections& connections) {
+                                      WorkerConnections& connections, bool* wrote) {
   const JobRef ref{o.name, o.namespace_, o.uid};
   const std::string token = TokenOf(o.namespace_, o.name);
   auto client_for = [&](const std::string& pod, const std::string& ip) {
@@ -1056,238 +1087,252 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           if (wake) queue_.Add(job_key);
         });
   };
-  // The API writes of an earlier plan: while they run, this pass writes nothing (their end
-  // wakes the job, whose next pass decides again on what they made). One that failed fails
-  // this pass if it writes too, as it would have failed the pass that planned it (an Event and
-  // Ready=False for an error a retry would meet again; a retry with backoff); a plan that
-  // writes nothing any more (the pods came, the job was suspended) leaves it behind.
-  bool writing = false;
+  // The API writes of an earlier plan, ended (Reconcile decides nothing while they run). One
+  // that failed fails this pass if it writes too, as it would have failed the pass that planned
+  // it (an Event and Ready=False for an error a retry would meet again; a retry with backoff);
+  // a plan that writes nothing any more (the pods came, the job was suspended) leaves it.
   if (std::shared_ptr<WorkerConnections::Writes> w = connections.writing) {
     std::optional<Status> result;
     {
       std::lock_guard<std::mutex> lock(w->mu);
       result = w->result;
     }
-    writing = !result;
-    if (result) connections.writing.reset();
+    connections.writing.reset();
     const bool writes_again = std::any_of(plan.actions.begin(), plan.actions.end(),
                                           [](const Action& a) { return IsApiWrite(a.kind); });
     if (result && !result->ok() && writes_again) return *result;
   }
-  for (const Action& a : plan.actions) {
-    if (writing && IsApiWrite(a.kind)) continue;
-    Status done = OkStatus();
-    // The pod's worker client; nullptr when the pod has no IP yet, or (recorded in `done`)
-    // when its TLS Secret is unusable.
-    auto worker_of = [&](const std::string& pod) -> std::shared_ptr<worker::WorkerApi> {
-      const std::string ip = pod_ip(pod);
-      if (ip.empty()) return nullptr;
-      std::shared_ptr<worker::WorkerApi> c = client_for(pod, ip);
-      if (!c) done = FailedPrecondition(connections.tls_unusable);
-      return c;
-    };
-    switch (a.kind) {
-      case Action::Kind::kAddFinalizer:
-      case Action::Kind::kRemoveFinalizer: {
-        json finalizers = json::array();
-        for (const json& f : job["metadata"].value("finalizers", json::array()))
-          if (f != kFinalizer) finalizers.push_back(f);
-        if (a.kind == Action::Kind::kAddFinalizer) finalizers.push_back(kFinalizer);
-        const json patch = {{"metadata",
-                             {{"finalizers", finalizers},
-                              {"resourceVersion", job["metadata"].value("resourceVersion", "")}}}};
-        TIDAL_ASSIGN_OR_RETURN(auto request, kube::MergePatchRequest(kube::Resource::TrainingJobs(),
-                                                                     o.namespace_, o.name, patch));
-        writes.push_back({a.kind, call(std::move(request))});
-        break;
-      }
-      case Action::Kind::kEnsureService:
-        writes.push_back({a.kind, create(kube::Resource::Services(), HeadlessService(ref))});
-        break;
-      case Action::Kind::kEnsureTokenSecret: {
-        TIDAL_ASSIGN_OR_RETURN(std::string fresh, NewToken());
-        writes.push_back({a.kind, create(kube::Resource::Secrets(), TokenSecret(ref, fresh))});
-        break;
-      }
-      case Action::Kind::kEnsureSpecConfig:
-        writes.push_back(
-            {a.kind, create(kube::Resource::ConfigMaps(), SpecConfigMap(ref, o.raw_spec))});
-        break;
-      case Action::Kind::kUpdateSpecConfig: {
-        json config = SpecConfigMap(ref, o.raw_spec);
-        TIDAL_ASSIGN_OR_RETURN(
-            auto request,
-            kube::MergePatchRequest(kube::Resource::ConfigMaps(), o.namespace_,
-                                    SpecConfigMapName(o.name), {{"data", config["data"]}}));
-        writes.push_back({a.kind, [patch = call(std::move(request)),
-                                   make = create(kube::Resource::ConfigMaps(), config)] {
-                            Status patched = patch();
-                            return patched.code() == StatusCode::kNotFound ? make() : patched;
-                          }});
-        break;
-      }
-      case Action::Kind::kCreatePods: {
-        if (!o.spec.ok()) break;
-        WorkerPodOptions w;
-        w.generation = a.generation;
-        w.group_size = static_cast<int>(a.slots.size());
-        if (!options_.default_checkpoint_root.empty())
-          w.default_checkpoint_uri =
-              options_.default_checkpoint_root + "/" + o.namespace_ + "/" + o.name;
-        if (plan.status.data && plan.status.data->phase == "Ready")
-          w.dataset_store = plan.status.data->store_uri;
-        std::vector<json> pods;
-        for (int slot : a.slots) {
-          w.slot = slot;
-          pods.push_back(WorkerPod(ref, *o.spec, w));
+  // The plan's actions: worker calls start now; API writes are collected. Whatever ends the
+  // loop, the writes collected before it are made (as they were made before it, in order).
+  auto act = [&]() -> Status {
+    for (const Action& a : plan.actions) {
+      Status done = OkStatus();
+      // The pod's worker client; nullptr when the pod has no IP yet, or (recorded in `done`)
+      // when its TLS Secret is unusable.
+      auto worker_of = [&](const std::string& pod) -> std::shared_ptr<worker::WorkerApi> {
+        const std::string ip = pod_ip(pod);
+        if (ip.empty()) return nullptr;
+        std::shared_ptr<worker::WorkerApi> c = client_for(pod, ip);
+        if (!c) done = FailedPrecondition(connections.tls_unusable);
+        return c;
+      };
+      switch (a.kind) {
+        case Action::Kind::kAddFinalizer:
+        case Action::Kind::kRemoveFinalizer: {
+          json finalizers = json::array();
+          for (const json& f : job["metadata"].value("finalizers", json::array()))
+            if (f != kFinalizer) finalizers.push_back(f);
+          if (a.kind == Action::Kind::kAddFinalizer) finalizers.push_back(kFinalizer);
+          const json patch = {
+              {"metadata",
+               {{"finalizers", finalizers},
+                {"resourceVersion", job["metadata"].value("resourceVersion", "")}}}};
+          TIDAL_ASSIGN_OR_RETURN(
+              auto request,
+              kube::MergePatchRequest(kube::Resource::TrainingJobs(), o.namespace_, o.name, patch));
+          writes.push_back({a.kind, call(std::move(request))});
+          break;
         }
-        if (pods.empty()) break;
-        // All pods of the step at once (one gang). The first alone: a pod the server refuses
-        // (quota, admission, a bad field) is refused once, not once per slot. The rest side by
-        // side, as the Job controller's slow start does: a 10-pod gang costs two round trips.
-        std::vector<std::function<Status()>> each;
-        for (json& pod : pods) each.push_back(create(kube::Resource::Pods(), std::move(pod)));
-        writes.push_back({a.kind, [each = std::move(each)] {
-                            Status made = each[0]();
-                            if (!made.ok()) return made;
-                            std::vector<std::future<Status>> rest;
-                            for (size_t i = 1; i < each.size(); ++i)
-                              rest.push_back(std::async(std::launch::async, each[i]));
-                            for (auto& f : rest)
-                              if (Status s = f.get(); !s.ok()) made = s;
-                            return made;
-                          }});
-        break;
-      }
-      case Action::Kind::kCreatePrepPod:
-        if (!o.spec.ok() || !plan.status.data) break;
-        writes.push_back({a.kind, create(kube::Resource::Pods(), PrepPod(ref, *o.spec, a.pods.at(0),
-                                                                         plan.status.data->key))});
-        break;
-      case Action::Kind::kDeletePods:
-      case Action::Kind::kForceDeletePods:
-        for (const std::string& pod : a.pods) {
-          kube::DeleteOptions options;
-          if (a.kind == Action::Kind::kForceDeletePods) options.grace_period_seconds = 0;
-          TIDAL_ASSIGN_OR_RETURN(auto request, kube::DeleteRequest(kube::Resource::Pods(),
-                                                                   o.namespace_, pod, options));
-          writes.push_back({a.kind, [delete_pod = call(std::move(request))] {
-                              Status deleted = delete_pod();
-                              return deleted.code() == StatusCode::kNotFound ? OkStatus() : deleted;
+        case Action::Kind::kEnsureService:
+          writes.push_back({a.kind, create(kube::Resource::Services(), HeadlessService(ref))});
+          break;
+        case Action::Kind::kEnsureTokenSecret: {
+          TIDAL_ASSIGN_OR_RETURN(std::string fresh, NewToken());
+          writes.push_back({a.kind, create(kube::Resource::Secrets(), TokenSecret(ref, fresh))});
+          break;
+        }
+        case Action::Kind::kEnsureSpecConfig:
+          writes.push_back(
+              {a.kind, create(kube::Resource::ConfigMaps(), SpecConfigMap(ref, o.raw_spec))});
+          break;
+        case Action::Kind::kUpdateSpecConfig: {
+          json config = SpecConfigMap(ref, o.raw_spec);
+          TIDAL_ASSIGN_OR_RETURN(
+              auto request,
+              kube::MergePatchRequest(kube::Resource::ConfigMaps(), o.namespace_,
+                                      SpecConfigMapName(o.name), {{"data", config["data"]}}));
+          writes.push_back({a.kind, [patch = call(std::move(request)),
+                                     make = create(kube::Resource::ConfigMaps(), config)] {
+                              Status patched = patch();
+                              return patched.code() == StatusCode::kNotFound ? make() : patched;
                             }});
-          connections.clients.erase(pod);
-          connections.answered.erase(pod);
-          connections.unreachable_since.erase(pod);
-          connections.unreachable_error.erase(pod);
-          connections.asking.erase(pod);
+          break;
         }
-        break;
-      case Action::Kind::kBarrier:
-        // Returns when every rank holds (or one fails): its end wakes the job, whose next pass
-        // finds the ranks paused and goes on (the Rendezvous, without waiting for a poll).
-        for (const std::string& pod : a.pods)
-          if (std::shared_ptr<worker::WorkerApi> c = worker_of(pod))
+        case Action::Kind::kCreatePods: {
+          if (!o.spec.ok()) break;
+          WorkerPodOptions w;
+          w.generation = a.generation;
+          w.group_size = static_cast<int>(a.slots.size());
+          if (!options_.default_checkpoint_root.empty())
+            w.default_checkpoint_uri =
+                options_.default_checkpoint_root + "/" + o.namespace_ + "/" + o.name;
+          if (plan.status.data && plan.status.data->phase == "Ready")
+            w.dataset_store = plan.status.data->store_uri;
+          std::vector<json> pods;
+          for (int slot : a.slots) {
+            w.slot = slot;
+            pods.push_back(WorkerPod(ref, *o.spec, w));
+          }
+          if (pods.empty()) break;
+          // All pods of the step at once (one gang). The first alone: a pod the server refuses
+          // (quota, admission, a bad field) is refused once, not once per slot. The rest side by
+          // side, as the Job controller's slow start does: a 10-pod gang costs two round trips.
+          std::vector<std::function<Status()>> each;
+          for (json& pod : pods) each.push_back(create(kube::Resource::Pods(), std::move(pod)));
+          writes.push_back({a.kind, [each = std::move(each)] {
+                              Status made = each[0]();
+                              if (!made.ok()) return made;
+                              std::vector<std::future<Status>> rest;
+                              for (size_t i = 1; i < each.size(); ++i)
+                                rest.push_back(std::async(std::launch::async, each[i]));
+                              for (auto& f : rest)
+                                if (Status s = f.get(); !s.ok()) made = s;
+                              return made;
+                            }});
+          break;
+        }
+        case Action::Kind::kCreatePrepPod:
+          if (!o.spec.ok() || !plan.status.data) break;
+          writes.push_back(
+              {a.kind, create(kube::Resource::Pods(),
+                              PrepPod(ref, *o.spec, a.pods.at(0), plan.status.data->key))});
+          break;
+        case Action::Kind::kDeletePods:
+        case Action::Kind::kForceDeletePods:
+          for (const std::string& pod : a.pods) {
+            kube::DeleteOptions options;
+            if (a.kind == Action::Kind::kForceDeletePods) options.grace_period_seconds = 0;
+            TIDAL_ASSIGN_OR_RETURN(auto request, kube::DeleteRequest(kube::Resource::Pods(),
+                                                                     o.namespace_, pod, options));
+            writes.push_back({a.kind, [delete_pod = call(std::move(request))] {
+                                Status deleted = delete_pod();
+                                return deleted.code() == StatusCode::kNotFound ? OkStatus()
+                                                                               : deleted;
+                              }});
+            connections.clients.erase(pod);
+            connections.answered.erase(pod);
+            connections.unreachable_since.erase(pod);
+            connections.unreachable_error.erase(pod);
+            connections.asking.erase(pod);
+          }
+          break;
+        case Action::Kind::kBarrier:
+          // Returns when every rank holds (or one fails): its end wakes the job, whose next pass
+          // finds the ranks paused and goes on (the Rendezvous, without waiting for a poll).
+          for (const std::string& pod : a.pods)
+            if (std::shared_ptr<worker::WorkerApi> c = worker_of(pod))
+              start(
+                  pod, "barrier " + std::to_string(a.barrier_id),
+                  [c, timeout = options_.barrier_timeout, id = a.barrier_id, live = a.live] {
+                    return c->Checkpoint(/*pause=*/true, timeout, id, live).status();
+                  },
+                  /*wake=*/true);
+          break;
+        case Action::Kind::kRendezvous: {
+          if (a.pods.empty()) break;
+          const std::string store =
+              pod_ip(a.pods[0]) + ":" + std::to_string(StorePort(a.generation));
+          // The old ranks' control addresses; one that has none any more makes the new ranks
+          // resume from the store (they would fail to read from it anyway).
+          std::vector<std::string> peers;
+          for (const std::string& pod : a.state_peers) {
+            const std::string ip = pod_ip(pod);
+            if (ip.empty()) {
+              peers.clear();
+              break;
+            }
+            peers.push_back(ip + ":" + std::to_string(kControlPort));
+          }
+          // The members' control addresses, for buddy copies (none when one has no address yet).
+          std::vector<std::string> members;
+          for (const std::string& pod : a.pods) {
+            const std::string ip = pod_ip(pod);
+            if (ip.empty() || a.wards.size() != a.pods.size()) {
+              members.clear();
+              break;
+            }
+            members.push_back(ip + ":" + std::to_string(kControlPort));
+          }
+          for (const std::string& pod : a.targets) {
+            const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
+            std::shared_ptr<worker::WorkerApi> c = worker_of(pod);
+            if (!c) continue;
+            const int ward = members.empty() ? static_cast<int>(rank) : a.wards[rank];
             start(
-                pod, "barrier " + std::to_string(a.barrier_id),
-                [c, timeout = options_.barrier_timeout, id = a.barrier_id, live = a.live] {
-                  return c->Checkpoint(/*pause=*/true, timeout, id, live).status();
+                pod, "rendezvous " + std::to_string(a.generation),
+                [c, generation = a.generation, world = static_cast<int>(a.pods.size()),
+                 rank = static_cast<int>(rank), store, peers,
+                 step = peers.empty() ? 0 : a.state_step, members, ward] {
+                  Status s =
+                      c->Rendezvous(generation, world, rank, store, peers, step, members, ward);
+                  // Already there (a repeated call after a crash) is success.
+                  return s.code() == StatusCode::kAlreadyExists ? OkStatus() : s;
                 },
                 /*wake=*/true);
-        break;
-      case Action::Kind::kRendezvous: {
-        if (a.pods.empty()) break;
-        const std::string store = pod_ip(a.pods[0]) + ":" + std::to_string(StorePort(a.generation));
-        // The old ranks' control addresses; one that has none any more makes the new ranks
-        // resume from the store (they would fail to read from it anyway).
-        std::vector<std::string> peers;
-        for (const std::string& pod : a.state_peers) {
-          const std::string ip = pod_ip(pod);
-          if (ip.empty()) {
-            peers.clear();
-            break;
           }
-          peers.push_back(ip + ":" + std::to_string(kControlPort));
+          break;
         }
-        // The members' control addresses, for buddy copies (none when one has no address yet).
-        std::vector<std::string> members;
-        for (const std::string& pod : a.pods) {
-          const std::string ip = pod_ip(pod);
-          if (ip.empty() || a.wards.size() != a.pods.size()) {
-            members.clear();
-            break;
+        case Action::Kind::kPrepareEngine:
+          // A refusal (TIDAL_KEEP_ENGINE=0, an older worker) only means that worker loads after
+          // the Rendezvous: Decide does not wait for it (its failure is logged).
+          for (size_t i = 0; i < a.pods.size() && i < a.ranks.size(); ++i)
+            if (std::shared_ptr<worker::WorkerApi> c = worker_of(a.pods[i]))
+              start(
+                  a.pods[i], "prepare " + std::to_string(a.generation),
+                  [c, generation = a.generation, world = a.world_size, rank = a.ranks[i]] {
+                    return c->PrepareEngine(generation, world, rank);
+                  },
+                  /*wake=*/false);
+          break;
+        case Action::Kind::kResume:
+          for (const std::string& pod : a.pods)
+            if (std::shared_ptr<worker::WorkerApi> c = worker_of(pod))
+              start(
+                  pod, "resume",
+                  [c] {
+                    // Not paused (any more) is what this asks for: Decide looks again.
+                    Status s = c->Resume();
+                    return s.code() == StatusCode::kFailedPrecondition ? OkStatus() : s;
+                  },
+                  /*wake=*/true);
+          break;
+        case Action::Kind::kShutdown:
+          for (const std::string& pod : a.pods) {
+            const std::string ip = pod_ip(pod);
+            if (ip.empty() || token.empty()) continue;
+            if (std::shared_ptr<worker::WorkerApi> c = client_for(pod, ip))
+              start(
+                  pod, "shutdown", [c, reason = a.reason] { return c->Shutdown(reason); },
+                  /*wake=*/false);  // the pod is deleted anyway
           }
-          members.push_back(ip + ":" + std::to_string(kControlPort));
-        }
-        for (const std::string& pod : a.targets) {
-          const auto rank = std::find(a.pods.begin(), a.pods.end(), pod) - a.pods.begin();
-          std::shared_ptr<worker::WorkerApi> c = worker_of(pod);
-          if (!c) continue;
-          const int ward = members.empty() ? static_cast<int>(rank) : a.wards[rank];
-          start(
-              pod, "rendezvous " + std::to_string(a.generation),
-              [c, generation = a.generation, world = static_cast<int>(a.pods.size()),
-               rank = static_cast<int>(rank), store, peers, step = peers.empty() ? 0 : a.state_step,
-               members, ward] {
-                Status s =
-                    c->Rendezvous(generation, world, rank, store, peers, step, members, ward);
-                // Already there (a repeated call after a crash) is success.
-                return s.code() == StatusCode::kAlreadyExists ? OkStatus() : s;
-              },
-              /*wake=*/true);
-        }
-        break;
+          break;
       }
-      case Action::Kind::kPrepareEngine:
-        // A refusal (TIDAL_KEEP_ENGINE=0, an older worker) only means that worker loads after
-        // the Rendezvous: Decide does not wait for it (its failure is logged).
-        for (size_t i = 0; i < a.pods.size() && i < a.ranks.size(); ++i)
-          if (std::shared_ptr<worker::WorkerApi> c = worker_of(a.pods[i]))
-            start(
-                a.pods[i], "prepare " + std::to_string(a.generation),
-                [c, generation = a.generation, world = a.world_size, rank = a.ranks[i]] {
-                  return c->PrepareEngine(generation, world, rank);
-                },
-                /*wake=*/false);
-        break;
-      case Action::Kind::kResume:
-        for (const std::string& pod : a.pods)
-          if (std::shared_ptr<worker::WorkerApi> c = worker_of(pod))
-            start(
-                pod, "resume",
-                [c] {
-                  // Not paused (any more) is what this asks for: Decide looks again.
-                  Status s = c->Resume();
-                  return s.code() == StatusCode::kFailedPrecondition ? OkStatus() : s;
-                },
-                /*wake=*/true);
-        break;
-      case Action::Kind::kShutdown:
-        for (const std::string& pod : a.pods) {
-          const std::string ip = pod_ip(pod);
-          if (ip.empty() || token.empty()) continue;
-          if (std::shared_ptr<worker::WorkerApi> c = client_for(pod, ip))
-            start(
-                pod, "shutdown", [c, reason = a.reason] { return c->Shutdown(reason); },
-                /*wake=*/false);  // the pod is deleted anyway
-        }
-        break;
+      if (!done.ok()) {
+        LogWarn("action failed",
+                {{"job", o.name}, {"action", ActionKindName(a.kind)}, {"error", done.ToString()}});
+        return done.WithContext(ActionKindName(a.kind));
+      }
     }
-    if (!done.ok()) {
-      LogWarn("action failed",
-              {{"job", o.name}, {"action", ActionKindName(a.kind)}, {"error", done.ToString()}});
-      return done.WithContext(ActionKindName(a.kind));
-    }
-  }
-  if (writes.empty()) return OkStatus();
+    return OkStatus();
+  };
+  const Status acted = act();
+  if (writes.empty()) return acted;
   // In order, the first failure ending them, on api_writes_: a slow API server holds no
   // reconcile (creating a job's pods and updating its spec's ConfigMap were most of the slow
   // start-up passes at 200 jobs). Their end wakes the job.
   auto batch = std::make_shared<WorkerConnections::Writes>();
   connections.writing = batch;
+  *wrote = true;
   api_writes_.Submit([this, batch, job_key, writes = std::move(writes)] {
     Status result = OkStatus();
     for (const Write& w : writes) {
-      if (Status s = w.call(); !s.ok()) {
+      Status s;
+      try {  // one that throws (no thread for a side-by-side creation) ends them like a failure
+        s = w.call();
+      } catch (const std::exception& e) {
+        s = Internal(std::string("threw: ") + e.what());
+      }
+      if (!s.ok()) {
         LogWarn("action failed",
                 {{"job", job_key}, {"action", ActionKindName(w.kind)}, {"error", s.ToString()}});
         result = s.WithContext(ActionKindName(w.kind));
@@ -1298,9 +1343,16 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
       std::lock_guard<std::mutex> lock(batch->mu);
       batch->result = result;
     }
-    queue_.Add(job_key);
+    // A failure's retry backs off (the pass that reads it returns it, and requeues with backoff
+    // again). What the writes made wakes the job through its informer's event, once the cache
+    // has it (a wake now would beat the pods into the cache and plan them again); a second
+    // later is only the look for a write that changed nothing.
+    if (result.ok())
+      queue_.AddAfter(job_key, std::chrono::seconds(1));
+    else
+      queue_.AddRateLimited(job_key);
   });
-  return OkStatus();
+  return acted;
 }
 
 }  // namespace tidal::controller

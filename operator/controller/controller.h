@@ -65,12 +65,17 @@ class TrainingJobController {
   Status Start(std::chrono::milliseconds sync_timeout = std::chrono::seconds(30));
   void Stop();
   // One pass over "namespace/name" (what the worker runs; public for tests).
-  // `awaiting`, where given: set when the pass only asked the workers (Observe returned none).
-  Status Reconcile(const std::string& key, bool* awaiting = nullptr);
+  // How a pass ended, beyond its Status: for Work's metrics and backoff.
+  struct PassOutcome {
+    bool awaiting = false;  // it decided nothing: answers it needs, or an earlier plan's API
+                            // writes, are still out (their end wakes the job)
+    bool wrote = false;     // it started API writes, which a later pass sees the end of
+  };
+  Status Reconcile(const std::string& key, PassOutcome* outcome = nullptr);
   // Reconcile, with anything it throws confined to the job; an exception or an error a retry
   // would meet again gives the job an Event and Ready=False (ReconcileError), and the operator
   // goes on with the others.
-  Status ReconcileIsolated(const std::string& key, bool* awaiting = nullptr);
+  Status ReconcileIsolated(const std::string& key, PassOutcome* outcome = nullptr);
 
  private:
   void MarkReconcileFailed(const std::string& key, const Status& error);
@@ -80,8 +85,9 @@ class TrainingJobController {
   // `pushed`: the workers push their figures (Observed::pushed), which the patcher writes.
   StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan,
                                        bool pushed = false);
+  // `wrote`: set when it started API writes (they run after the pass, on api_writes_).
   Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan,
-                 WorkerConnections& connections);
+                 WorkerConnections& connections, bool* wrote);
   // Allocatable nvidia.com/gpu of schedulable nodes minus what bound, unfinished pods request,
   // minus what pods this controller decided to create (and the cache does not show yet)
   // will. Under capacity_mu_.
@@ -173,6 +179,8 @@ class TrainingJobController {
     struct Writes;
     std::shared_ptr<Writes> writing;
     bool observed = false;  // a pass of this operator has observed the job
+    // Since when passes have decided nothing, waiting for answers (none while one decides).
+    std::optional<std::chrono::steady_clock::time_point> awaiting_since;
   };
   // After a pass: follows rank 0 alone (and lets the other clients go) when `plan` finds the
   // job steady, else every running worker.
@@ -204,7 +212,7 @@ class TrainingJobController {
   // The GetStatus asks a decision needs, all of a job's at once (a thread per call was most of
   // the operator's CPU at 2,000 pods); no pass waits on them.
   // Declared last: destroyed (its threads joined) before the clients its calls use.
-  ThreadPool status_calls_{16};
+  ThreadPool status_calls_{16, /*finish_queued=*/false};
   // The GetStatus asks no decision needs (workers starting or silent): apart, so that a silent
   // worker's 3 s never delays a needed ask; what is still queued at shutdown is dropped.
   ThreadPool background_asks_{8, /*finish_queued=*/false};

@@ -614,7 +614,9 @@ TEST_F(ControllerLoopTest, AnOperatorRestartedOnASuspendedJobCheckpointsItsWorke
 // hear from every worker before it decides anything, and these do not answer (nor push) until
 // the test lets them: its pass asks and returns, deciding nothing, and the one reconcile worker
 // goes on to another job. The answers, once let go, wake the job, and the pass they run finds
-// it as it was (no recovery from workers it had not heard from).
+// it as it was (no recovery from workers it had not heard from). The restarted operator's
+// status timeout is 30 s, so its fallback look at an awaiting job (two timeouts and a second)
+// comes after the 60 s this test waits: only the answers' own wake brings the job back.
 TEST_F(ControllerLoopTest, WorkersWhoseAnswersAreHeldHoldNoReconcileAndTheirAnswersRunTheNextPass) {
   Apply("held", 2);
   ASSERT_TRUE(WaitStatus("held", [](const json& s) {
@@ -623,6 +625,7 @@ TEST_F(ControllerLoopTest, WorkersWhoseAnswersAreHeldHoldNoReconcileAndTheirAnsw
   const std::vector<std::shared_ptr<FakeWorker>> members = MembersOf("held");
   ASSERT_EQ(members.size(), 2u) << Status("held").dump();
   std::vector<int> asked_before;
+  manager_options_.controller.status_timeout = 30s;
   RestartOperator([&] {
     for (const auto& w : members) {
       w->HoldStatus(true);
