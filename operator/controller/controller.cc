@@ -243,14 +243,30 @@ std::string ResourceVersion(const json& object) {
 
 TrainingJobController::~TrainingJobController() { Stop(); }
 
-void TrainingJobController::ForgetOwnWrite(const json& cached) {
+bool TrainingJobController::ForgetOwnWrite(const json& cached) {
   const json& md = cached.value("metadata", json::object());
-  if (!md.is_object()) return;
+  if (!md.is_object()) return false;
   const std::string key = Key(md.value("namespace", ""), md.value("name", ""));
   std::lock_guard<std::mutex> lock(own_writes_mu_);
-  if (auto own = own_writes_.find(key);
-      own != own_writes_.end() && ResourceVersion(cached) != own->second.replaced)
-    own_writes_.erase(own);
+  auto own = own_writes_.find(key);
+  if (own == own_writes_.end() || ResourceVersion(cached) == own->second.replaced) return false;
+  const bool same = ResourceVersion(cached) == ResourceVersion(*own->second.written);
+  own_writes_.erase(own);
+  return same;
+}
+
+void TrainingJobController::RememberOwnWrite(const std::string& key, const std::string& replaced,
+                                             kube::ObjectPtr written) {
+  // Kept only while the cache still holds the version it held when the pass began: checked
+  // under the lock the informer's handlers take after the cache has an event's object, so a
+  // write whose event came already is not kept (a steady job keeps no copy of itself).
+  const auto slash = key.find('/');
+  std::lock_guard<std::mutex> lock(own_writes_mu_);
+  kube::ObjectPtr cached = jobs_->store().Get(key.substr(0, slash), key.substr(slash + 1));
+  if (cached && ResourceVersion(*cached) == replaced)
+    own_writes_[key] = {replaced, std::move(written)};
+  else
+    own_writes_.erase(key);
 }
 
 Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
@@ -264,8 +280,12 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
   TIDAL_RETURN_IF_ERROR(jobs_->AddEventHandler(
       {enqueue_job,
        [this, enqueue_job](const kube::ObjectPtr& before, const kube::ObjectPtr& o) {
-         ForgetOwnWrite(*o);
-         if (!OnlyFiguresChanged(*before, *o)) enqueue_job(o);
+         // This operator's own status write asks for no pass either: the pass that wrote it
+         // asked for its next look (a failed one, with backoff, which the write's wake-up
+         // would skip: a failing job's status flipped between its plan's and the error's,
+         // each write waking the next failing pass at once).
+         const bool own = ForgetOwnWrite(*o);
+         if (!own && !OnlyFiguresChanged(*before, *o)) enqueue_job(o);
        },
        [this, enqueue_job](const kube::ObjectPtr& o) {
          ForgetOwnWrite(*o);
@@ -428,6 +448,12 @@ void TrainingJobController::Work() {
       // its backoff): an awaiting pass, or one whose API writes still run, has yet to see how
       // it went (a refused pod creation fails the pass after its batch; its retries back off).
       queue_.Forget(*key);
+      // And the Ready=False it left: the next pass writes the job's own.
+      WorkerConnections& connections = ConnectionsOf(*key);
+      if (connections.reconcile_failing) {
+        connections.reconcile_failing = false;
+        queue_.Add(*key);
+      }
     }
     queue_.Done(*key);
   }
@@ -447,7 +473,10 @@ Status TrainingJobController::ReconcileIsolated(const std::string& key, PassOutc
   // workers' answers mid-transition (a barrier to a rank that just failed) pass with the requeue.
   const bool repeats = s.code() == StatusCode::kInvalidArgument ||
                        s.code() == StatusCode::kInternal || s.code() == StatusCode::kDataLoss;
-  if (repeats) MarkReconcileFailed(key, s);
+  if (repeats) {
+    MarkReconcileFailed(key, s);
+    ConnectionsOf(key).reconcile_failing = true;
+  }
   return s;
 }
 
@@ -457,6 +486,14 @@ void TrainingJobController::MarkReconcileFailed(const std::string& key, const St
     const auto slash = key.find('/');
     kube::ObjectPtr job = jobs_->store().Get(key.substr(0, slash), key.substr(slash + 1));
     if (!job) return;
+    const std::string cached_version = ResourceVersion(*job);
+    {
+      // The pass's own status write, where the cache does not have it yet (a Conflict else).
+      std::lock_guard<std::mutex> lock(own_writes_mu_);
+      if (auto own = own_writes_.find(key);
+          own != own_writes_.end() && own->second.replaced == cached_version)
+        job = own->second.written;
+    }
     recorder_.Record(*job, "Warning", "ReconcileError", message);
     // The condition only on a status that reads back: an empty one in its place would forget
     // the job's generation and members.
@@ -466,8 +503,11 @@ void TrainingJobController::MarkReconcileFailed(const std::string& key, const St
     plan.status = *status;
     MarkReconcileError(plan.status, message, Clock::now(),
                        (*job)["metadata"].value("generation", int64_t{0}));
-    if (auto written = WriteStatus(*job, plan); !written.ok())
+    auto written = WriteStatus(*job, plan);
+    if (!written.ok())
       LogWarn("could not mark the job", {{"job", key}, {"error", written.status().message()}});
+    else if (ResourceVersion(*written) != ResourceVersion(*job))
+      RememberOwnWrite(key, cached_version, std::make_shared<const json>(*written));
   } catch (const std::exception& e) {
     LogError("could not mark the job", {{"job", key}, {"error", e.what()}});
   }
@@ -538,17 +578,8 @@ Status TrainingJobController::Reconcile(const std::string& key, PassOutcome* out
   at[2] = Steady::now();
   TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan, observed.pushed));
   at[3] = Steady::now();
-  if (ResourceVersion(current) != ResourceVersion(*job)) {
-    // Kept only while the cache still holds the version it held when this pass began: checked
-    // under the lock the informer's handlers take after the cache has an event's object, so a
-    // write whose event came already is not kept (a steady job keeps no copy of itself).
-    std::lock_guard<std::mutex> lock(own_writes_mu_);
-    kube::ObjectPtr cached = jobs_->store().Get(ns, name);
-    if (cached && ResourceVersion(*cached) == cached_version)
-      own_writes_[key] = {cached_version, std::make_shared<const json>(current)};
-    else
-      own_writes_.erase(key);
-  }
+  if (ResourceVersion(current) != ResourceVersion(*job))
+    RememberOwnWrite(key, cached_version, std::make_shared<const json>(current));
   for (const PhaseChange& c : plan.phase_changes) {
     const json fields = {{"job", key},
                          {"generation", plan.status.generation},
@@ -780,6 +811,7 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
   for (const json& f : md.value("finalizers", json::array())) o.has_finalizer |= f == kFinalizer;
   o.raw_spec = job.value("spec", json::object());
   o.spec = api::ParseTrainingJobSpec(o.raw_spec);
+  o.reconcile_failing = connections.reconcile_failing;
   ObserveStatus(job.value("status", json(nullptr)), o);
   if (!o.status_error.empty())
     LogWarn("unreadable status: the job is held", {{"job", o.name}, {"error", o.status_error}});

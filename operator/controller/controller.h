@@ -111,7 +111,13 @@ class TrainingJobController {
     std::string replaced;  // the resourceVersion the write replaced
     kube::ObjectPtr written;
   };
-  void ForgetOwnWrite(const nlohmann::json& cached);
+  // The jobs informer's update handler: ends the saved write once the cache holds another
+  // version than it replaced; true when the cache's object is that write itself.
+  bool ForgetOwnWrite(const nlohmann::json& cached);
+  // After a status write of `key` that replaced version `replaced`: kept while the cache still
+  // holds `replaced`.
+  void RememberOwnWrite(const std::string& key, const std::string& replaced,
+                        kube::ObjectPtr written);
   std::mutex own_writes_mu_;
   std::map<std::string, OwnWrite> own_writes_;
   void Work();
@@ -179,6 +185,8 @@ class TrainingJobController {
     struct Writes;
     std::shared_ptr<Writes> writing;
     bool observed = false;  // a pass of this operator has observed the job
+    // The last pass that decided failed with an error a retry meets again (Observed).
+    bool reconcile_failing = false;
     // Since when passes have decided nothing, waiting for answers (none while one decides).
     std::optional<std::chrono::steady_clock::time_point> awaiting_since;
   };

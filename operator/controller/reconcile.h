@@ -254,6 +254,9 @@ struct Observed {
   // Why the status subresource does not read ("" when it does). `status` then holds only its
   // conditions, when those read.
   std::string status_error;
+  // A pass over the job failed with an error a retry meets again, and none has succeeded since:
+  // the Ready=False (ReconcileError) the shell wrote then stands.
+  bool reconcile_failing = false;
   bool service_exists = false, token_exists = false, spec_config_exists = false;
   std::vector<PodView> pods;  // the workers
   std::vector<PrepPodView> prep_pods;

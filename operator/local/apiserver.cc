@@ -230,6 +230,10 @@ class RequestContext {
       if (m == "POST") {
         auto body = ParseBody();
         if (!body) return;
+        if (s_.options_.admit_create)
+          if (std::string refused = s_.options_.admit_create(r.plural, ns, *body); !refused.empty())
+            return ReplyResult(ApiResult::Error(
+                {422, "Invalid", "admission webhook denied the request: " + refused}));
         return ReplyResult(writer.Create(r, ns, std::move(*body), Options()));
       }
       if (m == "DELETE") return DeleteCollection(r, ns);

@@ -35,6 +35,12 @@ struct ApiServerOptions {
   std::chrono::milliseconds bookmark_interval{std::chrono::seconds(60)};
   size_t max_body_bytes = 3 * 1024 * 1024;  // kube-apiserver's request size limit
   std::string audit_log_path;               // "" → no audit log (audit.h)
+  // A validating admission step for creations over HTTP: a non-empty answer refuses the object
+  // with 422 Invalid and that message, as a webhook's or a policy's denial reaches a client
+  // (tests use it to make the server refuse what a controller creates).
+  using AdmitCreate = std::function<std::string(const std::string& plural, const std::string& ns,
+                                                const nlohmann::json& object)>;
+  AdmitCreate admit_create;
   // Where `kubectl logs` reads a pod container's output (set by the process kubelet).
   std::function<std::string(const std::string& ns, const std::string& pod,
                             const std::string& container)>

@@ -296,6 +296,19 @@ class ControllerLoopTest : public ::testing::Test {
     c.nodes = 1;
     c.gpus_per_node = 8;
     c.images = {"tidal-sleeping-worker=" + script, "tidal-stubborn-worker=" + stubborn};
+    // The worker pods of the jobs in refusals_ are refused, as an admission webhook denies them.
+    c.admit_create = [refusals = refusals_](const std::string& plural, const std::string&,
+                                            const json& pod) -> std::string {
+      if (plural != "pods") return "";
+      const std::string name = pod["metadata"].value("name", "");
+      std::lock_guard<std::mutex> lock(refusals->mu);
+      for (const std::string& job : refusals->jobs)
+        if (name.rfind(job + "-worker-", 0) == 0) {
+          refusals->tried.push_back(std::chrono::steady_clock::now());
+          return "pods \"" + name + "\" refused by the test's policy";
+        }
+      return "";
+    };
     auto cluster = local::LocalCluster::Start(c);
     ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
     cluster_ = std::move(*cluster);
@@ -441,6 +454,13 @@ class ControllerLoopTest : public ::testing::Test {
     std::map<uint64_t, int64_t> steps;
   };
   std::shared_ptr<BarrierBook> barrier_steps_ = std::make_shared<BarrierBook>();
+  // Jobs whose worker pods the API server refuses, and when each creation was tried.
+  struct Refusals {
+    std::mutex mu;
+    std::set<std::string> jobs;
+    std::vector<std::chrono::steady_clock::time_point> tried;
+  };
+  std::shared_ptr<Refusals> refusals_ = std::make_shared<Refusals>();
   std::atomic<bool> stop_{false};
   std::thread ticker_;
 };
@@ -651,6 +671,49 @@ TEST_F(ControllerLoopTest, WorkersWhoseAnswersAreHeldHoldNoReconcileAndTheirAnsw
                                   Int(s, "step") >= step + 10;
                          }))
       << "the answers did not bring the job back under watch: " << Status("held").dump();
+}
+
+// A worker pod the API server refuses (a webhook's denial, 422): a plan's API writes run after
+// its pass, so the pass after them fails with the refusal — Ready=False naming it — and the
+// retries back off as a failed pass's always did. Neither the pass that started the writes nor
+// one that only waits ends the streak of failures (a first version's did: every pass after a
+// failure reset the backoff, and the pods were tried every few milliseconds). Per try, the
+// batch's failure and the pass that reads it each double the delay from 5 ms: tries at about
+// 0, 15, 75, 315 ms and 1.3 s, so five in the first three seconds.
+TEST_F(ControllerLoopTest, APodTheServerRefusesFailsAPassWithItsReasonAndItsRetriesBackOff) {
+  {
+    std::lock_guard<std::mutex> lock(refusals_->mu);
+    refusals_->jobs.insert("refused");
+  }
+  Apply("refused", 2);
+  ASSERT_TRUE(WaitStatus(
+      "refused",
+      [](const json& s) {
+        for (const json& c : s.value("conditions", json::array()))
+          if (c.value("type", "") == "Ready" && c.value("reason", "") == "ReconcileError")
+            return c.value("message", "").find("refused by the test's policy") != std::string::npos;
+        return false;
+      }))
+      << "no Ready=False naming the refusal: " << Status("refused").dump();
+  std::chrono::steady_clock::time_point first;
+  {
+    std::lock_guard<std::mutex> lock(refusals_->mu);
+    ASSERT_FALSE(refusals_->tried.empty());
+    first = refusals_->tried.front();
+  }
+  // Three seconds after the first try, counted: a retry loop without backoff makes hundreds.
+  std::this_thread::sleep_until(first + 3s);
+  std::vector<double> at;
+  {
+    std::lock_guard<std::mutex> lock(refusals_->mu);
+    for (const auto& t : refusals_->tried)
+      if (t <= first + 3s) at.push_back(std::chrono::duration<double>(t - first).count());
+  }
+  std::string seen;
+  for (double t : at) seen += std::to_string(t) + " ";
+  EXPECT_LE(at.size(), 10u) << "the refused pods were retried without backoff, at " << seen;
+  EXPECT_GE(at.size(), 2u) << "never retried: " << seen;
+  EXPECT_NE(Phase(Status("refused")), "Running");
 }
 
 // A suspend's checkpoint stays the job's last: rank 0's pushed figures stop at its last training
