@@ -993,11 +993,12 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
   }
   for (const auto& [pod, needed] : to_ask) {
     // A silent worker's answer wakes the job; its silence again does not (it is counted).
-    const bool silent = connections.unreachable_since.count(pod) ||
+    const std::string& name = pod;  // a lambda cannot capture a structured binding in clang 15
+    const bool silent = connections.unreachable_since.count(name) ||
                         std::any_of(answers.begin(), answers.end(), [&](const Answer& a) {
-                          return a.pod == pod && !a.status.ok();
+                          return a.pod == name && !a.status.ok();
                         });
-    ask(pod, running.at(pod), needed, !silent, nullptr);
+    ask(name, running.at(name), needed, !silent, nullptr);
   }
   o.now = Clock::now();
   for (Answer& answer : answers) {
