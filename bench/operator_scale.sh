@@ -13,6 +13,12 @@
 # its rank 0's step (the hub's, a step a second), sampled every 5 s. Prints both and the ratios
 # full / baseline.
 set -euo pipefail
+# One hub process serves every stand-in's control API: a listening socket per pod and a
+# connection per worker the operator follows. At 6,000 pods it ran out of descriptors under a
+# limit of 20,000 ("Failed accept4: Too many open files"), its workers went silent and were
+# recovered. Raised where the hard limit (or root) allows; a cluster's runtime gives each
+# container its own.
+ulimit -n 200000 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 build=${1:-build}
 jobs=${2:-200}
 per_job=${3:-10}
