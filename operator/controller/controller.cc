@@ -8,6 +8,7 @@
 #include <future>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "common/base64.h"
 #include "common/log.h"
@@ -448,12 +449,15 @@ void TrainingJobController::Work() {
       // its backoff): an awaiting pass, or one whose API writes still run, has yet to see how
       // it went (a refused pod creation fails the pass after its batch; its retries back off).
       queue_.Forget(*key);
-      // And the Ready=False it left: the next pass writes the job's own.
-      WorkerConnections& connections = ConnectionsOf(*key);
-      if (connections.reconcile_failing) {
-        connections.reconcile_failing = false;
-        queue_.Add(*key);
+      // And the Ready=False it left: the next pass writes the job's own. (Looked up, not
+      // made: a deleted job's pass has just dropped its entry.)
+      bool was_failing = false;
+      {
+        std::lock_guard<std::mutex> lock(connections_mu_);
+        if (auto it = connections_.find(*key); it != connections_.end())
+          was_failing = std::exchange(it->second->reconcile_failing, false);
       }
+      if (was_failing) queue_.Add(*key);
     }
     queue_.Done(*key);
   }
