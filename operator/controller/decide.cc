@@ -299,11 +299,11 @@ void Decider::WriteStatus() {
   }
   if (data && st_.phase == Phase::kPending && data->phase == "Invalid") {
     SetCondition(st_, "Ready", false, "InvalidSpec", data->message, o_.now, gen);
-  } else if (data && st_.phase == Phase::kPending && data->phase != "Ready") {
-    SetCondition(st_, "Ready", false, "PreparingData", data->message, o_.now, gen);
   } else if (o_.reconcile_failing && ConditionIs(st_, "Ready", "ReconcileError")) {
     // Kept until a pass succeeds: a failing job's Ready flipped between the error and its
     // phase with every retry.
+  } else if (data && st_.phase == Phase::kPending && data->phase != "Ready") {
+    SetCondition(st_, "Ready", false, "PreparingData", data->message, o_.now, gen);
   } else {
     SetCondition(st_, "Ready", running, running ? "Training" : not_ready,
                  running ? "generation " + std::to_string(st_.generation) + " at " +

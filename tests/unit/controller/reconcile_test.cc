@@ -70,6 +70,7 @@ class Sim {
     if (!expect_unreadable_status_) EXPECT_EQ(o.status_error, "");
     o.service_exists = service_;
     o.token_exists = token_;
+    o.reconcile_failing = reconcile_failing_;
     o.spec_config_exists = config_;
     for (const auto& [name, pod] : pods_) o.pods.push_back(pod);
     for (const auto& [name, pod] : prep_pods_) o.prep_pods.push_back(pod);
@@ -170,6 +171,7 @@ class Sim {
   std::map<std::string, Clock::time_point> silent_;
   bool stuck_ = false;
   bool expect_unreadable_status_ = false;
+  bool reconcile_failing_ = false;  // the shell's mark: a pass failed and none succeeded since
   json& mutable_status_json() {
     return status_json_;
   }                               // the workers answer "training" but no step ends (a hang)
@@ -485,6 +487,30 @@ std::vector<std::string> Names(std::initializer_list<int> slots) {
   std::vector<std::string> out;
   for (int s : slots) out.push_back("job-worker-" + std::to_string(s));
   return out;
+}
+
+// The Ready=False (ReconcileError) the shell writes after a failed pass stands while the job
+// keeps failing — the next plan's own Ready does not replace it (a failing job's Ready flipped
+// with every retry) — and gives way to the job's own once a pass succeeds.
+TEST(Reconcile, AReconcileErrorStandsWhileTheJobFailsAndGivesWayOnceAPassSucceeds) {
+  Sim sim(Spec());
+  sim.Reconcile();
+  auto ready = [&] {
+    for (const json& c : sim.status_json()["conditions"])
+      if (c["type"] == "Ready") return c.value("reason", "");
+    return std::string();
+  };
+  ASSERT_EQ(ready(), "PreparingData");
+  auto marked = JobStatusFromJson(sim.status_json());
+  ASSERT_TRUE(marked.ok()) << marked.status().ToString();
+  MarkReconcileError(*marked, "the operator cannot reconcile this job: pods refused", sim.now_, 1);
+  sim.mutable_status_json() = ToJson(*marked, "tidal.dev/job=job");
+  sim.reconcile_failing_ = true;
+  sim.Reconcile();
+  EXPECT_EQ(ready(), "ReconcileError") << sim.status_json().dump();
+  sim.reconcile_failing_ = false;
+  sim.Reconcile();
+  EXPECT_NE(ready(), "ReconcileError") << sim.status_json().dump();
 }
 
 TEST(Reconcile, ANewJobCreatesItsChildrenAndMinGpusWorkersThenRendezvousAsGenerationOne) {
