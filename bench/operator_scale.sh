@@ -4,8 +4,8 @@
 # on 20 nodes of 100 GPUs), their workers replaced by sleeping stand-ins (bench/idle_worker.cc: a
 # process per pod, blocked in a read) whose control API one hub process serves
 # (bench/idle_worker_hub.cc), the operator a process of its own. First a tenth of the jobs (the
-# baseline, same run), then all: once every job runs, the operator is watched for WINDOW_S
-# seconds (default 60) — reconcile duration p50/p99 over every reconcile since that phase's jobs
+# baseline, same run), then all: once every job runs and no pass has run for 5 s (settle), the
+# operator is watched for WINDOW_S seconds (default 60) — reconcile duration p50/p99 over every reconcile since that phase's jobs
 # went in (from its /metrics histogram, interpolated within buckets as Prometheus'
 # histogram_quantile does; a steady job costs none, so its start-up is what is measured), the
 # window's reconciles per job per second, work queue depth, its resident memory (and where it
@@ -246,6 +246,25 @@ with open(f"{sys.argv[1]}.result", "w") as f:
 PY
 }
 
+# Every reconcile so far (any result), from the duration histogram's counts.
+passes() { scrape | awk '/^tidal_operator_reconcile_duration_seconds_count/ {n += $2} END {print n + 0}'; }
+# A job reaches Running a second or two before it is steady (its workers' first pushes come, the
+# operator then follows rank 0 alone): the window starts once no pass has run for 5 s (60 s at
+# most, and says so), so that it measures steady jobs, not the last ones' start-up.
+settle() {
+  local t0=$SECONDS last quiet=0 n
+  last=$(passes)
+  while ((quiet < 5 && SECONDS - t0 < 60)); do
+    sleep 1
+    n=$(passes)
+    if [[ "$n" == "$last" ]]; then quiet=$((quiet + 1)); else quiet=0 last=$n; fi
+  done
+  if ((quiet < 5)); then
+    echo "  reconciles went on for 60 s after every job ran: measuring anyway" >&2
+  else
+    echo "  settled: no pass for 5 s, $((SECONDS - t0 - 5)) s after every job ran" >&2
+  fi
+}
 # Jobs go in in batches of the baseline's size, each running before the next, so the pods of
 # one batch start while the machine is not also starting hundreds of others.
 add_jobs() {
@@ -259,10 +278,12 @@ add_jobs() {
 echo "baseline: $base_jobs jobs x $per_job pods" >&2
 scrape >"$work/baseline.ramp"
 add_jobs 1 "$base_jobs"
+settle
 measure baseline "$base_jobs"
 echo "full: $jobs jobs x $per_job pods" >&2
 scrape >"$work/full.ramp"
 add_jobs $((base_jobs + 1)) "$jobs"
+settle
 measure full "$jobs"
 read -r b50 b99 brate brss <"$work/baseline.before.result"
 read -r f50 f99 frate frss <"$work/full.before.result"

@@ -45,6 +45,20 @@ struct TrainingJobController::WorkerConnections::Ask {
 struct TrainingJobController::WorkerConnections::Writes {
   std::mutex mu;
   std::optional<Status> result;  // guarded by mu
+  bool status_failed = false;    // the failure was the status write's (guarded by mu)
+  bool deferred = false;         // a pass found them running and decided nothing (guarded by mu)
+};
+
+struct TrainingJobController::Landing {
+  std::string key, namespace_, name;
+  // The version the jobs cache held when the pass began: what its status write replaces in the
+  // cache's eyes (RememberOwnWrite).
+  std::string cached_version;
+  std::vector<PhaseChange> phase_changes;
+  OperatorMetrics::JobFigures figures;
+  bool restarted = false;
+  std::optional<std::pair<std::string, double>> rescale;  // its kind, the seconds it took
+  std::vector<Event> events;
 };
 
 namespace {
@@ -56,6 +70,14 @@ std::string Key(const std::string& ns, const std::string& name) { return ns + "/
 
 // The actions that write API objects (Execute runs them after the pass, in order); the others
 // call workers.
+// An error a retry would meet again: an exception, an object the API server refuses (400/422),
+// an answer nobody expected. Conflicts, an unreachable API server and the workers' answers
+// mid-transition (a barrier to a rank that just failed) pass with a requeue.
+bool RetryMeetsAgain(const Status& s) {
+  return s.code() == StatusCode::kInvalidArgument || s.code() == StatusCode::kInternal ||
+         s.code() == StatusCode::kDataLoss;
+}
+
 bool IsApiWrite(Action::Kind kind) {
   switch (kind) {
     case Action::Kind::kAddFinalizer:
@@ -472,12 +494,9 @@ Status TrainingJobController::ReconcileIsolated(const std::string& key, PassOutc
   } catch (...) {
     s = Internal("reconcile threw an unknown exception");
   }
-  // What a retry would meet again — an exception, an object the API server refuses (400/422),
-  // an answer nobody expected — the job says. Conflicts, an unreachable API server and the
-  // workers' answers mid-transition (a barrier to a rank that just failed) pass with the requeue.
-  const bool repeats = s.code() == StatusCode::kInvalidArgument ||
-                       s.code() == StatusCode::kInternal || s.code() == StatusCode::kDataLoss;
-  if (repeats) {
+  // What a retry would meet again, the job says (RetryMeetsAgain); the rest passes with the
+  // requeue.
+  if (RetryMeetsAgain(s)) {
     MarkReconcileFailed(key, s);
     ConnectionsOf(key).reconcile_failing = true;
   }
@@ -564,6 +583,7 @@ Status TrainingJobController::Reconcile(const std::string& key, PassOutcome* out
   if (std::shared_ptr<WorkerConnections::Writes> w = connections.writing) {
     std::lock_guard<std::mutex> lock(w->mu);
     if (!w->result) {
+      w->deferred = true;
       if (outcome) outcome->awaiting = true;
       return OkStatus();
     }
@@ -580,39 +600,30 @@ Status TrainingJobController::Reconcile(const std::string& key, PassOutcome* out
   at[1] = Steady::now();
   Plan plan = DecideWithCapacity(observed);
   at[2] = Steady::now();
-  TIDAL_ASSIGN_OR_RETURN(json current, WriteStatus(*job, plan, observed.pushed));
+  TIDAL_ASSIGN_OR_RETURN(std::optional<kube::Request> status_write,
+                         StatusWrite(*job, plan, observed.pushed));
+  auto landing = std::make_shared<Landing>();
+  landing->key = key;
+  landing->namespace_ = ns;
+  landing->name = name;
+  landing->cached_version = cached_version;
+  landing->phase_changes = plan.phase_changes;
+  landing->figures.phase = planner::PhaseName(plan.status.phase);
+  landing->figures.desired_gpus = plan.status.desired_gpus;
+  landing->figures.current_gpus = plan.status.current_gpus;
+  landing->figures.step = plan.status.step;
+  landing->figures.generation = plan.status.generation;
+  landing->figures.loss_anomaly = ConditionTrue(plan.status, "LossAnomaly");
+  landing->restarted = plan.status.restarts > observed.status.restarts;
+  if (plan.finished_rescale)
+    landing->rescale = {
+        plan.finished_rescale->kind,
+        std::chrono::duration<double>(observed.now - plan.finished_rescale->started).count()};
+  landing->events = plan.events;
   at[3] = Steady::now();
-  if (ResourceVersion(current) != ResourceVersion(*job))
-    RememberOwnWrite(key, cached_version, std::make_shared<const json>(current));
-  for (const PhaseChange& c : plan.phase_changes) {
-    const json fields = {{"job", key},
-                         {"generation", plan.status.generation},
-                         {"from", planner::PhaseName(c.from)},
-                         {"event", planner::EventName(c.event)},
-                         {"to", planner::PhaseName(c.to)},
-                         {"reason", c.reason}};
-    if (c.refused)
-      LogError("phase change refused by the transition table", fields);
-    else
-      LogInfo("phase", fields);
-  }
-  if (OperatorMetrics* m = options_.metrics) {
-    OperatorMetrics::JobFigures figures;
-    figures.phase = planner::PhaseName(plan.status.phase);
-    figures.desired_gpus = plan.status.desired_gpus;
-    figures.current_gpus = plan.status.current_gpus;
-    figures.step = plan.status.step;
-    figures.generation = plan.status.generation;
-    figures.loss_anomaly = ConditionTrue(plan.status, "LossAnomaly");
-    m->SetJob(ns, name, figures);
-    if (plan.status.restarts > observed.status.restarts) m->CountRestart(ns, name);
-    if (plan.finished_rescale)
-      m->ObserveRescale(
-          plan.finished_rescale->kind,
-          std::chrono::duration<double>(observed.now - plan.finished_rescale->started).count());
-  }
   bool wrote = false;
-  Status executed = Execute(current, observed, plan, connections, &wrote);
+  Status executed = Execute(*job, observed, plan, connections, std::move(status_write),
+                            std::move(landing), &wrote);
   if (outcome) outcome->wrote = wrote;
   FollowWorkers(key, observed, plan, connections);
   at[4] = Steady::now();
@@ -627,12 +638,11 @@ Status TrainingJobController::Reconcile(const std::string& key, PassOutcome* out
                                {"generation", plan.status.generation},
                                {"observe_ms", ms(0)},
                                {"decide_ms", ms(1)},
-                               {"status_write_ms", ms(2)},
+                               {"plan_status_ms", ms(2)},
                                {"actions_ms", ms(3)},
                                {"actions", kinds},
                                {"workers_answered", observed.reports.size()}});
   }
-  for (const Event& e : plan.events) recorder_.Record(*job, e.type, e.reason, e.message);
   if (!executed.ok()) return executed;
   // This pass's timed look replaces any an earlier one asked for (a steady job's is minutes).
   queue_.AddAfterReplacing(key, plan.requeue_after);
@@ -1043,45 +1053,79 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
   return o;  // idle_gpus: DecideWithCapacity
 }
 
-StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& plan, bool pushed) {
-  const std::string selector =
-      std::string(kJobLabel) + "=" + JobLabelValue(job["metadata"].value("name", ""));
+StatusOr<std::optional<kube::Request>> TrainingJobController::StatusWrite(const json& job,
+                                                                          const Plan& plan,
+                                                                          bool pushed) {
+  const json& md = job["metadata"];
   if (plan.conditions_only) {
     const json current = job.value("status", json());
     const json conditions = ToJson(plan.status.conditions);
-    if (current.is_object() && current.value("conditions", json()) == conditions) return job;
-    const json& md = job["metadata"];
+    if (current.is_object() && current.value("conditions", json()) == conditions)
+      return std::optional<kube::Request>();
     TIDAL_ASSIGN_OR_RETURN(auto request, kube::MergePatchRequest(
                                              kube::Resource::TrainingJobs(),
                                              md.value("namespace", ""), md.value("name", ""),
                                              {{"status", {{"conditions", conditions}}}}, "status"));
-    auto written = client_.Call(request);
-    if (!written.ok()) return written.status().WithContext("writing status.conditions");
-    return written;
+    return std::optional<kube::Request>(std::move(request));
   }
+  const std::string selector = std::string(kJobLabel) + "=" + JobLabelValue(md.value("name", ""));
   json status = ToJson(plan.status, selector);
   const json current = job.value("status", json());
-  if (current == status) return job;
+  if (current == status) return std::optional<kube::Request>();
   // Figures alone, with the workers pushing them onto a status that trains: the patcher writes
   // those (FiguresPatch). (A reconcile that wrote them raced the patcher's writes and lost to a
   // conflict.) Onto any other phase — a job held Paused whose workers have just checkpointed —
   // the patcher writes nothing, so the reconcile does.
   const bool trains = plan.status.phase == planner::Phase::kRunning ||
                       plan.status.phase == planner::Phase::kScaling;
-  if (pushed && trains && WithoutFigures(current) == WithoutFigures(status)) return job;
+  if (pushed && trains && WithoutFigures(current) == WithoutFigures(status))
+    return std::optional<kube::Request>();
   json updated = job;
-  updated["status"] = status;
-  const json& md = job["metadata"];
+  updated["status"] = std::move(status);
   TIDAL_ASSIGN_OR_RETURN(
       auto request, kube::ReplaceRequest(kube::Resource::TrainingJobs(), md.value("namespace", ""),
                                          md.value("name", ""), updated, "status"));
-  auto written = client_.Call(request);
+  return std::optional<kube::Request>(std::move(request));
+}
+
+StatusOr<json> TrainingJobController::WriteStatus(const json& job, const Plan& plan) {
+  TIDAL_ASSIGN_OR_RETURN(std::optional<kube::Request> request, StatusWrite(job, plan));
+  if (!request) return job;
+  auto written = client_.Call(*request);
   if (!written.ok()) return written.status().WithContext("writing status");
   return written;  // its resourceVersion is the one later patches must name
 }
 
+void TrainingJobController::Land(const Landing& landing, const json& job) {
+  for (const PhaseChange& c : landing.phase_changes) {
+    const json fields = {{"job", landing.key},
+                         {"generation", landing.figures.generation},
+                         {"from", planner::PhaseName(c.from)},
+                         {"event", planner::EventName(c.event)},
+                         {"to", planner::PhaseName(c.to)},
+                         {"reason", c.reason}};
+    if (c.refused)
+      LogError("phase change refused by the transition table", fields);
+    else
+      LogInfo("phase", fields);
+  }
+  if (OperatorMetrics* m = options_.metrics) {
+    // Under the lock a deleted job's pass drops its connections under before its series: a
+    // write that lands after that pass makes no series for a job that is gone.
+    std::lock_guard<std::mutex> lock(connections_mu_);
+    if (connections_.count(landing.key)) {
+      m->SetJob(landing.namespace_, landing.name, landing.figures);
+      if (landing.restarted) m->CountRestart(landing.namespace_, landing.name);
+      if (landing.rescale) m->ObserveRescale(landing.rescale->first, landing.rescale->second);
+    }
+  }
+  for (const Event& e : landing.events) recorder_.Record(job, e.type, e.reason, e.message);
+}
+
 Status TrainingJobController::Execute(const json& job, const Observed& o, const Plan& plan,
-                                      WorkerConnections& connections, bool* wrote) {
+                                      WorkerConnections& connections,
+                                      std::optional<kube::Request> status_write,
+                                      std::shared_ptr<const Landing> landing, bool* wrote) {
   const JobRef ref{o.name, o.namespace_, o.uid};
   const std::string token = TokenOf(o.namespace_, o.name);
   auto client_for = [&](const std::string& pod, const std::string& ip) {
@@ -1111,36 +1155,48 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
     return "";
   };
   const std::string job_key = Key(o.namespace_, o.name);
-  // Starts a worker call of the plan on its own thread (WorkerCalls): once per pod and `what`
-  // while it runs; its failure is logged and, with `wake`, its end reconciles the job again.
+  // A worker call of the plan, started on its own thread (WorkerCalls) once the status is
+  // written: once per pod and `what` while it runs; its failure is logged and, with `wake`,
+  // its end reconciles the job again.
+  std::vector<std::function<void()>> starts;
   auto start = [&](const std::string& pod, const std::string& what, std::function<Status()> call,
                    bool wake) {
-    worker_calls_.Start(
-        job_key + "/" + pod + "/" + what, std::move(call),
-        [this, job_key, pod, what, wake](const Status& s) {
-          if (!s.ok())
-            LogInfo("worker call failed",
-                    {{"job", job_key}, {"pod", pod}, {"call", what}, {"error", s.ToString()}});
-          if (wake) queue_.Add(job_key);
-        });
+    starts.push_back([this, job_key, pod, what, wake, call = std::move(call)] {
+      worker_calls_.Start(
+          job_key + "/" + pod + "/" + what, call,
+          [this, job_key, pod, what, wake](const Status& s) {
+            if (!s.ok())
+              LogInfo("worker call failed",
+                      {{"job", job_key}, {"pod", pod}, {"call", what}, {"error", s.ToString()}});
+            if (wake) queue_.Add(job_key);
+          });
+    });
   };
+  // The job's resourceVersion when the plan's writes run: the status write's, once made.
+  auto version = std::make_shared<std::string>(ResourceVersion(job));
   // The API writes of an earlier plan, ended (Reconcile decides nothing while they run). One
   // that failed fails this pass if it writes too, as it would have failed the pass that planned
   // it (an Event and Ready=False for an error a retry would meet again; a retry with backoff);
   // a plan that writes nothing any more (the pods came, the job was suspended) leaves it.
+  // (A status write that failed for a reason a retry meets again — refused, not a conflict —
+  // fails a pass that writes the status again.)
   if (std::shared_ptr<WorkerConnections::Writes> w = connections.writing) {
     std::optional<Status> result;
+    bool status_failed = false;
     {
       std::lock_guard<std::mutex> lock(w->mu);
       result = w->result;
+      status_failed = w->status_failed;
     }
     connections.writing.reset();
-    const bool writes_again = std::any_of(plan.actions.begin(), plan.actions.end(),
-                                          [](const Action& a) { return IsApiWrite(a.kind); });
+    const bool writes_again =
+        (status_failed && status_write && result && RetryMeetsAgain(*result)) ||
+        std::any_of(plan.actions.begin(), plan.actions.end(),
+                    [](const Action& a) { return IsApiWrite(a.kind); });
     if (result && !result->ok() && writes_again) return *result;
   }
-  // The plan's actions: worker calls start now; API writes are collected. Whatever ends the
-  // loop, the writes collected before it are made (as they were made before it, in order).
+  // The plan's actions, collected: worker calls (`starts`) and API writes. Whatever ends the
+  // loop, what was collected before it is done (as it was done before it, in order).
   auto act = [&]() -> Status {
     for (const Action& a : plan.actions) {
       Status done = OkStatus();
@@ -1160,14 +1216,16 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           for (const json& f : job["metadata"].value("finalizers", json::array()))
             if (f != kFinalizer) finalizers.push_back(f);
           if (a.kind == Action::Kind::kAddFinalizer) finalizers.push_back(kFinalizer);
-          const json patch = {
-              {"metadata",
-               {{"finalizers", finalizers},
-                {"resourceVersion", job["metadata"].value("resourceVersion", "")}}}};
-          TIDAL_ASSIGN_OR_RETURN(
-              auto request,
-              kube::MergePatchRequest(kube::Resource::TrainingJobs(), o.namespace_, o.name, patch));
-          writes.push_back({a.kind, call(std::move(request))});
+          // Named at the version the status write (before it) leaves.
+          writes.push_back(
+              {a.kind, [this, version, finalizers, ns = o.namespace_, name = o.name]() -> Status {
+                 const json patch = {
+                     {"metadata", {{"finalizers", finalizers}, {"resourceVersion", *version}}}};
+                 TIDAL_ASSIGN_OR_RETURN(
+                     auto request,
+                     kube::MergePatchRequest(kube::Resource::TrainingJobs(), ns, name, patch));
+                 return client_.Call(request).status();
+               }});
           break;
         }
         case Action::Kind::kEnsureService:
@@ -1353,41 +1411,92 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
     return OkStatus();
   };
   const Status acted = act();
-  if (writes.empty()) return acted;
+  if (!status_write) {
+    // Nothing to write first: the plan lands and its worker calls start now.
+    Land(*landing, job);
+    for (auto& s : starts) s();
+    if (writes.empty()) return acted;
+  }
   // In order, the first failure ending them, on api_writes_: a slow API server holds no
-  // reconcile (creating a job's pods and updating its spec's ConfigMap were most of the slow
-  // start-up passes at 200 jobs). Their end wakes the job.
+  // reconcile (the status write, creating a job's pods and updating its spec's ConfigMap were
+  // the slow passes at 200 jobs). Their end wakes the job.
   auto batch = std::make_shared<WorkerConnections::Writes>();
   connections.writing = batch;
   *wrote = true;
-  api_writes_.Submit([this, batch, job_key, writes = std::move(writes)] {
-    Status result = OkStatus();
-    for (const Write& w : writes) {
-      Status s;
-      try {  // one that throws (no thread for a side-by-side creation) ends them like a failure
-        s = w.call();
+  const bool api_writes = !writes.empty(), pass_ok = acted.ok();
+  api_writes_.Submit([this, batch, job_key, version, api_writes, pass_ok,
+                      landing = std::move(landing), status_write = std::move(status_write),
+                      starts = std::move(starts), writes = std::move(writes)]() mutable {
+    // Whatever ends them (one that throws: no thread for a side-by-side creation, say) ends
+    // them like a failure; the result is always set, or the job's passes would wait forever.
+    auto run = [](const std::function<Status()>& step) -> Status {
+      try {
+        return step();
       } catch (const std::exception& e) {
-        s = Internal(std::string("threw: ") + e.what());
+        return Internal(std::string("threw: ") + e.what());
+      } catch (...) {
+        return Internal("threw an unknown exception");
       }
-      if (!s.ok()) {
+    };
+    Status result = OkStatus();
+    bool status_failed = false;
+    if (status_write) {
+      result = run([&]() -> Status {
+        const std::string before = *version;
+        auto written = client_.Call(*status_write);
+        if (!written.ok()) {
+          status_failed = true;
+          return written.status().WithContext("writing status");
+        }
+        *version = ResourceVersion(*written);
+        auto ptr = std::make_shared<const json>(std::move(*written));
+        if (*version != before) RememberOwnWrite(job_key, landing->cached_version, ptr);
+        Land(*landing, *ptr);
+        for (auto& s : starts) s();
+        return OkStatus();
+      });
+      if (!result.ok())
+        LogWarn("status write failed", {{"job", job_key}, {"error", result.ToString()}});
+    }
+    for (const Write& w : writes) {
+      if (!result.ok()) break;
+      if (Status s = run(w.call); !s.ok()) {
         LogWarn("action failed",
                 {{"job", job_key}, {"action", ActionKindName(w.kind)}, {"error", s.ToString()}});
         result = s.WithContext(ActionKindName(w.kind));
-        break;
       }
     }
+    bool deferred = false;
     {
       std::lock_guard<std::mutex> lock(batch->mu);
       batch->result = result;
+      batch->status_failed = status_failed;
+      deferred = batch->deferred;
     }
     // A failure's retry backs off (the pass that reads it returns it, and requeues with backoff
-    // again). What the writes made wakes the job through its informer's event, once the cache
-    // has it (a wake now would beat the pods into the cache and plan them again); a second
-    // later is only the look for a write that changed nothing.
-    if (result.ok())
-      queue_.AddAfter(job_key, std::chrono::seconds(1));
-    else
+    // again).
+    if (!result.ok()) {
       queue_.AddRateLimited(job_key);
+      return;
+    }
+    // A plan whose pass went well and whose writes all landed ends a streak of failures, and
+    // the Ready=False that streak left (as Work does after a pass that writes nothing).
+    bool was_failing = false;
+    if (pass_ok) {
+      queue_.Forget(job_key);
+      std::lock_guard<std::mutex> lock(connections_mu_);
+      if (auto it = connections_.find(job_key); it != connections_.end())
+        was_failing = std::exchange(it->second->reconcile_failing, false);
+    }
+    // What the API writes made wakes the job through its informer's event, once the cache has
+    // it (a wake now would beat the pods into the cache and plan them again); a second later is
+    // only the look for a write that changed nothing. A status write alone changes nothing the
+    // next pass would plan again: a pass it held back (or the one that writes the job's own
+    // Ready) runs now.
+    if (api_writes)
+      queue_.AddAfter(job_key, std::chrono::seconds(1));
+    else if (deferred || was_failing)
+      queue_.Add(job_key);
   });
   return acted;
 }

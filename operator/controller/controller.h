@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -81,13 +82,25 @@ class TrainingJobController {
   void MarkReconcileFailed(const std::string& key, const Status& error);
   // None while answers a decision needs are still out (their arrival wakes the job).
   std::optional<Observed> Observe(const nlohmann::json& job, WorkerConnections& connections);
-  // The job as written (or unchanged when its status already matched).
-  // `pushed`: the workers push their figures (Observed::pushed), which the patcher writes.
-  StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan,
-                                       bool pushed = false);
-  // `wrote`: set when it started API writes (they run after the pass, on api_writes_).
+  // The request that writes the plan's status onto `job`; none when the status already
+  // matches (or, `pushed`: the workers push their figures, Observed::pushed, and only those
+  // differ, which the patcher writes).
+  StatusOr<std::optional<kube::Request>> StatusWrite(const nlohmann::json& job, const Plan& plan,
+                                                     bool pushed = false);
+  // StatusWrite, made now: the job as written (or unchanged).
+  StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan);
+  // What a plan's status, once it is written, makes true in the operator's own accounts: its
+  // phase changes logged, the job's metrics, its Events (defined in controller.cc).
+  struct Landing;
+  // Lands it: of a job this operator still follows (a deleted job's pass dropped its series).
+  void Land(const Landing& landing, const nlohmann::json& job);
+  // Acts on the plan. The status write (when there is one) and the API writes run after the
+  // pass, in that order, on api_writes_; the worker calls start once the status is written (a
+  // worker never goes where the status does not say it went), and `landing` is landed then.
+  // `wrote`: set when it started writes (a later pass sees their end).
   Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan,
-                 WorkerConnections& connections, bool* wrote);
+                 WorkerConnections& connections, std::optional<kube::Request> status_write,
+                 std::shared_ptr<const Landing> landing, bool* wrote);
   // Allocatable nvidia.com/gpu of schedulable nodes minus what bound, unfinished pods request,
   // minus what pods this controller decided to create (and the cache does not show yet)
   // will. Under capacity_mu_.
@@ -225,15 +238,16 @@ class TrainingJobController {
   // worker's 3 s never delays a needed ask; what is still queued at shutdown is dropped.
   ThreadPool background_asks_{8, /*finish_queued=*/false};
   ThreadPool patch_calls_{4};  // the patcher's status writes
-  // The API writes of a plan (children, pods, finalizers), in its order: here, never on a
-  // reconcile worker, so that a slow API server holds no reconcile. What is still queued at
-  // shutdown is dropped: the next leader's pass decides it again.
-  ThreadPool api_writes_{4, /*finish_queued=*/false};
   // The worker calls a plan makes — Checkpoint barriers (up to barrier_timeout), Rendezvous,
   // PrepareEngine, Resume, Shutdown — run here, never on a reconcile worker: a slow worker
   // holds no reconcile. One call per (pod, what it asks) at a time; its end wakes the job, whose
-  // next pass sees the outcome in what the workers report.
+  // next pass sees the outcome in what the workers report. (Before api_writes_, whose batches
+  // start worker calls: it outlives them.)
   WorkerCalls worker_calls_;
+  // The writes of a plan (its status, children, pods, finalizers), in its order: here, never on
+  // a reconcile worker, so that a slow API server holds no reconcile. What is still queued at
+  // shutdown is dropped: the next leader's pass decides it again.
+  ThreadPool api_writes_{4, /*finish_queued=*/false};
 };
 
 }  // namespace tidal::controller

@@ -243,6 +243,11 @@ class RequestContext {
       if (sub == "scale") return ReplyResult(writer.GetScale(r, ns, name));
       return Get(r, ns, name);
     }
+    if ((m == "PUT" || m == "PATCH") && s_.options_.admit_update)
+      if (std::string refused = s_.options_.admit_update(r.plural, ns, name, sub, req_.body);
+          !refused.empty())
+        return ReplyResult(
+            ApiResult::Error({422, "Invalid", "admission webhook denied the request: " + refused}));
     if (m == "PUT") {
       auto body = ParseBody();
       if (!body) return;

@@ -41,6 +41,13 @@ struct ApiServerOptions {
   using AdmitCreate = std::function<std::string(const std::string& plural, const std::string& ns,
                                                 const nlohmann::json& object)>;
   AdmitCreate admit_create;
+  // The same for updates over HTTP (PUT and PATCH, `subresource` "" or e.g. "status"; `body`
+  // as sent); it may also take its time, as a slow webhook holds a request (tests hold a
+  // controller's writes).
+  using AdmitUpdate = std::function<std::string(
+      const std::string& plural, const std::string& ns, const std::string& name,
+      const std::string& subresource, const std::string& body)>;
+  AdmitUpdate admit_update;
   // Where `kubectl logs` reads a pod container's output (set by the process kubelet).
   std::function<std::string(const std::string& ns, const std::string& pod,
                             const std::string& container)>

@@ -115,6 +115,7 @@ StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(ClusterOptions optio
   api.bookmark_interval = options.bookmark_interval;
   api.audit_log_path = options.audit_log_path;
   api.admit_create = options.admit_create;
+  api.admit_update = options.admit_update;
   std::string data_dir = options.data_dir;
   api.log_path = [data_dir](const std::string& ns, const std::string& pod, const std::string& c) {
     return ProcessKubelet::LogPath(data_dir, ns, pod, c);

@@ -27,6 +27,7 @@ struct ClusterOptions {
   std::string audit_log_path;  // "" → none; else every API request, as audit.k8s.io/v1 Events
   bool keep_logs = false;      // KubeletOptions::keep_logs
   ApiServerOptions::AdmitCreate admit_create;  // tests: refuse some creations (ApiServerOptions)
+  ApiServerOptions::AdmitUpdate admit_update;  // tests: refuse or hold some updates
 };
 
 // The image table `tidal local` starts with: base images run host commands, and Tidal's own

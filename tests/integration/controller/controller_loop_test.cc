@@ -188,6 +188,10 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
     std::lock_guard<std::mutex> lock(mu_);
     return rank_;
   }
+  int64_t generation() const {  // the last Rendezvous'
+    std::lock_guard<std::mutex> lock(mu_);
+    return generation_;
+  }
   void Close(uint64_t id) {
     std::function<void(const Status&)> on_end;
     {
@@ -309,6 +313,24 @@ class ControllerLoopTest : public ::testing::Test {
         }
       return "";
     };
+    // The status writes of the jobs in holds_ that declare a generation are held by the
+    // server, as a slow webhook holds them, until the test lets them go.
+    c.admit_update = [holds = holds_](const std::string& plural, const std::string&,
+                                      const std::string& name, const std::string& sub,
+                                      const std::string& body) -> std::string {
+      if (plural != "trainingjobs" || sub != "status") return "";
+      const json sent = json::parse(body, nullptr, false);
+      if (!sent.is_object() || !sent.contains("status") || !sent["status"].is_object() ||
+          sent["status"].value("generation", int64_t{0}) < 1)
+        return "";
+      std::unique_lock<std::mutex> lock(holds->mu);
+      if (!holds->jobs.count(name)) return "";
+      ++holds->held;
+      holds->changed.notify_all();
+      // Longer than the test waits for another job, shorter than the client's 60 s timeout.
+      holds->changed.wait_for(lock, 50s, [&] { return holds->released; });
+      return "";
+    };
     auto cluster = local::LocalCluster::Start(c);
     ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
     cluster_ = std::move(*cluster);
@@ -348,6 +370,7 @@ class ControllerLoopTest : public ::testing::Test {
     });
   }
   void TearDown() override {
+    ReleaseHeldWrites();
     stop_ = true;
     if (ticker_.joinable()) ticker_.join();
     {
@@ -461,6 +484,26 @@ class ControllerLoopTest : public ::testing::Test {
     std::vector<std::chrono::steady_clock::time_point> tried;
   };
   std::shared_ptr<Refusals> refusals_ = std::make_shared<Refusals>();
+  // Jobs whose status writes that declare a generation the API server holds, how many it has
+  // held, and whether they are let go.
+  struct Holds {
+    std::mutex mu;
+    std::condition_variable changed;
+    std::set<std::string> jobs;
+    int held = 0;
+    bool released = false;
+  };
+  std::shared_ptr<Holds> holds_ = std::make_shared<Holds>();
+  void ReleaseHeldWrites() {
+    std::lock_guard<std::mutex> lock(holds_->mu);
+    holds_->released = true;
+    holds_->changed.notify_all();
+  }
+  // Waits (60 s at most) until the server holds one of the job's status writes.
+  bool WaitHeldWrite() {
+    std::unique_lock<std::mutex> lock(holds_->mu);
+    return holds_->changed.wait_for(lock, 60s, [&] { return holds_->held > 0; });
+  }
   std::atomic<bool> stop_{false};
   std::thread ticker_;
 };
@@ -671,6 +714,45 @@ TEST_F(ControllerLoopTest, WorkersWhoseAnswersAreHeldHoldNoReconcileAndTheirAnsw
                                   Int(s, "step") >= step + 10;
                          }))
       << "the answers did not bring the job back under watch: " << Status("held").dump();
+}
+
+// A status write the API server is slow to answer (a webhook that takes its time, an etcd that
+// stalls) holds no reconcile: the plan's writes run after its pass, so the one reconcile worker
+// starts another job meanwhile. And what the plan does after its status write waits for it: no
+// worker is told to join a generation while the status that declares it is not written (an
+// operator that died then would leave workers where the status does not say they are). With
+// the status written inside the pass (stop 46), the other job waited behind the held write.
+TEST_F(ControllerLoopTest, AStatusWriteTheServerHoldsHoldsNoReconcileAndNoWorkerGoesAheadOfIt) {
+  {
+    std::lock_guard<std::mutex> lock(holds_->mu);
+    holds_->jobs.insert("slow");
+  }
+  Apply("slow", 2);
+  ASSERT_TRUE(WaitHeldWrite()) << "no status write of generation 1: " << Status("slow").dump();
+  Apply("other", 2);
+  EXPECT_TRUE(WaitStatus(
+      "other", [](const json& s) { return Phase(s) == "Running"; }, 30s))
+      << "a pass waited for the held status write: " << Status("other").dump();
+  // slow's workers answered (the pass that declared generation 1 heard them) and none of them
+  // has been told to join it: every fake at a generation is one of other's members.
+  const std::vector<std::shared_ptr<FakeWorker>> others = MembersOf("other");
+  ASSERT_EQ(others.size(), 2u) << Status("other").dump();
+  int waiting = 0;
+  for (const auto& w : Workers()) {
+    if (std::find(others.begin(), others.end(), w) != others.end()) continue;
+    ++waiting;
+    EXPECT_EQ(w->generation(), 0) << "a worker joined a generation its status does not declare";
+  }
+  EXPECT_EQ(waiting, 2) << "slow's workers were not asked";
+  ReleaseHeldWrites();
+  EXPECT_TRUE(WaitStatus("slow", [](const json& s) {
+    return Phase(s) == "Running" && Int(s, "generation") == 1;
+  })) << Status("slow").dump();
+  const std::vector<std::shared_ptr<FakeWorker>> members = MembersOf("slow");
+  ASSERT_EQ(members.size(), 2u) << Status("slow").dump();
+  for (const auto& w : members)
+    EXPECT_TRUE(WaitStatus("slow", [&](const json&) { return w->generation() == 1; }))
+        << "a member was not told to join once its generation was written";
 }
 
 // A worker pod the API server refuses (a webhook's denial, 422): a plan's API writes run after
