@@ -219,6 +219,10 @@ for verb in ("put", "patch", "post"):
     name = "tidal_operator_api_request_duration_seconds"
     before, after = buckets(sys.argv[10], f'verb="{verb}"', name), buckets(sys.argv[2], f'verb="{verb}"', name)
     api[verb] = (quantile(0.5, before, after), quantile(0.99, before, after))
+# A plan's writes run after its pass (its status first): from the pass's end to their last answer.
+name = "tidal_operator_plan_writes_duration_seconds"
+before, after = buckets(sys.argv[10], 'result="ok"', name), buckets(sys.argv[2], 'result="ok"', name)
+plan_writes = (quantile(0.5, before, after), quantile(0.99, before, after))
 label, njobs, pods, secs, depth, rss = sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8])
 p50, p99 = quantile(0.5, ramp, b1), quantile(0.99, ramp, b1)
 rate = total / secs / njobs
@@ -240,7 +244,8 @@ print(f"{label:<9} {njobs:>5} jobs {pods:>5} pods: reconcile p50 {p50*1000:7.1f}
       f"{rate:5.3f} reconciles/job/s  queue depth <= {depth:4d}  "
       f"RSS {rss/1024:6.1f} MiB  status lag p50 {lag50:.2f} s p99 {lag99:.2f} s "
       f"({len(lags)} samples; a `kubectl get tj` took up to {max(gets or [0]):.2f} s); "
-      "API answers p50/p99: " + ", ".join(f"{v} {a[0]*1000:.1f}/{a[1]*1000:.1f} ms" for v, a in api.items()))
+      "API answers p50/p99: " + ", ".join(f"{v} {a[0]*1000:.1f}/{a[1]*1000:.1f} ms" for v, a in api.items()) +
+      f"; a plan's writes, after its pass: p50 {plan_writes[0]*1000:.1f} ms p99 {plan_writes[1]*1000:.1f} ms")
 with open(f"{sys.argv[1]}.result", "w") as f:
     f.write(f"{p50} {p99} {rate} {rss}\n")
 PY

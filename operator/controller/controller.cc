@@ -1424,7 +1424,8 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
   connections.writing = batch;
   *wrote = true;
   const bool api_writes = !writes.empty(), pass_ok = acted.ok();
-  api_writes_.Submit([this, batch, job_key, version, api_writes, pass_ok,
+  const auto submitted = std::chrono::steady_clock::now();
+  api_writes_.Submit([this, batch, job_key, version, api_writes, pass_ok, submitted,
                       landing = std::move(landing), status_write = std::move(status_write),
                       starts = std::move(starts), writes = std::move(writes)]() mutable {
     // Whatever ends them (one that throws: no thread for a side-by-side creation, say) ends
@@ -1466,6 +1467,10 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
         result = s.WithContext(ActionKindName(w.kind));
       }
     }
+    if (OperatorMetrics* m = options_.metrics)
+      m->ObservePlanWrites(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - submitted).count(),
+          result.ok());
     bool deferred = false;
     {
       std::lock_guard<std::mutex> lock(batch->mu);

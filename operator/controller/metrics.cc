@@ -76,6 +76,13 @@ OperatorMetrics::OperatorMetrics()
                         .Help("Time of the operator's Kubernetes API requests, from sending one "
                               "to its answer, in seconds, by verb (watches not counted).")
                         .Register(*registry_)),
+      plan_writes_duration_(
+          prometheus::BuildHistogram()
+              .Name("tidal_operator_plan_writes_duration_seconds")
+              .Help("Time of a reconcile plan's writes (its status, then the children and pods "
+                    "it creates or deletes), run after the pass: from the pass's end to the "
+                    "last write's answer, queueing included, in seconds, by result (ok, error).")
+              .Register(*registry_)),
       leader_(prometheus::BuildGauge()
                   .Name("tidal_operator_leader")
                   .Help("1 while this operator process holds the leader lease and "
@@ -89,6 +96,8 @@ OperatorMetrics::OperatorMetrics()
   reconcile_ok_ = &reconcile_duration_.Add({{"result", "ok"}}, pass);
   reconcile_error_ = &reconcile_duration_.Add({{"result", "error"}}, pass);
   reconcile_awaiting_ = &reconcile_duration_.Add({{"result", "awaiting"}}, pass);
+  plan_writes_ok_ = &plan_writes_duration_.Add({{"result", "ok"}}, pass);
+  plan_writes_failed_ = &plan_writes_duration_.Add({{"result", "error"}}, pass);
   const auto rescale = metrics::ExponentialBuckets(0.5, 2, 14);
   for (const char* kind : {"start", "resume", "scale_up", "scale_down", "drain", "recovery"})
     rescale_by_kind_[kind] = &rescale_duration_.Add({{"kind", kind}}, rescale);
@@ -207,6 +216,10 @@ void OperatorMetrics::ObserveApiRequest(const std::string& verb, double seconds)
     h = known;
   }
   h->Observe(seconds);
+}
+
+void OperatorMetrics::ObservePlanWrites(double seconds, bool ok) {
+  (ok ? plan_writes_ok_ : plan_writes_failed_)->Observe(seconds);
 }
 
 void OperatorMetrics::CountApiError(const std::string& verb, int code) {

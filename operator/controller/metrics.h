@@ -49,6 +49,9 @@ class OperatorMetrics {
   void CountApiError(const std::string& verb, int code);
   // A Kubernetes API request's time from sending it to its answer, by verb (get, post, ...).
   void ObserveApiRequest(const std::string& verb, double seconds);
+  // A plan's writes (its status first, then its API writes), from the end of the pass that
+  // made them to the end of the last, queueing included; `ok`: they all landed.
+  void ObservePlanWrites(double seconds, bool ok);
   void SetLeader(bool leading);
 
  private:
@@ -83,6 +86,9 @@ class OperatorMetrics {
   prometheus::Family<prometheus::Counter>& restarts_;
   prometheus::Family<prometheus::Counter>& api_errors_;
   prometheus::Family<prometheus::Histogram>& api_duration_;
+  prometheus::Family<prometheus::Histogram>& plan_writes_duration_;
+  prometheus::Histogram* plan_writes_ok_ = nullptr;
+  prometheus::Histogram* plan_writes_failed_ = nullptr;
   std::mutex api_mu_;
   std::map<std::string, prometheus::Histogram*> api_by_verb_;  // guarded by api_mu_
   prometheus::Gauge& leader_;

@@ -93,6 +93,9 @@ TEST(OperatorMetrics, ReconcilesRescalesAndApiErrorsLandInTheirSeries) {
   m.CountApiError("put", 409);
   m.ObserveApiRequest("put", 0.02);
   m.ObserveApiRequest("put", 0.2);
+  m.ObservePlanWrites(0.03, true);
+  m.ObservePlanWrites(0.5, false);
+  m.ObservePlanWrites(0.01, true);
   m.SetQueueDepth(3);
   m.SetLeader(true);
   const std::string text = Render(m);
@@ -104,6 +107,8 @@ TEST(OperatorMetrics, ReconcilesRescalesAndApiErrorsLandInTheirSeries) {
   EXPECT_TRUE(Has(text, R"(tidal_operator_api_request_duration_seconds_count{verb="put"} 2)"))
       << text;
   EXPECT_TRUE(Has(text, R"(tidal_trainingjob_rescale_duration_seconds_count{kind="start"} 0)"));
+  EXPECT_TRUE(Has(text, R"(tidal_operator_plan_writes_duration_seconds_count{result="ok"} 2)"));
+  EXPECT_TRUE(Has(text, R"(tidal_operator_plan_writes_duration_seconds_sum{result="error"} 0.5)"));
   EXPECT_EQ(text.find("no-such-kind"), std::string::npos);
   EXPECT_TRUE(Has(text, R"(tidal_operator_api_errors_total{code="409",verb="put"} 2)")) << text;
   EXPECT_TRUE(Has(text, "tidal_operator_workqueue_depth 3"));
