@@ -495,8 +495,11 @@ Status TrainingJobController::ReconcileIsolated(const std::string& key, PassOutc
     s = Internal("reconcile threw an unknown exception");
   }
   // What a retry would meet again, the job says (RetryMeetsAgain); the rest passes with the
-  // requeue.
-  if (RetryMeetsAgain(s)) {
+  // requeue. A pass that failed after starting its plan's writes leaves the mark to the next
+  // one, which meets the error again with its status already written: a mark now would race
+  // that status write, and one of the two would be lost to a Conflict.
+  const bool started_writes = outcome && outcome->wrote;
+  if (RetryMeetsAgain(s) && !started_writes) {
     MarkReconcileFailed(key, s);
     ConnectionsOf(key).reconcile_failing = true;
   }
