@@ -161,6 +161,8 @@ void ReadWorker(const json& spec, WorkerSpec& w, std::vector<std::string>& error
   take("env", w.env, false);
   s.Int("terminationGracePeriodSeconds", w.termination_grace_period_seconds);
   s.InRange("terminationGracePeriodSeconds", w.termination_grace_period_seconds, 0, 3600);
+  s.String("placement", w.placement);
+  s.OneOf("placement", w.placement, {"Pack", "None"});
 }
 
 // Whether `gpus` ranks split the global batch into whole micro-batches (gradient

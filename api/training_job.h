@@ -71,6 +71,10 @@ struct WorkerSpec {
   // The pods' terminationGracePeriodSeconds: how long a worker told to stop (SIGTERM) has to
   // checkpoint and leave before it is killed.
   int64_t termination_grace_period_seconds = 120;
+  // "Pack": the pods of a job prefer the nodes that already hold its pods (a preferred pod
+  // affinity on the host), so that its ranks' collectives cross as few node boundaries as its
+  // GPUs allow; "None": no such hint, the scheduler alone decides.
+  std::string placement = "Pack";
 };
 
 struct TrainingJobSpec {

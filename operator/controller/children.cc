@@ -266,6 +266,19 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
   if (spec.worker.node_selector.is_object() && !spec.worker.node_selector.empty())
     pod_spec["nodeSelector"] = spec.worker.node_selector;
   AddTolerations(spec, pod_spec);
+  // Pack: each pod prefers the hosts that already run the job's pods (kube-scheduler's
+  // InterPodAffinity score, the heaviest weight), so that a job's ranks share as few nodes as
+  // its GPUs allow and its ring's neighbours talk over NVLink more than over the network. A
+  // preference, never a requirement: a job that does not fit on one node still starts.
+  if (spec.worker.placement == "Pack")
+    pod_spec["affinity"] = {
+        {"podAffinity",
+         {{"preferredDuringSchedulingIgnoredDuringExecution",
+           json::array(
+               {{{"weight", 100},
+                 {"podAffinityTerm",
+                  {{"labelSelector", {{"matchLabels", {{kJobLabel, JobLabelValue(job.name)}}}}},
+                   {"topologyKey", "kubernetes.io/hostname"}}}}})}}}};
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", pod_spec}};
 }
 

@@ -372,7 +372,7 @@ void ProcessKubelet::Bind(const json& pod, const std::vector<NodeInfo>& nodes, G
   }
   ApiResult bound = api_.writer().Update(*pods_info, ns, name, body, "", WriteOptions{"Ignore"});
   if (!bound.ok()) return;  // changed meanwhile: the next pass looks again
-  usage.Hold(decision.node, decision.gpu_ids);
+  usage.Hold(decision.node, decision.gpu_ids, pod);
   RecordEvent(pod, "Normal", "Scheduled",
               "Successfully assigned " + ns + "/" + name + " to " + decision.node,
               "default-scheduler");

@@ -166,10 +166,56 @@ StatusOr<int64_t> PodGpuRequest(const json& pod) {
   return std::max(sum, init_max);
 }
 
+namespace {
+GpuUsage::Placed PlacedOf(const json& pod) {
+  GpuUsage::Placed placed;
+  const json& meta = Field(pod, "metadata");
+  placed.namespace_ = StringField(meta, "namespace");
+  const json& labels = Field(meta, "labels");
+  if (labels.is_object())
+    for (const auto& [k, v] : labels.items())
+      if (v.is_string()) placed.labels[k] = v.get<std::string>();
+  return placed;
+}
+
+// A preferred pod affinity term, as far as the scheduler here reads one.
+struct AffinityTerm {
+  int64_t weight = 0;
+  std::map<std::string, std::string> match_labels;
+  std::string topology_key;
+  std::set<std::string> namespaces;  // empty: the pod's own
+};
+
+std::vector<AffinityTerm> PreferredAffinity(const json& pod) {
+  std::vector<AffinityTerm> terms;
+  const json& preferred = Field(Field(Field(Field(pod, "spec"), "affinity"), "podAffinity"),
+                                "preferredDuringSchedulingIgnoredDuringExecution");
+  if (!preferred.is_array()) return terms;
+  for (const json& p : preferred) {
+    if (!p.is_object()) continue;
+    const json& term = Field(p, "podAffinityTerm");
+    AffinityTerm t;
+    t.weight = p.value("weight", json()).is_number_integer() ? p["weight"].get<int64_t>() : 0;
+    t.topology_key = StringField(term, "topologyKey");
+    const json& match = Field(Field(term, "labelSelector"), "matchLabels");
+    if (match.is_object())
+      for (const auto& [k, v] : match.items())
+        if (v.is_string()) t.match_labels[k] = v.get<std::string>();
+    const json& namespaces = Field(term, "namespaces");
+    if (namespaces.is_array())
+      for (const json& n : namespaces)
+        if (n.is_string()) t.namespaces.insert(n.get<std::string>());
+    if (t.weight > 0 && !t.topology_key.empty() && !t.match_labels.empty()) terms.push_back(t);
+  }
+  return terms;
+}
+}  // namespace
+
 void GpuUsage::Add(const json& pod) {
   const std::string node = StringField(Field(pod, "spec"), "nodeName");
   if (node.empty() || Finished(pod)) return;
   Held& held = nodes_[node];
+  held.pods.push_back(PlacedOf(pod));
   std::string ids = StringField(Field(Field(pod, "metadata"), "annotations"), kGpuIdsAnnotation);
   if (!ids.empty()) {
     for (int id : ParseGpuIds(ids)) held.ids.insert(id);
@@ -178,8 +224,16 @@ void GpuUsage::Add(const json& pod) {
   }
 }
 
-void GpuUsage::Hold(const std::string& node, const std::vector<int>& ids) {
-  nodes_[node].ids.insert(ids.begin(), ids.end());
+void GpuUsage::Hold(const std::string& node, const std::vector<int>& ids, const json& pod) {
+  Held& held = nodes_[node];
+  held.ids.insert(ids.begin(), ids.end());
+  if (pod.is_object()) held.pods.push_back(PlacedOf(pod));
+}
+
+const std::vector<GpuUsage::Placed>& GpuUsage::pods(const std::string& node) const {
+  static const std::vector<Placed> kNone;
+  auto it = nodes_.find(node);
+  return it == nodes_.end() ? kNone : it->second.pods;
 }
 
 const std::set<int>& GpuUsage::ids(const std::string& node) const {
@@ -220,7 +274,39 @@ ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
   std::string fixed_node = StringField(Field(pod, "spec"), "nodeName");
   int insufficient = 0, mismatched = 0, cordoned = 0;
   std::map<std::string, int> untolerated;  // "{key: value}" → nodes
-  int64_t best_free = -1;
+  // Each preferred affinity term's topology values where a bound pod meets it: a node in one of
+  // those domains scores the term's weight.
+  const std::vector<AffinityTerm> terms = PreferredAffinity(pod);
+  const std::string own_namespace = StringField(Field(pod, "metadata"), "namespace");
+  std::vector<std::set<std::string>> met(terms.size());
+  for (size_t i = 0; i < terms.size(); ++i)
+    for (const NodeInfo& node : nodes) {
+      auto domain = node.labels.find(terms[i].topology_key);
+      if (domain == node.labels.end()) continue;
+      for (const GpuUsage::Placed& other : usage.pods(node.name)) {
+        const bool in_namespace = terms[i].namespaces.empty()
+                                      ? other.namespace_ == own_namespace
+                                      : terms[i].namespaces.count(other.namespace_) > 0;
+        const bool matches = std::all_of(terms[i].match_labels.begin(), terms[i].match_labels.end(),
+                                         [&](const auto& kv) {
+                                           auto l = other.labels.find(kv.first);
+                                           return l != other.labels.end() && l->second == kv.second;
+                                         });
+        if (in_namespace && matches) {
+          met[i].insert(domain->second);
+          break;
+        }
+      }
+    }
+  auto score = [&](const NodeInfo& node) {
+    int64_t s = 0;
+    for (size_t i = 0; i < terms.size(); ++i) {
+      auto domain = node.labels.find(terms[i].topology_key);
+      if (domain != node.labels.end() && met[i].count(domain->second)) s += terms[i].weight;
+    }
+    return s;
+  };
+  int64_t best_free = -1, best_score = -1;
   for (const NodeInfo& node : nodes) {
     if (!fixed_node.empty() && node.name != fixed_node) continue;
     bool match = true;
@@ -252,8 +338,12 @@ ScheduleResult Schedule(const json& pod, const std::vector<NodeInfo>& nodes,
       ++insufficient;
       continue;
     }
-    if (best_free >= 0 && free_gpus >= best_free) continue;
+    const int64_t node_score = score(node);
+    if (best_free >= 0 &&
+        (node_score < best_score || (node_score == best_score && free_gpus >= best_free)))
+      continue;
     best_free = free_gpus;
+    best_score = node_score;
     result.node = node.name;
     result.gpu_ids.clear();
     // Lowest free ids first; ids held by unnumbered pods are unknown, so skip as many.

@@ -80,15 +80,23 @@ class GpuUsage {
   GpuUsage() = default;
   // Counts `pod` when it is bound and not finished.
   void Add(const nlohmann::json& pod);
-  // Records GPUs given to a pod just bound.
-  void Hold(const std::string& node, const std::vector<int>& ids);
+  // Records GPUs given to `pod`, just bound to `node` (and the pod itself, for affinity).
+  void Hold(const std::string& node, const std::vector<int>& ids,
+            const nlohmann::json& pod = nullptr);
   const std::set<int>& ids(const std::string& node) const;
   int64_t unnumbered(const std::string& node) const;
+  // The bound, unfinished pods on a node, as pod affinity reads them.
+  struct Placed {
+    std::string namespace_;
+    std::map<std::string, std::string> labels;
+  };
+  const std::vector<Placed>& pods(const std::string& node) const;
 
  private:
   struct Held {
     std::set<int> ids;
     int64_t unnumbered = 0;
+    std::vector<Placed> pods;
   };
   std::map<std::string, Held> nodes_;
 };
@@ -96,9 +104,12 @@ class GpuUsage {
 // Picks a node for `pod` among `nodes` given what the other pods hold: nodeSelector must
 // match; a cordoned node takes only pods that tolerate node.kubernetes.io/unschedulable, and a
 // node's NoSchedule and NoExecute taints only pods that tolerate them (kube-scheduler's
-// NodeUnschedulable and TaintToleration filters); GPUs must fit; among fitting nodes the one
-// with the fewest free GPUs wins (bin packing keeps whole nodes free for large jobs), then by
-// name.
+// NodeUnschedulable and TaintToleration filters); GPUs must fit. Among fitting nodes the one
+// that scores highest on the pod's preferred pod affinity wins (kube-scheduler's
+// InterPodAffinity score: the weights of the terms a node's topology domain meets, a term met
+// where a bound pod of its namespaces matches its labelSelector's matchLabels), then the one
+// with the fewest free GPUs (bin packing keeps whole nodes free for large jobs), then by name.
+// (Required affinity, anti-affinity and matchExpressions are not read.)
 ScheduleResult Schedule(const nlohmann::json& pod, const std::vector<NodeInfo>& nodes,
                         const GpuUsage& usage);
 // The same against a list of pods (`pod` itself, by uid, does not count).

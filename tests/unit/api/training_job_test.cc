@@ -72,6 +72,8 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
       {"/restartPolicy/maxRestarts", -1,
        "spec.restartPolicy.maxRestarts: must be in [0, 100000], got -1"},
       {"/worker/imagePullPolicy", "Sometimes", "spec.worker.imagePullPolicy: expected one of"},
+      {"/worker/placement", "Spread", "spec.worker.placement: expected one of Pack | None"},
+      {"/worker/placement", true, "spec.worker.placement: expected"},
       {"/worker/tlsSecretName", "Worker_TLS", "spec.worker.tlsSecretName: \"Worker_TLS\" is not"},
       {"/optimization/zeroStage", 5, "spec.optimization.zeroStage: must be 0, 1, 2 or 3"},
       {"/lora/targetModules", json({"qkv"}), "spec.lora.targetModules[0]: unknown module"},

@@ -82,6 +82,41 @@ TEST(Children, WorkerPodsCarryTheSlotAndOneGangGroupPerScaleStep) {
   EXPECT_EQ(a["spec"]["restartPolicy"], "Never");
 }
 
+// spec.worker.placement: Pack (the default) gives each worker pod a preferred affinity for the
+// hosts that run its job's pods; the local scheduler, which reads it as kube-scheduler does,
+// then puts a job's second pod beside its first rather than on a tighter fit. None: no hint.
+TEST(Children, PackedWorkerPodsPreferTheHostsThatRunTheirJobsPods) {
+  const json first = WorkerPod(kJob, Parse(MinimalSpec()), {.slot = 0});
+  const json& term =
+      first["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+  ASSERT_EQ(term.size(), 1u) << first["spec"].dump();
+  EXPECT_EQ(term[0]["weight"], 100);
+  EXPECT_EQ(term[0]["podAffinityTerm"]["topologyKey"], "kubernetes.io/hostname");
+  EXPECT_EQ(term[0]["podAffinityTerm"]["labelSelector"]["matchLabels"],
+            json({{kJobLabel, "llama-lora"}}));
+  EXPECT_FALSE(first["spec"]["affinity"].contains("podAntiAffinity"));
+
+  const std::vector<local::NodeInfo> nodes = {
+      {"n0", {{"kubernetes.io/hostname", "n0"}, {"gpu", "h100"}}, 8},
+      {"n1", {{"kubernetes.io/hostname", "n1"}, {"gpu", "h100"}}, 8}};
+  json bound = first;
+  bound["spec"]["nodeName"] = "n0";
+  bound["metadata"]["uid"] = "uid-first";
+  bound["metadata"]["annotations"][local::kGpuIdsAnnotation] = "0,1";
+  json other = WorkerPod({"other", "team-a", "uid-other"}, Parse(MinimalSpec()), {.slot = 0});
+  other["spec"]["nodeName"] = "n1";
+  other["metadata"]["uid"] = "uid-other-0";
+  other["metadata"]["annotations"][local::kGpuIdsAnnotation] = "0,1,2,3";
+  const json second = WorkerPod(kJob, Parse(MinimalSpec()), {.slot = 1});
+  EXPECT_EQ(local::Schedule(second, nodes, {bound, other}).node, "n0");
+
+  json spec = MinimalSpec();
+  spec["worker"]["placement"] = "None";
+  const json unhinted = WorkerPod(kJob, Parse(spec), {.slot = 1});
+  EXPECT_FALSE(unhinted["spec"].contains("affinity")) << unhinted["spec"].dump();
+  EXPECT_EQ(local::Schedule(unhinted, nodes, {bound, other}).node, "n1");  // the tighter fit
+}
+
 TEST(Children, WorkerPodsRequestGpusPerPodOnTopOfTheUsersResources) {
   const json pod = WorkerPod(kJob, Parse(MinimalSpec()), {.slot = 0});
   const json& c = pod["spec"]["containers"][0];

@@ -165,6 +165,47 @@ TEST(ScheduleTest, APassBindsAgainstOneUsageTableUpdatedAsItBinds) {
   EXPECT_EQ(full.message, "0/2 nodes are available: 2 Insufficient nvidia.com/gpu.");
 }
 
+// kube-scheduler's InterPodAffinity score, as the operator's worker pods ask for it (a preferred
+// term on the host, weight 100): a node whose topology domain holds a bound pod that matches
+// wins over a tighter fit; a match in another namespace, or a term the pod does not carry,
+// leaves the tightest fit.
+TEST(ScheduleTest, APreferredPodAffinityWinsOverTheTighterFitWhereAMatchingPodRuns) {
+  const std::vector<NodeInfo> nodes = {{"n0", {{"kubernetes.io/hostname", "n0"}}, 8},
+                                       {"n1", {{"kubernetes.io/hostname", "n1"}}, 8}};
+  json mine = GpuPod("mine-0", 2, "n0", "0,1");
+  mine["metadata"]["labels"] = {{"tidal.dev/job", "mine"}};
+  json other = GpuPod("other-0", 4, "n1", "0,1,2,3");
+  other["metadata"]["labels"] = {{"tidal.dev/job", "other"}};
+  json next = GpuPod("mine-1", 2);
+  next["metadata"]["labels"] = {{"tidal.dev/job", "mine"}};
+  next["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] =
+      json::array({{{"weight", 100},
+                    {"podAffinityTerm",
+                     {{"labelSelector", {{"matchLabels", {{"tidal.dev/job", "mine"}}}}},
+                      {"topologyKey", "kubernetes.io/hostname"}}}}});
+  ScheduleResult packed = Schedule(next, nodes, {mine, other});
+  EXPECT_EQ(packed.node, "n0") << packed.message;
+  EXPECT_EQ(packed.gpu_ids, (std::vector<int>{2, 3}));
+
+  json plain = next;
+  plain["spec"].erase("affinity");
+  EXPECT_EQ(Schedule(plain, nodes, {mine, other}).node, "n1");  // 4 free is the tighter fit
+
+  json elsewhere = mine;
+  elsewhere["metadata"]["namespace"] = "team-b";
+  EXPECT_EQ(Schedule(next, nodes, {elsewhere, other}).node, "n1");
+
+  // Where the preferred node has no room, the pod goes where it fits.
+  json full = GpuPod("filler", 6, "n0", "2,3,4,5,6,7");
+  EXPECT_EQ(Schedule(next, nodes, {mine, other, full}).node, "n1");
+
+  // Pods bound in the same pass count: Hold records them.
+  GpuUsage usage;
+  usage.Add(other);
+  usage.Hold("n0", {0, 1}, mine);
+  EXPECT_EQ(Schedule(next, nodes, usage).node, "n0");
+}
+
 TEST(ScheduleTest, PodsBoundWithoutIdsStillCountAgainstTheNode) {
   std::vector<NodeInfo> nodes = {{"n0", {}, 4}};
   ScheduleResult r = Schedule(GpuPod("new", 2), nodes, {GpuPod("manual", 3, "n0")});
