@@ -287,6 +287,11 @@ class Decider {
   // as without the ask. A move off a leaving pod (drain) does not wait: the pod's grace period
   // runs, and its replacements load in the pause as before.
   bool EnginesPrepared(RescaleState& r);
+  // The members of a new generation in rank order with those on one node next to each other
+  // (each node's where its first member is, in the order they had): the ring's neighbours share
+  // a node wherever they can. Once every member runs (its node is known), before any rank is
+  // given out.
+  void GroupByNode(std::vector<std::string>& members) const;
 
   // What the survivors of the lost generation (`members` that report it) hold in memory, and
   // whether every rank's part is there at one step (planner::PlanBuddyRecovery). `holders` gets

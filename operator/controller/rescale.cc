@@ -333,6 +333,7 @@ void Decider::Advance() {
             all_running ? std::min(options_.poll, kWorkerStartPoll) : options_.poll;
         return;
       }
+      if (!r.prepare_asked) GroupByNode(r.members);  // ranks are given out from here on
       if (r.recovery || st_.members.empty()) {
         r.stage = Stage::kRendezvous;
         Rendezvous();
@@ -377,6 +378,22 @@ void Decider::Advance() {
       Rendezvous();
       return;
   }
+}
+
+void Decider::GroupByNode(std::vector<std::string>& members) const {
+  std::vector<std::string> nodes;  // in the order of their first member
+  std::map<std::string, std::vector<std::string>> on;
+  for (const std::string& m : members) {
+    const PodView* p = Pod(m);
+    const std::string node = p ? p->node : "";
+    if (!on.count(node)) nodes.push_back(node);
+    on[node].push_back(m);
+  }
+  if (nodes.size() < 2) return;
+  std::vector<std::string> grouped;
+  for (const std::string& node : nodes)
+    grouped.insert(grouped.end(), on[node].begin(), on[node].end());
+  members = grouped;
 }
 
 bool Decider::EnginesPrepared(RescaleState& r) {

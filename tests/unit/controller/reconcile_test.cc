@@ -166,6 +166,8 @@ class Sim {
   int barrier_resends_ = 0;            // the same barrier sent again while its calls ran
   int prepared_for_another_rank_ = 0;  // Rendezvous ranks off the prepared plan
   bool pods_stay_pending_ = false;
+  // The node a new pod of `slot` is bound to ("" for all when unset).
+  std::function<std::string(int slot)> node_of_;
   // Pods whose worker stopped answering GetStatus, since when (its process hangs, its network
   // is cut): the shell's unreachable_since.
   std::map<std::string, Clock::time_point> silent_;
@@ -226,6 +228,7 @@ class Sim {
           p.phase = pods_stay_pending_ ? "Pending" : "Running";
           p.reason = pods_stay_pending_ ? "Unschedulable" : "";
           p.ip = "127.0.0." + std::to_string(10 + a.slots[i]);
+          if (node_of_) p.node = node_of_(a.slots[i]);
           pods_[p.name] = p;
           reports_[p.name] = WorkerReport{.phase = W::kWaiting};
         }
@@ -647,6 +650,40 @@ TEST(Reconcile, ABarrierWhoseCallsEndPassesLaterHoldsTheRendezvousUntilEveryRank
 // generation trains; the barrier that pauses the job comes only once they are loaded. A
 // leader that dies with the ask lost, or on any pass, changes neither the ranks nor that
 // only one generation ever trains.
+// Issue 27's placement: the ring's neighbours share a node wherever they can. Pods bound to two
+// nodes in alternation (slot 0 on n0, 1 on n1, 2 on n0, ...) get their ranks grouped by node,
+// each node where its first member is: the start's ranks, and a scale-up's, whose current
+// members keep their order among themselves (rank 0 stays) and whose engines are prepared for
+// the ranks the Rendezvous then gives (none for another rank). Pods of one node, or of none
+// known, keep the slots' order (every other scenario here).
+TEST(Reconcile, RanksThatShareANodeAreNeighboursInTheRing) {
+  Sim sim(Spec(R"({"replicas": 4})"));
+  sim.node_of_ = [](int slot) { return "n" + std::to_string(slot % 2); };
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().generation == 1; });
+  EXPECT_EQ(sim.status().members, Names({0, 2, 1, 3}));
+  EXPECT_EQ(sim.reports_["job-worker-2"].rank, 1);
+  EXPECT_EQ(sim.reports_["job-worker-1"].rank, 2);
+
+  Sim grow(Spec());
+  grow.node_of_ = [](int slot) { return "n" + std::to_string(slot % 2); };
+  grow.Until([&] { return grow.phase() == "Running"; });
+  EXPECT_EQ(grow.status().members, Names({0, 1}));
+  grow.SetSpec(Spec(R"({"replicas": 4})"));
+  grow.Until([&] { return grow.status().generation == 2 && !grow.status().rescale; });
+  EXPECT_EQ(grow.status().members, Names({0, 2, 1, 3}));
+  ASSERT_FALSE(grow.prepare_asks_.empty());
+  EXPECT_EQ(grow.prepare_asks_.back().pods, Names({0, 2, 1, 3}));
+  EXPECT_EQ(grow.prepare_asks_.back().ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(grow.prepared_for_another_rank_, 0);
+  EXPECT_EQ(grow.reports_["job-worker-0"].rank, 0);
+  for (const auto& [name, r] : grow.reports_) EXPECT_EQ(r.world_size, 4) << name;
+
+  // Back to 2: the first ranks stay — one node's pods, n1's leave together.
+  grow.SetSpec(Spec(R"({"replicas": 2})"));
+  grow.Until([&] { return grow.status().generation == 3 && !grow.status().rescale; });
+  EXPECT_EQ(grow.status().members, Names({0, 2}));
+}
+
 TEST(Reconcile, AScaleUpLoadsTheNewEnginesAtTheirPlannedRanksWhileTheJobTrainsThenPauses) {
   Sim sim(Spec());
   sim.prepare_passes_ = 4;
