@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
@@ -33,6 +34,7 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/metrics/endpoint.h"
+#include "common/numa.h"
 #include "common/yaml_json.h"
 #include "worker/control/metrics.h"
 #include "worker/control/peer_store.h"
@@ -317,6 +319,47 @@ bool InGeneration(tidal::worker::Phase phase) {
 
 }  // namespace
 
+// TIDAL_NUMA_BIND: "auto" (the default) binds the worker's threads and memory to the NUMA node
+// of its GPU (NVML), or on CPU to node TIDAL_SLOT mod the nodes (ranks sharing a multi-socket
+// machine spread over its sockets); "off" leaves them where the kernel puts them. What cannot be
+// bound is logged, never fatal; only a value other than those two stops the worker.
+Status BindNuma(const std::map<std::string, std::string>& env, tidal::worker::GpuMonitor* gpu) {
+  auto get = [&](const char* key, const std::string& fallback) {
+    auto it = env.find(key);
+    return it == env.end() || it->second.empty() ? fallback : it->second;
+  };
+  const std::string mode = get("TIDAL_NUMA_BIND", "auto");
+  if (mode == "off") {
+    tidal::LogInfo("NUMA binding off", {{"why", "TIDAL_NUMA_BIND=off"}});
+    return tidal::OkStatus();
+  }
+  if (mode != "auto")
+    return tidal::InvalidArgument("TIDAL_NUMA_BIND: expected auto or off, got \"" + mode + "\"");
+  int slot = 0;
+  const std::string slot_text = get("TIDAL_SLOT", "0");
+  auto [end, ec] = std::from_chars(slot_text.data(), slot_text.data() + slot_text.size(), slot);
+  if (ec != std::errc() || end != slot_text.data() + slot_text.size() || slot < 0)
+    return tidal::InvalidArgument("TIDAL_SLOT: expected a non-negative integer, got \"" +
+                                  slot_text + "\"");
+  const std::optional<std::vector<int>> gpu_cpus =
+      gpu ? gpu->IdealCpus(0) : std::optional<std::vector<int>>();
+  std::string why_not;
+  const auto binding = tidal::numa::Choose(tidal::numa::ReadNodes(), tidal::numa::AllowedCpus(),
+                                           gpu_cpus, slot, &why_not);
+  if (!binding) {
+    tidal::LogInfo("not bound to a NUMA node", {{"why", why_not}});
+    return tidal::OkStatus();
+  }
+  if (Status s = tidal::numa::Apply(*binding); !s.ok()) {
+    tidal::LogWarn("not bound to a NUMA node", {{"why", s.message()}});
+    return tidal::OkStatus();
+  }
+  tidal::LogInfo(
+      "bound to a NUMA node",
+      {{"node", binding->node}, {"cpus", binding->cpus.size()}, {"by", binding->reason}});
+  return tidal::OkStatus();
+}
+
 int main(int argc, char** argv) {
   const auto env = tidal::EnvironmentMap();
   auto args = ParseArgs(argc, argv, env);
@@ -343,6 +386,12 @@ int main(int argc, char** argv) {
     server_options.tls_key_pem = *key;
   }
 
+  // NVML first, and the NUMA binding before any thread starts: every thread the worker starts
+  // (gRPC's, the data loader's, LibTorch's) inherits it.
+  std::string no_gpu;
+  std::unique_ptr<tidal::worker::GpuMonitor> gpu = tidal::worker::GpuMonitor::Open(&no_gpu);
+  if (Status bound = BindNuma(env, gpu.get()); !bound.ok()) return Fail(bound);
+
   // Signals go to one thread (blocked everywhere else, before any thread starts).
   sigset_t signals;
   sigemptyset(&signals);
@@ -364,8 +413,6 @@ int main(int argc, char** argv) {
     metrics_endpoint = std::move(*endpoint);
   }
   options->observer = &metrics;
-  std::string no_gpu;
-  std::unique_ptr<tidal::worker::GpuMonitor> gpu = tidal::worker::GpuMonitor::Open(&no_gpu);
   if (gpu)
     tidal::LogInfo("GPU counters from NVML", {{"gpus", gpu->devices()}});
   else

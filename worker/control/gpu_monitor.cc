@@ -29,6 +29,8 @@ struct GpuMonitor::Nvml {
   NvmlReturn (*handle)(unsigned int, NvmlDevice*) = nullptr;
   NvmlReturn (*utilization)(NvmlDevice, NvmlUtilization*) = nullptr;
   NvmlReturn (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
+  // Optional: a CPU bitmask in unsigned longs, bit c of word c / 64 for CPU c.
+  NvmlReturn (*cpu_affinity)(NvmlDevice, unsigned int, unsigned long*) = nullptr;
   std::vector<NvmlDevice> devices;
   std::mutex mu;  // NVML is thread-safe; this keeps Sample's reads of `devices` simple
 
@@ -63,6 +65,7 @@ std::unique_ptr<GpuMonitor> GpuMonitor::Open(std::string* why_not, const std::st
     return nullptr;
   }
   symbol(nvml->shutdown, "nvmlShutdown");  // only once init succeeded
+  symbol(nvml->cpu_affinity, "nvmlDeviceGetCpuAffinity");
   unsigned int count = 0;
   if (nvml->count(&count) != 0 || count == 0) {
     if (why_not) *why_not = "NVML sees no GPU";
@@ -83,6 +86,22 @@ GpuMonitor::GpuMonitor(std::unique_ptr<Nvml> nvml) : nvml_(std::move(nvml)) {}
 GpuMonitor::~GpuMonitor() = default;
 
 int GpuMonitor::devices() const { return static_cast<int>(nvml_->devices.size()); }
+
+std::optional<std::vector<int>> GpuMonitor::IdealCpus(int index) {
+  std::lock_guard<std::mutex> lock(nvml_->mu);
+  if (!nvml_->cpu_affinity || index < 0 || index >= static_cast<int>(nvml_->devices.size()))
+    return std::nullopt;
+  constexpr unsigned int kWords = 1024 / (8 * sizeof(unsigned long));  // 1,024 CPUs
+  std::vector<unsigned long> mask(kWords, 0);
+  if (nvml_->cpu_affinity(nvml_->devices[static_cast<size_t>(index)], kWords, mask.data()) != 0)
+    return std::nullopt;
+  std::vector<int> cpus;
+  for (unsigned int w = 0; w < kWords; ++w)
+    for (unsigned int b = 0; b < 8 * sizeof(unsigned long); ++b)
+      if (mask[w] & (1UL << b)) cpus.push_back(static_cast<int>(w * 8 * sizeof(unsigned long) + b));
+  if (cpus.empty()) return std::nullopt;
+  return cpus;
+}
 
 std::optional<GpuSample> GpuMonitor::Sample() {
   std::lock_guard<std::mutex> lock(nvml_->mu);

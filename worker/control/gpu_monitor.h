@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tidal::worker {
 
@@ -30,6 +31,9 @@ class GpuMonitor {
   // nullopt when NVML fails to answer (a GPU that fell off the bus, the driver reloaded).
   std::optional<GpuSample> Sample();
   int devices() const;
+  // The CPUs NVML calls ideal for GPU `index` (nvmlDeviceGetCpuAffinity: those of the NUMA node
+  // its PCIe root hangs off); nullopt when NVML cannot say.
+  std::optional<std::vector<int>> IdealCpus(int index);
 
  private:
   struct Nvml;

@@ -56,6 +56,25 @@ TEST(GpuMonitor, WithoutNvmlThereIsNoMonitorAndItSaysWhy) {
   EXPECT_NE(why.find("NVML not available"), std::string::npos) << why;
 }
 
+// Against an NVML stand-in with NVML's C signatures (tests/unit/worker/fake_nvml.c): the
+// figures summed and averaged over the pod's GPUs, and the CPUs NVML calls ideal for a GPU read
+// from its bitmask of unsigned longs (the worker's NUMA binding starts from them).
+TEST(GpuMonitor, ReadsTheFiguresAndEachGpusIdealCpusFromNvml) {
+  std::string why;
+  auto monitor = GpuMonitor::Open(&why, FAKE_NVML);
+  ASSERT_NE(monitor, nullptr) << why;
+  EXPECT_EQ(monitor->devices(), 2);
+  const auto sample = monitor->Sample();
+  ASSERT_TRUE(sample);
+  EXPECT_DOUBLE_EQ(sample->utilization_percent, 50);
+  EXPECT_EQ(sample->memory_used_bytes, int64_t{40} << 30);
+  EXPECT_EQ(sample->memory_total_bytes, int64_t{160} << 30);
+  EXPECT_EQ(monitor->IdealCpus(0), (std::vector<int>{2, 3, 66}));
+  EXPECT_EQ(monitor->IdealCpus(1), std::nullopt);  // NVML names none
+  EXPECT_EQ(monitor->IdealCpus(2), std::nullopt);
+  EXPECT_EQ(monitor->IdealCpus(-1), std::nullopt);
+}
+
 TEST(GpuMonitor, ALibraryWithoutTheNvmlFunctionsIsRefused) {
   std::string why;
   auto monitor = GpuMonitor::Open(&why, "libm.so.6");  // loads, but is not NVML

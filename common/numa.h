@@ -1,0 +1,55 @@
+// common/numa.h — binding a worker to the NUMA node of its GPU (issue 27's placement, inside the
+// node): its threads run on that node's CPUs and its memory comes from that node first, so the
+// host side of the training step (data loading, the optimizer's host copies, pinned buffers for
+// the GPU) does not cross the socket interconnect. The topology is read from sysfs
+// (/sys/devices/system/node); the GPU's CPUs come from NVML (worker/control/gpu_monitor.h). A
+// CPU rank (no GPU) is placed by its pod's slot, round robin over the nodes, so ranks sharing
+// a multi-socket machine spread over its sockets. Never fatal: what cannot be bound is said and
+// left as the kernel placed it. No LibTorch, no libnuma (two system calls).
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace tidal::numa {
+
+// "0-3,8,10-11" (the kernel's cpulist format) → {0, 1, 2, 3, 8, 10, 11}; InvalidArgument
+// naming the part that does not read.
+StatusOr<std::vector<int>> ParseCpuList(std::string_view text);
+
+struct Node {
+  int id = 0;
+  std::vector<int> cpus;  // sorted
+};
+// The machine's NUMA nodes with CPUs (SYS/devices/system/node/node<N>/cpulist), by id; empty
+// when sysfs shows none (not Linux, a kernel without NUMA).
+std::vector<Node> ReadNodes(const std::filesystem::path& sys = "/sys");
+
+struct Binding {
+  int node = -1;
+  std::vector<int> cpus;  // where the threads may run: the node's, within what the process may use
+  std::string reason;     // "GPU 0's CPUs (NVML)", "slot 3 of 2 nodes"
+};
+
+// Where to bind: with `gpu_cpus` (the CPUs NVML calls ideal for the rank's GPU) the node that
+// holds most of them, its threads on those CPUs; without, node `slot` mod the node count. Only
+// CPUs in `allowed` (the process's affinity: a container's cpuset) are used. nullopt, with
+// `why_not`, when there is nothing to choose (one node and no GPU) or the choice leaves no
+// allowed CPU.
+std::optional<Binding> Choose(const std::vector<Node>& nodes, const std::vector<int>& allowed,
+                              const std::optional<std::vector<int>>& gpu_cpus, int slot,
+                              std::string* why_not);
+
+// The CPUs the calling thread may run on (sched_getaffinity).
+std::vector<int> AllowedCpus();
+// Binds the calling thread — and every thread it starts afterwards, which inherit both — to the
+// binding's CPUs, with its node's memory preferred (MPOL_PREFERRED: another node's when that one
+// is full, never an allocation failure).
+Status Apply(const Binding& binding);
+
+}  // namespace tidal::numa

@@ -1,0 +1,123 @@
+// NUMA binding of a worker: the kernel's cpulist format, the nodes as sysfs shows them (a fake
+// tree here), the choice for a GPU rank and a CPU rank, and the binding itself on this machine.
+#include "common/numa.h"
+
+#include <gtest/gtest.h>
+#include <linux/mempolicy.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+namespace tidal::numa {
+namespace {
+
+TEST(Numa, CpuListsReadAsTheKernelWritesThem) {
+  EXPECT_EQ(*ParseCpuList("0-3,8,10-11\n"), (std::vector<int>{0, 1, 2, 3, 8, 10, 11}));
+  EXPECT_EQ(*ParseCpuList("5"), (std::vector<int>{5}));
+  EXPECT_EQ(*ParseCpuList("\n"), (std::vector<int>{}));  // a memory-only node
+  for (const char* bad : {"0-", "a", "3-1", "1,,2", "-1", "0-99999999"}) {
+    auto parsed = ParseCpuList(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_NE(parsed.status().message().find("is not a CPU number or range"), std::string::npos)
+        << parsed.status().message();
+  }
+}
+
+class FakeSys {
+ public:
+  FakeSys() {
+    root_ = std::filesystem::temp_directory_path() /
+            ("tidal-numa-" + std::to_string(::getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(root_);
+  }
+  ~FakeSys() { std::filesystem::remove_all(root_); }
+  void Node(int id, const std::string& cpulist) {
+    const auto dir = root_ / "devices" / "system" / "node" / ("node" + std::to_string(id));
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "cpulist") << cpulist << "\n";
+  }
+  const std::filesystem::path& root() const { return root_; }
+
+ private:
+  std::filesystem::path root_;
+};
+
+TEST(Numa, NodesAreReadFromSysfsByIdAndThoseWithoutCpusAreLeftOut) {
+  FakeSys sys;
+  sys.Node(1, "24-47,72-95");
+  sys.Node(0, "0-23,48-71");
+  sys.Node(2, "");  // memory only (CXL, HBM)
+  std::filesystem::create_directories(sys.root() / "devices/system/node/power");
+  const std::vector<Node> nodes = ReadNodes(sys.root());
+  ASSERT_EQ(nodes.size(), 2u);
+  EXPECT_EQ(nodes[0].id, 0);
+  EXPECT_EQ(nodes[1].id, 1);
+  EXPECT_EQ(nodes[1].cpus.size(), 48u);
+  EXPECT_EQ(nodes[1].cpus.front(), 24);
+  EXPECT_TRUE(ReadNodes(sys.root() / "missing").empty());
+}
+
+std::vector<int> Range(int from, int to) {
+  std::vector<int> out;
+  for (int c = from; c <= to; ++c) out.push_back(c);
+  return out;
+}
+
+TEST(Numa, AGpuRankGoesToItsGpusNodeAndACpuRankToItsSlotsNode) {
+  const std::vector<Node> two = {{0, Range(0, 7)}, {1, Range(8, 15)}};
+  const std::vector<int> all = Range(0, 15);
+  std::string why;
+  // GPU: the node holding the CPUs NVML calls ideal for it, on those CPUs.
+  auto gpu = Choose(two, all, Range(8, 11), /*slot=*/0, &why);
+  ASSERT_TRUE(gpu) << why;
+  EXPECT_EQ(gpu->node, 1);
+  EXPECT_EQ(gpu->cpus, Range(8, 11));
+  // Within the container's cpuset only.
+  gpu = Choose(two, Range(10, 15), Range(8, 15), 0, &why);
+  ASSERT_TRUE(gpu) << why;
+  EXPECT_EQ(gpu->cpus, Range(10, 15));
+  EXPECT_FALSE(Choose(two, Range(0, 7), Range(8, 15), 0, &why));
+  EXPECT_NE(why.find("cpuset"), std::string::npos) << why;
+  // CPU: round robin by slot.
+  for (int slot : {0, 1, 2, 3}) {
+    auto cpu = Choose(two, all, std::nullopt, slot, &why);
+    ASSERT_TRUE(cpu) << why;
+    EXPECT_EQ(cpu->node, slot % 2) << slot;
+    EXPECT_EQ(cpu->cpus, slot % 2 ? Range(8, 15) : Range(0, 7));
+  }
+  // Nothing to choose: one node and no GPU, or no node at all.
+  EXPECT_FALSE(Choose({{0, Range(0, 1)}}, Range(0, 1), std::nullopt, 1, &why));
+  EXPECT_NE(why.find("one NUMA node"), std::string::npos) << why;
+  EXPECT_FALSE(Choose({}, all, Range(0, 3), 0, &why));
+  // A GPU whose CPUs no node shows.
+  EXPECT_FALSE(Choose(two, all, std::vector<int>{40, 41}, 0, &why));
+}
+
+// The real system calls, on a thread of its own (affinity and memory policy are per thread, and
+// inherited by the threads it starts): bound to node 0 with the CPUs it may use already.
+TEST(Numa, ApplyBindsTheThreadAndItsChildrenToTheCpusAndPrefersTheNodesMemory) {
+  std::thread([] {
+    const std::vector<int> allowed = AllowedCpus();
+    ASSERT_FALSE(allowed.empty());
+    const std::vector<int> one = {allowed.back()};
+    Status s = Apply({.node = 0, .cpus = one, .reason = "test"});
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(AllowedCpus(), one);
+    int mode = -1;
+    unsigned long mask = 0;
+    ASSERT_EQ(syscall(SYS_get_mempolicy, &mode, &mask, 8 * sizeof mask, nullptr, 0), 0);
+    EXPECT_EQ(mode, MPOL_PREFERRED);
+    EXPECT_EQ(mask, 1UL);
+    std::vector<int> child;
+    std::thread([&] { child = AllowedCpus(); }).join();
+    EXPECT_EQ(child, one) << "a thread started after the binding is not bound";
+  }).join();
+  EXPECT_FALSE(Apply({.node = 0, .cpus = {}, .reason = "none"}).ok());
+}
+
+}  // namespace
+}  // namespace tidal::numa
