@@ -78,7 +78,7 @@ std::vector<Node> ReadNodes(const std::filesystem::path& sys) {
 }
 
 std::optional<Binding> Choose(const std::vector<Node>& nodes, const std::vector<int>& allowed,
-                              const std::optional<std::vector<int>>& gpu_cpus, int slot,
+                              const std::optional<std::vector<int>>& gpu_cpus,
                               std::string* why_not) {
   auto fail = [&](std::string why) -> std::optional<Binding> {
     if (why_not) *why_not = std::move(why);
@@ -112,14 +112,17 @@ std::optional<Binding> Choose(const std::vector<Node>& nodes, const std::vector<
     return b;
   }
   if (nodes.size() < 2) return fail("one NUMA node: nothing to choose");
-  const Node& n = nodes[static_cast<size_t>(std::max(slot, 0)) % nodes.size()];
-  b.node = n.id;
-  b.cpus = within(n.cpus);
-  b.reason = "slot " + std::to_string(slot) + " of " + std::to_string(nodes.size()) + " nodes";
-  if (b.cpus.empty())
-    return fail("none of node " + std::to_string(n.id) +
-                "'s CPUs is one this process may use (its cpuset)");
-  return b;
+  if (allowed.empty()) return fail("no CPU this process may use");
+  for (const Node& n : nodes) {
+    const std::set<int> on(n.cpus.begin(), n.cpus.end());
+    if (!std::all_of(allowed.begin(), allowed.end(), [&](int c) { return on.count(c) > 0; }))
+      continue;
+    b.node = n.id;
+    b.cpus = allowed;
+    b.reason = "every CPU it may use is on node " + std::to_string(n.id);
+    return b;
+  }
+  return fail("a CPU rank that may run on several NUMA nodes is not narrowed to one");
 }
 
 std::vector<int> AllowedCpus() {

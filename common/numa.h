@@ -3,9 +3,11 @@
 // host side of the training step (data loading, the optimizer's host copies, pinned buffers for
 // the GPU) does not cross the socket interconnect. The topology is read from sysfs
 // (/sys/devices/system/node); the GPU's CPUs come from NVML (worker/control/gpu_monitor.h). A
-// CPU rank (no GPU) is placed by its pod's slot, round robin over the nodes, so ranks sharing
-// a multi-socket machine spread over its sockets. Never fatal: what cannot be bound is said and
-// left as the kernel placed it. No LibTorch, no libnuma (two system calls).
+// CPU rank (no GPU) is only given its node's memory where every CPU it may use is on one node
+// (a container the kubelet's static CPU manager pinned to a socket): it does not know how many
+// ranks share the machine, so it is never narrowed to fewer CPUs than it was given. Never
+// fatal: what cannot be bound is said and left as the kernel placed it. No LibTorch, no libnuma
+// (two system calls).
 #pragma once
 
 #include <filesystem>
@@ -33,16 +35,16 @@ std::vector<Node> ReadNodes(const std::filesystem::path& sys = "/sys");
 struct Binding {
   int node = -1;
   std::vector<int> cpus;  // where the threads may run: the node's, within what the process may use
-  std::string reason;     // "GPU 0's CPUs (NVML)", "slot 3 of 2 nodes"
+  std::string reason;     // "the GPU's CPUs (NVML)", "every CPU it may use is on node 1"
 };
 
 // Where to bind: with `gpu_cpus` (the CPUs NVML calls ideal for the rank's GPU) the node that
-// holds most of them, its threads on those CPUs; without, node `slot` mod the node count. Only
-// CPUs in `allowed` (the process's affinity: a container's cpuset) are used. nullopt, with
-// `why_not`, when there is nothing to choose (one node and no GPU) or the choice leaves no
-// allowed CPU.
+// holds most of them, its threads on those of them in `allowed` (the process's affinity: a
+// container's cpuset); without, the node that holds every CPU in `allowed`, with those CPUs.
+// nullopt, with `why_not`, when there is nothing to choose (one node; a CPU rank that may run on
+// several) or the choice leaves no allowed CPU.
 std::optional<Binding> Choose(const std::vector<Node>& nodes, const std::vector<int>& allowed,
-                              const std::optional<std::vector<int>>& gpu_cpus, int slot,
+                              const std::optional<std::vector<int>>& gpu_cpus,
                               std::string* why_not);
 
 // The CPUs the calling thread may run on (sched_getaffinity).

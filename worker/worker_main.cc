@@ -18,7 +18,6 @@
 #include <pthread.h>
 #include <signal.h>
 
-#include <charconv>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
@@ -320,32 +319,24 @@ bool InGeneration(tidal::worker::Phase phase) {
 }  // namespace
 
 // TIDAL_NUMA_BIND: "auto" (the default) binds the worker's threads and memory to the NUMA node
-// of its GPU (NVML), or on CPU to node TIDAL_SLOT mod the nodes (ranks sharing a multi-socket
-// machine spread over its sockets); "off" leaves them where the kernel puts them. What cannot be
-// bound is logged, never fatal; only a value other than those two stops the worker.
-Status BindNuma(const std::map<std::string, std::string>& env, tidal::worker::GpuMonitor* gpu) {
-  auto get = [&](const char* key, const std::string& fallback) {
-    auto it = env.find(key);
-    return it == env.end() || it->second.empty() ? fallback : it->second;
-  };
-  const std::string mode = get("TIDAL_NUMA_BIND", "auto");
+// of its GPU (NVML), or on CPU gives it the memory of the node its cpuset lies on, if one holds
+// it all; "off" leaves them where the kernel puts them. What cannot be bound is logged, never
+// fatal; only a value other than those two stops the worker.
+tidal::Status BindNuma(const std::map<std::string, std::string>& env,
+                       tidal::worker::GpuMonitor* gpu) {
+  auto it = env.find("TIDAL_NUMA_BIND");
+  const std::string mode = it == env.end() || it->second.empty() ? "auto" : it->second;
   if (mode == "off") {
     tidal::LogInfo("NUMA binding off", {{"why", "TIDAL_NUMA_BIND=off"}});
     return tidal::OkStatus();
   }
   if (mode != "auto")
     return tidal::InvalidArgument("TIDAL_NUMA_BIND: expected auto or off, got \"" + mode + "\"");
-  int slot = 0;
-  const std::string slot_text = get("TIDAL_SLOT", "0");
-  auto [end, ec] = std::from_chars(slot_text.data(), slot_text.data() + slot_text.size(), slot);
-  if (ec != std::errc() || end != slot_text.data() + slot_text.size() || slot < 0)
-    return tidal::InvalidArgument("TIDAL_SLOT: expected a non-negative integer, got \"" +
-                                  slot_text + "\"");
   const std::optional<std::vector<int>> gpu_cpus =
       gpu ? gpu->IdealCpus(0) : std::optional<std::vector<int>>();
   std::string why_not;
-  const auto binding = tidal::numa::Choose(tidal::numa::ReadNodes(), tidal::numa::AllowedCpus(),
-                                           gpu_cpus, slot, &why_not);
+  const auto binding =
+      tidal::numa::Choose(tidal::numa::ReadNodes(), tidal::numa::AllowedCpus(), gpu_cpus, &why_not);
   if (!binding) {
     tidal::LogInfo("not bound to a NUMA node", {{"why", why_not}});
     return tidal::OkStatus();

@@ -67,34 +67,36 @@ std::vector<int> Range(int from, int to) {
   return out;
 }
 
-TEST(Numa, AGpuRankGoesToItsGpusNodeAndACpuRankToItsSlotsNode) {
+TEST(Numa, AGpuRankGoesToItsGpusNodeAndACpuRankOnlyWhereItsCpusesAreOnOne) {
   const std::vector<Node> two = {{0, Range(0, 7)}, {1, Range(8, 15)}};
   const std::vector<int> all = Range(0, 15);
   std::string why;
   // GPU: the node holding the CPUs NVML calls ideal for it, on those CPUs.
-  auto gpu = Choose(two, all, Range(8, 11), /*slot=*/0, &why);
+  auto gpu = Choose(two, all, Range(8, 11), &why);
   ASSERT_TRUE(gpu) << why;
   EXPECT_EQ(gpu->node, 1);
   EXPECT_EQ(gpu->cpus, Range(8, 11));
   // Within the container's cpuset only.
-  gpu = Choose(two, Range(10, 15), Range(8, 15), 0, &why);
+  gpu = Choose(two, Range(10, 15), Range(8, 15), &why);
   ASSERT_TRUE(gpu) << why;
   EXPECT_EQ(gpu->cpus, Range(10, 15));
-  EXPECT_FALSE(Choose(two, Range(0, 7), Range(8, 15), 0, &why));
+  EXPECT_FALSE(Choose(two, Range(0, 7), Range(8, 15), &why));
   EXPECT_NE(why.find("cpuset"), std::string::npos) << why;
-  // CPU: round robin by slot.
-  for (int slot : {0, 1, 2, 3}) {
-    auto cpu = Choose(two, all, std::nullopt, slot, &why);
-    ASSERT_TRUE(cpu) << why;
-    EXPECT_EQ(cpu->node, slot % 2) << slot;
-    EXPECT_EQ(cpu->cpus, slot % 2 ? Range(8, 15) : Range(0, 7));
-  }
+  // CPU: the node its cpuset lies on (a container pinned to a socket), with those CPUs; one
+  // that may run anywhere is not narrowed (it does not know how many ranks share the machine).
+  auto cpu = Choose(two, Range(9, 12), std::nullopt, &why);
+  ASSERT_TRUE(cpu) << why;
+  EXPECT_EQ(cpu->node, 1);
+  EXPECT_EQ(cpu->cpus, Range(9, 12));
+  EXPECT_FALSE(Choose(two, all, std::nullopt, &why));
+  EXPECT_NE(why.find("not narrowed"), std::string::npos) << why;
+  EXPECT_FALSE(Choose(two, Range(6, 9), std::nullopt, &why));
   // Nothing to choose: one node and no GPU, or no node at all.
-  EXPECT_FALSE(Choose({{0, Range(0, 1)}}, Range(0, 1), std::nullopt, 1, &why));
+  EXPECT_FALSE(Choose({{0, Range(0, 1)}}, Range(0, 1), std::nullopt, &why));
   EXPECT_NE(why.find("one NUMA node"), std::string::npos) << why;
-  EXPECT_FALSE(Choose({}, all, Range(0, 3), 0, &why));
+  EXPECT_FALSE(Choose({}, all, Range(0, 3), &why));
   // A GPU whose CPUs no node shows.
-  EXPECT_FALSE(Choose(two, all, std::vector<int>{40, 41}, 0, &why));
+  EXPECT_FALSE(Choose(two, all, std::vector<int>{40, 41}, &why));
 }
 
 // The real system calls, on a thread of its own (affinity and memory policy are per thread, and
