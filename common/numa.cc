@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <thread>
 
 namespace tidal::numa {
 namespace {
@@ -92,6 +93,7 @@ std::optional<Binding> Choose(const std::vector<Node>& nodes, const std::vector<
       if (may.count(c)) out.push_back(c);
     return out;
   };
+  if (nodes.size() < 2) return fail("one NUMA node: nothing to choose");
   Binding b;
   if (gpu_cpus && !gpu_cpus->empty()) {
     const std::set<int> near(gpu_cpus->begin(), gpu_cpus->end());
@@ -105,13 +107,16 @@ std::optional<Binding> Choose(const std::vector<Node>& nodes, const std::vector<
       }
     }
     if (b.node < 0) return fail("the GPU's CPUs are on no NUMA node sysfs shows");
+    // A GPU NVML gives every CPU (no NUMA locality: a VM's passed-through device) is local to
+    // no node: binding it to the first would crowd every such rank onto node 0's memory.
+    if (most < near.size())
+      return fail("the GPU's CPUs span several NUMA nodes: it is local to none");
     b.cpus = within(*gpu_cpus);
     b.reason = "the GPU's CPUs (NVML)";
     if (b.cpus.empty())
       return fail("none of the GPU's CPUs is one this process may use (its cpuset)");
     return b;
   }
-  if (nodes.size() < 2) return fail("one NUMA node: nothing to choose");
   if (allowed.empty()) return fail("no CPU this process may use");
   for (const Node& n : nodes) {
     const std::set<int> on(n.cpus.begin(), n.cpus.end());
@@ -135,8 +140,17 @@ std::vector<int> AllowedCpus() {
   return out;
 }
 
+int UsableCpus() {
+  const size_t allowed = AllowedCpus().size();
+  if (allowed > 0) return static_cast<int>(allowed);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
 Status Apply(const Binding& binding) {
+  // Everything checked before anything is bound.
   if (binding.cpus.empty()) return InvalidArgument("numa: a binding without CPUs");
+  if (binding.node < 0 || binding.node >= kMaxCpu)
+    return InvalidArgument("numa: node " + std::to_string(binding.node));
   cpu_set_t set;
   CPU_ZERO(&set);
   for (int c : binding.cpus) {
@@ -145,14 +159,14 @@ Status Apply(const Binding& binding) {
   }
   if (sched_setaffinity(0, sizeof set, &set) != 0)
     return Internal(std::string("numa: sched_setaffinity: ") + std::strerror(errno));
-  if (binding.node < 0 || binding.node >= kMaxCpu)
-    return InvalidArgument("numa: node " + std::to_string(binding.node));
   std::vector<unsigned long> mask(static_cast<size_t>(binding.node) / (8 * sizeof(long)) + 1, 0);
   mask[static_cast<size_t>(binding.node) / (8 * sizeof(long))] |=
       1UL << (static_cast<size_t>(binding.node) % (8 * sizeof(long)));
   if (syscall(SYS_set_mempolicy, MPOL_PREFERRED, mask.data(), mask.size() * 8 * sizeof(long) + 1) !=
       0)
-    return Internal(std::string("numa: set_mempolicy: ") + std::strerror(errno));
+    return FailedPrecondition(
+        "the threads are bound to node " + std::to_string(binding.node) +
+        "'s CPUs, but its memory is not preferred: set_mempolicy: " + std::strerror(errno));
   return OkStatus();
 }
 

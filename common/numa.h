@@ -49,9 +49,14 @@ std::optional<Binding> Choose(const std::vector<Node>& nodes, const std::vector<
 
 // The CPUs the calling thread may run on (sched_getaffinity).
 std::vector<int> AllowedCpus();
+// How many: what a thread pool should size itself by (std::thread::hardware_concurrency counts
+// every online CPU, a container's cpuset and a NUMA binding aside); at least 1.
+int UsableCpus();
 // Binds the calling thread — and every thread it starts afterwards, which inherit both — to the
 // binding's CPUs, with its node's memory preferred (MPOL_PREFERRED: another node's when that one
-// is full, never an allocation failure).
+// is full, never an allocation failure). InvalidArgument, binding nothing, for a binding out of
+// range; FailedPrecondition when the CPUs are bound but the memory policy is refused (a
+// container's seccomp profile refuses set_mempolicy without CAP_SYS_NICE), saying so.
 Status Apply(const Binding& binding);
 
 }  // namespace tidal::numa

@@ -318,6 +318,8 @@ bool InGeneration(tidal::worker::Phase phase) {
 
 }  // namespace
 
+namespace {
+
 // TIDAL_NUMA_BIND: "auto" (the default) binds the worker's threads and memory to the NUMA node
 // of its GPU (NVML), or on CPU gives it the memory of the node its cpuset lies on, if one holds
 // it all; "off" leaves them where the kernel puts them. What cannot be bound is logged, never
@@ -332,8 +334,20 @@ tidal::Status BindNuma(const std::map<std::string, std::string>& env,
   }
   if (mode != "auto")
     return tidal::InvalidArgument("TIDAL_NUMA_BIND: expected auto or off, got \"" + mode + "\"");
-  const std::optional<std::vector<int>> gpu_cpus =
-      gpu ? gpu->IdealCpus(0) : std::optional<std::vector<int>>();
+  std::optional<std::vector<int>> gpu_cpus;
+  if (gpu) {
+    // The pod's GPU: the first the runtime made visible (NVML, unlike CUDA, sees past
+    // CUDA_VISIBLE_DEVICES: under `tidal local`, every GPU of the host).
+    auto visible = env.find("CUDA_VISIBLE_DEVICES");
+    if (visible == env.end()) visible = env.find("NVIDIA_VISIBLE_DEVICES");
+    const std::string named = visible == env.end() ? "" : visible->second;
+    const std::optional<int> index = gpu->IndexOf(named);
+    if (!index) {
+      tidal::LogInfo("not bound to a NUMA node", {{"why", "NVML knows no GPU \"" + named + "\""}});
+      return tidal::OkStatus();
+    }
+    gpu_cpus = gpu->IdealCpus(*index);
+  }
   std::string why_not;
   const auto binding =
       tidal::numa::Choose(tidal::numa::ReadNodes(), tidal::numa::AllowedCpus(), gpu_cpus, &why_not);
@@ -342,7 +356,11 @@ tidal::Status BindNuma(const std::map<std::string, std::string>& env,
     return tidal::OkStatus();
   }
   if (Status s = tidal::numa::Apply(*binding); !s.ok()) {
-    tidal::LogWarn("not bound to a NUMA node", {{"why", s.message()}});
+    // FailedPrecondition: the CPUs are bound, the memory policy was refused (seccomp).
+    tidal::LogWarn(s.code() == tidal::StatusCode::kFailedPrecondition
+                       ? "bound to a NUMA node's CPUs, not its memory"
+                       : "not bound to a NUMA node",
+                   {{"node", binding->node}, {"why", s.message()}});
     return tidal::OkStatus();
   }
   tidal::LogInfo(
@@ -350,6 +368,8 @@ tidal::Status BindNuma(const std::map<std::string, std::string>& env,
       {{"node", binding->node}, {"cpus", binding->cpus.size()}, {"by", binding->reason}});
   return tidal::OkStatus();
 }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const auto env = tidal::EnvironmentMap();
@@ -377,18 +397,17 @@ int main(int argc, char** argv) {
     server_options.tls_key_pem = *key;
   }
 
-  // NVML first, and the NUMA binding before any thread starts: every thread the worker starts
-  // (gRPC's, the data loader's, LibTorch's) inherits it.
-  std::string no_gpu;
-  std::unique_ptr<tidal::worker::GpuMonitor> gpu = tidal::worker::GpuMonitor::Open(&no_gpu);
-  if (Status bound = BindNuma(env, gpu.get()); !bound.ok()) return Fail(bound);
-
   // Signals go to one thread (blocked everywhere else, before any thread starts).
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // NVML, and the NUMA binding before any thread starts: every thread the worker starts
+  // (gRPC's, the data loader's, LibTorch's) inherits it.
+  std::string no_gpu;
+  std::unique_ptr<tidal::worker::GpuMonitor> gpu = tidal::worker::GpuMonitor::Open(&no_gpu);
+  if (Status bound = BindNuma(env, gpu.get()); !bound.ok()) return Fail(bound);
   ExitSignal exit_signal;
   std::thread([&signals, &exit_signal] {
     int sig = 0;

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <mutex>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct GpuMonitor::Nvml {
   NvmlReturn (*memory)(NvmlDevice, NvmlMemory*) = nullptr;
   // Optional: a CPU bitmask in unsigned longs, bit c of word c / 64 for CPU c.
   NvmlReturn (*cpu_affinity)(NvmlDevice, unsigned int, unsigned long*) = nullptr;
+  NvmlReturn (*by_uuid)(const char*, NvmlDevice*) = nullptr;  // optional
   std::vector<NvmlDevice> devices;
   std::mutex mu;  // NVML is thread-safe; this keeps Sample's reads of `devices` simple
 
@@ -66,6 +68,7 @@ std::unique_ptr<GpuMonitor> GpuMonitor::Open(std::string* why_not, const std::st
   }
   symbol(nvml->shutdown, "nvmlShutdown");  // only once init succeeded
   symbol(nvml->cpu_affinity, "nvmlDeviceGetCpuAffinity");
+  symbol(nvml->by_uuid, "nvmlDeviceGetHandleByUUID");
   unsigned int count = 0;
   if (nvml->count(&count) != 0 || count == 0) {
     if (why_not) *why_not = "NVML sees no GPU";
@@ -86,6 +89,23 @@ GpuMonitor::GpuMonitor(std::unique_ptr<Nvml> nvml) : nvml_(std::move(nvml)) {}
 GpuMonitor::~GpuMonitor() = default;
 
 int GpuMonitor::devices() const { return static_cast<int>(nvml_->devices.size()); }
+
+std::optional<int> GpuMonitor::IndexOf(const std::string& visible_devices) {
+  const std::string first = visible_devices.substr(0, visible_devices.find(','));
+  if (first.empty() || first == "all") return 0;
+  std::lock_guard<std::mutex> lock(nvml_->mu);
+  const int count = static_cast<int>(nvml_->devices.size());
+  if (std::all_of(first.begin(), first.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    if (first.size() > 4) return std::nullopt;
+    const int index = std::stoi(first);
+    return index < count ? std::optional<int>(index) : std::nullopt;
+  }
+  NvmlDevice device = nullptr;
+  if (!nvml_->by_uuid || nvml_->by_uuid(first.c_str(), &device) != 0) return std::nullopt;
+  for (int i = 0; i < count; ++i)
+    if (nvml_->devices[static_cast<size_t>(i)] == device) return i;
+  return std::nullopt;
+}
 
 std::optional<std::vector<int>> GpuMonitor::IdealCpus(int index) {
   std::lock_guard<std::mutex> lock(nvml_->mu);

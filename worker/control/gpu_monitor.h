@@ -34,6 +34,11 @@ class GpuMonitor {
   // The CPUs NVML calls ideal for GPU `index` (nvmlDeviceGetCpuAffinity: those of the NUMA node
   // its PCIe root hangs off); nullopt when NVML cannot say.
   std::optional<std::vector<int>> IdealCpus(int index);
+  // NVML's index of the GPU CUDA_VISIBLE_DEVICES (or NVIDIA_VISIBLE_DEVICES) names first: a
+  // number is taken as NVML's index (PCI bus order, which CUDA's matches on identical GPUs and
+  // with CUDA_DEVICE_ORDER=PCI_BUS_ID), a "GPU-…" or "MIG-…" UUID is looked up; "" or "all":
+  // 0. nullopt when NVML knows no such GPU.
+  std::optional<int> IndexOf(const std::string& visible_devices);
 
  private:
   struct Nvml;

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/numa.h"
 #include "common/strings.h"
 #include "worker/engine/session.h"
 #include "worker/engine/torch_compat.h"
@@ -54,7 +55,7 @@ Status Train(const TrainConfig& config, const RankLaunch& launch) {
   options.data = launch.data;
   options.max_steps = launch.max_steps;
   // Local ranks share the machine: each gets its part of the cores and, with CUDA, a GPU.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = numa::UsableCpus();  // a cpuset or NUMA binding: only those
   options.intra_op_threads = launch.intra_op_threads > 0
                                  ? launch.intra_op_threads
                                  : std::max(1, cores / std::max(1, launch.world_size));

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
+#include "common/numa.h"
 #include "common/strings.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/safetensors.h"
@@ -328,7 +329,7 @@ StatusOr<std::unique_ptr<Session>> BuildSession(const TrainConfig& config,
     return InvalidArgument("rank " + std::to_string(membership.rank) + " is outside world size " +
                            std::to_string(membership.world_size));
   TIDAL_RETURN_IF_ERROR(config.ValidateForWorldSize(membership.world_size));
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int cores = numa::UsableCpus();  // a cpuset or NUMA binding: only those
   torch::set_num_threads(options.intra_op_threads > 0 ? options.intra_op_threads : cores);
   std::unique_ptr<StoreServer> store;
   if (!planned && membership.rank == 0 && membership.world_size > 1 &&

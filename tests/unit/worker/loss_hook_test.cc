@@ -73,6 +73,15 @@ TEST(GpuMonitor, ReadsTheFiguresAndEachGpusIdealCpusFromNvml) {
   EXPECT_EQ(monitor->IdealCpus(1), std::nullopt);  // NVML names none
   EXPECT_EQ(monitor->IdealCpus(2), std::nullopt);
   EXPECT_EQ(monitor->IdealCpus(-1), std::nullopt);
+  // Which GPU is this worker's: CUDA_VISIBLE_DEVICES' (or the device plugin's) first.
+  EXPECT_EQ(monitor->IndexOf(""), 0);
+  EXPECT_EQ(monitor->IndexOf("all"), 0);
+  EXPECT_EQ(monitor->IndexOf("1,0"), 1);
+  EXPECT_EQ(monitor->IndexOf("GPU-1111-bbbb"), 1);
+  EXPECT_EQ(monitor->IndexOf("GPU-0000-aaaa,GPU-1111-bbbb"), 0);
+  EXPECT_EQ(monitor->IndexOf("2"), std::nullopt);
+  EXPECT_EQ(monitor->IndexOf("GPU-ffff"), std::nullopt);
+  EXPECT_EQ(monitor->IndexOf("99999999999"), std::nullopt);
 }
 
 TEST(GpuMonitor, ALibraryWithoutTheNvmlFunctionsIsRefused) {
