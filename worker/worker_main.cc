@@ -316,10 +316,6 @@ bool InGeneration(tidal::worker::Phase phase) {
          phase == Phase::kPaused;
 }
 
-}  // namespace
-
-namespace {
-
 // TIDAL_NUMA_BIND: "auto" (the default) binds the worker's threads and memory to the NUMA node
 // of its GPU (NVML), or on CPU gives it the memory of the node its cpuset lies on, if one holds
 // it all; "off" leaves them where the kernel puts them. What cannot be bound is logged, never
