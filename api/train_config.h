@@ -70,6 +70,12 @@ struct OptimizationSpec {
   std::string precision = "bf16";          // bf16 | fp16 | fp32
   int64_t global_batch_size = 8;
   int64_t micro_batch_size = 1;
+  // microBatchSize: auto — micro_batch_size is then 1, the size whose loss and gradient the run
+  // has, and the engine chooses the size it runs at (worker/engine/trainer.h): grown by steps
+  // of ×1.2 while the step's peak memory stays under memory_target_percent of the device's,
+  // shrunk after an out-of-memory.
+  bool micro_batch_auto = false;
+  double memory_target_percent = 80;
   double learning_rate = 2e-4;
   double min_lr_ratio = 0.1;  // cosine decays to learning_rate * min_lr_ratio
   double weight_decay = 0.0;

@@ -102,7 +102,24 @@ void ReadCheckpoint(const json& spec, CheckpointSpec& c, std::vector<std::string
   Section s(spec, "checkpoint", "spec", errors);
   s.String("uri", c.uri);
   s.String("credentialsSecret", c.credentials_secret);
-  s.Int("fullEverySteps", c.full_every_steps);
+  if (const json* every = s.Field("fullEverySteps"); every && every->is_string()) {
+    if (*every == "auto") {
+      c.full_every_auto = true;
+      c.full_every_steps = 0;
+    } else {
+      s.Error("fullEverySteps", "expected an integer or \"auto\", got " + every->dump());
+    }
+  } else {
+    s.Int("fullEverySteps", c.full_every_steps);
+  }
+  std::string mtbf = "24h";
+  s.String("expectedMTBF", mtbf);
+  if (auto seconds = ParseDurationSeconds(mtbf); !seconds.ok())
+    s.Error("expectedMTBF", seconds.status().message());
+  else
+    c.auto_interval.expected_mtbf_seconds = *seconds;
+  s.Int("minFullEverySteps", c.auto_interval.min_steps);
+  s.Int("maxFullEverySteps", c.auto_interval.max_steps);
   s.Int("snapshotEverySteps", c.snapshot_every_steps);
   s.Int("keep", c.keep);
   s.Int("buddyEverySteps", c.buddy_every_steps);
@@ -112,6 +129,12 @@ void ReadCheckpoint(const json& spec, CheckpointSpec& c, std::vector<std::string
     s.Error("credentialsSecret",
             "\"" + c.credentials_secret + "\" is not a valid Secret name (RFC 1123 subdomain)");
   s.InRange("fullEverySteps", c.full_every_steps, 0, spec::kMaxSteps);
+  s.InRange("minFullEverySteps", c.auto_interval.min_steps, 1, spec::kMaxSteps);
+  s.InRange("maxFullEverySteps", c.auto_interval.max_steps, 1, spec::kMaxSteps);
+  if (c.auto_interval.min_steps > c.auto_interval.max_steps)
+    s.Error("minFullEverySteps", "must not exceed maxFullEverySteps (" +
+                                     std::to_string(c.auto_interval.max_steps) + "), got " +
+                                     std::to_string(c.auto_interval.min_steps));
   s.InRange("snapshotEverySteps", c.snapshot_every_steps, 0, spec::kMaxSteps);
   s.InRange("keep", c.keep, 1, spec::kMaxKeep);
   s.InRange("buddyEverySteps", c.buddy_every_steps, 0, spec::kMaxSteps);

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/checkpoint_interval.h"
 #include "api/cron.h"
 #include "api/train_config.h"
 #include "common/status.h"
@@ -39,6 +40,10 @@ struct CheckpointSpec {
   std::string uri;  // "" = a volume of the job's own
   std::string credentials_secret;
   int64_t full_every_steps = 500, snapshot_every_steps = 100, keep = 3;
+  // fullEverySteps: auto — the interval planned from the measured checkpoint cost and the
+  // job's failure rate (api/checkpoint_interval.h); full_every_steps is then 0.
+  bool full_every_auto = false;
+  AutoIntervalSpec auto_interval;  // expectedMTBF, min/maxFullEverySteps
   // Steps between buddy copies in the ranks' host memory (DESIGN.md §4 step 5); 0: none.
   int64_t buddy_every_steps = 1;
 };

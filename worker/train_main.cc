@@ -44,8 +44,9 @@ constexpr const char* kUsage =
     "  --checkpoint-uri  file:///dir, /dir or s3://bucket/prefix: resume from the newest\n"
     "               usable checkpoint there, save into it (S3 settings from AWS_* env vars);\n"
     "               default spec.checkpoint.uri\n"
-    "  --full-every N      a full checkpoint (weights + optimizer) every N steps\n"
-    "               (default spec.checkpoint.fullEverySteps)\n"
+    "  --full-every N      a full checkpoint (weights + optimizer) every N steps, or auto:\n"
+    "               Young's interval from the measured checkpoint cost and\n"
+    "               spec.checkpoint.expectedMTBF (default spec.checkpoint.fullEverySteps)\n"
     "  --snapshot-every N  a snapshot (weights + trainer state) every N steps\n"
     "               (default spec.checkpoint.snapshotEverySteps)\n"
     "  --keep K     newest full checkpoints kept (default spec.checkpoint.keep, else 3)\n"
@@ -67,6 +68,7 @@ struct Args {
   std::optional<std::string> checkpoint_uri;
   std::string resume_uri;
   std::optional<int64_t> full_every, snapshot_every;
+  bool full_every_auto = false;  // --full-every auto
   std::optional<int> keep;
   bool resume = true;
   bool dry_run = false;
@@ -110,8 +112,12 @@ StatusOr<Args> ParseArgs(int argc, char** argv) {
       args.checkpoint_uri = value;
     } else if (flag == "--resume") {
       args.resume_uri = value;
+    } else if (flag == "--full-every" && value == "auto") {
+      args.full_every_auto = true;
+      args.full_every.reset();
     } else if (flag == "--full-every") {
       TIDAL_ASSIGN_OR_RETURN(args.full_every, tidal::ParseIntFlag<int64_t>(flag, value, 0));
+      args.full_every_auto = false;
     } else if (flag == "--snapshot-every") {
       TIDAL_ASSIGN_OR_RETURN(args.snapshot_every, tidal::ParseIntFlag<int64_t>(flag, value, 0));
     } else if (flag == "--keep") {
@@ -164,16 +170,24 @@ StatusOr<Job> LoadJob(const Args& args) {
   if (spec.is_object() && spec.contains("checkpoint")) {
     p.uri = parsed->checkpoint.uri;
     p.full_every = parsed->checkpoint.full_every_steps;
+    if (parsed->checkpoint.full_every_auto) p.auto_full = parsed->checkpoint.auto_interval;
     p.snapshot_every = parsed->checkpoint.snapshot_every_steps;
     p.keep = static_cast<int>(parsed->checkpoint.keep);
   }
   if (args.checkpoint_uri) p.uri = *args.checkpoint_uri;
-  if (args.full_every) p.full_every = *args.full_every;
+  if (args.full_every) {
+    p.full_every = *args.full_every;
+    p.auto_full.reset();
+  }
+  if (args.full_every_auto) {
+    p.full_every = 0;
+    p.auto_full = parsed->checkpoint.auto_interval;  // the spec's bounds, or their defaults
+  }
   if (args.snapshot_every) p.snapshot_every = *args.snapshot_every;
   if (args.keep) p.keep = *args.keep;
   p.resume_uri = args.resume_uri;
   p.resume = args.resume;
-  if (p.uri.empty() && (args.full_every || args.snapshot_every))
+  if (p.uri.empty() && (args.full_every || args.full_every_auto || args.snapshot_every))
     return tidal::InvalidArgument(
         "--full-every/--snapshot-every: need --checkpoint-uri or spec.checkpoint.uri");
   return job;
@@ -326,10 +340,12 @@ int main(int argc, char** argv) {
       launch.args.insert(launch.args.end(), {"--zero-stage", std::to_string(*args->zero_stage)});
     // The children read the same file; the policy resolved here goes with them as flags.
     if (!policy.uri.empty())
-      launch.args.insert(launch.args.end(), {"--checkpoint-uri", policy.uri, "--full-every",
-                                             std::to_string(policy.full_every), "--snapshot-every",
-                                             std::to_string(policy.snapshot_every), "--keep",
-                                             std::to_string(policy.keep)});
+      launch.args.insert(
+          launch.args.end(),
+          {"--checkpoint-uri", policy.uri, "--full-every",
+           policy.auto_full ? std::string("auto") : std::to_string(policy.full_every),
+           "--snapshot-every", std::to_string(policy.snapshot_every), "--keep",
+           std::to_string(policy.keep)});
     if (!args->resume) launch.args.push_back("--no-resume");
     if (!args->resume_uri.empty())
       launch.args.insert(launch.args.end(), {"--resume", args->resume_uri});

@@ -222,6 +222,7 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
         "spec.checkpoint.uri is empty and no --checkpoint-uri (TIDAL_CHECKPOINT_URI) was given: "
         "an elastic worker needs a checkpoint store");
   o.policy.full_every = job->checkpoint.full_every_steps;
+  if (job->checkpoint.full_every_auto) o.policy.auto_full = job->checkpoint.auto_interval;
   o.policy.snapshot_every = job->checkpoint.snapshot_every_steps;
   o.policy.keep = static_cast<int>(job->checkpoint.keep);
   o.buddy_every = job->checkpoint.buddy_every_steps;

@@ -13,6 +13,7 @@
 #include "common/base64.h"
 #include "common/log.h"
 #include "operator/controller/children.h"
+#include "operator/controller/interval_json.h"
 #include "operator/controller/metrics.h"
 #include "operator/kube/meta_time.h"
 #include "operator/kube/types.h"
@@ -115,6 +116,7 @@ StatusOr<WorkerReport> ReportOf(const pb::WorkerStatus& s) {
     r.checkpoint_kind = s.last_checkpoint().kind();
     r.checkpoint_uri = s.last_checkpoint().uri();
   }
+  r.checkpoint_interval = CheckpointIntervalJson(s);
   if (s.has_live_checkpoint()) r.live_step = s.live_checkpoint().step();
   r.last_error = s.last_error();
   r.last_error_permanent = s.last_error_permanent();
@@ -1360,9 +1362,9 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
                 pod, "rendezvous " + std::to_string(a.generation),
                 [c, generation = a.generation, world = static_cast<int>(a.pods.size()),
                  rank = static_cast<int>(rank), store, peers,
-                 step = peers.empty() ? 0 : a.state_step, members, ward] {
-                  Status s =
-                      c->Rendezvous(generation, world, rank, store, peers, step, members, ward);
+                 step = peers.empty() ? 0 : a.state_step, members, ward, restarts = a.restarts] {
+                  Status s = c->Rendezvous(generation, world, rank, store, peers, step, members,
+                                           ward, restarts);
                   // Already there (a repeated call after a crash) is success.
                   return s.code() == StatusCode::kAlreadyExists ? OkStatus() : s;
                 },

@@ -259,6 +259,7 @@ void Decider::WriteStatus() {
       }
       const std::string known =
           st_.last_checkpoint.is_object() ? st_.last_checkpoint.value("uri", "") : std::string();
+      if (!r->checkpoint_interval.is_null()) st_.checkpoint_interval = r->checkpoint_interval;
       if (r->checkpoint_step && r->checkpoint_uri != known) {
         st_.last_checkpoint = {{"step", *r->checkpoint_step},
                                {"kind", r->checkpoint_kind},

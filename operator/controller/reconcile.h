@@ -138,6 +138,8 @@ struct JobStatus {
   int64_t step = 0;
   double loss = 0, tokens_per_second = 0;
   nlohmann::json last_checkpoint;  // {step, kind, uri, time} or null
+  // spec.checkpoint.fullEverySteps auto: rank 0's plan (interval_json.h), or null.
+  nlohmann::json checkpoint_interval;
   int64_t desired_gpus = 0, current_gpus = 0;
   std::string gpus_reason;
   std::string failure;  // why the job failed, for the condition
@@ -173,6 +175,7 @@ struct StepFigures {
   // The newest committed checkpoint rank 0 reports (-1: none).
   int64_t checkpoint_step = -1;
   std::string checkpoint_kind, checkpoint_uri;
+  nlohmann::json checkpoint_interval;  // status.checkpointInterval, or null (interval_json.h)
   bool operator==(const StepFigures&) const = default;
 };
 // The merge patch that brings the cached job's status up to `figures` (null: nothing to
@@ -185,7 +188,7 @@ struct StepFigures {
 std::optional<nlohmann::json> FiguresPatch(const nlohmann::json& cached_job,
                                            const StepFigures& figures, Clock::time_point now);
 // The fields of status that only report the workers' progress (StepFigures): step, loss,
-// tokensPerSecond, lastCheckpoint.
+// tokensPerSecond, lastCheckpoint, checkpointInterval.
 nlohmann::json WithoutFigures(nlohmann::json status);
 // Whether job `after` differs from `before` in nothing but its resourceVersion, managedFields
 // and the figures in status: a change that asks for no reconcile (the patcher's).
@@ -200,7 +203,8 @@ struct WorkerReport {
   double loss = 0, tokens_per_second = 0;
   std::optional<int64_t> checkpoint_step;
   std::string checkpoint_kind, checkpoint_uri;
-  std::optional<int64_t> live_step;  // the live checkpoint it holds in memory, if any
+  nlohmann::json checkpoint_interval;  // its automatic checkpoint interval, or null
+  std::optional<int64_t> live_step;    // the live checkpoint it holds in memory, if any
   std::string last_error;
   bool last_error_permanent = false;              // the spec must change before a restart can help
   std::optional<double> gpu_utilization_percent;  // none on CPU workers
@@ -323,6 +327,9 @@ struct Action {
   int64_t state_step = 0;
   // kRendezvous: per rank, the rank whose buddy copy it keeps (planner::BuddyWards).
   std::vector<int> wards;
+  // kRendezvous: the job's restarts so far (status.restarts), for the workers' automatic
+  // checkpoint interval.
+  int64_t restarts = 0;
   // kPrepareEngine: per pod, the rank planned for it, of world_size.
   std::vector<int> ranks;
   int world_size = 0;

@@ -481,6 +481,7 @@ void Decider::Rendezvous() {
       a.generation = r.target_generation;
       a.state_peers = r.state_peers;
       a.state_step = r.state_step;
+      a.restarts = st_.restarts;
       std::vector<std::string> nodes;
       for (const std::string& m : r.members) {
         const PodView* p = Pod(m);

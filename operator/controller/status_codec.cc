@@ -109,6 +109,7 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
   st.loss = in.Get<double>(j, at, "loss", 0);
   st.tokens_per_second = in.Get<double>(j, at, "tokensPerSecond", 0);
   if (const json* c = in.Object(j, at, "lastCheckpoint")) st.last_checkpoint = *c;
+  if (const json* c = in.Object(j, at, "checkpointInterval")) st.checkpoint_interval = *c;
   if (const json* g = in.Object(j, at, "gpus")) {
     st.desired_gpus = in.Get<int64_t>(*g, "status.gpus.", "desired", 0);
     st.current_gpus = in.Get<int64_t>(*g, "status.gpus.", "current", 0);
@@ -260,6 +261,7 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
             {"conditions", ToJson(st.conditions)},
             {"observedGeneration", st.observed_generation}};
   if (!st.last_checkpoint.is_null()) j["lastCheckpoint"] = st.last_checkpoint;
+  if (!st.checkpoint_interval.is_null()) j["checkpointInterval"] = st.checkpoint_interval;
   if (!st.failure.empty()) j["failure"] = st.failure;
   if (!st.failure_reason.empty()) j["failureReason"] = st.failure_reason;
   if (st.failed_spec_generation > 0) j["failedSpecGeneration"] = st.failed_spec_generation;
@@ -312,7 +314,8 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
 }
 
 namespace {
-constexpr const char* kFigures[] = {"step", "loss", "tokensPerSecond", "lastCheckpoint"};
+constexpr const char* kFigures[] = {"step", "loss", "tokensPerSecond", "lastCheckpoint",
+                                    "checkpointInterval"};
 
 std::optional<int64_t> IntegerField(const json& object, const char* field) {
   if (!object.is_object()) return std::nullopt;
@@ -374,6 +377,9 @@ std::optional<json> FiguresPatch(const json& cached_job, const StepFigures& f,
                                  {"kind", f.checkpoint_kind},
                                  {"uri", f.checkpoint_uri},
                                  {"time", kube::FormatTime(now)}};
+  if (!f.checkpoint_interval.is_null() &&
+      status->value("checkpointInterval", json()) != f.checkpoint_interval)
+    figures["checkpointInterval"] = f.checkpoint_interval;
   if (figures.empty()) return std::nullopt;
   json patch = {{"status", std::move(figures)}};
   const json& md = cached_job.value("metadata", json());

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "operator/controller/interval_json.h"
 #include "tidal/worker/v1/worker.pb.h"
 #include "worker/control/status_change.h"
 
@@ -190,6 +191,7 @@ void StatusFeed::OnStatus(const std::string& job, const std::string& pod, uint64
         f.checkpoint_kind = status.last_checkpoint().kind();
         f.checkpoint_uri = status.last_checkpoint().uri();
       }
+      f.checkpoint_interval = CheckpointIntervalJson(status);
       w.figures = std::move(f);
     }
     // The job's figures: the rank 0 of the newest generation among its workers.

@@ -43,14 +43,15 @@ class Walker {
         Invalid(path, value, "must not be null");  // as kube-apiserver without nullable
       return;
     }
-    if (schema.value("x-kubernetes-int-or-string", false)) {
-      if (!value.is_string() && !value.is_number_integer())
-        Add("FieldValueTypeInvalid", path,
-            "Invalid value: " + Show(value) + ": " + path +
-                " in body must be of type int-or-string");
+    // int-or-string: either type; then, as kube-apiserver's validator (go-openapi), each value
+    // keyword applies to its own type only (pattern to a string, minimum to an integer).
+    const bool int_or_string = schema.value("x-kubernetes-int-or-string", false);
+    if (int_or_string && !value.is_string() && !value.is_number_integer()) {
+      Add("FieldValueTypeInvalid", path,
+          "Invalid value: " + Show(value) + ": " + path + " in body must be of type int-or-string");
       return;
     }
-    std::string type = schema.value("type", "");
+    std::string type = int_or_string ? "" : schema.value("type", "");
     if (!type.empty() && !HasType(value, type)) {
       Add("FieldValueTypeInvalid", path,
           "Invalid value: \"" + std::string(value.type_name()) + "\": " + path +

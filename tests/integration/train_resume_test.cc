@@ -9,10 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "api/checkpoint_interval.h"
 #include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/process.h"
 
@@ -309,6 +311,79 @@ TEST_F(TrainResumeTest, TheFilesSpecCheckpointIsHonouredWithoutFlagsAndFlagsOver
   ProcessResult refused = run({"--max-steps", "1"});
   EXPECT_EQ(refused.exit_code, 2);
   EXPECT_NE(refused.err.find("spec.checkpoint.keep"), std::string::npos) << refused.err;
+}
+
+// spec.checkpoint.fullEverySteps auto through tidal-train at 2 ranks. The first plan, with no
+// cost measured, is the least interval; each periodic full checkpoint's measured cost plans the
+// next, exactly as api::PlanCheckpointInterval computes it from what rank 0 measured; the full
+// checkpoints are committed at the planned steps (a rank that disagreed would fail the
+// collective save); a resume plans at once from the cost and the training time its checkpoint
+// carries.
+TEST_F(TrainResumeTest, AnAutomaticIntervalIsPlannedFromEachCheckpointsMeasuredCostAndResumed) {
+  std::stringstream base;
+  base << std::ifstream(dir_ + "/job.yaml").rdbuf();
+  const std::string config = work_ + "/auto.yaml";
+  const std::string store = work_ + "/auto";
+  // A 2 s prior MTBF makes Young's interval a few steps of the tiny preset, so that a short run
+  // plans several times; keep: 100 leaves every checkpoint to be seen.
+  std::ofstream(config) << base.str() << "checkpoint: {uri: 'file://" << store
+                        << "', fullEverySteps: auto, expectedMTBF: 2s, minFullEverySteps: 2,"
+                        << " maxFullEverySteps: 6, snapshotEverySteps: 0, keep: 100}\n";
+  auto plans_of = [](const std::string& log) {
+    std::vector<nlohmann::json> plans;
+    std::istringstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("msg", "") == "checkpoint interval planned") plans.push_back(j);
+    }
+    return plans;
+  };
+  ProcessResult first =
+      RunProcess({TIDAL_TRAIN_BIN, "--config", config, "--nproc", "2", "--max-steps", "20"}, 300s);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const auto plans = plans_of(first.err);
+  ASSERT_GE(plans.size(), 3u) << first.err;
+  EXPECT_EQ(plans[0]["reason"], "Unmeasured");
+  EXPECT_EQ(plans[0]["full_every_steps"], 2);
+  EXPECT_EQ(plans[0]["next_full_step"], 2);
+  EXPECT_EQ(plans[0]["failures"], 0);
+
+  api::IntervalInputs in;
+  in.spec = {2.0, 2, 6};
+  std::set<int64_t> planned = {20};  // and the final one
+  for (const auto& plan : plans) {
+    SCOPED_TRACE(plan.dump());
+    // Due at the planned step, or at the next boundary where the commit came after it.
+    const int64_t due =
+        std::max(plan["next_full_step"].get<int64_t>(), plan["planned_at_step"].get<int64_t>() + 1);
+    if (due < 20) planned.insert(due);
+    if (&plan == &plans[0]) continue;
+    in.cost_seconds = plan["cost_seconds"];
+    in.step_seconds = plan["step_seconds"];
+    in.failures = plan["failures"];
+    in.trained_seconds = plan["trained_seconds"];
+    EXPECT_GT(in.cost_seconds, 0);
+    EXPECT_GT(in.trained_seconds, 0);
+    const api::IntervalPlan want = api::PlanCheckpointInterval(in);
+    EXPECT_EQ(plan["full_every_steps"], want.steps);
+    EXPECT_EQ(plan["reason"], api::ReasonName(want.reason));
+    EXPECT_DOUBLE_EQ(plan["mtbf_seconds"].get<double>(), 2.0 + in.trained_seconds);
+  }
+  std::set<int64_t> committed;
+  for (const auto& entry : fs::directory_iterator(store))
+    if (fs::exists(entry.path() / "manifest.json"))
+      committed.insert(std::stoll(entry.path().filename().string().substr(5)));
+  EXPECT_EQ(committed, planned);
+
+  ProcessResult resumed =
+      RunProcess({TIDAL_TRAIN_BIN, "--config", config, "--nproc", "2", "--max-steps", "24"}, 300s);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto again = plans_of(resumed.err);
+  ASSERT_FALSE(again.empty()) << resumed.err;
+  EXPECT_NE(again[0]["reason"], "Unmeasured") << again[0].dump();
+  EXPECT_GT(again[0]["cost_seconds"].get<double>(), 0);
+  EXPECT_GE(again[0]["trained_seconds"].get<double>(),
+            plans.back()["trained_seconds"].get<double>());
 }
 
 }  // namespace

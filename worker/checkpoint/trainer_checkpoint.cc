@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <ctime>
+#include <limits>
 #include <optional>
 #include <set>
 #include <thread>
@@ -308,51 +309,41 @@ class CheckpointHooks : public engine::TrainingHooks {
   }
 
   Status OnStart(Trainer& trainer) override {
-    if (resume_store_) {  // asked for by name: it must hold a checkpoint
-      Repository from(*resume_store_);
-      auto step = ResumeFromNewest(trainer, from);
-      if (step.status().code() == StatusCode::kNotFound)
-        return NotFound("--resume " + resume_store_->uri() + ": no usable checkpoint there");
-      return step.status();
-    }
-    bool peers_failed = false;
-    if (policy_.peer_resume_step > 0) {
-      Status live = ResumeFromPeers(trainer, policy_.peer_resume.get(), policy_.peer_resume_step);
-      if (live.ok()) return OkStatus();
-      // Some rank could not read its part (a peer is gone): every rank knows it (AgreeOk), and
-      // the trainer holds a mix of read and initial values, which the store's newest
-      // checkpoint overwrites whole.
-      peers_failed = true;
-      if (trainer.comm().rank() == 0)
-        Logger::Get().Log("warn", "live reshard failed, resuming from the store",
-                          {{"peers", policy_.peer_resume ? policy_.peer_resume->uri() : ""},
-                           {"step", policy_.peer_resume_step},
-                           {"error", live.message()}});
-    }
-    if (!policy_.resume || !repo_) {
-      if (peers_failed)
-        return Unavailable("the peers' state could not be read and no store to resume from");
-      return OkStatus();
-    }
-    auto step = ResumeFromNewest(trainer, *repo_);
-    if (step.ok()) return OkStatus();
-    if (step.status().code() == StatusCode::kNotFound) {
-      // Starting at step 0 is right for a new job, never over a half-read state.
-      if (peers_failed)
-        return Unavailable("the peers' state could not be read and " + repo_->store().uri() +
-                           " holds no checkpoint to resume from");
-      return OkStatus();
-    }
-    return step.status();
+    TIDAL_RETURN_IF_ERROR(Resume(trainer));
+    if (!policy_.auto_full) return OkStatus();
+    // What the checkpoint resumed from measured; the first checkpoint of a job measures it.
+    const json& carried = trainer.extensions();
+    auto cost = carried.find(kCostExtension);
+    cost_seconds_ = cost != carried.end() && cost->is_number() ? cost->get<double>() : 0;
+    return PlanInterval(trainer, trainer.step());
   }
+
   // What checkpointing costs the training thread, per save: the host copy, the commit
   // rounds and any wait for the previous write, logged at each commit (bench/checkpoint_stall.sh).
+  // With the automatic interval, a periodic full checkpoint's cost from the step it was due at
+  // to its commit is C, and its commit plans the next interval.
   Status AfterStep(Trainer& trainer) override {
     const auto start = std::chrono::steady_clock::now();
+    const bool full_pending = FullInFlight();
+    committed_full_ = -1;
     Status status = SaveIfDue(trainer);
-    blocked_seconds_ +=
+    const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return status;
+    blocked_seconds_ += elapsed;
+    if (!policy_.auto_full || !status.ok()) return status;
+    if (full_pending || FullInFlight() || committed_full_ >= 0) full_cost_ += elapsed;
+    if (committed_full_ < 0) {
+      // A barrier (CheckpointNow, CheckpointLive) committed the pending one between two steps
+      // and the generation trains on (a Resume after a pause): plan from it, measuring nothing.
+      if (next_full_ != kFullPending || FullInFlight()) return OkStatus();
+      full_cost_ = 0;
+      return PlanInterval(trainer, std::max<int64_t>(last_full_, 0));
+    }
+    // A moving average: one slow store round does not swing the interval alone.
+    cost_seconds_ = cost_seconds_ > 0 ? 0.5 * cost_seconds_ + 0.5 * full_cost_ : full_cost_;
+    full_cost_ = 0;
+    trainer.extensions()[kCostExtension] = cost_seconds_;
+    return PlanInterval(trainer, committed_full_);
   }
 
   Status SaveIfDue(Trainer& trainer) {
@@ -361,11 +352,14 @@ class CheckpointHooks : public engine::TrainingHooks {
     const int64_t step = trainer.step();
     if (step >= trainer.max_steps() && policy_.save_final) return OkStatus();  // OnFinish saves
     std::optional<CheckpointKind> kind;
-    if (policy_.full_every > 0 && step % policy_.full_every == 0)
+    if (FullDue(step))
       kind = CheckpointKind::kFull;
     else if (policy_.snapshot_every > 0 && step % policy_.snapshot_every == 0)
       kind = CheckpointKind::kSnapshot;
     if (!kind) return OkStatus();
+    // The automatic interval: no other full checkpoint is due until this one's commit plans
+    // the next (AfterStep).
+    if (policy_.auto_full && *kind == CheckpointKind::kFull) next_full_ = kFullPending;
     if (!policy_.async) return Save(trainer, *kind).status();
     if (in_flight_) TIDAL_RETURN_IF_ERROR(Finish(trainer, /*wait=*/true));
     auto job = std::make_unique<InFlight>();
@@ -423,6 +417,112 @@ class CheckpointHooks : public engine::TrainingHooks {
   }
 
  private:
+  // The trainer-state extension that carries C across restarts and rescales.
+  static constexpr const char* kCostExtension = "checkpointCostSeconds";
+  // next_full_ while a full checkpoint of the automatic interval is on its way to its commit.
+  static constexpr int64_t kFullPending = std::numeric_limits<int64_t>::max();
+
+  bool FullInFlight() const {
+    return in_flight_ && in_flight_->capture.kind == CheckpointKind::kFull;
+  }
+  bool FullDue(int64_t step) const {
+    if (policy_.auto_full) return next_full_ > 0 && step >= next_full_;
+    return policy_.full_every > 0 && step % policy_.full_every == 0;
+  }
+
+  // Collective: rank 0 plans, every rank takes its plan; the next full checkpoint is due that
+  // many steps after `from_step` (the one just committed, or the resumed step), at the next
+  // step boundary when that is already past (its commit came later than that).
+  Status PlanInterval(Trainer& trainer, int64_t from_step) {
+    api::IntervalInputs in;
+    in.spec = *policy_.auto_full;
+    in.cost_seconds = cost_seconds_;
+    // The step time since the last plan (a rescale changes it), else the run's mean.
+    const int64_t steps = trainer.step() - planned_at_step_;
+    const double seconds = trainer.trained_seconds() - planned_at_trained_;
+    in.step_seconds = planned_at_step_ >= 0 && steps > 0 ? seconds / static_cast<double>(steps)
+                      : trainer.step() > 0
+                          ? trainer.trained_seconds() / static_cast<double>(trainer.step())
+                          : 0;
+    in.failures = policy_.failures;
+    in.trained_seconds = trainer.trained_seconds();
+    api::IntervalPlan plan = api::PlanCheckpointInterval(in);
+    const bool root = trainer.comm().rank() == 0;
+    std::vector<double> agreed = {static_cast<double>(plan.steps),
+                                  static_cast<double>(plan.reason),
+                                  in.cost_seconds,
+                                  in.step_seconds,
+                                  in.trained_seconds,
+                                  plan.mtbf_seconds,
+                                  plan.optimum_seconds,
+                                  plan.expected_waste};
+    if (!root) std::fill(agreed.begin(), agreed.end(), 0.0);
+    TIDAL_RETURN_IF_ERROR(trainer.comm().AllReduceSumHost(agreed));
+    plan.steps = static_cast<int64_t>(agreed[0]);
+    plan.reason = static_cast<api::IntervalPlan::Reason>(static_cast<int>(agreed[1]));
+    in.cost_seconds = agreed[2];
+    in.step_seconds = agreed[3];
+    in.trained_seconds = agreed[4];
+    plan.mtbf_seconds = agreed[5];
+    plan.optimum_seconds = agreed[6];
+    plan.expected_waste = agreed[7];
+    next_full_ = from_step + plan.steps;
+    planned_at_step_ = trainer.step();
+    planned_at_trained_ = trainer.trained_seconds();
+    if (root)
+      Logger::Get().Log("info", "checkpoint interval planned",
+                        {{"full_every_steps", plan.steps},
+                         {"reason", api::ReasonName(plan.reason)},
+                         {"next_full_step", next_full_},
+                         {"planned_at_step", trainer.step()},
+                         {"cost_seconds", in.cost_seconds},
+                         {"step_seconds", in.step_seconds},
+                         {"mtbf_seconds", plan.mtbf_seconds},
+                         {"failures", in.failures},
+                         {"trained_seconds", in.trained_seconds},
+                         {"expected_waste_percent", 100 * plan.expected_waste}});
+    if (policy_.on_interval) policy_.on_interval(in, plan);
+    return OkStatus();
+  }
+
+  Status Resume(Trainer& trainer) {
+    if (resume_store_) {  // asked for by name: it must hold a checkpoint
+      Repository from(*resume_store_);
+      auto step = ResumeFromNewest(trainer, from);
+      if (step.status().code() == StatusCode::kNotFound)
+        return NotFound("--resume " + resume_store_->uri() + ": no usable checkpoint there");
+      return step.status();
+    }
+    bool peers_failed = false;
+    if (policy_.peer_resume_step > 0) {
+      Status live = ResumeFromPeers(trainer, policy_.peer_resume.get(), policy_.peer_resume_step);
+      if (live.ok()) return OkStatus();
+      // Some rank could not read its part (a peer is gone): every rank knows it (AgreeOk), and
+      // the trainer holds a mix of read and initial values, which the store's newest
+      // checkpoint overwrites whole.
+      peers_failed = true;
+      if (trainer.comm().rank() == 0)
+        Logger::Get().Log("warn", "live reshard failed, resuming from the store",
+                          {{"peers", policy_.peer_resume ? policy_.peer_resume->uri() : ""},
+                           {"step", policy_.peer_resume_step},
+                           {"error", live.message()}});
+    }
+    if (!policy_.resume || !repo_) {
+      if (peers_failed)
+        return Unavailable("the peers' state could not be read and no store to resume from");
+      return OkStatus();
+    }
+    auto step = ResumeFromNewest(trainer, *repo_);
+    if (step.ok()) return OkStatus();
+    if (step.status().code() == StatusCode::kNotFound) {
+      // Starting at step 0 is right for a new job, never over a half-read state.
+      if (peers_failed)
+        return Unavailable("the peers' state could not be read and " + repo_->store().uri() +
+                           " holds no checkpoint to resume from");
+      return OkStatus();
+    }
+    return step.status();
+  }
   StatusOr<std::string> Save(Trainer& trainer, CheckpointKind kind) {
     const auto start = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
@@ -436,7 +536,7 @@ class CheckpointHooks : public engine::TrainingHooks {
   }
   void Committed(int64_t step, CheckpointKind kind, std::chrono::steady_clock::time_point start,
                  uint64_t shard_bytes) {
-    if (kind == CheckpointKind::kFull) last_full_ = step;
+    if (kind == CheckpointKind::kFull) last_full_ = committed_full_ = step;
     if (!policy_.on_commit) return;
     CommitInfo info;
     info.step = step;
@@ -487,6 +587,13 @@ class CheckpointHooks : public engine::TrainingHooks {
   std::unique_ptr<InFlight> in_flight_;
   double blocked_seconds_ = 0;  // in AfterStep since the last commit
   int64_t last_full_ = -1;      // step of the newest full checkpoint this object committed
+  // The automatic interval (policy_.auto_full).
+  int64_t committed_full_ = -1;   // a full checkpoint this AfterStep committed, of that step
+  int64_t next_full_ = 0;         // the step the next full checkpoint is due at (0: none yet)
+  double cost_seconds_ = 0;       // C: this rank's moving average (rank 0's is the job's)
+  double full_cost_ = 0;          // AfterStep's time while a full checkpoint was pending
+  int64_t planned_at_step_ = -1;  // where the last plan measured the step time up to
+  double planned_at_trained_ = 0;
 };
 
 }  // namespace
@@ -700,6 +807,17 @@ StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(
   if (policy.full_every < 0 || policy.snapshot_every < 0)
     return InvalidArgument("checkpoint intervals: expected >= 0");
   if (policy.keep < 1) return InvalidArgument("--keep: expected at least 1");
+  if (policy.auto_full) {
+    const api::AutoIntervalSpec& a = *policy.auto_full;
+    if (a.min_steps < 1 || a.max_steps < a.min_steps)
+      return InvalidArgument(
+          "automatic checkpoint interval: expected 1 <= minFullEverySteps <= "
+          "maxFullEverySteps, got " +
+          std::to_string(a.min_steps) + " and " + std::to_string(a.max_steps));
+    if (!(a.expected_mtbf_seconds > 0))
+      return InvalidArgument("automatic checkpoint interval: expectedMTBF: expected > 0");
+    if (policy.failures < 0) return InvalidArgument("restarts: expected >= 0");
+  }
   if (policy.uri.empty() && policy.resume_uri.empty())
     return InvalidArgument("checkpoints: expected a checkpoint URI or a URI to resume from");
   std::unique_ptr<objstore::ObjectStore> store, resume_store;

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "api/checkpoint_interval.h"
 #include "common/status.h"
 #include "worker/checkpoint/repository.h"
 #include "worker/engine/run.h"
@@ -38,9 +39,18 @@ struct CommitInfo {
 };
 
 struct CheckpointPolicy {
-  std::string uri;             // where checkpoints go (file://, s3://); "" saves none
-  std::string resume_uri;      // resume from the newest usable checkpoint there (required)
-  int64_t full_every = 0;      // steps between full checkpoints; 0: none but the final one
+  std::string uri;         // where checkpoints go (file://, s3://); "" saves none
+  std::string resume_uri;  // resume from the newest usable checkpoint there (required)
+  int64_t full_every = 0;  // steps between full checkpoints; 0: none but the final one
+  // spec.checkpoint.fullEverySteps auto (full_every is then unused): the interval planned by
+  // api::PlanCheckpointInterval from rank 0's measurements — the training time its full
+  // checkpoints cost, its step time — the job's training time and `failures`, at the start of
+  // each generation and after each periodic full checkpoint. Rank 0's plan is every rank's (one
+  // collective per plan), so all ranks checkpoint at the same steps.
+  std::optional<api::AutoIntervalSpec> auto_full;
+  int64_t failures = 0;  // the job's restarts before this generation
+  // Called on every rank with each plan agreed and rank 0's inputs to it.
+  std::function<void(const api::IntervalInputs& in, const api::IntervalPlan& plan)> on_interval;
   int64_t snapshot_every = 0;  // steps between snapshots; 0: none
   int keep = 3;                // newest full checkpoints kept
   bool resume = true;      // without resume_uri: resume from the newest usable one in `uri`, if any

@@ -166,7 +166,8 @@ Status WorkerClient::PrepareEngine(int64_t generation, int world_size, int rank)
 Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
                                 const std::string& store_address,
                                 const std::vector<std::string>& state_peers, int64_t state_step,
-                                const std::vector<std::string>& members, int ward) {
+                                const std::vector<std::string>& members, int ward,
+                                int64_t restarts) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, impl_->options.timeout);
   pb::RendezvousRequest req;
@@ -178,6 +179,7 @@ Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
   req.set_state_step(state_step);
   for (const std::string& member : members) req.add_members(member);
   req.set_ward(ward);
+  req.set_restarts(restarts);
   pb::RendezvousResponse out;
   return FromGrpcStatus(impl_->Stub()->Rendezvous(&ctx, req, &out));
 }

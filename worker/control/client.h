@@ -28,10 +28,12 @@ class WorkerClient : public WorkerApi {
   // The engine built ahead of generation `generation` for this rank and world size (worker.proto).
   Status PrepareEngine(int64_t generation, int world_size, int rank) override;
   // `state_peers` and `state_step`: the previous generation's live checkpoint (worker.proto).
-  // `members` and `ward`: buddy copies (worker.proto); none without members.
+  // `members` and `ward`: buddy copies (worker.proto); none without members. `restarts`: the
+  // job's so far.
   Status Rendezvous(int64_t generation, int world_size, int rank, const std::string& store_address,
                     const std::vector<std::string>& state_peers = {}, int64_t state_step = 0,
-                    const std::vector<std::string>& members = {}, int ward = 0) override;
+                    const std::vector<std::string>& members = {}, int ward = 0,
+                    int64_t restarts = 0) override;
   // `barrier_id`: the barrier the call belongs to (worker.proto); 0: unnamed. `live`: kept in
   // the ranks' memory for the next generation, not written to the store.
   StatusOr<v1::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,

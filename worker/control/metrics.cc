@@ -44,6 +44,9 @@ WorkerMetrics::WorkerMetrics(const std::string& trainingjob)
   learning_rate_ = gauge("tidal_worker_learning_rate", "Learning rate of the last step.");
   grad_norm_ =
       gauge("tidal_worker_grad_norm", "L2 norm of the last step's gradient, before clipping.");
+  micro_batch_ = gauge("tidal_worker_micro_batch_size",
+                       "Sequences per forward pass the last step ran at (chosen by the engine "
+                       "under spec.optimization.microBatchSize auto).");
   generation_ = gauge("tidal_worker_generation",
                       "The membership generation this worker last joined (DESIGN.md §4).");
   rank_ = gauge("tidal_worker_rank", "This worker's rank in its generation.");
@@ -85,6 +88,7 @@ void WorkerMetrics::OnStep(const engine::StepRecord& record, const std::optional
   loss_->Set(record.loss);
   learning_rate_->Set(record.lr);
   grad_norm_->Set(record.grad_norm);
+  micro_batch_->Set(static_cast<double>(record.micro_batch));
   data_wait_->Observe(record.data_wait_seconds);
   if (!record.expert_tokens.empty()) {
     if (!expert_tokens_) {

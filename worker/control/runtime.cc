@@ -529,7 +529,9 @@ void WorkerRuntime::PublishStep(engine::StepRecord record) {
                              {"seconds", record.seconds},
                              {"data_wait_s", record.data_wait_seconds},
                              {"world_size", record.world_size},
+                             {"micro_batch", record.micro_batch},
                              {"max_steps", state.max_steps}};
+    if (record.peak_memory_bytes >= 0) fields["peak_memory_bytes"] = record.peak_memory_bytes;
     if (gpu) fields["gpu_util_percent"] = gpu->utilization_percent;
     LogInfo("step", fields);
   }
@@ -703,6 +705,11 @@ Status WorkerRuntime::TrainGeneration(engine::Session& session, const engine::Me
   };
   policy.on_failure = [this](checkpoint::CheckpointKind kind, const Status& why) {
     if (options_.observer) options_.observer->OnCheckpointFailed(kind, why);
+  };
+  policy.failures = m.job_restarts;
+  policy.on_interval = [this](const api::IntervalInputs& in, const api::IntervalPlan& plan) {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.checkpoint_interval = WorkerState::CheckpointInterval{in, plan};
   };
   policy.live_store = &peer_state_;
   if (!from.peers.empty()) {

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "api/checkpoint_interval.h"
 #include "api/train_config.h"
 #include "api/worker_phase.h"
 #include "common/status.h"
@@ -96,6 +97,12 @@ struct WorkerState {
   // lacks, a checkpoint of another configuration). The operator stops restarting the job.
   bool last_error_permanent = false;
   std::optional<PreparedEngine> prepared;  // asked for by PrepareEngine
+  // spec.checkpoint.fullEverySteps auto: the interval planned last, and from what (rank 0's).
+  struct CheckpointInterval {
+    api::IntervalInputs inputs;
+    api::IntervalPlan plan;
+  };
+  std::optional<CheckpointInterval> checkpoint_interval;
 };
 
 // Told what the training thread does, as it happens (the worker's /metrics). Called from the

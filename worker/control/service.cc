@@ -194,6 +194,20 @@ class Service final : public pb::WorkerControl::Service {
       p->set_ready(s.prepared->ready);
       p->set_error(s.prepared->error);
     }
+    if (s.checkpoint_interval) {
+      const api::IntervalInputs& in = s.checkpoint_interval->inputs;
+      const api::IntervalPlan& plan = s.checkpoint_interval->plan;
+      pb::CheckpointIntervalPlan* c = out->mutable_checkpoint_interval();
+      c->set_full_every_steps(plan.steps);
+      c->set_reason(api::ReasonName(plan.reason));
+      c->set_cost_seconds(in.cost_seconds);
+      c->set_step_seconds(in.step_seconds);
+      c->set_mtbf_seconds(plan.mtbf_seconds);
+      c->set_failures(in.failures);
+      c->set_trained_seconds(in.trained_seconds);
+      c->set_optimum_seconds(plan.optimum_seconds);
+      c->set_expected_waste(plan.expected_waste);
+    }
     out->set_uptime_millis(
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_).count());
   }
@@ -232,6 +246,9 @@ class Service final : public pb::WorkerControl::Service {
     m.generation = req->generation();
     m.world_size = req->world_size();
     m.rank = req->rank();
+    if (req->restarts() < 0)
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "restarts: expected >= 0");
+    m.job_restarts = req->restarts();
     if (m.world_size > 1) {
       const std::string& address = req->store_address();
       const auto colon = address.rfind(':');

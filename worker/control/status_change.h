@@ -1,6 +1,7 @@
 // worker/control/status_change.h — which changes of a WorkerStatus the operator must act on:
 // everything but the step's figures (the step, loss, rates, GPU counters, uptime, the recent
-// steps, the step and count of the buddy copies held, and the newest committed checkpoint), which
+// steps, the step and count of the buddy copies held, the newest committed checkpoint and the
+// automatic checkpoint interval), which
 // it only reports. (A barrier's checkpoint comes with the change of phase to PAUSED, which is
 // actionable.) The worker pushes an actionable change at once and step figures at a bounded
 // rate (WatchStatus); the operator reconciles a job on the first and only writes the second
@@ -28,6 +29,7 @@ inline std::string ActionableDigest(const ::tidal::worker::v1::WorkerStatus& sta
   s.clear_uptime_millis();
   s.clear_recent_steps();
   s.clear_last_checkpoint();
+  s.clear_checkpoint_interval();  // recomputed at each full checkpoint: reported only
   // Which ranks' parts it holds, not of which step nor how many copies: a rank briefly holds
   // two steps' copies of one part while the newer one arrives.
   std::set<std::tuple<int64_t, int32_t, int32_t>> held;

@@ -50,11 +50,13 @@ class WorkerApi {
   // The engine built ahead of generation `generation` for this rank and world size.
   virtual Status PrepareEngine(int64_t generation, int world_size, int rank) = 0;
   // `state_peers` and `state_step`: the previous generation's live checkpoint; `members` and
-  // `ward`: buddy copies (none without members).
+  // `ward`: buddy copies (none without members); `restarts`: the job's so far (the automatic
+  // checkpoint interval's failure count).
   virtual Status Rendezvous(int64_t generation, int world_size, int rank,
                             const std::string& store_address,
                             const std::vector<std::string>& state_peers, int64_t state_step,
-                            const std::vector<std::string>& members, int ward) = 0;
+                            const std::vector<std::string>& members, int ward,
+                            int64_t restarts) = 0;
   // `barrier_id`: the barrier the call belongs to (0: unnamed). `live`: kept in the ranks'
   // memory for the next generation, not written to the store.
   virtual StatusOr<v1::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,

@@ -306,6 +306,12 @@ torch::Tensor DecoderModel::ForwardBlock(int64_t b, const std::vector<torch::Ten
       const torch::Tensor& lm_head = config_.tie_word_embeddings ? embedding : params[1];
       auto logits = F::linear(h, lm_head);
       if (!ctx.targets.defined()) return logits;
+      if (ctx.row_loss_weights.defined()) {
+        auto per_token = F::cross_entropy(
+            logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), ctx.targets.reshape({-1}),
+            F::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kNone));
+        return (per_token.view(ctx.targets.sizes()).sum(1) * ctx.row_loss_weights).sum();
+      }
       return F::cross_entropy(
           logits.reshape({-1, logits.size(-1)}).to(torch::kFloat32), ctx.targets.reshape({-1}),
           F::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
@@ -386,7 +392,16 @@ torch::Tensor DecoderModel::DecoderLayer(int64_t layer, const std::vector<torch:
     auto out = F::linear(in, l.weight, l.bias);
     if (!l.lora_a.defined()) return out;
     torch::Tensor lora_in = in;
-    if (dropout) {
+    if (dropout && !ctx.row_dropout_keys.empty()) {
+      std::vector<torch::Tensor> keep;
+      for (size_t r = 0; r < ctx.row_dropout_keys.size(); ++r) {
+        const uint64_t row_layer = MixSeed(ctx.row_dropout_keys[r], static_cast<uint64_t>(layer));
+        auto gen = compat::MakeGenerator(MixSeed(row_layer, m), in.device());
+        keep.push_back(torch::empty_like(in.narrow(0, static_cast<int64_t>(r), 1))
+                           .bernoulli_(1.0 - lora_.dropout, gen));
+      }
+      lora_in = in * torch::cat(keep).div_(1.0 - lora_.dropout);
+    } else if (dropout) {
       auto gen = compat::MakeGenerator(MixSeed(layer_key, m), in.device());
       auto keep = torch::empty_like(in).bernoulli_(1.0 - lora_.dropout, gen);
       lora_in = in * keep.div_(1.0 - lora_.dropout);

@@ -59,6 +59,12 @@ struct ForwardContext {
   // LoRA dropout masks are drawn from generators seeded by (dropout_key, layer, module), so a
   // micro-batch gets the same masks whichever rank runs it and when ZeRO-3 recomputes it.
   uint64_t dropout_key = 0;
+  // When set, each row's own key instead (one per row): its masks are those it has as a
+  // micro-batch of its own, however rows are grouped (microBatchSize auto).
+  std::vector<uint64_t> row_dropout_keys;
+  // With targets: each row's summed token loss times its weight ([batch] fp32), summed;
+  // undefined: the plain sum over every token.
+  torch::Tensor row_loss_weights;
   MoeRecord* moe = nullptr;  // filled when set
 };
 

@@ -25,7 +25,9 @@ void PrintStepLine(const StepRecord& r) {
                          {"tokens_per_s", r.tokens_per_s},
                          {"seconds", r.seconds},
                          {"data_wait_s", r.data_wait_seconds},
-                         {"world_size", r.world_size}};
+                         {"world_size", r.world_size},
+                         {"micro_batch", r.micro_batch}};
+  if (r.peak_memory_bytes >= 0) line["peak_memory_bytes"] = r.peak_memory_bytes;
   if (r.skipped) line["skipped"] = true;
   if (!r.expert_tokens.empty()) {  // load balance: per MoE layer, and per expert over layers
     nlohmann::json imbalance = nlohmann::json::array();

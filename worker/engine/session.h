@@ -40,6 +40,9 @@ struct Membership {
   // Rank 0 hosts the rendezvous store (a pod's worker); false where the launcher already
   // hosts it (tidal-train's local ranks).
   bool rank0_hosts_store = true;
+  // The job's restarts before this generation (the operator's count): the failures the
+  // automatic checkpoint interval estimates the MTBF from. The engine itself ignores it.
+  int64_t job_restarts = 0;
 };
 
 struct SessionOptions {

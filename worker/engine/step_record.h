@@ -17,6 +17,8 @@ struct StepRecord {
   double data_wait_seconds =
       0;  // of `seconds`: reading micro-batches and moving them to the device
   int world_size = 1;
+  int64_t micro_batch = 0;         // rows per forward pass this step ran at
+  int64_t peak_memory_bytes = -1;  // microBatchSize auto: this rank's peak (MemoryMeter)
   bool skipped = false;  // fp16 overflow: the update was skipped and the loss scale lowered
   // Mixture of experts: for each MoE layer (`moe_layers`, ascending), the tokens routed to
   // each expert over the step's global batch (all ranks; a token counts once per expert it

@@ -1,6 +1,7 @@
 // worker/engine/trainer.cc
 #include "worker/engine/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -28,6 +29,8 @@ StatusOr<torch::ScalarType> ComputeDtype(const std::string& precision, torch::De
 // this many clean steps.
 constexpr double kInitialLossScale = 65536.0;
 constexpr int64_t kLossScaleWindow = 1000;
+// microBatchSize auto grows by this factor (at least one row) per step that leaves room.
+constexpr double kAutoGrowth = 1.2;
 
 }  // namespace
 
@@ -70,6 +73,10 @@ Status Trainer::Initialize() {
   const auto& opt = config_.optimization;
   max_steps_ = options_.max_steps.value_or(opt.max_steps);
   TIDAL_ASSIGN_OR_RETURN(dtype_, ComputeDtype(opt.precision, options_.device));
+  if (opt.micro_batch_auto) {  // before the model: on CPU its tensors count too
+    TIDAL_ASSIGN_OR_RETURN(meter_options_, MemoryMeterOptionsFromEnv());
+    TIDAL_ASSIGN_OR_RETURN(meter_, MakeMemoryMeter(options_.device, meter_options_));
+  }
 
   ModelConfig model_config;
   if (!config_.model.preset.empty()) {
@@ -107,6 +114,10 @@ Status Trainer::StartGeneration(KeptBaseWeights* kept) {
   accumulation_ = config_.GradientAccumulation(comm_->world_size());
   step_ = 0;
   good_steps_ = 0;
+  trained_seconds_ = 0;
+  extensions_ = nlohmann::json::object();
+  auto_micro_ = {};
+  auto_agreed_ = false;
   loss_scale_ = dtype_ == torch::kFloat16 ? kInitialLossScale : 1.0;
   schedule_ = LrSchedule(ScheduleSpec());
   optimizer_.Reset();
@@ -272,11 +283,94 @@ Status Trainer::WarmData() {
   return OkStatus();
 }
 
-StatusOr<StepRecord> Trainer::Step() {
+StatusOr<StepRecord> Trainer::Step() try {
+  const auto& opt = config_.optimization;
+  if (!opt.micro_batch_auto) return RunStep(opt.micro_batch_size, /*per_row=*/false);
+  // microBatchSize: auto. The rows this rank runs each step (its share of the global batch at
+  // the logical micro-batch of 1) in micro-batches of auto_micro_.size; an out-of-memory
+  // that every rank agrees on is run again smaller.
+  if (!auto_agreed_) TIDAL_RETURN_IF_ERROR(AgreeAutoMicroBatch());
+  for (;;) {
+    auto_micro_.size = std::clamp<int64_t>(auto_micro_.size, 1, MaxAutoMicroBatch());
+    bool out_of_memory = false;
+    auto record = RunStep(auto_micro_.size, /*per_row=*/true, &out_of_memory);
+    if (!out_of_memory) return record;
+    const int64_t failed = auto_micro_.size;
+    if (failed == 1)
+      return Unavailable("out of memory at micro-batch size 1 (step " + std::to_string(step_ + 1) +
+                         "): " + record.status().message());
+    auto_micro_.cap = oom_cap_ = failed - 1;
+    auto_micro_.size = std::max<int64_t>(
+        1, static_cast<int64_t>(std::floor(static_cast<double>(failed) / kAutoGrowth)));
+    if (auto_micro_.size == failed) auto_micro_.size = failed - 1;
+    LogWarn("out of memory: the step runs again at a smaller micro-batch",
+            {{"step", step_ + 1},
+             {"from", failed},
+             {"to", auto_micro_.size},
+             {"cap", auto_micro_.cap},
+             {"error", record.status().message()}});
+  }
+} catch (const c10::OutOfMemoryError& e) {
+  // Outside a pass (the gradient reduction, the optimizer): the generation fails, nothing is
+  // retried, the process lives on.
+  return Unavailable(std::string("out of memory: ") + e.what_without_backtrace());
+}
+
+// Collective, once per generation: the least size and the least cap of any rank (a rank that
+// ran out of memory in an earlier generation of its process remembers its cap; a resumed one
+// has its checkpoint's), so that every rank runs the same micro-batches.
+Status Trainer::AgreeAutoMicroBatch() {
+  auto_agreed_ = true;
+  if (oom_cap_ > 0)
+    auto_micro_.cap = auto_micro_.cap > 0 ? std::min(auto_micro_.cap, oom_cap_) : oom_cap_;
+  if (comm_->world_size() == 1) return OkStatus();
+  // The cap as a size (none: no bound), so that the least of each is the answer.
+  constexpr int64_t kNoCap = std::numeric_limits<int64_t>::max();
+  auto mine = torch::tensor({auto_micro_.size, auto_micro_.cap > 0 ? auto_micro_.cap : kNoCap},
+                            torch::TensorOptions(torch::kInt64).device(comm_->device()));
+  auto all = torch::empty({2 * comm_->world_size()}, mine.options());
+  TIDAL_RETURN_IF_ERROR(comm_->AllGather(mine, all));
+  auto least = std::get<0>(all.view({comm_->world_size(), 2}).min(0)).cpu();
+  auto_micro_.size = least[0].item<int64_t>();
+  const int64_t cap = least[1].item<int64_t>();
+  auto_micro_.cap = cap == kNoCap ? 0 : cap;
+  return OkStatus();
+}
+
+int64_t Trainer::MaxAutoMicroBatch() const {
+  return auto_micro_.cap > 0 ? std::min(accumulation_, auto_micro_.cap) : accumulation_;
+}
+
+// ×1.2, and at least one more: the teams' DynamicBatcher's step.
+int64_t Trainer::NextAutoMicroBatch() const {
+  const auto grown =
+      static_cast<int64_t>(std::floor(static_cast<double>(auto_micro_.size) * kAutoGrowth));
+  return std::min(std::max(grown, auto_micro_.size + 1), MaxAutoMicroBatch());
+}
+
+StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_memory) {
   const auto start = std::chrono::steady_clock::now();
   const auto& opt = config_.optimization;
-  const int64_t global = opt.global_batch_size, micro = opt.micro_batch_size;
-  const int64_t micro_batches = global / micro;  // over all ranks
+  const int64_t global = opt.global_batch_size;
+  // The loss is each logical micro-batch's token mean (spec.optimization.microBatchSize rows;
+  // 1 under auto) over the global batch, whatever rows a forward pass groups.
+  const int64_t logical_micro = opt.micro_batch_size;
+  const int64_t micro_batches = global / logical_micro;  // logical ones, over all ranks
+  const int64_t rows_per_rank = accumulation_ * logical_micro;
+  const int64_t passes = (rows_per_rank + micro - 1) / micro;
+  // An out-of-memory mid-step is agreed on by every rank before any collective of the next
+  // micro-batch: possible where a micro-batch's forward and backward hold none (ZeRO 0-2).
+  const bool world = comm_->world_size() > 1;
+  const bool agree_out_of_memory = per_row && world && params_->options().stage <= 2;
+  int64_t base_bytes = 0;
+  if (meter_) {
+    meter_->ResetPeak();
+    base_bytes = meter_->InUse();
+    if (meter_options_.test_oom_at_step == step_ + 1 && !oom_injected_) {
+      oom_injected_ = true;
+      meter_->FailNextAllocation(64 << 10);
+    }
+  }
   // The loss stays on the device until the step's one all-reduce: no host sync per micro-batch.
   torch::Tensor local_loss =
       torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
@@ -291,51 +385,93 @@ StatusOr<StepRecord> Trainer::Step() {
   // micro-batch (a step may read more rows than the lookahead).
   std::vector<uint64_t> ahead;
   for (int64_t s = step_; ahead.size() < static_cast<size_t>(config_.dataset.lookahead) +
-                                             static_cast<size_t>(accumulation_ * micro);
+                                             static_cast<size_t>(rows_per_rank);
        ++s) {
     auto more = RankSequences(s);
     ahead.insert(ahead.end(), more.begin(), more.end());
   }
   torch::Tensor local_tokens =
       torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
-  for (int64_t a = 0; a < accumulation_; ++a) {
-    // Global micro-batch index: contiguous per rank. Its sequences and dropout masks depend
-    // on (step, index) only, so the run is the same at any world size.
-    const int64_t index = comm_->rank() * accumulation_ + a;
-    const auto data_start = std::chrono::steady_clock::now();
-    data_->Prefetch(std::span<const uint64_t>(ahead).subspan(static_cast<size_t>(a * micro)));
-    std::vector<data::PackedRow> rows;
-    for (int64_t i = 0; i < micro; ++i) {
-      TIDAL_ASSIGN_OR_RETURN(
-          data::PackedRow row,
-          data_->Sequence(static_cast<uint64_t>(step_ * global + index * micro + i)));
-      rows.push_back(std::move(row));
-    }
-    MicroBatch batch = Collate(rows);
-    ForwardContext ctx;
-    ctx.tokens = batch.inputs.to(options_.device);
-    ctx.targets = batch.targets.to(options_.device);
-    const int64_t seq = batch.inputs.size(1);
-    auto positions = batch.positions.reshape({-1}).to(options_.device);
-    ctx.rope_cos = rope_cos_.index_select(0, positions).view({micro, 1, seq, -1});
-    ctx.rope_sin = rope_sin_.index_select(0, positions).view({micro, 1, seq, -1});
-    if (batch.attention.defined()) ctx.attention = batch.attention.to(options_.device);
-    local_tokens += static_cast<double>(batch.tokens);
-    data_wait +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - data_start).count();
-    ctx.training = true;
-    ctx.dropout_key = MixSeed(MixSeed(opt.seed, static_cast<uint64_t>(step_)), index);
-    if (moe) ctx.moe = &routed;
-    TIDAL_ASSIGN_OR_RETURN(torch::Tensor loss_sum, params_->Forward(ctx));
-    const double tokens = static_cast<double>(batch.target_tokens);
-    auto micro_loss = loss_sum / std::max(tokens, 1.0);
+  const uint64_t step_key = MixSeed(opt.seed, static_cast<uint64_t>(step_));
+  for (int64_t a = 0; a < passes; ++a) {
+    // This rank's rows are contiguous in the global batch; a row's sequence and dropout masks
+    // depend on (step, its index) only, so the run is the same at any world size.
+    const int64_t first_row = a * micro;
+    const int64_t rows_here = std::min(micro, rows_per_rank - first_row);
+    const int64_t first_sequence = comm_->rank() * rows_per_rank + first_row;
+    std::string failure;
     try {
-      (micro_loss * (loss_scale_ / static_cast<double>(micro_batches))).backward();
-    } catch (const std::exception& e) {
-      return Unavailable(std::string("backward: ") + e.what());
+      if (meter_) meter_->Check();
+      const auto data_start = std::chrono::steady_clock::now();
+      data_->Prefetch(std::span<const uint64_t>(ahead).subspan(static_cast<size_t>(first_row)));
+      std::vector<data::PackedRow> rows;
+      for (int64_t i = 0; i < rows_here; ++i) {
+        TIDAL_ASSIGN_OR_RETURN(
+            data::PackedRow row,
+            data_->Sequence(static_cast<uint64_t>(step_ * global + first_sequence + i)));
+        rows.push_back(std::move(row));
+      }
+      MicroBatch batch = Collate(rows);
+      ForwardContext ctx;
+      ctx.tokens = batch.inputs.to(options_.device);
+      ctx.targets = batch.targets.to(options_.device);
+      const int64_t seq = batch.inputs.size(1);
+      auto positions = batch.positions.reshape({-1}).to(options_.device);
+      ctx.rope_cos = rope_cos_.index_select(0, positions).view({rows_here, 1, seq, -1});
+      ctx.rope_sin = rope_sin_.index_select(0, positions).view({rows_here, 1, seq, -1});
+      if (batch.attention.defined()) ctx.attention = batch.attention.to(options_.device);
+      local_tokens += static_cast<double>(batch.tokens);
+      data_wait +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - data_start).count();
+      ctx.training = true;
+      // Fixed micro-batches: one key per (logical = physical) micro-batch, its global index.
+      // Per row: each row the key and the loss weight it has run alone as a micro-batch of 1.
+      ctx.dropout_key = MixSeed(step_key, static_cast<uint64_t>(first_sequence / micro));
+      if (per_row) {
+        for (int64_t i = 0; i < rows_here; ++i)
+          ctx.row_dropout_keys.push_back(
+              MixSeed(step_key, static_cast<uint64_t>(first_sequence + i)));
+        ctx.row_loss_weights =
+            1.0 /
+            (batch.targets != -100).sum(1).clamp_min(1).to(torch::kFloat32).to(options_.device);
+      }
+      if (moe) ctx.moe = &routed;
+      TIDAL_ASSIGN_OR_RETURN(torch::Tensor loss_sum, params_->Forward(ctx));
+      const double tokens = static_cast<double>(batch.target_tokens);
+      auto micro_loss = per_row ? loss_sum : loss_sum / std::max(tokens, 1.0);
+      try {
+        (micro_loss * (loss_scale_ / static_cast<double>(micro_batches))).backward();
+      } catch (const c10::OutOfMemoryError&) {
+        throw;
+      } catch (const std::exception& e) {
+        return Unavailable(std::string("backward: ") + e.what());
+      }
+      local_loss += micro_loss.detach().to(torch::kFloat64) / static_cast<double>(micro_batches);
+    } catch (const c10::OutOfMemoryError& e) {
+      failure = e.what_without_backtrace();
     }
-    local_loss += micro_loss.detach().to(torch::kFloat64) / static_cast<double>(micro_batches);
+    if (!per_row && !failure.empty()) return Unavailable("out of memory: " + failure);
+    if (agree_out_of_memory) {
+      std::vector<int64_t> failed{failure.empty() ? 0 : 1};
+      TIDAL_RETURN_IF_ERROR(comm_->AllReduceSumHost(failed));
+      if (failed[0] > 0 && failure.empty())
+        failure = std::to_string(failed[0]) + " rank(s) ran out of memory";
+    } else if (!failure.empty() && world) {
+      // ZeRO-3 gathers parameters inside the forward pass: the other ranks wait in a collective
+      // this rank cannot rejoin, so the generation fails (and the next starts smaller).
+      auto_micro_.cap = oom_cap_ = std::max<int64_t>(1, micro - 1);
+      return Unavailable("out of memory at micro-batch size " + std::to_string(micro) +
+                         " under ZeRO stage 3 with other ranks (their collectives cannot be "
+                         "resumed mid-pass): " +
+                         failure);
+    }
+    if (!failure.empty()) {
+      params_->DiscardGradients();
+      *out_of_memory = true;
+      return Unavailable(failure);
+    }
     TIDAL_RETURN_IF_ERROR(params_->AfterMicroBatchBackward());
+    if (meter_ && a + 1 == passes) meter_->CancelFailure();  // an injection fires inside a pass
     if (moe) {
       std::vector<torch::Tensor> layers;
       for (const auto& [layer, counts] : routed.expert_tokens) layers.push_back(counts);
@@ -352,10 +488,49 @@ StatusOr<StepRecord> Trainer::Step() {
       {local_loss, partitioned ? norm_sq_local : torch::zeros_like(local_loss), local_tokens});
   if (moe)  // the experts' token counts ride on the same all-reduce (exact in fp64)
     stats = torch::cat({stats, expert_tokens.flatten().to(stats.options())});
+  // microBatchSize auto: whether this rank's memory keeps the next size out (its peak so far
+  // scaled to it would pass the target) and whether it is over the target now; ranks that
+  // disagree would run different micro-batches, so the sums decide for all.
+  int64_t peak_bytes = -1, next_micro = micro;
+  if (per_row && meter_) {
+    peak_bytes = meter_->Peak();
+    next_micro = NextAutoMicroBatch();
+    const double target = static_cast<double>(meter_->limit()) * opt.memory_target_percent / 100;
+    const double per_micro_row = static_cast<double>(peak_bytes - base_bytes) / micro;
+    const double predicted =
+        static_cast<double>(base_bytes) + per_micro_row * static_cast<double>(next_micro);
+    const bool blocked = next_micro <= micro || predicted > target;
+    const bool over = micro > 1 && static_cast<double>(peak_bytes) > target;
+    stats = torch::cat(
+        {stats, torch::tensor({blocked ? 1.0 : 0.0, over ? 1.0 : 0.0}, stats.options())});
+  }
   TIDAL_RETURN_IF_ERROR(comm_->AllReduceSum(stats));
   if (!partitioned) stats[1].copy_(norm_sq_local);
   stats = stats.cpu();
   StepRecord record;
+  if (per_row && meter_) {
+    const int64_t n = stats.size(0);
+    const bool blocked = stats[n - 2].item<double>() > 0, over = stats[n - 1].item<double>() > 0;
+    std::string reason;
+    if (over) {
+      auto_micro_.cap = micro - 1;
+      auto_micro_.size = std::max<int64_t>(1, micro - 1);
+      reason = "peak over the memory target";
+    } else if (!blocked) {
+      auto_micro_.size = next_micro;
+      reason = "peak scaled to the next size stays under the memory target";
+    }
+    if (!reason.empty() && comm_->rank() == 0)
+      LogInfo("micro-batch size", {{"step", step_ + 1},
+                                   {"from", micro},
+                                   {"to", auto_micro_.size},
+                                   {"reason", reason},
+                                   {"peak_bytes", peak_bytes},
+                                   {"limit_bytes", meter_->limit()},
+                                   {"memory_target_percent", opt.memory_target_percent}});
+  }
+  record.micro_batch = micro;
+  record.peak_memory_bytes = peak_bytes;
   record.step = step_ + 1;
   record.loss = stats[0].item<double>();
   double norm_sq = stats[1].item<double>();
@@ -395,6 +570,7 @@ StatusOr<StepRecord> Trainer::Step() {
   TIDAL_RETURN_IF_ERROR(params_->FinishStep());
   ++step_;
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  trained_seconds_ += record.seconds;
   record.tokens_per_s = stats[2].item<double>() / record.seconds;  // all ranks, no padding
   record.data_wait_seconds = data_wait;
   return record;
@@ -425,7 +601,10 @@ nlohmann::json Trainer::StateJson() const {
           {"gradientAccumulation", accumulation_},
           {"worldSize", comm_->world_size()},
           {"seed", config_.optimization.seed},
-          {"data", DataKey()}};
+          {"data", DataKey()},
+          {"trainedSeconds", trained_seconds_},
+          {"extensions", extensions_},
+          {"microBatch", {{"size", auto_micro_.size}, {"cap", auto_micro_.cap}}}};
 }
 
 Status Trainer::RestoreState(const nlohmann::json& state) {
@@ -451,9 +630,31 @@ Status Trainer::RestoreState(const nlohmann::json& state) {
   const nlohmann::json* schedule = field("lrSchedule");
   if (!schedule) return InvalidArgument("trainer state: lrSchedule: required");
   TIDAL_RETURN_IF_ERROR(schedule_.RestoreState(*schedule));
+  // Both absent from checkpoints written before they existed: the job's training time then
+  // counts from this resume, and the extensions start empty.
+  const nlohmann::json* trained = field("trainedSeconds");
+  if (trained && (!trained->is_number() || !(trained->get<double>() >= 0)))
+    return InvalidArgument("trainer state: trainedSeconds: expected a number >= 0");
+  const nlohmann::json* extensions = field("extensions");
+  if (extensions && !extensions->is_object())
+    return InvalidArgument("trainer state: extensions: expected an object");
+  // The size microBatchSize auto chose, kept across restarts and rescales (clamped to the rows
+  // a rank has at the new world size when the step runs); absent from older checkpoints.
+  AutoMicroBatch chosen;
+  if (const nlohmann::json* micro = field("microBatch")) {
+    const auto size = micro->is_object() ? micro->find("size") : micro->end();
+    const auto cap = micro->is_object() ? micro->find("cap") : micro->end();
+    if (size == micro->end() || !size->is_number_integer() || size->get<int64_t>() < 1 ||
+        cap == micro->end() || !cap->is_number_integer() || cap->get<int64_t>() < 0)
+      return InvalidArgument("trainer state: microBatch: expected {size >= 1, cap >= 0}");
+    chosen = {size->get<int64_t>(), cap->get<int64_t>()};
+  }
   step_ = step->get<int64_t>();
   loss_scale_ = scale->get<double>();
   good_steps_ = good->get<int64_t>();
+  trained_seconds_ = trained ? trained->get<double>() : 0;
+  extensions_ = extensions ? *extensions : nlohmann::json::object();
+  auto_micro_ = chosen;
   return OkStatus();
 }
 

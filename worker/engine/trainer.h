@@ -16,6 +16,7 @@
 #include "worker/engine/comm.h"
 #include "worker/engine/data.h"
 #include "worker/engine/lr_schedule.h"
+#include "worker/engine/memory_meter.h"
 #include "worker/engine/model.h"
 #include "worker/engine/optimizer.h"
 #include "worker/engine/step_record.h"
@@ -62,8 +63,20 @@ class Trainer {
   Status ReadAhead(int rank, int world_size, const std::function<bool()>& cancelled,
                    bool* complete);
 
-  // One optimizer step over the next global batch.
+  // One optimizer step over the next global batch. Under microBatchSize auto, in micro-batches
+  // of the size chosen so far (auto_micro_batch()): grown by ×1.2 after a step whose peak
+  // memory, scaled to the larger size, stays under spec.optimization.memoryTargetPercent of the
+  // device's (MemoryMeter); cut after a step over it; and after an out-of-memory every rank
+  // agrees on (ZeRO 0-2, or one rank), the step's gradients are dropped and it runs again
+  // smaller, no larger size being tried again. The loss and the gradient are those of
+  // micro-batch 1 (each row the dropout masks and loss weight it has alone), so the curve does
+  // not depend on the sizes chosen.
   StatusOr<StepRecord> Step();
+  struct AutoMicroBatch {
+    int64_t size = 1;  // what the next step runs at (every rank the same)
+    int64_t cap = 0;   // the largest allowed after an out-of-memory or a peak over the target
+  };
+  const AutoMicroBatch& auto_micro_batch() const { return auto_micro_; }
   int64_t step() const { return step_; }
   int64_t max_steps() const { return max_steps_; }
 
@@ -82,6 +95,12 @@ class Trainer {
   // Refuses a state from another run shape, naming the field.
   Status RestoreState(const nlohmann::json& state);
   const LrSchedule& schedule() const { return schedule_; }
+  // Wall time of the steps trained so far, over every generation (kept in checkpoints): the
+  // exposure the automatic checkpoint interval estimates the failure rate over.
+  double trained_seconds() const { return trained_seconds_; }
+  // State other parts of the worker keep in the checkpoint beside the trainer's own (the
+  // checkpoint hooks' measured cost), an object saved with StateJson and restored with it.
+  nlohmann::json& extensions() { return extensions_; }
   int64_t gradient_accumulation() const { return accumulation_; }
 
  private:
@@ -91,6 +110,13 @@ class Trainer {
   // the parameters sharded for it (from `kept` where it holds them).
   Status StartGeneration(KeptBaseWeights* kept);
   OptimizationSpec ScheduleSpec() const;
+  // One attempt at the step in physical micro-batches of `micro` rows; `per_row` (auto): the
+  // loss and masks of micro-batch 1. An out-of-memory all ranks agree on sets *out_of_memory
+  // and returns with the step's gradients dropped and nothing else changed.
+  StatusOr<StepRecord> RunStep(int64_t micro, bool per_row, bool* out_of_memory = nullptr);
+  int64_t MaxAutoMicroBatch() const;  // the rows per rank, or the cap
+  Status AgreeAutoMicroBatch();
+  int64_t NextAutoMicroBatch() const;  // the size a growth goes to
 
   TrainConfig config_;
   std::unique_ptr<Comm> comm_;
@@ -121,6 +147,15 @@ class Trainer {
   int64_t accumulation_ = 1;
   double loss_scale_ = 1.0;  // fp16 only
   int64_t good_steps_ = 0;
+  double trained_seconds_ = 0;
+  nlohmann::json extensions_ = nlohmann::json::object();
+  // microBatchSize auto.
+  AutoMicroBatch auto_micro_;
+  std::unique_ptr<MemoryMeter> meter_;
+  MemoryMeterOptions meter_options_;
+  bool oom_injected_ = false;  // TIDAL_TEST_OOM_AT_STEP fires once per process
+  bool auto_agreed_ = false;   // AgreeAutoMicroBatch ran in this generation
+  int64_t oom_cap_ = 0;        // below the size this process ran out of memory at (0: never)
 };
 
 }  // namespace tidal::engine

@@ -479,6 +479,8 @@ StatusOr<torch::Tensor> ShardedParameters::Forward(const ForwardContext& ctx) {
     torch::Tensor h;
     for (size_t b = 0; b < blocks_.size(); ++b) h = RunBlock(static_cast<int64_t>(b), h);
     return h;
+  } catch (const c10::OutOfMemoryError&) {
+    throw;  // the trainer's to handle: it may retry the step with a smaller micro-batch
   } catch (const std::exception& e) {
     return Unavailable(std::string("forward: ") + e.what());
   }
@@ -595,6 +597,16 @@ StatusOr<std::vector<TrainableSlice>> ShardedParameters::ReduceGradients() {
     slices.push_back({"block." + std::to_string(b), param, sum.to(torch::kFloat32)});
   }
   return slices;
+}
+
+void ShardedParameters::DiscardGradients() {
+  torch::NoGradGuard no_grad;
+  for (auto& block : blocks_) {
+    if (block->trainable.numel == 0) continue;
+    if (block->grad.defined()) block->grad.zero_();
+    if (options_.stage == 3) block->trainable.data.mutable_grad() = torch::Tensor();
+    block->grad_sum.zero_();
+  }
 }
 
 Status ShardedParameters::FinishStep() {

@@ -168,8 +168,12 @@ class ShardedParameters {
   std::vector<KeptBaseWeights::Segment> FrozenShards() const;
 
   // Runs the whole model on one micro-batch. With ctx.targets: the summed token loss (fp32
-  // scalar, differentiable w.r.t. the trainable weights); without: logits.
+  // scalar, differentiable w.r.t. the trainable weights); without: logits. An out-of-memory
+  // is thrown as it came (c10::OutOfMemoryError), every other error returned.
   StatusOr<torch::Tensor> Forward(const ForwardContext& ctx);
+  // Drops the gradients of the micro-batches run since the last step (no collective): a step
+  // abandoned before its reduction, to be run again.
+  void DiscardGradients();
 
   // After each micro-batch's backward: stage 2 reduce-scatters the gradient into the slice.
   Status AfterMicroBatchBackward();

@@ -2,6 +2,8 @@
 // YAML, and the waits and reads its e2e tests share (kubectl, status, logs, /metrics).
 #pragma once
 
+#include <signal.h>
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -39,12 +41,24 @@ class OperatorTest : public KubectlTest {
       << " learningRate: 2.0e-3, warmup: {steps: 5, adaptive: true}, maxSteps: " << max_steps
       << ", seed: 1}\n"
       << "  elastic: " << elastic << "\n"
-      << "  checkpoint: {fullEverySteps: 5, snapshotEverySteps: 0, keep: 2}\n"
+      << "  checkpoint: " << checkpoint_ << "\n"
       << "  restartPolicy: {maxRestarts: 3, backoffSeconds: 1}\n"
       << "  worker: {" << worker_fields << "env: [{name: TIDAL_INTRA_OP_THREADS, value: \"1\"}"
       << (env_items.empty() ? "" : ", " + env_items) << "]}\n"
       << extra;
     return WriteFile(name + ".yaml", y.str());
+  }
+  // spec.checkpoint of the jobs JobYaml writes.
+  std::string checkpoint_ = "{fullEverySteps: 5, snapshotEverySteps: 0, keep: 2}";
+  // SIGKILL to the worker process of `pod`, found by its pod directory (named by uid).
+  void KillWorkerProcess(const std::string& pod) {
+    const std::string uid = Ok({"get", "pod", pod, "-o", "jsonpath={.metadata.uid}"});
+    ASSERT_FALSE(uid.empty());
+    auto r = RunProcess({"/usr/bin/pgrep", "-f", uid + "/volumes/job/trainingjob.json"}, 10s);
+    ASSERT_EQ(r.exit_code, 0) << "no worker process found for " << pod;
+    const pid_t pid = std::atoi(r.out.c_str());
+    ASSERT_GT(pid, 0);
+    kill(pid, SIGKILL);
   }
   std::string Status(const std::string& job, const std::string& path) {
     return Kubectl({"get", "tj", job, "-o", "jsonpath=" + path}).out;

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/checkpoint_interval.h"
 #include "common/http/pki.h"
 #include "tests/e2e/local/operator_fixture.h"
 
@@ -192,14 +193,7 @@ TEST_F(OperatorTest, KillNineOfAWorkerIsRebuiltFromItsBuddysCopyLosingAtMostOneS
   Ok({"apply", "-f", manifest});
   WaitInt(
       "faulty", "{.status.step}", [](int64_t s) { return s >= 8; }, 180s);
-  // The worker process of pod faulty-worker-1, found by its pod directory (named by uid).
-  const std::string uid = Ok({"get", "pod", "faulty-worker-1", "-o", "jsonpath={.metadata.uid}"});
-  ASSERT_FALSE(uid.empty());
-  auto r = RunProcess({"/usr/bin/pgrep", "-f", uid + "/volumes/job/trainingjob.json"}, 10s);
-  ASSERT_EQ(r.exit_code, 0) << "no worker process found";
-  const pid_t pid = std::atoi(r.out.c_str());
-  ASSERT_GT(pid, 0);
-  kill(pid, SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(KillWorkerProcess("faulty-worker-1"));
   WaitInt(
       "faulty", "{.status.restarts}", [](int64_t n) { return n >= 1; }, 120s);
   EXPECT_EQ(WaitFor(
@@ -236,6 +230,62 @@ TEST_F(OperatorTest, KillNineOfAWorkerIsRebuiltFromItsBuddysCopyLosingAtMostOneS
     if (j.is_object() && j.value("msg", "") == "step") worlds.insert(j.value("world_size", 0));
   }
   EXPECT_EQ(worlds, (std::set<int>{1, 2}));
+}
+
+// spec.checkpoint.fullEverySteps auto on the cluster: status.checkpointInterval shows rank 0's
+// plan — Young's interval from the cost its first checkpoint measured and the 1 h prior. A
+// worker killed with -9 is a restart, and the generation that recovers plans with it: the MTBF
+// estimate halves, and the interval is Young's for the figures the status then shows.
+TEST_F(OperatorTest, TheAutomaticCheckpointIntervalInStatusIsReplannedAfterAFailure) {
+  checkpoint_ =
+      "{fullEverySteps: auto, expectedMTBF: 1h, minFullEverySteps: 3, maxFullEverySteps: 1000000,"
+      " snapshotEverySteps: 0, keep: 2}";
+  // Long enough to be training still when the checks end; the cluster's teardown stops it.
+  const std::string manifest =
+      JobYaml("auto-ckpt", 100000, "  replicas: 2\n",
+              "{minGPUs: 1, maxGPUs: 2, cooldownSeconds: 0, scaleUpTimeoutSeconds: 120}");
+  Ok({"apply", "-f", manifest});
+  auto plan = [&] {
+    auto j =
+        nlohmann::json::parse(Status("auto-ckpt", "{.status.checkpointInterval}"), nullptr, false);
+    return j.is_object() ? j : nlohmann::json::object();
+  };
+  // Young's interval for what the status shows, to the rounding of its figures (microseconds).
+  auto expect_young = [](const nlohmann::json& p) {
+    SCOPED_TRACE(p.dump());
+    api::IntervalInputs in;
+    in.spec = {3600, 3, 1000000};
+    in.cost_seconds = p.value("costSeconds", 0.0);
+    in.step_seconds = p.value("stepSeconds", 0.0);
+    in.failures = p.value("failures", int64_t{-1});
+    in.trained_seconds = p.value("trainedSeconds", 0.0);
+    const api::IntervalPlan want = api::PlanCheckpointInterval(in);
+    EXPECT_GT(in.cost_seconds, 0);
+    EXPECT_NEAR(p.value("mtbfSeconds", 0.0), want.mtbf_seconds, 1e-3);
+    const double steps = static_cast<double>(want.steps);
+    EXPECT_NEAR(p.value("fullEverySteps", int64_t{0}), steps, 1 + 1e-3 * steps);
+    EXPECT_EQ(p.value("reason", ""), api::ReasonName(want.reason));
+  };
+  // The first full checkpoint (step 3, the least interval while nothing is measured) measures
+  // the cost, and its commit plans the next.
+  WaitFor(
+      {"tj", "auto-ckpt"}, "{.status.checkpointInterval.costSeconds}",
+      [](const std::string& v) { return !v.empty() && std::atof(v.c_str()) > 0; }, 180s);
+  const nlohmann::json before = plan();
+  ASSERT_EQ(before.value("failures", -1), 0) << before.dump() << "\n" << LogTail();
+  expect_young(before);
+
+  ASSERT_NO_FATAL_FAILURE(KillWorkerProcess("auto-ckpt-worker-1"));
+  WaitInt(
+      "auto-ckpt", "{.status.restarts}", [](int64_t n) { return n >= 1; }, 120s);
+  WaitInt(
+      "auto-ckpt", "{.status.checkpointInterval.failures}", [](int64_t n) { return n == 1; }, 180s);
+  const nlohmann::json after = plan();
+  expect_young(after);
+  // (1 h + trained) / 2: about half what it was, whatever the cost measured meanwhile.
+  EXPECT_LT(after.value("mtbfSeconds", 1e9), 0.6 * before.value("mtbfSeconds", 0.0))
+      << before.dump() << " → " << after.dump();
+  EXPECT_NE(after, before);
 }
 
 // Two nodes of 2 GPUs, and every container's output kept after its pod is gone: rank 0 may

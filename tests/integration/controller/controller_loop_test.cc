@@ -69,8 +69,8 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
     return OkStatus();
   }
   Status Rendezvous(int64_t generation, int world_size, int rank, const std::string&,
-                    const std::vector<std::string>&, int64_t, const std::vector<std::string>&,
-                    int) override {
+                    const std::vector<std::string>&, int64_t, const std::vector<std::string>&, int,
+                    int64_t) override {
     Change([&] {
       generation_ = generation;
       world_size_ = world_size;

@@ -145,6 +145,13 @@ TEST(CrdTest, SchemaRefusesOutOfRangeAndUnknownValuesNamingTheField) {
        "spec.elastic.schedule[0].start"},
       {"/spec/dataset/format", "csv", "spec.dataset.format"},
       {"/spec/model/preset", "13b", "spec.model.preset"},
+      // int-or-string: the pattern checks a string, the bounds an integer.
+      {"/spec/checkpoint/fullEverySteps", "often", "spec.checkpoint.fullEverySteps"},
+      {"/spec/checkpoint/fullEverySteps", 1000000001, "spec.checkpoint.fullEverySteps"},
+      {"/spec/checkpoint/fullEverySteps", -1, "spec.checkpoint.fullEverySteps"},
+      {"/spec/checkpoint/fullEverySteps", 2.5, "spec.checkpoint.fullEverySteps"},
+      {"/spec/checkpoint/expectedMTBF", "a day", "spec.checkpoint.expectedMTBF"},
+      {"/spec/checkpoint/minFullEverySteps", 0, "spec.checkpoint.minFullEverySteps"},
   };
   for (const Case& c : cases) {
     json job = {{"apiVersion", "tidal.dev/v1alpha1"},
@@ -155,6 +162,33 @@ TEST(CrdTest, SchemaRefusesOutOfRangeAndUnknownValuesNamingTheField) {
     local::SchemaResult result = local::ApplySchema(schema, job);
     ASSERT_FALSE(result.errors.empty()) << c.pointer;
     EXPECT_EQ(result.errors[0].field, c.field) << result.errors[0].message;
+  }
+}
+
+// fullEverySteps takes "auto" or an integer, and the CRD's defaults of the automatic interval's
+// prior and bounds are the C++ ones.
+TEST(CrdTest, FullEveryStepsAutoIsAcceptedAndTheIntervalsDefaultsAreTheOperators) {
+  const json crd = Crd();
+  const json& schema = Version(crd)["schema"]["openAPIV3Schema"];
+  for (const json& every : {json("auto"), json(0), json(1000000000)}) {
+    json job = {{"apiVersion", "tidal.dev/v1alpha1"},
+                {"kind", "TrainingJob"},
+                {"metadata", {{"name", "t"}}},
+                {"spec",
+                 {{"model", {{"preset", "tiny"}}},
+                  {"dataset", {{"uri", "/d.jsonl"}}},
+                  {"checkpoint", {{"fullEverySteps", every}}}}}};
+    local::SchemaResult result = local::ApplySchema(schema, job);
+    ASSERT_TRUE(result.errors.empty()) << every << ": " << result.errors[0].message;
+    auto from_crd = api::ParseTrainingJobSpec(job["spec"]);
+    ASSERT_TRUE(from_crd.ok()) << from_crd.status().message();
+    EXPECT_EQ(from_crd->checkpoint.full_every_auto, every == "auto");
+    const api::CheckpointSpec defaults;
+    EXPECT_EQ(job["spec"]["checkpoint"]["expectedMTBF"], "24h");
+    EXPECT_DOUBLE_EQ(from_crd->checkpoint.auto_interval.expected_mtbf_seconds,
+                     defaults.auto_interval.expected_mtbf_seconds);
+    EXPECT_EQ(from_crd->checkpoint.auto_interval.min_steps, defaults.auto_interval.min_steps);
+    EXPECT_EQ(from_crd->checkpoint.auto_interval.max_steps, defaults.auto_interval.max_steps);
   }
 }
 
@@ -173,7 +207,9 @@ TEST(CrdTest, EveryIntegerFieldHasAMaximumRefusedOnePastItByTheSchemaAndTheOpera
   std::vector<std::string> unbounded;
   std::function<void(const json&, const std::string&, const std::string&)> walk =
       [&](const json& node, const std::string& pointer, const std::string& path) {
-        if (node.value("type", "") == "integer") {
+        // int-or-string fields (microBatchSize, fullEverySteps: a number or "auto") too.
+        if (node.value("type", "") == "integer" ||
+            node.value("x-kubernetes-int-or-string", false)) {
           if (node.contains("maximum"))
             fields.push_back({pointer, path, node["maximum"].get<int64_t>()});
           else if (!path.ends_with(".seed"))

@@ -62,6 +62,16 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
       {"/checkpoint/uri", "ftp://host/ckpt", "spec.checkpoint.uri: expected file:///absolute/dir"},
       {"/checkpoint/uri", "s3://A_Bucket/x", "spec.checkpoint.uri: bucket \"A_Bucket\""},
       {"/checkpoint/credentialsSecret", "Bad_Secret", "spec.checkpoint.credentialsSecret"},
+      {"/checkpoint/fullEverySteps", "often",
+       "spec.checkpoint.fullEverySteps: expected an integer or \"auto\", got \"often\""},
+      {"/checkpoint/fullEverySteps", 1.5, "spec.checkpoint.fullEverySteps: expected an integer"},
+      {"/checkpoint/expectedMTBF", "1d",
+       "spec.checkpoint.expectedMTBF: \"1d\": unit \"d\": expected h, m or s"},
+      {"/checkpoint/expectedMTBF", 3600, "spec.checkpoint.expectedMTBF: expected a string"},
+      {"/checkpoint/minFullEverySteps", 0,
+       "spec.checkpoint.minFullEverySteps: must be in [1, 1000000000], got 0"},
+      {"/checkpoint/minFullEverySteps", 20000,
+       "spec.checkpoint.minFullEverySteps: must not exceed maxFullEverySteps (10000), got 20000"},
       {"/replicas", 3, "spec.replicas: at 3 GPUs"},
       {"/anomaly", json{{"action", "Panic"}}, "spec.anomaly.action: expected one of Pause | Alert"},
       {"/anomaly", json{{"acknowledgedStep", -1}},
@@ -89,6 +99,29 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
     EXPECT_NE(parsed.status().message().find(c.expect), std::string::npos)
         << c.pointer << " → " << parsed.status().message();
   }
+}
+
+TEST(TrainingJobSpecTest, FullEveryStepsAutoReadsItsPriorAndBoundsAndANumberStaysFixed) {
+  json spec = Example();
+  spec["checkpoint"]["fullEverySteps"] = "auto";
+  spec["checkpoint"]["expectedMTBF"] = "6h30m";
+  spec["checkpoint"]["minFullEverySteps"] = 5;
+  spec["checkpoint"]["maxFullEverySteps"] = 400;
+  auto parsed = ParseTrainingJobSpec(spec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_TRUE(parsed->checkpoint.full_every_auto);
+  EXPECT_EQ(parsed->checkpoint.full_every_steps, 0);
+  EXPECT_DOUBLE_EQ(parsed->checkpoint.auto_interval.expected_mtbf_seconds, 6.5 * 3600);
+  EXPECT_EQ(parsed->checkpoint.auto_interval.min_steps, 5);
+  EXPECT_EQ(parsed->checkpoint.auto_interval.max_steps, 400);
+
+  auto fixed = ParseTrainingJobSpec(Example());
+  ASSERT_TRUE(fixed.ok());
+  EXPECT_FALSE(fixed->checkpoint.full_every_auto);
+  EXPECT_EQ(fixed->checkpoint.full_every_steps, 50);
+  EXPECT_DOUBLE_EQ(fixed->checkpoint.auto_interval.expected_mtbf_seconds, 86400);
+  EXPECT_EQ(fixed->checkpoint.auto_interval.min_steps, 10);
+  EXPECT_EQ(fixed->checkpoint.auto_interval.max_steps, 10000);
 }
 
 // One violation per line, each starting with its field, whatever the keys and values: a key

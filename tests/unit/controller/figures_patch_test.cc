@@ -115,6 +115,31 @@ TEST(FiguresPatch, AnUnreadableStatusGetsNoPatch) {
   EXPECT_EQ((*patch)["status"]["lastCheckpoint"]["step"], 5);
 }
 
+// status.checkpointInterval (spec.checkpoint.fullEverySteps auto): written when rank 0's plan
+// changes, with or without a newer step, never when it is the one the status shows; and its
+// change alone asks for no reconcile.
+TEST(FiguresPatch, ANewCheckpointIntervalIsWrittenOnceAndAsksForNoReconcile) {
+  StepFigures f = Figures(1, 12, 10);
+  f.checkpoint_interval = {{"fullEverySteps", 240}, {"reason", "Optimal"}, {"failures", 0}};
+  const json job = Job(R"({"phase": "Running", "generation": 1, "step": 12,
+                           "lastCheckpoint": {"step": 10, "uri": "file:///c/step-10"}})");
+  std::optional<json> patch = FiguresPatch(job, f, kNow);
+  ASSERT_TRUE(patch);
+  EXPECT_EQ((*patch)["status"]["checkpointInterval"], f.checkpoint_interval);
+  EXPECT_FALSE((*patch)["status"].contains("step")) << "the step is the known one";
+  json written = job;
+  written["status"]["checkpointInterval"] = f.checkpoint_interval;
+  EXPECT_FALSE(FiguresPatch(written, f, kNow)) << "the same plan: nothing to write";
+  EXPECT_TRUE(OnlyFiguresChanged(job, written));
+  f.checkpoint_interval["fullEverySteps"] = 170;
+  f.checkpoint_interval["failures"] = 1;
+  patch = FiguresPatch(written, f, kNow);
+  ASSERT_TRUE(patch);
+  EXPECT_EQ((*patch)["status"]["checkpointInterval"]["fullEverySteps"], 170);
+  f.checkpoint_interval = nullptr;  // a fixed interval reports none: nothing is erased
+  EXPECT_FALSE(FiguresPatch(written, f, kNow));
+}
+
 // A job update that moved nothing but the figures (the patcher's) asks for no reconcile.
 TEST(FiguresPatch, OnlyAChangeOfTheFiguresIsAnUpdateThatAsksForNoReconcile) {
   const json before = Job(R"({"phase": "Running", "generation": 1, "step": 10, "members": ["a"],

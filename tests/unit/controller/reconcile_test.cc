@@ -1899,6 +1899,7 @@ TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDe
        "status.conditions[0].observedGeneration: expected an integer"},
       {{{"anomaly", {{"paused", 1}}}}, "status.anomaly.paused: expected a boolean"},
       {{{"loss", "low"}}, "status.loss: expected a number"},
+      {{{"checkpointInterval", 240}}, "status.checkpointInterval: expected an object"},
       {json::array(), "status: expected an object"},
   };
   for (const auto& [status, expected] : bad) {
@@ -1914,6 +1915,16 @@ TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDe
     EXPECT_EQ(st->generation, 0);
     EXPECT_EQ(st->phase, planner::Phase::kPending);
   }
+}
+
+// The automatic checkpoint interval rank 0 planned survives the reconcile's own status writes.
+TEST(Reconcile, TheCheckpointIntervalInStatusSurvivesARoundTrip) {
+  JobStatus st;
+  st.checkpoint_interval = {{"fullEverySteps", 170}, {"reason", "Optimal"}, {"failures", 1}};
+  auto back = JobStatusFromJson(ToJson(st, "tidal.dev/job=j"));
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->checkpoint_interval, st.checkpoint_interval);
+  EXPECT_FALSE(ToJson(JobStatus{}, "").contains("checkpointInterval"));
 }
 
 // An unreadable status is never replaced by defaults (that would restart the protocol from

@@ -1,0 +1,180 @@
+#include "worker/engine/memory_meter.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#ifdef TIDAL_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "common/flags.h"
+#include "common/process_memory.h"
+
+namespace tidal::engine {
+namespace {
+
+// LibTorch's CPU allocator with every live byte counted, and an optional limit past which an
+// allocation fails as LibTorch's own out-of-memory does (c10::OutOfMemoryError). Freed through
+// a context that remembers the size, so the count is exact whichever thread frees.
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    const int64_t bytes = static_cast<int64_t>(n);
+    int64_t armed = fail_at_least_.load();
+    if (armed > 0 && bytes >= armed && fail_at_least_.compare_exchange_strong(armed, 0)) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "injected allocation failure of ", bytes,
+                       " bytes (TIDAL_TEST_OOM_AT_STEP)");
+    }
+    const int64_t limit = limit_.load();
+    const int64_t now = in_use_.fetch_add(bytes) + bytes;
+    if (limit > 0 && now > limit) {
+      in_use_.fetch_sub(bytes);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU tensor memory limit: allocating ", bytes,
+                       " bytes with ", now - bytes, " in use exceeds ", limit,
+                       " (TIDAL_MEMORY_LIMIT_BYTES)");
+    }
+    for (int64_t peak = peak_.load(); now > peak && !peak_.compare_exchange_weak(peak, now);) {
+    }
+    c10::DataPtr data = inner_->allocate(n);
+    void* ptr = data.get();
+    auto* ctx = new Counted{std::move(data), bytes, this};
+    return c10::DataPtr(ptr, ctx, &Free, c10::Device(c10::DeviceType::CPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+  int64_t in_use() const { return in_use_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  void ResetPeak() { peak_.store(in_use_.load()); }
+  void set_limit(int64_t bytes) { limit_.store(bytes); }
+  void FailNext(int64_t min_bytes) { fail_at_least_.store(std::max<int64_t>(min_bytes, 1)); }
+  void Cancel() { fail_at_least_.store(0); }
+
+ private:
+  struct Counted {
+    c10::DataPtr data;
+    int64_t bytes;
+    CountingCpuAllocator* owner;
+  };
+  static void Free(void* ctx) {
+    auto* counted = static_cast<Counted*>(ctx);
+    counted->owner->in_use_.fetch_sub(counted->bytes);
+    delete counted;  // frees the inner allocation through its own deleter
+  }
+  c10::Allocator* inner_;
+  std::atomic<int64_t> in_use_{0}, peak_{0}, limit_{0}, fail_at_least_{0};
+};
+
+CountingCpuAllocator& InstalledCpuAllocator() {
+  // Installed once, never removed: tensors it allocated may outlive any one trainer. Above
+  // every priority LibTorch itself sets.
+  static CountingCpuAllocator* allocator = [] {
+    auto* a = new CountingCpuAllocator(c10::GetDefaultCPUAllocator());
+    c10::SetCPUAllocator(a, /*priority=*/100);
+    return a;
+  }();
+  return *allocator;
+}
+
+class CpuMemoryMeter final : public MemoryMeter {
+ public:
+  CpuMemoryMeter(CountingCpuAllocator& a, int64_t limit, bool enforce) : a_(a) {
+    limit_ = limit;
+    if (enforce) a_.set_limit(limit);
+  }
+  int64_t InUse() const override { return a_.in_use(); }
+  int64_t Peak() const override { return a_.peak(); }
+  void ResetPeak() override { a_.ResetPeak(); }
+  void FailNextAllocation(int64_t min_bytes) override { a_.FailNext(min_bytes); }
+  void CancelFailure() override { a_.Cancel(); }
+
+ private:
+  CountingCpuAllocator& a_;
+};
+
+#ifdef TIDAL_WITH_CUDA
+namespace cuda_alloc = c10::cuda::CUDACachingAllocator;
+
+class CudaMemoryMeter final : public MemoryMeter {
+ public:
+  CudaMemoryMeter(c10::DeviceIndex device, int64_t limit) : device_(device) { limit_ = limit; }
+  int64_t InUse() const override { return Stat().current; }
+  int64_t Peak() const override { return Stat().peak; }
+  void ResetPeak() override { cuda_alloc::resetPeakStats(device_); }
+  void FailNextAllocation(int64_t min_bytes) override {
+    (void)min_bytes;
+    armed_ = true;
+  }
+  void CancelFailure() override { armed_ = false; }
+  void Check() override {
+    if (!armed_) return;
+    armed_ = false;
+    TORCH_CHECK_WITH(OutOfMemoryError, false,
+                     "injected CUDA out-of-memory (TIDAL_TEST_OOM_AT_STEP)");
+  }
+
+ private:
+  c10::CachingAllocator::Stat Stat() const {
+    return cuda_alloc::getDeviceStats(device_)
+        .allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+  }
+  c10::DeviceIndex device_;
+  bool armed_ = false;
+};
+#endif
+
+StatusOr<int64_t> EnvInt(const char* name, int64_t min) {
+  const char* value = std::getenv(name);
+  if (!value || !*value) return int64_t{0};
+  return ParseIntFlag<int64_t>(name, value, min);
+}
+
+}  // namespace
+
+StatusOr<MemoryMeterOptions> MemoryMeterOptionsFromEnv() {
+  MemoryMeterOptions o;
+  TIDAL_ASSIGN_OR_RETURN(o.limit_bytes, EnvInt("TIDAL_MEMORY_LIMIT_BYTES", 1));
+  TIDAL_ASSIGN_OR_RETURN(o.test_oom_at_step, EnvInt("TIDAL_TEST_OOM_AT_STEP", 1));
+  return o;
+}
+
+StatusOr<std::unique_ptr<MemoryMeter>> MakeMemoryMeter(const torch::Device& device,
+                                                       const MemoryMeterOptions& options) {
+#ifdef TIDAL_WITH_CUDA
+  if (device.is_cuda()) {
+    int64_t limit = options.limit_bytes;
+    if (limit == 0) {
+      size_t free_bytes = 0, total_bytes = 0;
+      if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
+        return Unavailable("cudaMemGetInfo failed: the GPU's memory is unknown");
+      limit = static_cast<int64_t>(total_bytes);
+    }
+    return std::unique_ptr<MemoryMeter>(new CudaMemoryMeter(device.index(), limit));
+  }
+#endif
+  if (!device.is_cpu()) return FailedPrecondition("no memory meter for device " + device.str());
+  CountingCpuAllocator& allocator = InstalledCpuAllocator();
+  int64_t limit = options.limit_bytes;
+  if (limit == 0) {
+    // What the tensors may still grow to: what they hold now and what the pod's cgroup and the
+    // host leave to this process.
+    const MemoryHeadroom headroom = ReadMemoryHeadroom();
+    int64_t left = headroom.host.value_or(int64_t{1} << 40);
+    if (headroom.cgroup) left = std::min(left, *headroom.cgroup);
+    limit = allocator.in_use() + left;
+  }
+  return std::unique_ptr<MemoryMeter>(
+      new CpuMemoryMeter(allocator, limit, /*enforce=*/options.limit_bytes > 0));
+}
+
+}  // namespace tidal::engine
