@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 
 namespace tidal::api {
 
@@ -22,6 +23,8 @@ const char* ReasonName(IntervalPlan::Reason reason) {
 
 namespace {
 double Measured(double v) { return std::isfinite(v) && v > 0 ? v : 0; }
+// Longer is no prior anyone means (and keeps every product of the planner finite).
+constexpr double kMaxDurationSeconds = 100 * 365.25 * 24 * 3600;
 }  // namespace
 
 IntervalPlan PlanCheckpointInterval(const IntervalInputs& in) {
@@ -86,9 +89,10 @@ StatusOr<double> ParseDurationSeconds(const std::string& text) {
         return bad("unit \"" + std::string(1, text[i]) + "\": expected h, m or s");
     }
     ++i;
-    total += std::stod(number) * unit;
+    total += std::strtod(number.c_str(), nullptr) * unit;  // digits and one dot: never fails
   }
-  if (!std::isfinite(total) || total <= 0) return bad("must be longer than 0s");
+  if (!std::isfinite(total) || total > kMaxDurationSeconds) return bad("must be at most 100 years");
+  if (total <= 0) return bad("must be longer than 0s");
   return total;
 }
 

@@ -6,11 +6,11 @@
 set -euo pipefail
 build=${1:?usage: bench/auto_micro_batch.sh BUILD_DIR [PRESET] [STEPS] [NPROC]}
 preset=${2:-small}
-steps=${3:-24}
+steps=${3:-10}
 nproc=${4:-2}
-rounds=${ROUNDS:-2}
-global=${GLOBAL_BATCH:-32}
-seq=${SEQ_LEN:-128}
+rounds=${ROUNDS:-1}
+global=${GLOBAL_BATCH:-8}
+seq=${SEQ_LEN:-64}
 here=$(cd "$(dirname "$0")/.." && pwd)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

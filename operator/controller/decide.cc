@@ -260,6 +260,8 @@ void Decider::WriteStatus() {
       const std::string known =
           st_.last_checkpoint.is_object() ? st_.last_checkpoint.value("uri", "") : std::string();
       if (!r->checkpoint_interval.is_null()) st_.checkpoint_interval = r->checkpoint_interval;
+      // A spec edited back to a fixed interval: the automatic one's plan is no longer the job's.
+      if (o_.spec.ok() && !o_.spec->checkpoint.full_every_auto) st_.checkpoint_interval = nullptr;
       if (r->checkpoint_step && r->checkpoint_uri != known) {
         st_.last_checkpoint = {{"step", *r->checkpoint_step},
                                {"kind", r->checkpoint_kind},

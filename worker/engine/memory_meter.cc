@@ -7,9 +7,11 @@
 #include <string>
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/Exception.h>
 #ifdef TIDAL_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -19,36 +21,48 @@
 namespace tidal::engine {
 namespace {
 
-// LibTorch's CPU allocator with every live byte counted, and an optional limit past which an
-// allocation fails as LibTorch's own out-of-memory does (c10::OutOfMemoryError). Freed through
-// a context that remembers the size, so the count is exact whichever thread frees.
+// LibTorch's CPU allocations (c10::alloc_cpu, as its default allocator makes them) with the
+// bytes of those made on a counted thread — the training thread inside a step (CountingScope) —
+// tallied until they are freed, on whatever thread. Background threads (a read ahead, the
+// checkpoint writer) are neither counted nor limited, so that their work never raises the
+// step's peak nor fails there. Over a limit, or where a failure is armed, a counted allocation
+// fails as LibTorch's own out-of-memory does (c10::OutOfMemoryError).
+//
+// Each block is one allocation with a 64-byte header (keeping the data 64-byte aligned) that
+// holds its size and whether it was counted: the data pointer is its own context, as oneDNN's
+// raw_allocate/raw_deallocate (bf16 kernels on CPU) require.
 class CountingCpuAllocator final : public c10::Allocator {
  public:
-  explicit CountingCpuAllocator(c10::Allocator* inner) : inner_(inner) {}
+  static constexpr size_t kHeader = 64;
 
   c10::DataPtr allocate(size_t n) override {
+    const bool counted = counting_;
     const int64_t bytes = static_cast<int64_t>(n);
-    int64_t armed = fail_at_least_.load();
-    if (armed > 0 && bytes >= armed && fail_at_least_.compare_exchange_strong(armed, 0)) {
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "injected allocation failure of ", bytes,
-                       " bytes (TIDAL_TEST_OOM_AT_STEP)");
+    if (counted) {
+      int64_t armed = fail_at_least_.load();
+      if (armed > 0 && bytes >= armed && fail_at_least_.compare_exchange_strong(armed, 0)) {
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "injected allocation failure of ", bytes,
+                         " bytes (TIDAL_TEST_OOM_AT_STEP)");
+      }
+      const int64_t limit = limit_.load();
+      const int64_t now = in_use_.fetch_add(bytes) + bytes;
+      if (limit > 0 && now > limit) {
+        in_use_.fetch_sub(bytes);
+        TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU tensor memory limit: allocating ", bytes,
+                         " bytes with ", now - bytes, " in use exceeds ", limit,
+                         " (TIDAL_MEMORY_LIMIT_BYTES)");
+      }
+      for (int64_t peak = peak_.load(); now > peak && !peak_.compare_exchange_weak(peak, now);) {
+      }
     }
-    const int64_t limit = limit_.load();
-    const int64_t now = in_use_.fetch_add(bytes) + bytes;
-    if (limit > 0 && now > limit) {
-      in_use_.fetch_sub(bytes);
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU tensor memory limit: allocating ", bytes,
-                       " bytes with ", now - bytes, " in use exceeds ", limit,
-                       " (TIDAL_MEMORY_LIMIT_BYTES)");
-    }
-    for (int64_t peak = peak_.load(); now > peak && !peak_.compare_exchange_weak(peak, now);) {
-    }
-    c10::DataPtr data = inner_->allocate(n);
-    void* ptr = data.get();
-    auto* ctx = new Counted{std::move(data), bytes, this};
-    return c10::DataPtr(ptr, ctx, &Free, c10::Device(c10::DeviceType::CPU));
+    auto* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+    auto* header = reinterpret_cast<Header*>(base);
+    header->bytes = counted ? bytes : -1;
+    header->owner = this;
+    void* data = base + kHeader;
+    return c10::DataPtr(data, data, &Free, c10::Device(c10::DeviceType::CPU));
   }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &Free; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
@@ -59,27 +73,31 @@ class CountingCpuAllocator final : public c10::Allocator {
   void set_limit(int64_t bytes) { limit_.store(bytes); }
   void FailNext(int64_t min_bytes) { fail_at_least_.store(std::max<int64_t>(min_bytes, 1)); }
   void Cancel() { fail_at_least_.store(0); }
+  static void SetCounting(bool on) { counting_ = on; }
 
  private:
-  struct Counted {
-    c10::DataPtr data;
-    int64_t bytes;
+  struct Header {
+    int64_t bytes;  // -1: not counted
     CountingCpuAllocator* owner;
   };
-  static void Free(void* ctx) {
-    auto* counted = static_cast<Counted*>(ctx);
-    counted->owner->in_use_.fetch_sub(counted->bytes);
-    delete counted;  // frees the inner allocation through its own deleter
+  static_assert(sizeof(Header) <= kHeader);
+  static void Free(void* data) {
+    if (!data) return;
+    char* base = static_cast<char*>(data) - kHeader;
+    const Header* header = reinterpret_cast<const Header*>(base);
+    if (header->bytes >= 0) header->owner->in_use_.fetch_sub(header->bytes);
+    c10::free_cpu(base);
   }
-  c10::Allocator* inner_;
+  static thread_local bool counting_;
   std::atomic<int64_t> in_use_{0}, peak_{0}, limit_{0}, fail_at_least_{0};
 };
+thread_local bool CountingCpuAllocator::counting_ = false;
 
 CountingCpuAllocator& InstalledCpuAllocator() {
   // Installed once, never removed: tensors it allocated may outlive any one trainer. Above
   // every priority LibTorch itself sets.
   static CountingCpuAllocator* allocator = [] {
-    auto* a = new CountingCpuAllocator(c10::GetDefaultCPUAllocator());
+    auto* a = new CountingCpuAllocator();
     c10::SetCPUAllocator(a, /*priority=*/100);
     return a;
   }();
@@ -97,6 +115,7 @@ class CpuMemoryMeter final : public MemoryMeter {
   void ResetPeak() override { a_.ResetPeak(); }
   void FailNextAllocation(int64_t min_bytes) override { a_.FailNext(min_bytes); }
   void CancelFailure() override { a_.Cancel(); }
+  void CountThisThread(bool on) override { CountingCpuAllocator::SetCounting(on); }
 
  private:
   CountingCpuAllocator& a_;
@@ -154,10 +173,19 @@ StatusOr<std::unique_ptr<MemoryMeter>> MakeMemoryMeter(const torch::Device& devi
   if (device.is_cuda()) {
     int64_t limit = options.limit_bytes;
     if (limit == 0) {
+      // What this process may still have of its own GPU: what is free there and what its
+      // caching allocator already holds (other processes, CUDA contexts and NCCL's buffers are
+      // not ours to count on).
+      c10::cuda::CUDAGuard guard(device.index());
       size_t free_bytes = 0, total_bytes = 0;
       if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
-        return Unavailable("cudaMemGetInfo failed: the GPU's memory is unknown");
-      limit = static_cast<int64_t>(total_bytes);
+        return Unavailable("cudaMemGetInfo failed: the memory of GPU " +
+                           std::to_string(device.index()) + " is unknown");
+      const auto reserved =
+          cuda_alloc::getDeviceStats(device.index())
+              .reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
+              .current;
+      limit = static_cast<int64_t>(free_bytes) + reserved;
     }
     return std::unique_ptr<MemoryMeter>(new CudaMemoryMeter(device.index(), limit));
   }

@@ -1,15 +1,16 @@
 // worker/engine/memory_meter.h — how much memory the training step's tensors take, for the
 // automatic micro-batch (spec.optimization.microBatchSize: auto): device memory on a GPU, from
-// the CUDA caching allocator's own counters; on CPU the bytes of every tensor allocated through
-// LibTorch's CPU allocator, which this meter replaces by a counting one (the process's RSS
-// also holds code, the data loader's buffers and freed-but-kept heap, none of which a bigger
-// micro-batch changes).
+// the CUDA caching allocator's own counters; on CPU the bytes of the tensors the training
+// thread allocates during steps (activations, gradients, optimizer state: what a bigger
+// micro-batch changes), through a counting allocator this meter puts in front of LibTorch's.
+// The process's RSS also holds code, the data loader's buffers and freed-but-kept heap, and
+// background threads (a read ahead, the checkpoint writer) are neither counted nor limited.
 //
 // The limit is the device's memory (a GPU's total; on CPU the cgroup's memory.max, else the
-// host's RAM), or TIDAL_MEMORY_LIMIT_BYTES where set: an artificial limit that the CPU meter
-// also enforces, failing an allocation past it with LibTorch's own out-of-memory error, as a
-// GPU would. TIDAL_TEST_OOM_AT_STEP=k (tests) fails the first allocation of 64 KiB or more
-// of step k once, on every rank that has it set.
+// host's memory left), or TIDAL_MEMORY_LIMIT_BYTES where set: an artificial limit that the CPU
+// meter also enforces on the counted allocations, failing one past it with LibTorch's own
+// out-of-memory error, as a GPU would. TIDAL_TEST_OOM_AT_STEP=k (tests) fails the first allocation
+// of 64 KiB or more of step k once, on every rank that has it set.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +36,9 @@ class MemoryMeter {
   // Throws c10::OutOfMemoryError where a failure is armed and cannot be injected into the
   // allocator (GPU). A no-op elsewhere.
   virtual void Check() {}
+  // CPU: whether this thread's allocations are counted, limited and may be failed (the
+  // training thread during a step); other threads' never are. A GPU's allocator counts all.
+  virtual void CountThisThread(bool on) { (void)on; }
 
  protected:
   int64_t limit_ = 0;

@@ -2,6 +2,7 @@
 #include "worker/engine/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -31,6 +32,19 @@ constexpr double kInitialLossScale = 65536.0;
 constexpr int64_t kLossScaleWindow = 1000;
 // microBatchSize auto grows by this factor (at least one row) per step that leaves room.
 constexpr double kAutoGrowth = 1.2;
+
+// Below the least micro-batch size this process ran out of memory at (0: never), for every
+// trainer it builds: a generation that failed on it (ZeRO-3, several ranks) may be followed by
+// a new engine, and none may try that size again.
+std::atomic<int64_t>& ProcessOutOfMemoryCap() {
+  static std::atomic<int64_t> cap{0};
+  return cap;
+}
+void LowerProcessOutOfMemoryCap(int64_t cap) {
+  auto& c = ProcessOutOfMemoryCap();
+  for (int64_t now = c.load(); (now == 0 || cap < now) && !c.compare_exchange_weak(now, cap);) {
+  }
+}
 
 }  // namespace
 
@@ -299,7 +313,8 @@ StatusOr<StepRecord> Trainer::Step() try {
     if (failed == 1)
       return Unavailable("out of memory at micro-batch size 1 (step " + std::to_string(step_ + 1) +
                          "): " + record.status().message());
-    auto_micro_.cap = oom_cap_ = failed - 1;
+    auto_micro_.cap = failed - 1;
+    LowerProcessOutOfMemoryCap(auto_micro_.cap);
     auto_micro_.size = std::max<int64_t>(
         1, static_cast<int64_t>(std::floor(static_cast<double>(failed) / kAutoGrowth)));
     if (auto_micro_.size == failed) auto_micro_.size = failed - 1;
@@ -321,8 +336,8 @@ StatusOr<StepRecord> Trainer::Step() try {
 // has its checkpoint's), so that every rank runs the same micro-batches.
 Status Trainer::AgreeAutoMicroBatch() {
   auto_agreed_ = true;
-  if (oom_cap_ > 0)
-    auto_micro_.cap = auto_micro_.cap > 0 ? std::min(auto_micro_.cap, oom_cap_) : oom_cap_;
+  if (const int64_t oom_cap = ProcessOutOfMemoryCap().load(); oom_cap > 0)
+    auto_micro_.cap = auto_micro_.cap > 0 ? std::min(auto_micro_.cap, oom_cap) : oom_cap;
   if (comm_->world_size() == 1) return OkStatus();
   // The cap as a size (none: no bound), so that the least of each is the answer.
   constexpr int64_t kNoCap = std::numeric_limits<int64_t>::max();
@@ -363,13 +378,19 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
   const bool world = comm_->world_size() > 1;
   const bool agree_out_of_memory = per_row && world && params_->options().stage <= 2;
   int64_t base_bytes = 0;
+  // What this thread allocates during the step is what the meter counts (CPU).
+  struct Counting {
+    MemoryMeter* meter;
+    explicit Counting(MemoryMeter* m) : meter(m) {
+      if (meter) meter->CountThisThread(true);
+    }
+    ~Counting() {
+      if (meter) meter->CountThisThread(false);
+    }
+  } counting(meter_.get());
   if (meter_) {
     meter_->ResetPeak();
     base_bytes = meter_->InUse();
-    if (meter_options_.test_oom_at_step == step_ + 1 && !oom_injected_) {
-      oom_injected_ = true;
-      meter_->FailNextAllocation(64 << 10);
-    }
   }
   // The loss stays on the device until the step's one all-reduce: no host sync per micro-batch.
   torch::Tensor local_loss =
@@ -401,6 +422,18 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
     const int64_t first_sequence = comm_->rank() * rows_per_rank + first_row;
     std::string failure;
     try {
+      // An injected failure (TIDAL_TEST_OOM_AT_STEP) is armed for the step's first pass and
+      // disarmed when it ends, fired or not: it can only fire inside the try.
+      struct Disarm {
+        MemoryMeter* meter;
+        ~Disarm() {
+          if (meter) meter->CancelFailure();
+        }
+      } disarm{meter_.get()};
+      if (meter_ && a == 0 && meter_options_.test_oom_at_step == step_ + 1 && !oom_injected_) {
+        oom_injected_ = true;
+        meter_->FailNextAllocation(64 << 10);
+      }
       if (meter_) meter_->Check();
       const auto data_start = std::chrono::steady_clock::now();
       data_->Prefetch(std::span<const uint64_t>(ahead).subspan(static_cast<size_t>(first_row)));
@@ -459,7 +492,8 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
     } else if (!failure.empty() && world) {
       // ZeRO-3 gathers parameters inside the forward pass: the other ranks wait in a collective
       // this rank cannot rejoin, so the generation fails (and the next starts smaller).
-      auto_micro_.cap = oom_cap_ = std::max<int64_t>(1, micro - 1);
+      auto_micro_.cap = std::max<int64_t>(1, micro - 1);
+      LowerProcessOutOfMemoryCap(auto_micro_.cap);
       return Unavailable("out of memory at micro-batch size " + std::to_string(micro) +
                          " under ZeRO stage 3 with other ranks (their collectives cannot be "
                          "resumed mid-pass): " +
@@ -471,7 +505,6 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
       return Unavailable(failure);
     }
     TIDAL_RETURN_IF_ERROR(params_->AfterMicroBatchBackward());
-    if (meter_ && a + 1 == passes) meter_->CancelFailure();  // an injection fires inside a pass
     if (moe) {
       std::vector<torch::Tensor> layers;
       for (const auto& [layer, counts] : routed.expert_tokens) layers.push_back(counts);

@@ -155,7 +155,6 @@ class Trainer {
   MemoryMeterOptions meter_options_;
   bool oom_injected_ = false;  // TIDAL_TEST_OOM_AT_STEP fires once per process
   bool auto_agreed_ = false;   // AgreeAutoMicroBatch ran in this generation
-  int64_t oom_cap_ = 0;        // below the size this process ran out of memory at (0: never)
 };
 
 }  // namespace tidal::engine

@@ -108,13 +108,14 @@ TEST(CheckpointIntervalTest, DurationsParseAsKubernetesWritesThem) {
 
 TEST(CheckpointIntervalTest, BadDurationsAreRefusedSayingWhatWasExpected) {
   struct Row {
-    const char* text;
+    std::string text;
     const char* says;
   };
   for (const Row& row :
        {Row{"", "empty"}, Row{"24", "has no unit"}, Row{"1d", "unit \"d\""},
         Row{"h", "expected a number"}, Row{"0s", "longer than 0s"}, Row{"1.2.3h", "not a number"},
-        Row{"-1h", "expected a number"}, Row{"90ms", "expected a number"}}) {
+        Row{"-1h", "expected a number"}, Row{"90ms", "expected a number"},
+        Row{"1000000h", "at most 100 years"}, Row{std::string(400, '9') + "h", "at most 100"}}) {
     auto parsed = ParseDurationSeconds(row.text);
     ASSERT_FALSE(parsed.ok()) << row.text;
     EXPECT_NE(parsed.status().message().find(row.says), std::string::npos)
