@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -186,6 +187,25 @@ TEST_F(AutoMicroBatchTest, OneRankAtStageThreeSurvivesAFailureAndAResumeKeepsThe
   ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.err;
   ASSERT_TRUE(resumed.steps.count(9)) << resumed.result.err;
   EXPECT_EQ(resumed.steps.at(9)["micro_batch"], chosen);
+}
+
+// bf16 on CPU runs oneDNN kernels, which take their memory through raw_allocate: the counting
+// allocator's blocks must be their own context (an assertion failed at the first forward).
+TEST_F(AutoMicroBatchTest, Bf16OnCpuTrainsThroughTheCountingAllocator) {
+  std::string config = Config("bf16", "auto", 3);
+  {
+    std::ifstream in(config);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text.replace(text.find("precision: fp32"), std::string("precision: fp32").size(),
+                 "precision: bf16");
+    std::ofstream(config) << text;
+  }
+  const TrainRun run = Train(config, 1, {}, {"--max-steps", "3"});
+  ASSERT_EQ(run.result.exit_code, 0) << run.result.err;
+  ASSERT_EQ(run.steps.size(), 3u);
+  EXPECT_EQ(run.steps.at(3)["micro_batch"], 3);
+  EXPECT_GT(run.steps.at(3)["peak_memory_bytes"].get<int64_t>(),
+            run.steps.at(1)["peak_memory_bytes"].get<int64_t>());
 }
 
 TEST_F(AutoMicroBatchTest, BadSettingsAreRefusedNamingTheFieldOrTheVariable) {

@@ -11,8 +11,6 @@
 #include <c10/util/Exception.h>
 #ifdef TIDAL_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <cuda_runtime_api.h>
 #endif
 
 #include "common/flags.h"
@@ -176,11 +174,15 @@ StatusOr<std::unique_ptr<MemoryMeter>> MakeMemoryMeter(const torch::Device& devi
       // What this process may still have of its own GPU: what is free there and what its
       // caching allocator already holds (other processes, CUDA contexts and NCCL's buffers are
       // not ours to count on).
-      c10::cuda::CUDAGuard guard(device.index());
-      size_t free_bytes = 0, total_bytes = 0;
-      if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess)
-        return Unavailable("cudaMemGetInfo failed: the memory of GPU " +
-                           std::to_string(device.index()) + " is unknown");
+      // Through LibTorch's allocator (it guards the device): no CUDA runtime call of the
+      // engine's own, so the worker links no libcudart beside LibTorch's.
+      size_t free_bytes = 0;
+      try {
+        free_bytes = cuda_alloc::get()->getMemoryInfo(device.index()).first;
+      } catch (const c10::Error& e) {
+        return Unavailable("the memory of GPU " + std::to_string(device.index()) +
+                           " is unknown: " + e.what_without_backtrace());
+      }
       const auto reserved =
           cuda_alloc::getDeviceStats(device.index())
               .reserved_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)]
