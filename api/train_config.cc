@@ -205,18 +205,10 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
     opt.String("offloadOptimizer", o.offload_optimizer);
     opt.String("precision", o.precision);
     opt.Int("globalBatchSize", o.global_batch_size);
-    if (const json* micro = opt.Field("microBatchSize"); micro && micro->is_string()) {
-      // The loss and the gradient are those of microBatchSize 1 (every sequence's token mean,
-      // averaged over the global batch), whatever size the engine then runs at.
-      if (*micro == "auto") {
-        o.micro_batch_auto = true;
-        o.micro_batch_size = 1;
-      } else {
-        opt.Error("microBatchSize", "expected an integer or \"auto\", got " + micro->dump());
-      }
-    } else {
-      opt.Int("microBatchSize", o.micro_batch_size);
-    }
+    opt.IntOrAuto("microBatchSize", o.micro_batch_size, o.micro_batch_auto);
+    // The loss and the gradient are those of microBatchSize 1 (every sequence's token mean,
+    // averaged over the global batch), whatever size the engine then runs at.
+    if (o.micro_batch_auto) o.micro_batch_size = 1;
     opt.Number("memoryTargetPercent", o.memory_target_percent);
     if (!(o.memory_target_percent > 0 && o.memory_target_percent <= 100))
       opt.Error("memoryTargetPercent",

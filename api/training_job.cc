@@ -102,16 +102,8 @@ void ReadCheckpoint(const json& spec, CheckpointSpec& c, std::vector<std::string
   Section s(spec, "checkpoint", "spec", errors);
   s.String("uri", c.uri);
   s.String("credentialsSecret", c.credentials_secret);
-  if (const json* every = s.Field("fullEverySteps"); every && every->is_string()) {
-    if (*every == "auto") {
-      c.full_every_auto = true;
-      c.full_every_steps = 0;
-    } else {
-      s.Error("fullEverySteps", "expected an integer or \"auto\", got " + every->dump());
-    }
-  } else {
-    s.Int("fullEverySteps", c.full_every_steps);
-  }
+  s.IntOrAuto("fullEverySteps", c.full_every_steps, c.full_every_auto);
+  if (c.full_every_auto) c.full_every_steps = 0;
   std::string mtbf = "24h";
   s.String("expectedMTBF", mtbf);
   if (auto seconds = ParseDurationSeconds(mtbf); !seconds.ok())

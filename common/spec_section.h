@@ -87,6 +87,16 @@ class Section {
         Error(key, "expected an integer, got " + Dump(*v));
     }
   }
+  // An integer, or the string "auto" (an int-or-string field): `is_auto` says which, and
+  // `out` is left as it is for "auto".
+  void IntOrAuto(const std::string& key, int64_t& out, bool& is_auto) {
+    const nlohmann::json* v = Field(key);
+    if (!v || !v->is_string()) return Int(key, out);
+    if (*v == "auto")
+      is_auto = true;
+    else
+      Error(key, "expected an integer or \"auto\", got " + Dump(*v));
+  }
   void Number(const std::string& key, double& out) {
     if (const nlohmann::json* v = Field(key)) {
       if (v->is_number())
