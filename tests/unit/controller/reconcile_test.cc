@@ -1917,6 +1917,19 @@ TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDe
   }
 }
 
+// spec.checkpoint.fullEverySteps auto: rank 0's plan is written into status by the reconcile
+// too; once the spec is edited back to a fixed interval the plan is no longer the job's.
+TEST(Reconcile, RankZerosCheckpointIntervalIsInStatusUntilTheSpecIsFixedAgain) {
+  Sim sim(Spec(R"({"checkpoint": {"fullEverySteps": "auto"}})"));
+  sim.Until([&] { return sim.phase() == "Running"; });
+  const json plan = {{"fullEverySteps", 120}, {"reason", "Optimal"}, {"failures", 0}};
+  for (auto& [name, r] : sim.reports_) r.checkpoint_interval = plan;
+  sim.Reconcile();
+  EXPECT_EQ(sim.status().checkpoint_interval, plan);
+  sim.SetSpec(Spec(R"({"checkpoint": {"fullEverySteps": 50}})"));
+  sim.Until([&] { return sim.status().checkpoint_interval.is_null(); });
+}
+
 // The automatic checkpoint interval rank 0 planned survives the reconcile's own status writes.
 TEST(Reconcile, TheCheckpointIntervalInStatusSurvivesARoundTrip) {
   JobStatus st;
