@@ -63,6 +63,16 @@ Status TrainConfig::ValidateForWorldSize(int world_size) const {
         product +
         " (gradient accumulation must be a whole number; choose a world size that divides it)");
   }
+  const GradientCompressionSpec& gc = optimization.gradient_compression;
+  if (gc.enabled() && gc.groups > 0) {
+    const int64_t micro_batches = global / micro;
+    if (gc.groups % world_size != 0 || micro_batches % gc.groups != 0)
+      return InvalidArgument(
+          "spec.optimization.gradientCompression.groups: " + std::to_string(gc.groups) +
+          " must be a multiple of the world size " + std::to_string(world_size) +
+          " and divide globalBatchSize / microBatchSize = " + std::to_string(micro_batches) +
+          " (each rank compresses whole groups of whole micro-batches)");
+  }
   return OkStatus();
 }
 
@@ -260,6 +270,36 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
       warmup.InRange("steps", o.warmup.steps, 0, spec::kMaxSteps);
       warmup.InRange("window", o.warmup.window, 2, spec::kMaxWarmupWindow);
       if (!(o.warmup.cv_threshold > 0)) warmup.Error("cvThreshold", "must be > 0");
+    }
+    {
+      static const json kEmpty = json::object();
+      auto& gc = o.gradient_compression;
+      Section compression(opt.node() ? *opt.node() : kEmpty, "gradientCompression", opt.path(),
+                          errors);
+      opt.Known("gradientCompression");
+      compression.String("method", gc.method);
+      compression.Number("ratio", gc.ratio);
+      compression.Int("warmupSteps", gc.warmup_steps);
+      compression.Int("groups", gc.groups);
+      compression.OneOf("method", gc.method, {"none", "topk"});
+      if (!(gc.ratio > 0 && gc.ratio <= 1))
+        compression.Error("ratio",
+                          "must be in (0, 1] (the share of each block's gradient "
+                          "entries sent), got " +
+                              json(gc.ratio).dump());
+      compression.InRange("warmupSteps", gc.warmup_steps, 0, spec::kMaxSteps);
+      compression.InRange("groups", gc.groups, 0, spec::kMaxGpus);
+      // Stage 3 reduce-scatters each block's gradient inside backward, micro-batch by
+      // micro-batch, and keeps only this rank's 1/W of the trainable weights: a residual is the
+      // whole block's (every rank's error is spread over all of it), so keeping one would undo
+      // the partition stage 3 exists for, and a selection per micro-batch would send more than
+      // the one per step stages 0-2 make.
+      if (gc.enabled() && stage == 3)
+        compression.Error("method",
+                          "topk needs zeroStage 0, 1 or 2: at stage 3 the gradient is "
+                          "reduce-scattered inside backward, one micro-batch at a time, and each "
+                          "rank keeps only its shard, while error feedback needs every rank's "
+                          "whole-block residual (set zeroStage: 2, or method: none)");
     }
   }
 }

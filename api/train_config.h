@@ -64,6 +64,23 @@ struct WarmupSpec {
   std::optional<int64_t> max_extra_steps;
 };
 
+// spec.optimization.gradientCompression (worker/engine/compression.h): off by default. topk: of
+// each block's gradient only the ceil(ratio × elements) entries of largest magnitude are sent
+// (values and indices), the rest kept as a residual added to the next step's (error feedback).
+// The selection is made per compression group, a fixed share of the global batch's
+// micro-batches (`groups` of them, each rank holding groups / world size), not per rank: the
+// curve is then the same at every world size that divides `groups`, and a rescale keeps it.
+// groups 0: the world size (the curve then changes when the world size does).
+struct GradientCompressionSpec {
+  std::string method = "none";  // none | topk
+  double ratio = 0.05;          // (0, 1]
+  int64_t warmup_steps = 10;    // dense steps before compression starts
+  int64_t groups = 0;
+  bool enabled() const { return method == "topk"; }
+  // The groups a generation of `world_size` ranks compresses in.
+  int64_t GroupsAt(int world_size) const { return groups > 0 ? groups : world_size; }
+};
+
 struct OptimizationSpec {
   int zero_stage = 3;
   std::string offload_optimizer = "none";  // none | cpu
@@ -82,6 +99,7 @@ struct OptimizationSpec {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double grad_clip = 1.0;  // max global L2 norm; 0 disables
   WarmupSpec warmup;
+  GradientCompressionSpec gradient_compression;
   int64_t max_steps = 1000;
   uint64_t seed = 0;
 };
@@ -94,7 +112,8 @@ struct TrainConfig {
   LoraSpec lora;
   OptimizationSpec optimization;
 
-  // Checks that need the world size: gradient accumulation must be a whole number.
+  // Checks that need the world size: gradient accumulation must be a whole number, and under
+  // gradient compression the world size must divide its groups and they the micro-batches.
   Status ValidateForWorldSize(int world_size) const;
   int64_t GradientAccumulation(int world_size) const {  // after ValidateForWorldSize
     return optimization.global_batch_size / optimization.micro_batch_size / world_size;

@@ -4,6 +4,7 @@
 #include <date/tz.h>
 
 #include <algorithm>
+#include <numeric>
 #include <regex>
 #include <set>
 
@@ -187,6 +188,13 @@ bool SplitsBatch(const engine::OptimizationSpec& o, int64_t gpus) {
          (o.global_batch_size / o.micro_batch_size) % gpus == 0;
 }
 
+// Under gradient compression with groups set, a GPU count must divide them: each rank compresses
+// whole groups.
+bool SplitsGroups(const engine::OptimizationSpec& o, int64_t gpus) {
+  const auto& gc = o.gradient_compression;
+  return !gc.enabled() || gc.groups == 0 || (gpus >= 1 && gc.groups % gpus == 0);
+}
+
 // The CRD's CEL rules, and the same for the manual count. Runs only on values inside their
 // bounds (common/spec_limits.h), so the products in the messages fit in int64.
 void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
@@ -209,7 +217,18 @@ void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
       errors.push_back("spec.optimization.globalBatchSize: " + std::to_string(o.global_batch_size) +
                        " is not divisible by microBatchSize × " + key + " = " +
                        std::to_string(o.micro_batch_size * n));
+    if (!SplitsGroups(o, n))
+      errors.push_back("spec.elastic." + std::string(key) + ": " + std::to_string(n) +
+                       " does not divide spec.optimization.gradientCompression.groups (" +
+                       std::to_string(o.gradient_compression.groups) + ")");
   }
+  const auto& gc = o.gradient_compression;
+  if (gc.enabled() && gc.groups > 0 && o.global_batch_size % o.micro_batch_size == 0 &&
+      (o.global_batch_size / o.micro_batch_size) % gc.groups != 0)
+    errors.push_back("spec.optimization.gradientCompression.groups: " + std::to_string(gc.groups) +
+                     " does not divide globalBatchSize / microBatchSize = " +
+                     std::to_string(o.global_batch_size / o.micro_batch_size) +
+                     " (a group is a whole number of micro-batches)");
   auto check_count = [&](const std::string& field, int64_t n) {
     if (n < e.min_gpus || n > e.max_gpus)
       errors.push_back(field + ": " + std::to_string(n) +
@@ -223,6 +242,10 @@ void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
                        std::to_string(o.global_batch_size) +
                        " does not split into whole micro-batches of " +
                        std::to_string(o.micro_batch_size) + " per rank");
+    else if (!SplitsGroups(o, n))
+      errors.push_back(field + ": " + std::to_string(n) +
+                       " does not divide spec.optimization.gradientCompression.groups (" +
+                       std::to_string(o.gradient_compression.groups) + ")");
   };
   for (size_t i = 0; i < e.schedule.size(); ++i)
     if (e.schedule[i].gpus >= 1)
@@ -234,8 +257,9 @@ void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
 
 std::vector<int64_t> TrainingJobSpec::AllowedGpuCounts() const {
   // A count n is allowed when gpusPerPod divides it and n divides globalBatchSize /
-  // microBatchSize: the divisors of that quotient, found by trial division up to its square
-  // root — never a walk over [minGPUs, maxGPUs], which the user sets.
+  // microBatchSize (and gradientCompression.groups, when set): the divisors of that quotient,
+  // found by trial division up to its square root — never a walk over [minGPUs, maxGPUs],
+  // which the user sets.
   const auto& o = train.optimization;
   std::vector<int64_t> out;
   if (o.micro_batch_size < 1 || o.global_batch_size < 1 ||
@@ -243,7 +267,8 @@ std::vector<int64_t> TrainingJobSpec::AllowedGpuCounts() const {
     return out;
   const int64_t q = o.global_batch_size / o.micro_batch_size;
   auto consider = [&](int64_t n) {
-    if (n >= elastic.min_gpus && n <= elastic.max_gpus && n % elastic.gpus_per_pod == 0)
+    if (n >= elastic.min_gpus && n <= elastic.max_gpus && n % elastic.gpus_per_pod == 0 &&
+        SplitsGroups(o, n))
       out.push_back(n);
   };
   for (int64_t d = 1; d <= q / d; ++d) {
@@ -290,6 +315,15 @@ StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const json& spec) {
     }
   }
   CheckSizes(j, errors);
+  // gradientCompression.groups left out: the least common multiple of the GPU counts the job
+  // can run at (a divisor of globalBatchSize / microBatchSize, as each of them is), so that every
+  // rescale keeps the curve; at the largest count each rank compresses one group.
+  if (auto& gc = j.train.optimization.gradient_compression;
+      errors.empty() && gc.enabled() && gc.groups == 0) {
+    int64_t groups = 1;
+    for (int64_t n : j.AllowedGpuCounts()) groups = std::lcm(groups, n);
+    gc.groups = groups;
+  }
   if (!errors.empty()) {
     std::string message;
     for (const std::string& e : errors) {

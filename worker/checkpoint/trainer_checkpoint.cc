@@ -26,6 +26,12 @@ using nlohmann::json;
 
 constexpr const char* kExpAvg = "optimizer.exp_avg.";
 constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
+// Gradient compression's residual of group g: "compression.residual.<g>." + parameter name, at
+// the parameter's shape. Saved in full checkpoints by the rank holding the group; a resume reads
+// the groups it holds now, at any world size.
+std::string ResidualName(int64_t group, const std::string& param) {
+  return "compression.residual." + std::to_string(group) + "." + param;
+}
 
 std::string NowRfc3339() {
   std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -121,6 +127,57 @@ void PlanFlatRange(const TrainableBlockLayout& b, const std::string& prefix, int
   }
 }
 
+// Gradient compression's residuals for the groups this rank holds. Saved at another group count
+// (the default follows the world size), group g's residual goes to group g × now / then, so
+// that their sum — the gradient not yet sent — is kept whole; the curve from there is then a
+// run at the new count's, which the warning says.
+Status LoadResiduals(Trainer& trainer, Repository& repo, const Manifest& manifest,
+                     const json& state) {
+  auto& params = trainer.parameters();
+  const int64_t groups = params.compression_groups();
+  if (groups == 0) return OkStatus();
+  const auto layout = params.TrainableLayout();
+  int64_t saved = 0;
+  if (auto it = state.find("compressionGroups"); it != state.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 0)
+      return DataLoss("trainer_state.json: compressionGroups: expected an integer >= 0");
+    saved = it->get<int64_t>();
+  }
+  const std::string where = repo.store().uri() + "/" + StepDirectory(manifest.step);
+  if (saved == 0 || layout.empty() ||
+      manifest.Find(ResidualName(0, layout[0].params[0].name)) == nullptr) {
+    Logger::Get().Log("warn",
+                      "resuming without gradient compression residuals: they start from zero",
+                      {{"checkpoint", where}, {"kind", KindName(manifest.kind)}});
+    return OkStatus();
+  }
+  if (saved != groups)
+    Logger::Get().Log("warn",
+                      "gradient compression groups changed: residuals regrouped with their sum "
+                      "kept, the curve from here is the new count's",
+                      {{"checkpoint", where}, {"saved_groups", saved}, {"groups", groups}});
+  const int64_t first = params.first_group();
+  for (int64_t j = first; j < first + params.local_groups(); ++j) {
+    std::vector<torch::Tensor> sums, parts;
+    std::vector<Repository::TensorRead> reads;
+    for (const TrainableBlockLayout& b : layout) sums.push_back(torch::zeros({b.numel}));
+    for (int64_t g = 0; g < saved; ++g) {
+      if (g * groups / saved != j) continue;
+      for (const TrainableBlockLayout& b : layout) {
+        parts.push_back(torch::zeros({b.numel}));
+        for (const engine::FlatParamLayout& p : b.params)
+          reads.push_back({ResidualName(g, p.name), 0, p.numel,
+                           static_cast<char*>(parts.back().data_ptr()) + p.offset * 4});
+      }
+    }
+    TIDAL_RETURN_IF_ERROR(repo.ReadTensorsInto(manifest, reads));
+    for (size_t i = 0; i < parts.size(); ++i) sums[i % layout.size()] += parts[i];
+    for (size_t i = 0; i < layout.size(); ++i)
+      TIDAL_RETURN_IF_ERROR(params.SetResidual(layout[i].block, j, sums[i]));
+  }
+  return OkStatus();
+}
+
 Status LoadStep(Trainer& trainer, Repository& repo, int64_t step) {
   TIDAL_ASSIGN_OR_RETURN(Manifest manifest, repo.ReadManifest(step));
   if (manifest.config_hash != ConfigHash(trainer.config()))
@@ -147,6 +204,11 @@ Status LoadStep(Trainer& trainer, Repository& repo, int64_t step) {
   bool has_moments = manifest.kind == CheckpointKind::kFull && !layout.empty() &&
                      manifest.Find(kExpAvg + layout[0].params[0].name) != nullptr;
   if (!has_moments) {
+    if (trainer.parameters().compression_groups() > 0)
+      Logger::Get().Log("warn",
+                        "resuming without gradient compression residuals: they start from zero",
+                        {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
+                         {"kind", KindName(manifest.kind)}});
     trainer.optimizer().Reset();
     Logger::Get().Log("warn", "resuming without optimizer state: AdamW moments start from zero",
                       {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
@@ -179,7 +241,7 @@ Status LoadStep(Trainer& trainer, Repository& repo, int64_t step) {
   if (!steps || !steps->is_number_integer())
     return DataLoss("trainer_state.json: optimizerSteps: expected an integer");
   trainer.optimizer().Restore(std::move(moments), steps->get<int64_t>());
-  return OkStatus();
+  return LoadResiduals(trainer, repo, manifest, state);
 }
 
 // Phase 1, on the training thread at the step boundary: this rank's pieces copied to host
@@ -225,9 +287,21 @@ StatusOr<SaveCapture> CaptureForSave(Trainer& trainer, CheckpointKind kind) {
                           Bytes(c.tensors.back())});
     }
   }
+  // Gradient compression's residuals, whole, for each group this rank holds (full only, as the
+  // moments: a snapshot resumes without either).
+  if (kind == CheckpointKind::kFull && params.compression_groups() > 0)
+    for (int64_t g = params.first_group(); g < params.first_group() + params.local_groups(); ++g)
+      for (const TrainableBlockLayout& b : layout) {
+        TIDAL_ASSIGN_OR_RETURN(torch::Tensor residual, params.Residual(b.block, g));
+        for (const engine::FlatParamLayout& p : b.params) {
+          c.tensors.push_back(residual.narrow(0, p.offset, p.numel));
+          c.pieces.push_back({ResidualName(g, p.name), "F32", p.shape, 0, Bytes(c.tensors.back())});
+        }
+      }
   if (c.rank == 0) {
     json state = trainer.StateJson();
     state["kind"] = KindName(kind);
+    state["compressionGroups"] = params.compression_groups();
     state["adapter"] = AdapterInfoJson(AdapterInfoOf(trainer));
     c.trainer_state = std::move(state);
   }

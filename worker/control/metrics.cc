@@ -47,6 +47,10 @@ WorkerMetrics::WorkerMetrics(const std::string& trainingjob)
   micro_batch_ = gauge("tidal_worker_micro_batch_size",
                        "Sequences per forward pass the last step ran at (chosen by the engine "
                        "under spec.optimization.microBatchSize auto).");
+  gradient_bytes_ = gauge("tidal_worker_gradient_bytes",
+                          "Bytes this rank handed to its gradient collectives in the last step "
+                          "(top-k values and indices under spec.optimization.gradientCompression "
+                          "once its dense warm-up is over).");
   generation_ = gauge("tidal_worker_generation",
                       "The membership generation this worker last joined (DESIGN.md §4).");
   rank_ = gauge("tidal_worker_rank", "This worker's rank in its generation.");
@@ -89,6 +93,7 @@ void WorkerMetrics::OnStep(const engine::StepRecord& record, const std::optional
   learning_rate_->Set(record.lr);
   grad_norm_->Set(record.grad_norm);
   micro_batch_->Set(static_cast<double>(record.micro_batch));
+  gradient_bytes_->Set(static_cast<double>(record.gradient_bytes));
   data_wait_->Observe(record.data_wait_seconds);
   if (!record.expert_tokens.empty()) {
     if (!expert_tokens_) {

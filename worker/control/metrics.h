@@ -51,6 +51,7 @@ class WorkerMetrics : public RuntimeObserver {
   prometheus::Gauge* learning_rate_ = nullptr;
   prometheus::Gauge* grad_norm_ = nullptr;
   prometheus::Gauge* micro_batch_ = nullptr;
+  prometheus::Gauge* gradient_bytes_ = nullptr;
   prometheus::Gauge* generation_ = nullptr;
   prometheus::Gauge* rank_ = nullptr;
   prometheus::Gauge* world_size_ = nullptr;

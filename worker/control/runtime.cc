@@ -532,6 +532,8 @@ void WorkerRuntime::PublishStep(engine::StepRecord record) {
                              {"micro_batch", record.micro_batch},
                              {"max_steps", state.max_steps}};
     if (record.peak_memory_bytes >= 0) fields["peak_memory_bytes"] = record.peak_memory_bytes;
+    fields["gradient_bytes"] = record.gradient_bytes;
+    if (record.compressed) fields["compressed"] = true;
     if (gpu) fields["gpu_util_percent"] = gpu->utilization_percent;
     LogInfo("step", fields);
   }

@@ -29,6 +29,12 @@ void PrintStepLine(const StepRecord& r) {
                          {"micro_batch", r.micro_batch}};
   if (r.peak_memory_bytes >= 0) line["peak_memory_bytes"] = r.peak_memory_bytes;
   if (r.skipped) line["skipped"] = true;
+  line["gradient_bytes"] = r.gradient_bytes;
+  if (r.compressed) {
+    line["compressed"] = true;
+    line["compress_s"] = r.compress_seconds;
+    line["exchange_wait_s"] = r.exchange_wait_seconds;
+  }
   if (!r.expert_tokens.empty()) {  // load balance: per MoE layer, and per expert over layers
     nlohmann::json imbalance = nlohmann::json::array();
     for (double x : r.MoeImbalance()) imbalance.push_back(std::round(x * 1000) / 1000);

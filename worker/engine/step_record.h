@@ -20,6 +20,14 @@ struct StepRecord {
   int64_t micro_batch = 0;         // rows per forward pass this step ran at
   int64_t peak_memory_bytes = -1;  // microBatchSize auto: this rank's peak (MemoryMeter)
   bool skipped = false;  // fp16 overflow: the update was skipped and the loss scale lowered
+  // Gradient traffic: whether the step was compressed (spec.optimization.gradientCompression,
+  // after its dense warm-up), the bytes this rank handed to its gradient collectives, the time
+  // it spent selecting top-k entries, and how long the step's reduction waited for exchanges
+  // backward did not hide.
+  bool compressed = false;
+  int64_t gradient_bytes = 0;
+  double compress_seconds = 0;
+  double exchange_wait_seconds = 0;
   // Mixture of experts: for each MoE layer (`moe_layers`, ascending), the tokens routed to
   // each expert over the step's global batch (all ranks; a token counts once per expert it
   // chose). Empty for a dense model.

@@ -74,6 +74,10 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                    std::unique_ptr<Comm> comm,
                                                    TrainerOptions options) {
   TIDAL_RETURN_IF_ERROR(config.ValidateForWorldSize(comm->world_size()));
+  if (config.optimization.gradient_compression.enabled() && config.optimization.zero_stage == 3)
+    return InvalidArgument(
+        "spec.optimization.gradientCompression: topk needs zeroStage 0, 1 or 2 (at stage 3 the "
+        "gradient is reduce-scattered inside backward and each rank keeps only its shard)");
   if (comm->device() != options.device)
     return Internal("the process group's collectives run on " + comm->device().str() +
                     " but the trainer's tensors are on " + options.device.str());
@@ -141,10 +145,17 @@ Status Trainer::StartGeneration(KeptBaseWeights* kept) {
   // count).
   const bool peak_reset = ResetPeakRss();
   const std::optional<ProcessMemory> before_load = ReadProcessMemory();
-  params_ = std::make_unique<ShardedParameters>(
-      *model_, *comm_,
-      ShardingOptions{opt.zero_stage, options_.device, dtype_,
-                      /*allocate_frozen_in_load=*/kept != nullptr});
+  ShardingOptions sharding{opt.zero_stage, options_.device, dtype_,
+                           /*allocate_frozen_in_load=*/kept != nullptr};
+  if (opt.gradient_compression.enabled()) {
+    sharding.compression_groups = opt.gradient_compression.GroupsAt(comm_->world_size());
+    sharding.compression_ratio = opt.gradient_compression.ratio;
+  }
+  try {
+    params_ = std::make_unique<ShardedParameters>(*model_, *comm_, sharding);
+  } catch (const std::invalid_argument& e) {
+    return InvalidArgument(e.what());
+  }
   const uint64_t init_seed = config_.model.init_seed;
   const auto load_start = std::chrono::steady_clock::now();
   // A large model takes minutes: a progress line every 5 s (share loaded, bytes read, ETA).
@@ -372,11 +383,28 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
   const int64_t logical_micro = opt.micro_batch_size;
   const int64_t micro_batches = global / logical_micro;  // logical ones, over all ranks
   const int64_t rows_per_rank = accumulation_ * logical_micro;
-  const int64_t passes = (rows_per_rank + micro - 1) / micro;
   // An out-of-memory mid-step is agreed on by every rank before any collective of the next
   // micro-batch: possible where a micro-batch's forward and backward hold none (ZeRO 0-2).
   const bool world = comm_->world_size() > 1;
   const bool agree_out_of_memory = per_row && world && params_->options().stage <= 2;
+  // Gradient compression after the dense warm-up: this rank's rows are its groups' (each a
+  // whole number of logical micro-batches), no pass across two. The exchanges overlap the last
+  // backward unless the ranks still agree on an out-of-memory after it.
+  const auto& compression = opt.gradient_compression;
+  const bool compress = compression.enabled() && step_ >= compression.warmup_steps;
+  params_->BeginStep(compress, loss_scale_, /*overlap=*/!agree_out_of_memory);
+  const int64_t groups = compress ? params_->local_groups() : 1;
+  const int64_t rows_per_group = rows_per_rank / groups;
+  struct Pass {
+    int64_t first_row, rows, group;
+    bool last_of_group;
+  };
+  std::vector<Pass> plan;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < rows_per_group; r += micro)
+      plan.push_back({g * rows_per_group + r, std::min(micro, rows_per_group - r), g,
+                      r + micro >= rows_per_group});
+  const int64_t passes = static_cast<int64_t>(plan.size());
   int64_t base_bytes = 0;
   // What this thread allocates during the step is what the meter counts (CPU).
   struct Counting {
@@ -417,8 +445,9 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
   for (int64_t a = 0; a < passes; ++a) {
     // This rank's rows are contiguous in the global batch; a row's sequence and dropout masks
     // depend on (step, its index) only, so the run is the same at any world size.
-    const int64_t first_row = a * micro;
-    const int64_t rows_here = std::min(micro, rows_per_rank - first_row);
+    const int64_t first_row = plan[a].first_row;
+    const int64_t rows_here = plan[a].rows;
+    params_->SetMicroBatchGroup(plan[a].group, plan[a].last_of_group);
     const int64_t first_sequence = comm_->rank() * rows_per_rank + first_row;
     std::string failure;
     try {
@@ -513,6 +542,7 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
     }
   }
   TIDAL_ASSIGN_OR_RETURN(auto slices, params_->ReduceGradients());
+  const ShardedParameters::GradientTraffic traffic = params_->traffic();
   torch::Tensor norm_sq_local = SquaredGradNorm(slices).to(comm_->device());
   // One all-reduce for the loss and, when slices are partitioned, the squared norm; one host
   // sync for both.
@@ -600,7 +630,11 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
     optimizer_.Step(slices, record.lr, clip / loss_scale_);
     if (loss_scale_ > 1.0 && ++good_steps_ % kLossScaleWindow == 0) loss_scale_ *= 2;
   }
-  TIDAL_RETURN_IF_ERROR(params_->FinishStep());
+  TIDAL_RETURN_IF_ERROR(params_->FinishStep(/*keep_residuals=*/!record.skipped));
+  record.compressed = compress;
+  record.gradient_bytes = traffic.payload_bytes;
+  record.compress_seconds = traffic.compress_seconds;
+  record.exchange_wait_seconds = traffic.exchange_wait_seconds;
   ++step_;
   record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   trained_seconds_ += record.seconds;

@@ -2,8 +2,15 @@
 #include "worker/engine/zero.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <limits>
+#include <mutex>
 #include <set>
 #include <stdexcept>
+#include <thread>
+
+#include "worker/engine/compression.h"
 
 namespace tidal::engine {
 
@@ -34,6 +41,31 @@ struct ShardedParameters::Block {
   // fp32 is the same whatever order the micro-batches and the collective add them in. The
   // curve of a job that rescales is then the curve of one that never did, step for step.
   torch::Tensor grad_sum;
+  // Gradient compression (stages 0-2). The local gradient of the group in flight, summed in
+  // fp64 over its micro-batches straight from the leaves' gradient hooks ([padded], scaled as
+  // the loss is); per group of this rank, the residual (fp32 [numel], unscaled), the one this
+  // step leaves (committed by FinishStep) and what the group sends; the entries a group sends;
+  // the last group compressed in this step (-1: none) and the leaves whose gradient arrived in
+  // the micro-batch under way.
+  torch::Tensor group_sum;
+  std::vector<torch::Tensor> residual, next_residual;
+  std::vector<SparseGradient> sent;
+  torch::Tensor message;  // every group's `sent`, packed (PackSparse)
+  int64_t k = 0;
+  int64_t compressed_group = -1;
+  size_t arrived = 0;
+};
+
+// The thread that all-gathers each block's messages once they are packed, in descending block
+// order (the order backward completes them, and the same on every rank).
+struct ShardedParameters::Exchange {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<char> ready;  // per block: its message is packed
+  bool open = false;        // exchanges may start
+  bool abort = false;
+  Status status;
+  std::thread thread;
 };
 
 namespace {
@@ -144,11 +176,197 @@ ShardedParameters::ShardedParameters(const DecoderModel& model, Comm& comm, Shar
       block->grad_sum =
           torch::zeros({options_.stage >= 2 ? t.padded / world : t.padded},
                        torch::TensorOptions().device(options_.device).dtype(torch::kFloat64));
+    if (options_.compression_groups > 0 && !sharded && t.numel > 0) {
+      if (t.numel > std::numeric_limits<int32_t>::max())
+        throw std::invalid_argument("gradient compression: block " +
+                                    std::to_string(blocks_.size()) + " has " +
+                                    std::to_string(t.numel) +
+                                    " trainable elements, more than the 2^31 its indices address");
+      block->group_sum = torch::zeros({t.padded}, block->grad_sum.options());
+      for (int64_t g = 0; g < local_groups(); ++g)
+        block->residual.push_back(torch::zeros({t.numel}, t.data.options()));
+      block->next_residual.resize(block->residual.size());
+      block->sent.resize(block->residual.size());
+      for (size_t k = 0; k < t.param_index.size(); ++k)
+        block->k += TopKCount(spec.params[t.param_index[k]].numel(), options_.compression_ratio);
+      const size_t b = blocks_.size();
+      for (size_t k = 0; k < block->leaves.size(); ++k)
+        block->leaves[k].register_hook(
+            [this, b, k](const torch::Tensor& grad) { return OnLeafGradient(b, k, grad); });
+    }
     blocks_.push_back(std::move(block));
   }
 }
 
-ShardedParameters::~ShardedParameters() = default;
+ShardedParameters::~ShardedParameters() { (void)StopExchange(/*abort=*/true); }
+
+int64_t ShardedParameters::local_groups() const {
+  return options_.compression_groups > 0 ? options_.compression_groups / comm_.world_size() : 0;
+}
+
+void ShardedParameters::BeginStep(bool compress, double loss_scale, bool overlap) {
+  (void)StopExchange(/*abort=*/true);  // a step given up before its reduction
+  traffic_ = {};
+  compressing_ = compress && options_.compression_groups > 0 && options_.stage < 3;
+  overlap_ = overlap;
+  scale_ = loss_scale;
+  group_ = 0;
+  last_of_group_ = false;
+  if (!compressing_) return;
+  for (auto& block : blocks_) {
+    block->compressed_group = -1;
+    block->arrived = 0;
+    if (block->group_sum.defined()) block->group_sum.zero_();
+  }
+  exchange_ = std::make_unique<Exchange>();
+  exchange_->ready.assign(blocks_.size(), 0);
+  exchange_->open = overlap;
+  exchange_->thread = std::thread([this] { ExchangeLoop(); });
+}
+
+void ShardedParameters::SetMicroBatchGroup(int64_t group, bool last) {
+  group_ = group;
+  last_of_group_ = last;
+  for (auto& block : blocks_) block->arrived = 0;
+}
+
+// On the thread running backward, once per micro-batch for each leaf: the gradient goes into
+// the group's fp64 sum; in the group's last micro-batch, the block whose leaves have all arrived
+// is compressed at once (and, in this rank's last group with overlap, its exchange starts while
+// backward goes on through the blocks below). Returns no tensor: autograd's own accumulation
+// into the block's flat gradient goes on and is dropped after the micro-batch.
+torch::Tensor ShardedParameters::OnLeafGradient(size_t b, size_t k, const torch::Tensor& grad) {
+  if (!compressing_) return {};
+  torch::NoGradGuard no_grad;
+  Block& block = *blocks_[b];
+  const Flat& t = block.trainable;
+  block.group_sum.narrow(0, t.offset[k], grad.numel()).add_(grad.reshape({-1}).to(torch::kFloat64));
+  if (last_of_group_ && ++block.arrived == block.leaves.size()) CompressBlock(b, group_);
+  return {};
+}
+
+void ShardedParameters::CompressBlock(size_t b, int64_t group) {
+  Block& block = *blocks_[b];
+  if (block.compressed_group >= group) return;  // done in its hook
+  torch::NoGradGuard no_grad;
+  const auto start = std::chrono::steady_clock::now();
+  torch::Tensor local = block.group_sum.narrow(0, 0, block.trainable.numel);
+  if (scale_ != 1.0) local = local / scale_;  // a power of two: exact
+  // A bucket per parameter (each LoRA A and B its own share: their gradients' scales differ by
+  // orders of magnitude, and one selection over the block would starve the smaller).
+  const Flat& t = block.trainable;
+  std::vector<torch::Tensor> indices, values, rest;
+  for (size_t p = 0; p < t.param_index.size(); ++p) {
+    const int64_t at = t.offset[p];
+    const int64_t n = (p + 1 < t.param_index.size() ? t.offset[p + 1] : t.numel) - at;
+    torch::Tensor next;
+    SparseGradient part =
+        TopKWithFeedback(local.narrow(0, at, n), block.residual[group].narrow(0, at, n),
+                         TopKCount(n, options_.compression_ratio), &next);
+    indices.push_back(part.indices + at);
+    values.push_back(part.values);
+    rest.push_back(next);
+  }
+  block.sent[group] = {torch::cat(indices), torch::cat(values)};
+  block.next_residual[group] = torch::cat(rest);
+  block.group_sum.zero_();
+  block.compressed_group = group;
+  if (group == local_groups() - 1) {
+    block.message = PackSparse(block.sent).to(comm_.device());
+    std::lock_guard<std::mutex> lock(exchange_->mu);
+    exchange_->ready[b] = 1;
+    exchange_->cv.notify_all();
+  }
+  traffic_.compress_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+void ShardedParameters::ExchangeLoop() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = blocks_.size(); i-- > 0;) {
+    if (blocks_[i]->trainable.numel == 0) continue;
+    {
+      std::unique_lock<std::mutex> lock(exchange_->mu);
+      exchange_->cv.wait(
+          lock, [&] { return exchange_->abort || (exchange_->open && exchange_->ready[i]); });
+      if (exchange_->abort) return;
+    }
+    Status status;
+    try {
+      status = ExchangeBlock(i);
+    } catch (const std::exception& e) {
+      status = Unavailable(std::string("gradient exchange: ") + e.what());
+    }
+    if (!status.ok()) {
+      std::lock_guard<std::mutex> lock(exchange_->mu);
+      exchange_->status = status;
+      return;
+    }
+  }
+}
+
+// Every rank's messages for block b, gathered in rank order (= group order), summed in fp64
+// into the step's gradient: the whole flat at stages 0-1, this rank's slice at stage 2.
+Status ShardedParameters::ExchangeBlock(size_t b) {
+  Block& block = *blocks_[b];
+  const Flat& t = block.trainable;
+  const int64_t world = comm_.world_size();
+  auto gathered = torch::empty({block.message.numel() * world}, block.message.options());
+  TIDAL_RETURN_IF_ERROR(comm_.AllGather(block.message, gathered));
+  auto dense = torch::zeros({t.padded}, block.grad_sum.options());
+  AddPackedInto(gathered, block.k, dense);
+  if (scale_ != 1.0) dense.mul_(scale_);
+  if (options_.stage == 2)
+    block.grad_sum.copy_(dense.narrow(0, comm_.rank() * (t.padded / world), t.padded / world));
+  else
+    block.grad_sum.copy_(dense);
+  traffic_.payload_bytes += block.message.numel() * 4;
+  return OkStatus();
+}
+
+Status ShardedParameters::StopExchange(bool abort) {
+  if (!exchange_) return OkStatus();
+  {
+    std::lock_guard<std::mutex> lock(exchange_->mu);
+    if (abort) exchange_->abort = true;
+    exchange_->open = true;
+    exchange_->cv.notify_all();
+  }
+  if (exchange_->thread.joinable()) exchange_->thread.join();
+  Status status = exchange_->status;
+  exchange_.reset();
+  return status;
+}
+
+StatusOr<ShardedParameters::Block*> ShardedParameters::CompressedBlock(int64_t block,
+                                                                       int64_t group) const {
+  if (block < 0 || block >= static_cast<int64_t>(blocks_.size()) ||
+      blocks_[block]->residual.empty())
+    return NotFound("block " + std::to_string(block) + " has no compression residual");
+  const int64_t g = group - first_group();
+  if (g < 0 || g >= local_groups())
+    return InvalidArgument("compression group " + std::to_string(group) +
+                           " is not this rank's (it holds [" + std::to_string(first_group()) +
+                           ", " + std::to_string(first_group() + local_groups()) + "))");
+  return blocks_[block].get();
+}
+
+StatusOr<torch::Tensor> ShardedParameters::Residual(int64_t block, int64_t group) const {
+  TIDAL_ASSIGN_OR_RETURN(Block * b, CompressedBlock(block, group));
+  return b->residual[group - first_group()].to(torch::kCPU, torch::kFloat32, false, true);
+}
+
+Status ShardedParameters::SetResidual(int64_t block, int64_t group, const torch::Tensor& values) {
+  TIDAL_ASSIGN_OR_RETURN(Block * b, CompressedBlock(block, group));
+  torch::Tensor& r = b->residual[group - first_group()];
+  if (values.numel() != r.numel())
+    return InvalidArgument("block " + std::to_string(block) + ": a residual of " +
+                           std::to_string(values.numel()) + " elements for " +
+                           std::to_string(r.numel()));
+  torch::NoGradGuard no_grad;
+  r.copy_(values.reshape({-1}));
+  return OkStatus();
+}
 
 // Elements of `flat` this rank keeps: its 1/W at stage 3; below, all of them (padded to W where
 // the collectives need it: trainable flats are reduced; frozen ones never are).
@@ -403,6 +621,7 @@ std::vector<KeptBaseWeights::Segment> ShardedParameters::FrozenShards() const {
 }
 
 KeptBaseWeights ShardedParameters::ReleaseBaseWeights() {
+  (void)StopExchange(/*abort=*/true);
   KeptBaseWeights kept;
   for (KeptBaseWeights::Segment& shard : FrozenShards())
     kept.blocks.push_back({shard.lo, std::move(shard.data), {}});
@@ -489,12 +708,24 @@ StatusOr<torch::Tensor> ShardedParameters::Forward(const ForwardContext& ctx) {
 Status ShardedParameters::AfterMicroBatchBackward() {
   if (options_.stage == 3) return OkStatus();  // backward added to grad_sum already
   torch::NoGradGuard no_grad;
+  if (compressing_) {
+    // The hooks took this micro-batch's gradient into group_sum; what autograd accumulated in
+    // the flat is dropped. A block the hooks did not complete (a leaf without a gradient in
+    // this micro-batch) is compressed here.
+    for (size_t b = 0; b < blocks_.size(); ++b) {
+      if (blocks_[b]->trainable.numel == 0) continue;
+      blocks_[b]->grad.zero_();
+      if (last_of_group_) CompressBlock(b, group_);
+    }
+    return OkStatus();
+  }
   for (auto& block : blocks_) {
     if (block->trainable.numel == 0) continue;
     auto micro = block->grad.to(torch::kFloat64);
     if (options_.stage == 2) {  // only the slice is accumulated across micro-batches
       auto slice = torch::empty_like(block->grad_sum);
       TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(micro, slice));
+      if (comm_.world_size() > 1) traffic_.payload_bytes += micro.numel() * 8;
       block->grad_sum.add_(slice);
     } else {
       block->grad_sum.add_(micro);
@@ -567,21 +798,37 @@ Status ShardedParameters::SetTrainableHeld(int64_t block, const torch::Tensor& v
 StatusOr<std::vector<TrainableSlice>> ShardedParameters::ReduceGradients() {
   torch::NoGradGuard no_grad;
   const int64_t world = comm_.world_size(), rank = comm_.rank();
+  if (compressing_) {  // the exchanges still in flight finish; they filled grad_sum
+    const auto start = std::chrono::steady_clock::now();
+    for (size_t b = 0; b < blocks_.size(); ++b)
+      if (blocks_[b]->trainable.numel > 0 && blocks_[b]->compressed_group < local_groups() - 1)
+        return Internal("gradient compression: block " + std::to_string(b) +
+                        " reached the step's reduction with groups left uncompressed");
+    TIDAL_RETURN_IF_ERROR(StopExchange(/*abort=*/false));
+    traffic_.exchange_wait_seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
   std::vector<TrainableSlice> slices;
   for (size_t b = 0; b < blocks_.size(); ++b) {
     Flat& flat = blocks_[b]->trainable;
     if (flat.numel == 0) continue;
     torch::Tensor param = flat.data.detach();
     torch::Tensor sum = blocks_[b]->grad_sum;  // fp64
-    if (world > 1) {
+    if (world > 1 && compressing_) {
+      const int64_t slice = flat.padded / world;
+      if (options_.stage == 1) sum = sum.narrow(0, rank * slice, slice);
+      if (options_.stage >= 1) param = param.narrow(0, rank * slice, slice);
+    } else if (world > 1) {
       const int64_t slice = flat.padded / world;
       switch (options_.stage) {
         case 0:
           TIDAL_RETURN_IF_ERROR(comm_.AllReduceSum(sum));
+          traffic_.payload_bytes += sum.numel() * 8;
           break;
         case 1: {
           auto reduced = torch::empty({slice}, sum.options());
           TIDAL_RETURN_IF_ERROR(comm_.ReduceScatterSum(sum, reduced));
+          traffic_.payload_bytes += sum.numel() * 8;
           sum = reduced;
           param = param.narrow(0, rank * slice, slice);
           break;
@@ -601,20 +848,30 @@ StatusOr<std::vector<TrainableSlice>> ShardedParameters::ReduceGradients() {
 
 void ShardedParameters::DiscardGradients() {
   torch::NoGradGuard no_grad;
+  (void)StopExchange(/*abort=*/true);  // nothing was exchanged: the caller agreed before
+  compressing_ = false;
   for (auto& block : blocks_) {
     if (block->trainable.numel == 0) continue;
+    if (block->group_sum.defined()) block->group_sum.zero_();
+    for (torch::Tensor& r : block->next_residual) r = torch::Tensor();
     if (block->grad.defined()) block->grad.zero_();
     if (options_.stage == 3) block->trainable.data.mutable_grad() = torch::Tensor();
     block->grad_sum.zero_();
   }
 }
 
-Status ShardedParameters::FinishStep() {
+Status ShardedParameters::FinishStep(bool keep_residuals) {
   torch::NoGradGuard no_grad;
   const int64_t world = comm_.world_size(), rank = comm_.rank();
   for (auto& block : blocks_) {
     Flat& flat = block->trainable;
     if (flat.numel == 0) continue;
+    if (compressing_) {
+      if (keep_residuals) block->residual.swap(block->next_residual);
+      for (torch::Tensor& r : block->next_residual) r = torch::Tensor();
+      block->message = torch::Tensor();
+      for (SparseGradient& sent : block->sent) sent = {};
+    }
     if (world > 1 && (options_.stage == 1 || options_.stage == 2)) {
       auto full = flat.data.detach();
       const int64_t slice = flat.padded / world;
@@ -624,6 +881,7 @@ Status ShardedParameters::FinishStep() {
     if (options_.stage == 3) flat.data.mutable_grad() = torch::Tensor();
     block->grad_sum.zero_();
   }
+  compressing_ = false;
   return OkStatus();
 }
 

@@ -39,6 +39,42 @@ TEST(TrainingJobSpecTest, TheExampleParsesWithItsWindowAndDefaults) {
 }
 
 // Each kind of bad spec, alone, is refused with a message naming its field.
+TEST(TrainingJobSpecTest, GradientCompressionGroupsDefaultToTheLcmOfTheAllowedGpuCounts) {
+  json spec = Example();  // minGPUs 2, maxGPUs 4, globalBatchSize 8 by micro 2: 2 and 4 GPUs
+  spec["optimization"]["zeroStage"] = 2;
+  spec["optimization"]["gradientCompression"] = {{"method", "topk"}};
+  auto parsed = ParseTrainingJobSpec(spec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->train.optimization.gradient_compression.groups, 4);
+  EXPECT_EQ(parsed->AllowedGpuCounts(), (std::vector<int64_t>{2, 4}));
+  // Off: nothing resolved.
+  spec["optimization"]["gradientCompression"] = {{"method", "none"}};
+  auto off = ParseTrainingJobSpec(spec);
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->train.optimization.gradient_compression.groups, 0);
+}
+
+TEST(TrainingJobSpecTest, GradientCompressionGroupsThatAGpuCountDoesNotDivideAreRefused) {
+  json spec = Example();
+  spec["optimization"]["zeroStage"] = 1;
+  spec["optimization"]["gradientCompression"] = {{"method", "topk"}, {"groups", 2}};
+  auto parsed = ParseTrainingJobSpec(spec);  // maxGPUs 4 cannot hold 2 groups
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find(
+                "spec.elastic.maxGPUs: 4 does not divide spec.optimization.gradientCompression."
+                "groups (2)"),
+            std::string::npos)
+      << parsed.status().message();
+  // More groups than micro-batches: 8 / 2 = 4 micro-batches a step.
+  spec["optimization"]["gradientCompression"]["groups"] = 8;
+  parsed = ParseTrainingJobSpec(spec);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("spec.optimization.gradientCompression.groups: 8 does "
+                                           "not divide globalBatchSize / microBatchSize = 4"),
+            std::string::npos)
+      << parsed.status().message();
+}
+
 TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
   struct Case {
     const char* pointer;

@@ -147,6 +147,73 @@ TEST(TrainConfigTest, WorldSizeThatDoesNotDivideTheGlobalBatchIsRefused) {
   EXPECT_NE(s.message().find("2 × 3 = 6"), std::string::npos) << s.message();
 }
 
+TEST(TrainConfigTest, GradientCompressionIsOffByDefaultAndTopkReadsItsFields) {
+  auto off = Parse(kValid);
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->optimization.gradient_compression.enabled());
+  auto on = Parse(R"(
+model: {preset: tiny}
+dataset: {uri: data/x.jsonl}
+optimization:
+  zeroStage: 1
+  globalBatchSize: 24
+  gradientCompression: {method: topk, ratio: 0.01, warmupSteps: 3, groups: 4}
+)");
+  ASSERT_TRUE(on.ok()) << on.status().ToString();
+  const auto& gc = on->optimization.gradient_compression;
+  EXPECT_TRUE(gc.enabled());
+  EXPECT_DOUBLE_EQ(gc.ratio, 0.01);
+  EXPECT_EQ(gc.warmup_steps, 3);
+  EXPECT_EQ(gc.GroupsAt(2), 4);
+  EXPECT_TRUE(on->ValidateForWorldSize(2).ok());
+  EXPECT_TRUE(on->ValidateForWorldSize(4).ok());
+  // 8 ranks cannot hold 4 groups; 3 does not divide them (both split the batch of 24).
+  for (int world : {3, 8}) {
+    Status s = on->ValidateForWorldSize(world);
+    ASSERT_FALSE(s.ok()) << world;
+    EXPECT_NE(s.message().find("spec.optimization.gradientCompression.groups: 4"),
+              std::string::npos)
+        << s.message();
+  }
+  // 16 groups of 24 micro-batches: not whole.
+  auto uneven = *on;
+  uneven.optimization.gradient_compression.groups = 16;
+  Status s = uneven.ValidateForWorldSize(4);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("divide globalBatchSize / microBatchSize = 24"), std::string::npos)
+      << s.message();
+}
+
+TEST(TrainConfigTest, EachBadGradientCompressionFieldIsNamed) {
+  auto with = [](const std::string& compression, int stage = 2) {
+    return "model: {preset: tiny}\ndataset: {uri: data/x.jsonl}\noptimization: {zeroStage: " +
+           std::to_string(stage) + ", gradientCompression: " + compression + "}\n";
+  };
+  EXPECT_NE(ErrorOf(with("{method: randk}")).find("gradientCompression.method"), std::string::npos);
+  for (const char* ratio : {"0", "-0.5", "1.5", "\"half\""})
+    EXPECT_NE(ErrorOf(with(std::string("{method: topk, ratio: ") + ratio + "}"))
+                  .find("spec.optimization.gradientCompression.ratio"),
+              std::string::npos)
+        << ratio;
+  EXPECT_NE(ErrorOf(with("{method: topk, warmupSteps: -1}"))
+                .find("spec.optimization.gradientCompression.warmupSteps"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(with("{method: topk, groups: -2}"))
+                .find("spec.optimization.gradientCompression.groups"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(with("{method: topk, rate: 0.1}")).find("gradientCompression.rate"),
+            std::string::npos);
+  EXPECT_NE(ErrorOf(with("topk")).find("spec.optimization.gradientCompression"), std::string::npos);
+  // Stage 3 keeps only a shard of each gradient: refused with the reason and the way out.
+  const std::string stage3 = ErrorOf(with("{method: topk}", 3));
+  EXPECT_NE(stage3.find("spec.optimization.gradientCompression.method: topk needs zeroStage 0, "
+                        "1 or 2"),
+            std::string::npos)
+      << stage3;
+  // Off at stage 3 is fine.
+  EXPECT_TRUE(Parse(with("{method: none}", 3)).ok());
+}
+
 TEST(TrainConfigTest, ManifestWithWrongKindOrNonStringFieldsIsRefusedNotCrashed) {
   EXPECT_NE(ErrorOf("kind: 3\nspec: {}\n").find("kind: expected TrainingJob"), std::string::npos);
   EXPECT_NE(ErrorOf("apiVersion: tidal.dev/v1alpha1\nspec: {}\n").find("kind"), std::string::npos);
