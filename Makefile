@@ -76,6 +76,7 @@ bench: build bench-kube bench-checkpoint bench-operator
 	bench/step_time_vs_python.sh $(BUILD_DIR)
 	bench/auto_micro_batch.sh $(BUILD_DIR) small
 	bench/gradient_compression.sh $(BUILD_DIR) tiny 12 4 0.05
+	bench/checkpoint_compression.sh $(BUILD_DIR) small 20
 	tools/venv/bin/python3 bench/gloo_collectives.py
 
 # The engine against transformers + PEFT on a GPU host: `make bench-gpu-pack` here, then

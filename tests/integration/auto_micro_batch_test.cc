@@ -12,26 +12,18 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "tests/integration/process.h"
+#include "tests/integration/train_run.h"
 
 namespace tidal::testing {
 namespace {
 
-using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr int kSteps = 12;
-
-struct TrainRun {
-  ProcessResult result;
-  std::map<int64_t, json> steps;  // step → rank 0's line
-  std::vector<json> logs;         // stderr's JSON lines
-};
 
 class AutoMicroBatchTest : public ::testing::Test {
  protected:
@@ -63,20 +55,7 @@ class AutoMicroBatchTest : public ::testing::Test {
     argv.insert(argv.end(),
                 {TIDAL_TRAIN_BIN, "--config", config, "--nproc", std::to_string(nproc)});
     argv.insert(argv.end(), flags.begin(), flags.end());
-    TrainRun run;
-    run.result = RunProcess(argv, 300s);
-    for (const std::string* text : {&run.result.out, &run.result.err}) {
-      std::istringstream in(*text);
-      for (std::string line; std::getline(in, line);) {
-        auto j = json::parse(line, nullptr, false);
-        if (!j.is_object()) continue;
-        if (text == &run.result.out && j.contains("step"))
-          run.steps[j["step"].get<int64_t>()] = j;
-        else if (text == &run.result.err)
-          run.logs.push_back(j);
-      }
-    }
-    return run;
+    return RunTrain(argv);
   }
   static void ExpectSameLosses(const TrainRun& run, const TrainRun& reference) {
     ASSERT_EQ(run.steps.size(), static_cast<size_t>(kSteps)) << run.result.err;

@@ -10,13 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
-#include "tests/integration/process.h"
+#include "tests/integration/train_run.h"
 
 namespace tidal::testing {
 namespace {
@@ -29,12 +29,6 @@ using nlohmann::json;
 // (2e-4): the mean loss of the last five of 30 steps within 8 % of the uncompressed run's
 // (measured: 3.5 %; top-k with Adam lags the dense run, more at higher learning rates).
 constexpr double kMargin = 0.08;
-
-struct TrainRun {
-  ProcessResult result;
-  std::map<int64_t, json> steps;  // step → rank 0's line
-  std::vector<json> logs;         // stderr's JSON lines
-};
 
 class GradientCompressionTest : public ::testing::Test {
  protected:
@@ -65,20 +59,7 @@ class GradientCompressionTest : public ::testing::Test {
     std::vector<std::string> argv = {TIDAL_TRAIN_BIN, "--config", config, "--nproc",
                                      std::to_string(nproc)};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    TrainRun run;
-    run.result = RunProcess(argv, 300s);
-    for (const std::string* text : {&run.result.out, &run.result.err}) {
-      std::istringstream in(*text);
-      for (std::string line; std::getline(in, line);) {
-        auto j = json::parse(line, nullptr, false);
-        if (!j.is_object()) continue;
-        if (text == &run.result.out && j.contains("step"))
-          run.steps[j["step"].get<int64_t>()] = j;
-        else if (text == &run.result.err)
-          run.logs.push_back(j);
-      }
-    }
-    return run;
+    return RunTrain(argv);
   }
   static void ExpectSameLosses(const TrainRun& run, const TrainRun& reference, int64_t from,
                                int64_t to) {
@@ -189,10 +170,20 @@ TEST_F(GradientCompressionTest, ResumeAndRescaleRestoreTheResidualsAndContinueTh
   std::set<std::string> groups;
   for (const json& t : manifest["tensors"]) {
     const std::string name = t["name"];
-    if (name.rfind("compression.residual.", 0) == 0)
-      groups.insert(name.substr(21, name.find('.', 21) - 21));
+    const std::string prefix = "optimizer.residual.";
+    if (name.rfind(prefix, 0) == 0)
+      groups.insert(name.substr(prefix.size(), name.find('.', prefix.size()) - prefix.size()));
   }
   EXPECT_EQ(groups, (std::set<std::string>{"0", "1", "2", "3"}));
+  // The PEFT export takes the adapter and leaves the residuals out, as it does the moments.
+  const ProcessResult exported =
+      RunProcess({TIDAL_EXPORT_BIN, "--checkpoint", ref, "--out", dir_ + "/adapter"}, 120s);
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  std::ifstream adapter(dir_ + "/adapter/adapter_model.safetensors", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(adapter)), {});
+  EXPECT_GT(bytes.size(), 8u);
+  EXPECT_EQ(bytes.find("residual"), std::string::npos);
+  EXPECT_NE(bytes.find("lora_A"), std::string::npos);
   for (int nproc : {2, 4, 1}) {
     const std::string copy = dir_ + "/at" + std::to_string(nproc);
     fs::create_directories(copy);

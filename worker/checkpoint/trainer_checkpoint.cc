@@ -26,11 +26,12 @@ using nlohmann::json;
 
 constexpr const char* kExpAvg = "optimizer.exp_avg.";
 constexpr const char* kExpAvgSq = "optimizer.exp_avg_sq.";
-// Gradient compression's residual of group g: "compression.residual.<g>." + parameter name, at
-// the parameter's shape. Saved in full checkpoints by the rank holding the group; a resume reads
-// the groups it holds now, at any world size.
+// Gradient compression's residual of group g: "optimizer.residual.<g>." + parameter name, at
+// the parameter's shape (under "optimizer.", which the adapter export leaves out, as it does the
+// moments). Saved in full checkpoints by the rank holding the group; a resume reads the groups
+// it holds now, at any world size.
 std::string ResidualName(int64_t group, const std::string& param) {
-  return "compression.residual." + std::to_string(group) + "." + param;
+  return "optimizer.residual." + std::to_string(group) + "." + param;
 }
 
 std::string NowRfc3339() {
