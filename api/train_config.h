@@ -70,7 +70,8 @@ struct WarmupSpec {
 // The selection is made per compression group, a fixed share of the global batch's
 // micro-batches (`groups` of them, each rank holding groups / world size), not per rank: the
 // curve is then the same at every world size that divides `groups`, and a rescale keeps it.
-// groups 0: the world size (the curve then changes when the world size does).
+// groups 0: the world size (the curve then changes when the world size does; the workers keep
+// the spec they started with, so it is not derived from the editable spec.elastic).
 struct GradientCompressionSpec {
   std::string method = "none";  // none | topk
   double ratio = 0.05;          // (0, 1]

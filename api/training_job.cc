@@ -4,7 +4,6 @@
 #include <date/tz.h>
 
 #include <algorithm>
-#include <numeric>
 #include <regex>
 #include <set>
 
@@ -315,15 +314,6 @@ StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const json& spec) {
     }
   }
   CheckSizes(j, errors);
-  // gradientCompression.groups left out: the least common multiple of the GPU counts the job
-  // can run at (a divisor of globalBatchSize / microBatchSize, as each of them is), so that every
-  // rescale keeps the curve; at the largest count each rank compresses one group.
-  if (auto& gc = j.train.optimization.gradient_compression;
-      errors.empty() && gc.enabled() && gc.groups == 0) {
-    int64_t groups = 1;
-    for (int64_t n : j.AllowedGpuCounts()) groups = std::lcm(groups, n);
-    gc.groups = groups;
-  }
   if (!errors.empty()) {
     std::string message;
     for (const std::string& e : errors) {

@@ -206,9 +206,6 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
   auto config = tidal::engine::TrainConfigFromJson(doc, base);
   if (!config.ok()) return config.status().WithContext(a.spec);
   config->name = name;
-  // What the job's GPU counts resolve gradientCompression.groups to (ParseTrainingJobSpec).
-  config->optimization.gradient_compression.groups =
-      job->train.optimization.gradient_compression.groups;
 
   tidal::worker::RuntimeOptions o;
   o.config = std::move(*config);

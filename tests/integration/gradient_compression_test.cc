@@ -6,6 +6,7 @@
 // continues the uninterrupted compressed curve.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -199,22 +200,40 @@ TEST_F(GradientCompressionTest, ResumeAndRescaleRestoreTheResidualsAndContinueTh
 }
 
 TEST_F(GradientCompressionTest,
-       WithoutGroupsAResumeAtAnotherWorldSizeRegroupsTheResidualsAndSaysSo) {
-  const std::string config = Config("default", 0, "{method: topk, ratio: 0.05, warmupSteps: 2}", 8);
+       WithoutGroupsARescaleRegroupsTheResidualsSaysSoAndMovesTheCurveByAMeasuredAmount) {
+  // groups left out: one group per rank, so a resume at 4 ranks of a 2-rank checkpoint
+  // regroups the residuals (their sum kept) and continues on the 4-group curve.
+  const std::string config =
+      Config("default", 0, "{method: topk, ratio: 0.05, warmupSteps: 2}", 16);
   const std::string ref = dir_ + "/ref";
-  const TrainRun first = Train(config, 2, {"--checkpoint-uri", ref, "--full-every", "4"});
-  ASSERT_EQ(first.result.exit_code, 0) << first.result.err;
+  const TrainRun uninterrupted = Train(config, 2, {"--checkpoint-uri", ref, "--full-every", "8"});
+  ASSERT_EQ(uninterrupted.result.exit_code, 0) << uninterrupted.result.err;
   const std::string copy = dir_ + "/at4";
   fs::create_directories(copy);
-  fs::copy(ref + "/step-00000004", copy + "/step-00000004", fs::copy_options::recursive);
+  fs::copy(ref + "/step-00000008", copy + "/step-00000008", fs::copy_options::recursive);
   const TrainRun resumed = Train(config, 4, {"--checkpoint-uri", copy});
   ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.err;
-  EXPECT_EQ(resumed.steps.size(), 4u);
+  ASSERT_EQ(resumed.steps.size(), 8u);
   bool regrouped = false;
   for (const json& j : resumed.logs)
     if (j.value("msg", "").rfind("gradient compression groups changed", 0) == 0)
       regrouped = j.value("saved_groups", 0) == 2 && j.value("groups", 0) == 4;
   EXPECT_TRUE(regrouped) << resumed.result.err;
+  // Step 9's loss is the checkpoint's weights' (the residuals act from its update on); after
+  // it the curve is the 4-group one, apart from the uninterrupted run by what docs/engine.md
+  // states (0.1 % two steps after the rescale, a few % twenty steps after, at this rate).
+  double largest = 0;
+  for (const auto& [step, line] : resumed.steps) {
+    const double want = uninterrupted.steps.at(step)["loss"].get<double>();
+    const double off = std::abs(line["loss"].get<double>() - want) / want;
+    if (step == 9) EXPECT_LE(off, 1e-5);
+    largest = std::max(largest, off);
+  }
+  std::cout << "largest relative loss difference over steps 9-16 after a 2 -> 4 rescale without "
+               "groups: "
+            << largest * 100 << " %\n";
+  EXPECT_GT(largest, 1e-5) << "regrouping left the curve as it was: the groups did not change";
+  EXPECT_LT(largest, 0.05);
 }
 
 }  // namespace

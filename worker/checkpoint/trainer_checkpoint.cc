@@ -145,6 +145,8 @@ Status LoadResiduals(Trainer& trainer, Repository& repo, const Manifest& manifes
     saved = it->get<int64_t>();
   }
   const std::string where = repo.store().uri() + "/" + StepDirectory(manifest.step);
+  // Whatever an earlier attempt (a newer checkpoint that failed to load) left is dropped.
+  params.ClearResiduals();
   if (saved == 0 || layout.empty() ||
       manifest.Find(ResidualName(0, layout[0].params[0].name)) == nullptr) {
     Logger::Get().Log("warn",
@@ -205,6 +207,7 @@ Status LoadStep(Trainer& trainer, Repository& repo, int64_t step) {
   bool has_moments = manifest.kind == CheckpointKind::kFull && !layout.empty() &&
                      manifest.Find(kExpAvg + layout[0].params[0].name) != nullptr;
   if (!has_moments) {
+    trainer.parameters().ClearResiduals();
     if (trainer.parameters().compression_groups() > 0)
       Logger::Get().Log("warn",
                         "resuming without gradient compression residuals: they start from zero",

@@ -5,7 +5,7 @@
 // global batch's micro-batches, api/train_config.h GradientCompressionSpec) the gradient sent is
 // the k entries of largest magnitude of u = g + e, where e is what the group did not send
 // before; e becomes u with those k entries zeroed. Nothing of the gradient is lost, only
-// delayed: Σ sent + e_after = Σ gradients + e_before, exactly in fp32 for each entry.
+// delayed: sent + e_after = u = fp32(g) + e_before, entry by entry, with u rounded once.
 #pragma once
 
 #include <cstdint>

@@ -364,7 +364,10 @@ Status Trainer::AgreeAutoMicroBatch() {
 }
 
 int64_t Trainer::MaxAutoMicroBatch() const {
-  return auto_micro_.cap > 0 ? std::min(accumulation_, auto_micro_.cap) : accumulation_;
+  // Under gradient compression a pass holds one group's rows at most.
+  const int64_t groups = std::max<int64_t>(1, params_->local_groups());
+  const int64_t rows = accumulation_ / groups;
+  return auto_micro_.cap > 0 ? std::min(rows, auto_micro_.cap) : rows;
 }
 
 // ×1.2, and at least one more: the teams' DynamicBatcher's step.

@@ -114,7 +114,7 @@ class Trainer {
   // loss and masks of micro-batch 1. An out-of-memory all ranks agree on sets *out_of_memory
   // and returns with the step's gradients dropped and nothing else changed.
   StatusOr<StepRecord> RunStep(int64_t micro, bool per_row, bool* out_of_memory = nullptr);
-  int64_t MaxAutoMicroBatch() const;  // the rows per rank, or the cap
+  int64_t MaxAutoMicroBatch() const;  // the rows per rank (per group), or the cap
   Status AgreeAutoMicroBatch();
   int64_t NextAutoMicroBatch() const;  // the size a growth goes to
 

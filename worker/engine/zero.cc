@@ -320,7 +320,7 @@ Status ShardedParameters::ExchangeBlock(size_t b) {
     block.grad_sum.copy_(dense.narrow(0, comm_.rank() * (t.padded / world), t.padded / world));
   else
     block.grad_sum.copy_(dense);
-  traffic_.payload_bytes += block.message.numel() * 4;
+  if (world > 1) traffic_.payload_bytes += block.message.numel() * 4;
   return OkStatus();
 }
 
@@ -354,6 +354,12 @@ StatusOr<ShardedParameters::Block*> ShardedParameters::CompressedBlock(int64_t b
 StatusOr<torch::Tensor> ShardedParameters::Residual(int64_t block, int64_t group) const {
   TIDAL_ASSIGN_OR_RETURN(Block * b, CompressedBlock(block, group));
   return b->residual[group - first_group()].to(torch::kCPU, torch::kFloat32, false, true);
+}
+
+void ShardedParameters::ClearResiduals() {
+  torch::NoGradGuard no_grad;
+  for (auto& block : blocks_)
+    for (torch::Tensor& r : block->residual) r.zero_();
 }
 
 Status ShardedParameters::SetResidual(int64_t block, int64_t group, const torch::Tensor& values) {

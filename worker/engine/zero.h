@@ -220,6 +220,8 @@ class ShardedParameters {
   int64_t local_groups() const;
   int64_t first_group() const { return comm_.rank() * local_groups(); }
   StatusOr<torch::Tensor> Residual(int64_t block, int64_t group) const;
+  // Every residual of this rank back to zero (a resume from a checkpoint without them).
+  void ClearResiduals();
   Status SetResidual(int64_t block, int64_t group, const torch::Tensor& values);
 
   // Whether the squared gradient norms of this rank's slices must be summed over ranks.

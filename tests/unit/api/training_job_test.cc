@@ -39,19 +39,20 @@ TEST(TrainingJobSpecTest, TheExampleParsesWithItsWindowAndDefaults) {
 }
 
 // Each kind of bad spec, alone, is refused with a message naming its field.
-TEST(TrainingJobSpecTest, GradientCompressionGroupsDefaultToTheLcmOfTheAllowedGpuCounts) {
+TEST(TrainingJobSpecTest, GradientCompressionGroupsSetLimitTheGpuCountsAndUnsetLimitNone) {
   json spec = Example();  // minGPUs 2, maxGPUs 4, globalBatchSize 8 by micro 2: 2 and 4 GPUs
   spec["optimization"]["zeroStage"] = 2;
   spec["optimization"]["gradientCompression"] = {{"method", "topk"}};
-  auto parsed = ParseTrainingJobSpec(spec);
-  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
-  EXPECT_EQ(parsed->train.optimization.gradient_compression.groups, 4);
-  EXPECT_EQ(parsed->AllowedGpuCounts(), (std::vector<int64_t>{2, 4}));
-  // Off: nothing resolved.
-  spec["optimization"]["gradientCompression"] = {{"method", "none"}};
-  auto off = ParseTrainingJobSpec(spec);
-  ASSERT_TRUE(off.ok());
-  EXPECT_EQ(off->train.optimization.gradient_compression.groups, 0);
+  auto unset = ParseTrainingJobSpec(spec);  // one group per rank, whatever the count
+  ASSERT_TRUE(unset.ok()) << unset.status().message();
+  EXPECT_EQ(unset->train.optimization.gradient_compression.groups, 0);
+  EXPECT_EQ(unset->AllowedGpuCounts(), (std::vector<int64_t>{2, 4}));
+  // 4 groups: both counts hold whole groups; the planner offers only counts that divide them.
+  spec["optimization"]["gradientCompression"]["groups"] = 4;
+  spec["elastic"]["minGPUs"] = 1;
+  auto set = ParseTrainingJobSpec(spec);
+  ASSERT_TRUE(set.ok()) << set.status().message();
+  EXPECT_EQ(set->AllowedGpuCounts(), (std::vector<int64_t>{1, 2, 4}));
 }
 
 TEST(TrainingJobSpecTest, GradientCompressionGroupsThatAGpuCountDoesNotDivideAreRefused) {
