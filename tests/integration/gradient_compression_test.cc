@@ -157,6 +157,29 @@ TEST_F(GradientCompressionTest, WithGroupsFixedTheCompressedCurveIsTheSameAtOneT
       << eight.result.err;
 }
 
+TEST_F(GradientCompressionTest, UnderAutoMicroBatchAPassHoldsOneGroupsRowsAndTheCurveIsUnchanged) {
+  // 16 rows, 4 groups, 2 ranks: 8 rows per rank in two groups of 4. Auto grows to the group's 4
+  // rows, not the rank's 8, and (the exchanges waiting for the ranks' out-of-memory agreement)
+  // gives the curve of fixed micro-batches of 1.
+  const std::string compression = "{method: topk, ratio: 0.05, warmupSteps: 2, groups: 4}";
+  const TrainRun fixed = Train(Config("fixed", 1, compression, 12), 2);
+  ASSERT_EQ(fixed.result.exit_code, 0) << fixed.result.err;
+  std::string config = Config("auto", 1, compression, 12);
+  {  // the same job at microBatchSize auto
+    std::ifstream in(config);
+    std::string text((std::istreambuf_iterator<char>(in)), {});
+    const std::string from = "microBatchSize: 1";
+    text.replace(text.find(from), from.size(), "microBatchSize: auto");
+    std::ofstream(config) << text;
+  }
+  const TrainRun grown = Train(config, 2);
+  ExpectSameLosses(grown, fixed, 1, 12);
+  int64_t largest = 0;
+  for (const auto& [step, line] : grown.steps)
+    largest = std::max(largest, line["micro_batch"].get<int64_t>());
+  EXPECT_EQ(largest, 4) << grown.result.err;
+}
+
 TEST_F(GradientCompressionTest, ResumeAndRescaleRestoreTheResidualsAndContinueTheCompressedCurve) {
   const std::string config =
       Config("resumed", 1, "{method: topk, ratio: 0.05, warmupSteps: 2, groups: 4}", 20);
