@@ -101,6 +101,7 @@ void ReadElastic(const json& spec, ElasticSpec& e, std::vector<std::string>& err
 void ReadCheckpoint(const json& spec, CheckpointSpec& c, std::vector<std::string>& errors) {
   Section s(spec, "checkpoint", "spec", errors);
   s.String("uri", c.uri);
+  s.String("resumeFrom", c.resume_from);
   s.String("credentialsSecret", c.credentials_secret);
   s.IntOrAuto("fullEverySteps", c.full_every_steps, c.full_every_auto);
   if (c.full_every_auto) c.full_every_steps = 0;
@@ -117,6 +118,12 @@ void ReadCheckpoint(const json& spec, CheckpointSpec& c, std::vector<std::string
   s.Int("buddyEverySteps", c.buddy_every_steps);
   if (!c.uri.empty())
     if (std::string why = CheckStoreUri(c.uri); !why.empty()) s.Error("uri", why);
+  if (!c.resume_from.empty())
+    if (std::string why = CheckStoreUri(c.resume_from); !why.empty()) s.Error("resumeFrom", why);
+  if (!c.resume_from.empty() && c.resume_from == c.uri)
+    s.Error("resumeFrom",
+            "is spec.checkpoint.uri itself: the job resumes its own checkpoints "
+            "anyway; name another job's store");
   if (!c.credentials_secret.empty() && !ValidSecretName(c.credentials_secret))
     s.Error("credentialsSecret",
             "\"" + c.credentials_secret + "\" is not a valid Secret name (RFC 1123 subdomain)");
@@ -221,6 +228,19 @@ void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
                        " does not divide spec.optimization.gradientCompression.groups (" +
                        std::to_string(o.gradient_compression.groups) + ")");
   }
+  // microBatchSize auto starts at 1 and grows to what fits: its steps may be this long only
+  // where memory is short, which the measurement reports; a fixed size is checked here.
+  if (!o.micro_batch_auto && SplitsBatch(o, e.min_gpus) &&
+      o.global_batch_size / (o.micro_batch_size * e.min_gpus) > spec::kMaxMicroBatchesPerStep)
+    errors.push_back(
+        "spec.optimization.globalBatchSize: " + std::to_string(o.global_batch_size) +
+        " sequences per step are " +
+        std::to_string(o.global_batch_size / (o.micro_batch_size * e.min_gpus)) +
+        " micro-batches of " + std::to_string(o.micro_batch_size) + " per rank at minGPUs " +
+        std::to_string(e.min_gpus) + ", more than " +
+        std::to_string(spec::kMaxMicroBatchesPerStep) +
+        ": one step would hold every rescale, checkpoint and deletion for its whole length "
+        "(raise microBatchSize or minGPUs, or lower globalBatchSize)");
   const auto& gc = o.gradient_compression;
   if (gc.enabled() && gc.groups > 0 && o.global_batch_size % o.micro_batch_size == 0 &&
       (o.global_batch_size / o.micro_batch_size) % gc.groups != 0)
@@ -323,6 +343,18 @@ StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const json& spec) {
     return InvalidArgument(message);
   }
   return j;
+}
+
+StatusOr<TrainingJobSpec> ParseManagedJobSpec(const json& spec, std::string* refused_replicas) {
+  refused_replicas->clear();
+  StatusOr<TrainingJobSpec> parsed = ParseTrainingJobSpec(spec);
+  if (parsed.ok() || !spec.is_object() || !spec.contains("replicas")) return parsed;
+  json without = spec;
+  without.erase("replicas");
+  StatusOr<TrainingJobSpec> rest = ParseTrainingJobSpec(without);
+  if (!rest.ok()) return parsed;  // other faults: the whole message, replicas' included
+  *refused_replicas = parsed.status().message();
+  return rest;
 }
 
 }  // namespace tidal::api

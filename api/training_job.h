@@ -38,6 +38,9 @@ struct ElasticSpec {
 
 struct CheckpointSpec {
   std::string uri;  // "" = a volume of the job's own
+  // Checkpoints of another job (or run) to start from: the newest usable one in this store is
+  // read when the job's own store holds none, never written. "" = a new job starts fresh.
+  std::string resume_from;
   std::string credentials_secret;
   int64_t full_every_steps = 500, snapshot_every_steps = 100, keep = 3;
   // fullEverySteps: auto — the interval planned from the measured checkpoint cost and the
@@ -100,5 +103,13 @@ struct TrainingJobSpec {
 // `spec` is a TrainingJob's .spec. On failure the InvalidArgument lists every violation, one
 // per line, "spec.<path>: <what is wrong>".
 StatusOr<TrainingJobSpec> ParseTrainingJobSpec(const nlohmann::json& spec);
+
+// The operator's reading of a job it manages: as ParseTrainingJobSpec, except that a spec.replicas
+// that is the spec's only fault — `kubectl scale` to a count the job cannot run at, which the
+// scale subresource lets through — is left out, with why in `refused_replicas`: the job goes on
+// under its schedule and range (and is still recovered and rescaled) instead of stopping as an
+// invalid spec for as long as the override stands.
+StatusOr<TrainingJobSpec> ParseManagedJobSpec(const nlohmann::json& spec,
+                                              std::string* refused_replicas);
 
 }  // namespace tidal::api

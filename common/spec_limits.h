@@ -21,6 +21,11 @@ inline constexpr int64_t kMaxGpusPerPod = 64;
 inline constexpr int64_t kMaxGlobalBatchSize = int64_t{1} << 24;
 // Sequences per rank per forward pass.
 inline constexpr int64_t kMaxMicroBatchSize = 65536;
+// Most micro-batches one rank runs per optimizer step (at minGPUs, the longest case). Every
+// barrier (rescale, checkpoint, suspend, deletion) waits for a step boundary, so a step of
+// millions of micro-batches (globalBatchSize 2^24 at microBatchSize 1, accepted once) held every
+// one of them for hours. 4096 is 8x a 512-sequence batch at microBatchSize 1 on one GPU.
+inline constexpr int64_t kMaxMicroBatchesPerStep = 4096;
 // Tokens per packed sequence: 2^20 (1M-token contexts).
 inline constexpr int64_t kMaxSeqLen = int64_t{1} << 20;
 // LoRA rank: the widest hidden size of the supported families is 8,192; PEFT users stay in

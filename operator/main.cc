@@ -30,9 +30,10 @@ namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
-int Usage(const char* why) {
+// The usage on stderr, exit status 2 (a bad invocation), or with `help` on stdout, status 0.
+int Usage(const char* why, bool help = false) {
   if (why) std::fprintf(stderr, "tidal: %s\n", why);
-  std::fprintf(stderr,
+  std::fprintf(help ? stdout : stderr,
                "usage: tidal local [--data DIR] [--port P] [--nodes K] [--gpus N]\n"
                "                   [--image IMAGE=EXECUTABLE]...\n"
                "  --data DIR   state, certificates, kubeconfig and logs (default .tidal/local)\n"
@@ -55,11 +56,13 @@ int Usage(const char* why) {
                "  --lease-namespace NS  where the leader-election Lease lives (default:\n"
                "                     $POD_NAMESPACE, else default)\n"
                "  --default-checkpoint-root URI  checkpoints of jobs whose spec names no store\n"
-               "                     go to URI/<namespace>/<job>\n"
+               "                     go to URI/<namespace>/<job>/<job uid>\n"
                "  --metrics-address HOST:PORT  where /metrics is served (default :8080; \"\"\n"
                "                     serves none)\n");
-  return 2;
+  return help ? 0 : 2;
 }
+
+bool IsHelp(const std::string& flag) { return flag == "--help" || flag == "-h"; }
 
 bool ParseInt(const char* text, int& out) {
   char* end = nullptr;
@@ -75,6 +78,7 @@ int RunLocal(int argc, char** argv) {
   std::string metrics_address = "127.0.0.1:0";
   for (int i = 0; i < argc; ++i) {
     std::string flag = argv[i];
+    if (IsHelp(flag)) return Usage(nullptr, /*help=*/true);
     if (flag == "--no-operator") {
       run_operator = false;
       continue;
@@ -188,6 +192,7 @@ int RunOperator(int argc, char** argv) {
   std::string kubeconfig;
   for (int i = 0; i < argc; ++i) {
     std::string flag = argv[i];
+    if (IsHelp(flag)) return Usage(nullptr, /*help=*/true);
     if (flag == "--no-leader-elect") {
       m.leader_elect = false;
       continue;
@@ -272,6 +277,6 @@ int main(int argc, char** raw_argv) {
   std::string command = argv[1];
   if (command == "local") return RunLocal(argc - 2, argv + 2);
   if (command == "operator") return RunOperator(argc - 2, argv + 2);
-  if (command == "--help" || command == "-h" || command == "help") return Usage(nullptr) & 0;
+  if (IsHelp(command) || command == "help") return Usage(nullptr, /*help=*/true);
   return Usage(("unknown command " + command).c_str());
 }

@@ -138,8 +138,13 @@ if steps:
         steps[-1]["step"], " -> ".join("%d from step %d" % w for w in sizes)))
     print("  loss: %.4f at step %d -> %.4f at step %d" % (
         steps[0]["loss"], steps[0]["step"], steps[-1]["loss"], steps[-1]["step"]))
-ckpt = os.path.join(data, "checkpoints", "default", "demo")
-if os.path.isdir(ckpt):
+# The job's store: <root>/<namespace>/<name>/<job uid> (the newest, should the demo have run
+# before in this data directory).
+base = os.path.join(data, "checkpoints", "default", "demo")
+stores = [os.path.join(base, d) for d in os.listdir(base)] if os.path.isdir(base) else []
+stores = [d for d in stores if os.path.isdir(d)]
+ckpt = max(stores, key=os.path.getmtime) if stores else ""
+if ckpt:
     kept = sorted(d for d in os.listdir(ckpt) if d.startswith("step-"))
     print("  checkpoints kept in %s: %s" % (ckpt, ", ".join(kept)))
 print("  grew to 4 GPUs: %s; shrank back to 2: %s" % ("yes" if grew else "NO", "yes" if shrank else "NO"))

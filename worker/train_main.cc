@@ -173,6 +173,7 @@ StatusOr<Job> LoadJob(const Args& args) {
     if (parsed->checkpoint.full_every_auto) p.auto_full = parsed->checkpoint.auto_interval;
     p.snapshot_every = parsed->checkpoint.snapshot_every_steps;
     p.keep = static_cast<int>(parsed->checkpoint.keep);
+    p.start_from_uri = parsed->checkpoint.resume_from;  // --resume, from the spec
   }
   if (args.checkpoint_uri) p.uri = *args.checkpoint_uri;
   if (args.full_every) {

@@ -11,6 +11,7 @@
 // on while the operator moves the job off this pod live, and ends with its Shutdown call; only
 // when none comes within S seconds does the worker leave on its own, checkpointing to the store.
 // Environment fallbacks: TIDAL_SPEC_FILE, TIDAL_TOKEN_FILE, POD_IP, TIDAL_CHECKPOINT_URI,
+// TIDAL_JOB_UID (the job the checkpoint store belongs to),
 // TIDAL_S3_SECRET_DIR, TIDAL_INTRA_OP_THREADS, TIDAL_DRAIN_SECONDS; TIDAL_DATASET_STORE (set by
 // the operator) replaces spec.dataset.uri with the prepared store; TIDAL_KEEP_ENGINE=0 builds
 // the engine anew for every generation instead of keeping it (a baseline for benches);
@@ -199,7 +200,10 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
     if (auto md = doc.find("metadata"); md != doc.end() && md->is_object())
       if (auto n = md->find("name"); n != md->end() && n->is_string()) name = *n;
   }
-  auto job = tidal::api::ParseTrainingJobSpec(spec);
+  // spec.replicas is the operator's (the GPU count): one it refuses is no reason for a worker
+  // not to start (a replacement would never join).
+  std::string refused_replicas;
+  auto job = tidal::api::ParseManagedJobSpec(spec, &refused_replicas);
   if (!job.ok()) return job.status().WithContext(a.spec);
   const std::string base =
       a.base_dir.empty() ? std::filesystem::absolute(a.spec).parent_path().string() : a.base_dir;
@@ -221,6 +225,11 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
     return tidal::InvalidArgument(
         "spec.checkpoint.uri is empty and no --checkpoint-uri (TIDAL_CHECKPOINT_URI) was given: "
         "an elastic worker needs a checkpoint store");
+  // The job's UID (set by the operator on its pods): the store belongs to this job
+  // (Repository::Claim). Without it (a worker started by hand) nothing is claimed.
+  if (auto uid = env.find("TIDAL_JOB_UID"); uid != env.end() && !uid->second.empty())
+    o.policy.owner = {uid->second, o.config.namespace_, name};
+  o.policy.start_from_uri = job->checkpoint.resume_from;
   o.policy.full_every = job->checkpoint.full_every_steps;
   if (job->checkpoint.full_every_auto) o.policy.auto_full = job->checkpoint.auto_interval;
   o.policy.snapshot_every = job->checkpoint.snapshot_every_steps;
@@ -243,6 +252,7 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
         tidal::ParseIntFlag<int64_t>("TIDAL_READ_AHEAD_MAX_BYTES", cap->second, 0));
   }
   const bool any_s3 = o.policy.uri.rfind("s3://", 0) == 0 ||
+                      o.policy.start_from_uri.rfind("s3://", 0) == 0 ||
                       o.config.dataset.uri.rfind("s3://", 0) == 0 ||
                       o.config.dataset.prepared_uri.rfind("s3://", 0) == 0 ||
                       o.config.model.uri.rfind("s3://", 0) == 0;

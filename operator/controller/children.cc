@@ -48,6 +48,10 @@ std::string JobLabelValue(const std::string& job_name) {
 
 std::string ServiceName(const std::string& job_name) { return job_name + "-workers"; }
 std::string TokenSecretName(const std::string& job_name) { return job_name + "-token"; }
+
+std::string DefaultCheckpointUri(const std::string& root, const JobRef& job) {
+  return root + "/" + job.namespace_ + "/" + job.name + "/" + job.uid;
+}
 std::string SpecConfigMapName(const std::string& job_name) { return job_name + "-spec"; }
 std::string WorkerPodName(const std::string& job_name, int slot) {
   return job_name + "-worker-" + std::to_string(slot);
@@ -202,7 +206,10 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
 
   json env = json::array(
       {{{"name", "POD_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.podIP"}}}}}},
-       {{"name", "TIDAL_SLOT"}, {"value", std::to_string(options.slot)}}});
+       {{"name", "TIDAL_SLOT"}, {"value", std::to_string(options.slot)}},
+       // The job its checkpoint store belongs to: a job made again under the same name has
+       // another UID, and never resumes (or overwrites) the deleted one's checkpoints.
+       {{"name", "TIDAL_JOB_UID"}, {"value", job.uid}}});
   if (spec.checkpoint.uri.empty() && !options.default_checkpoint_uri.empty())
     env.push_back({{"name", "TIDAL_CHECKPOINT_URI"}, {"value", options.default_checkpoint_uri}});
   if (!options.dataset_store.empty())

@@ -60,8 +60,12 @@ struct JobRef {
 
 // Label values are at most 63 characters: longer job names are cut and suffixed with a hash.
 std::string JobLabelValue(const std::string& job_name);
-std::string ServiceName(const std::string& job_name);              // <job>-workers
-std::string TokenSecretName(const std::string& job_name);          // <job>-token
+std::string ServiceName(const std::string& job_name);      // <job>-workers
+std::string TokenSecretName(const std::string& job_name);  // <job>-token
+// The store of a job whose spec names none, under the operator's --default-checkpoint-root:
+// <root>/<namespace>/<name>/<uid>. The UID keeps a job made again under the same name (deleted
+// and re-applied) from resuming the deleted one's checkpoints.
+std::string DefaultCheckpointUri(const std::string& root, const JobRef& job);
 std::string SpecConfigMapName(const std::string& job_name);        // <job>-spec
 std::string WorkerPodName(const std::string& job_name, int slot);  // <job>-worker-<slot>
 // The pod group of one scale step: <job>-g<generation>.

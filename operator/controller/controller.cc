@@ -58,6 +58,7 @@ struct TrainingJobController::Landing {
   std::vector<PhaseChange> phase_changes;
   OperatorMetrics::JobFigures figures;
   bool restarted = false;
+  bool corrupt_resume = false;  // a resume skipped corrupt checkpoints (a CorruptCheckpoint Event)
   std::optional<std::pair<std::string, double>> rescale;  // its kind, the seconds it took
   std::vector<Event> events;
 };
@@ -117,6 +118,11 @@ StatusOr<WorkerReport> ReportOf(const pb::WorkerStatus& s) {
     r.checkpoint_uri = s.last_checkpoint().uri();
   }
   r.checkpoint_interval = CheckpointIntervalJson(s);
+  if (s.has_resumed_from()) {
+    r.resumed_from_step = s.resumed_from().step();
+    r.resumed_from_uri = s.resumed_from().uri();
+  }
+  r.skipped_checkpoints.assign(s.skipped_checkpoints().begin(), s.skipped_checkpoints().end());
   if (s.has_live_checkpoint()) r.live_step = s.live_checkpoint().step();
   r.last_error = s.last_error();
   r.last_error_permanent = s.last_error_permanent();
@@ -625,6 +631,7 @@ Status TrainingJobController::Reconcile(const std::string& key, PassOutcome* out
         plan.finished_rescale->kind,
         std::chrono::duration<double>(observed.now - plan.finished_rescale->started).count()};
   landing->events = plan.events;
+  for (const Event& e : plan.events) landing->corrupt_resume |= e.reason == "CorruptCheckpoint";
   at[3] = Steady::now();
   bool wrote = false;
   Status executed = Execute(*job, observed, plan, connections, std::move(status_write),
@@ -827,9 +834,12 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
   o.uid = md.value("uid", "");
   o.metadata_generation = md.value("generation", int64_t{0});
   o.deleting = md.contains("deletionTimestamp") && !md["deletionTimestamp"].is_null();
+  if (o.deleting && md["deletionTimestamp"].is_string())
+    if (auto t = kube::ParseRfc3339(md["deletionTimestamp"].get<std::string>()); t.ok())
+      o.deletion_started = *t;
   for (const json& f : md.value("finalizers", json::array())) o.has_finalizer |= f == kFinalizer;
   o.raw_spec = job.value("spec", json::object());
-  o.spec = api::ParseTrainingJobSpec(o.raw_spec);
+  o.spec = api::ParseManagedJobSpec(o.raw_spec, &o.refused_replicas);
   o.reconcile_failing = connections.reconcile_failing;
   ObserveStatus(job.value("status", json(nullptr)), o);
   if (!o.status_error.empty())
@@ -865,6 +875,10 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
   // asked too, and what they said is read by whichever pass comes next.
   RefreshTls(connections, o);
   const std::string token = TokenOf(o.namespace_, o.name);
+  if (!token.empty()) {
+    connections.token = token;
+    connections.token_uid = o.uid;
+  }
   // And follow each one's pushed status from now on (StatusFeed): its changes wake the job.
   // A steady job's rank 0 alone (FollowWorkers).
   std::map<std::string, std::shared_ptr<worker::WorkerApi>>& followed = connections.followable;
@@ -1121,6 +1135,7 @@ void TrainingJobController::Land(const Landing& landing, const json& job) {
     if (connections_.count(landing.key)) {
       m->SetJob(landing.namespace_, landing.name, landing.figures);
       if (landing.restarted) m->CountRestart(landing.namespace_, landing.name);
+      if (landing.corrupt_resume) m->CountCorruptResume(landing.namespace_, landing.name);
       if (landing.rescale) m->ObserveRescale(landing.rescale->first, landing.rescale->second);
     }
   }
@@ -1237,8 +1252,19 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           writes.push_back({a.kind, create(kube::Resource::Services(), HeadlessService(ref))});
           break;
         case Action::Kind::kEnsureTokenSecret: {
-          TIDAL_ASSIGN_OR_RETURN(std::string fresh, NewToken());
-          writes.push_back({a.kind, create(kube::Resource::Secrets(), TokenSecret(ref, fresh))});
+          // The token this job's workers hold, when it had one: its Secret was deleted under
+          // them. Emitted so that `kubectl describe` says why the Secret is back.
+          std::string known =
+              connections.token_uid == o.uid && !o.uid.empty() ? connections.token : "";
+          if (!known.empty()) {
+            recorder_.Record(job, "Warning", "TokenSecretRecreated",
+                             "Secret " + TokenSecretName(o.name) +
+                                 " was deleted while the job's workers hold its token: made again "
+                                 "with the same token");
+          } else {
+            TIDAL_ASSIGN_OR_RETURN(known, NewToken());
+          }
+          writes.push_back({a.kind, create(kube::Resource::Secrets(), TokenSecret(ref, known))});
           break;
         }
         case Action::Kind::kEnsureSpecConfig:
@@ -1264,8 +1290,7 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
           w.generation = a.generation;
           w.group_size = static_cast<int>(a.slots.size());
           if (!options_.default_checkpoint_root.empty())
-            w.default_checkpoint_uri =
-                options_.default_checkpoint_root + "/" + o.namespace_ + "/" + o.name;
+            w.default_checkpoint_uri = DefaultCheckpointUri(options_.default_checkpoint_root, ref);
           if (plan.status.data && plan.status.data->phase == "Ready")
             w.dataset_store = plan.status.data->store_uri;
           std::vector<json> pods;
@@ -1323,7 +1348,10 @@ Status TrainingJobController::Execute(const json& job, const Observed& o, const 
             if (std::shared_ptr<worker::WorkerApi> c = worker_of(pod))
               start(
                   pod, "barrier " + std::to_string(a.barrier_id),
-                  [c, timeout = options_.barrier_timeout, id = a.barrier_id, live = a.live] {
+                  [c,
+                   timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+                       options_.reconcile.barrier_timeout),
+                   id = a.barrier_id, live = a.live] {
                     return c->Checkpoint(/*pause=*/true, timeout, id, live).status();
                   },
                   /*wake=*/true);

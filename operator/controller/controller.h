@@ -39,11 +39,12 @@ class OperatorMetrics;
 
 struct ControllerOptions {
   std::string namespace_;  // "" watches every namespace
-  // Where a job's checkpoints go when its spec names no store: <root>/<namespace>/<job>.
+  // Where a job's checkpoints go when its spec names no store: <root>/<namespace>/<job>/<uid>.
   std::string default_checkpoint_root;
+  // The decision's options; its barrier_timeout is also how long one Checkpoint barrier call
+  // waits for its worker.
   ReconcileOptions reconcile;
   std::chrono::milliseconds status_timeout{std::chrono::seconds(3)};  // GetStatus per worker
-  std::chrono::milliseconds barrier_timeout{std::chrono::minutes(5)};
   // Reconciles running at once (never two of one job: the queue hands a key to one worker).
   // A pass mostly waits on the API server and the workers, so more than the cores helps.
   int workers = 4;
@@ -171,6 +172,10 @@ class TrainingJobController {
   };
   struct WorkerConnections {
     std::map<std::string, CachedClient> clients;
+    // The job token its workers were started with (read from its Secret), and the job's UID:
+    // a Secret deleted while they run is made again with this token, never a new one, which
+    // the running workers would refuse (a replaced generation beside the running one).
+    std::string token, token_uid;
     // Since when each silent worker has not answered, on the monotonic clock: a step of the
     // wall clock (NTP, a VM resumed) neither declares a worker lost nor forgives one.
     std::map<std::string, std::chrono::steady_clock::time_point> unreachable_since;

@@ -24,6 +24,7 @@ Plan Decider::Run() {
   if (ConditionIs(st_, "Ready", "InvalidSpec"))
     SetCondition(st_, "Ready", false, "SpecAccepted", "the spec is valid", o_.now,
                  o_.metadata_generation);
+  RefuseBadReplicas();
   if (st_.phase == Phase::kFailed) RetryAfterSpecEdit();
   if (st_.phase == Phase::kSucceeded || st_.phase == Phase::kFailed) return Finish();  // terminal
   EnsureChildren();
@@ -48,6 +49,7 @@ Plan Decider::Run() {
     if (DataReady()) StartGeneration(/*recovery=*/st_.generation > 0);
   } else if (!MoveOffLeavingMembers()) {
     MaybeRescale();
+    if (!st_.rescale) ResumeStrayPaused();
   }
   CollectStrays();
   CollectPrepPods();
@@ -150,6 +152,33 @@ void Decider::InvalidSpec() {
   plan_.requeue_after = std::chrono::minutes(5);  // a spec edit triggers a reconcile anyway
 }
 
+void Decider::ResumeStrayPaused() {
+  std::vector<std::string> paused;
+  for (const std::string& m : st_.members)
+    if (const WorkerReport* r = Report(m);
+        r && r->phase == W::kPaused && r->generation == st_.generation)
+      paused.push_back(m);
+  if (!paused.empty())
+    Do(Action::Kind::kResume, paused,
+       "held at a barrier that nothing waits for any more (its rescale was abandoned)");
+}
+
+void Decider::RefuseBadReplicas() {
+  if (o_.refused_replicas.empty()) {
+    if (ConditionIs(st_, "ScaleOverride", "InvalidReplicas"))
+      SetCondition(st_, "ScaleOverride", true, "Resolved",
+                   "spec.replicas is valid again, or was removed", o_.now, o_.metadata_generation);
+    return;
+  }
+  const std::string message = o_.refused_replicas +
+                              " — the override is ignored and the job runs by its schedule and "
+                              "range (kubectl scale to an allowed count, or remove spec.replicas)";
+  if (!ConditionIs(st_, "ScaleOverride", "InvalidReplicas"))
+    Emit("Warning", "InvalidReplicas", message);
+  SetCondition(st_, "ScaleOverride", false, "InvalidReplicas", message, o_.now,
+               o_.metadata_generation);
+}
+
 void Decider::EnsureChildren() {
   if (!o_.has_finalizer) Do(Action::Kind::kAddFinalizer);
   if (!o_.service_exists) Do(Action::Kind::kEnsureService);
@@ -195,9 +224,48 @@ bool Decider::Drain(const std::string& why) {
 
 void Decider::Delete() {
   if (!o_.has_finalizer) return;
+  // Where the checkpoints stay (kubectl describe shows it): the store of the newest one, as
+  // rank 0 reports it now (its final checkpoint, this pass), else as the status knows it.
+  std::string kept =
+      st_.last_checkpoint.is_object() ? st_.last_checkpoint.value("uri", "") : std::string();
+  int64_t newest =
+      st_.last_checkpoint.is_object() ? st_.last_checkpoint.value("step", int64_t{0}) : 0;
+  const auto& members = st_.members.empty() ? o_.status.members : st_.members;
+  if (const WorkerReport* r = members.empty() ? nullptr : Report(members[0]);
+      r && r->checkpoint_step && !r->checkpoint_uri.empty()) {
+    kept = r->checkpoint_uri;
+    newest = *r->checkpoint_step;
+  }
+  if (auto slash = kept.rfind("/step-"); slash != std::string::npos) kept.resize(slash);
+  const std::string where = kept.empty() ? std::string()
+                                         : "; its checkpoints are kept in " + kept +
+                                               " (a new job of this name starts fresh: name them "
+                                               "in spec.checkpoint.resumeFrom to start from them)";
+  // A final checkpoint that does not come (a step that never ends, a worker that does not
+  // answer) never holds `kubectl delete`: past the barrier timeout the workers are stopped
+  // without it, and the newest existing checkpoint is the job's last.
+  if (o_.deletion_started && o_.now - *o_.deletion_started > options_.barrier_timeout) {
+    std::vector<std::string> all;
+    for (const PodView& p : o_.pods)
+      if (!p.deleting) all.push_back(p.name);
+    const std::string why = "no final checkpoint within " +
+                            std::to_string(options_.barrier_timeout.count()) +
+                            " s of the deletion: the workers are stopped without it";
+    if (!all.empty()) {
+      Do(Action::Kind::kShutdown, all, why);
+      Do(Action::Kind::kDeletePods, all, why);
+    }
+    st_.members.clear();
+    st_.rescale.reset();
+    Do(Action::Kind::kRemoveFinalizer);
+    Emit("Warning", "FinalCheckpointSkipped",
+         why + "; the newest checkpoint is " +
+             (newest > 0 ? "step " + std::to_string(newest) : std::string("none")) + where);
+    return;
+  }
   if (!Drain("the job is being deleted: final checkpoint")) return;
   Do(Action::Kind::kRemoveFinalizer);
-  Emit("Normal", "FinalCheckpoint", "workers checkpointed and stopped; releasing the job");
+  Emit("Normal", "FinalCheckpoint", "workers checkpointed and stopped; releasing the job" + where);
 }
 
 void Decider::Suspend() {
@@ -226,6 +294,7 @@ bool Decider::Succeeded() {
   if (!(rank0 && rank0->phase == "Succeeded") && !(r && r->phase == W::kSucceeded)) return false;
   Move(PhaseEvent::kFinished, "rank 0 finished training");
   st_.rescale.reset();
+  st_.current_gpus = st_.desired_gpus = 0;  // its workers are done: nothing holds a GPU
   if (spec_) st_.step = std::max(st_.step, spec_->train.optimization.max_steps);
   Emit("Normal", "Succeeded", "trained to step " + std::to_string(st_.step));
   return true;
@@ -244,6 +313,33 @@ void Decider::Barrier(uint64_t low, const std::string& why, bool live) {
   Action& a = Do(Action::Kind::kBarrier, st_.members, why);
   a.barrier_id = (static_cast<uint64_t>(st_.generation) << 32) | low;
   a.live = live;
+}
+
+void Decider::ReportCorruptResume() {
+  if (st_.members.empty()) return;
+  const WorkerReport* r = Report(st_.members[0]);
+  if (!r || r->generation != st_.generation || !r->resumed_from_step) return;
+  const std::string resumed = "generation " + std::to_string(st_.generation) +
+                              " resumed from step " + std::to_string(*r->resumed_from_step) + " (" +
+                              r->resumed_from_uri + ")";
+  if (r->skipped_checkpoints.empty()) {
+    if (ConditionIs(st_, "CheckpointsIntact", "CorruptSkipped"))
+      SetCondition(st_, "CheckpointsIntact", true, "Intact", resumed + ", the newest", o_.now,
+                   o_.metadata_generation);
+    return;
+  }
+  std::string skipped;
+  for (const std::string& c : r->skipped_checkpoints) skipped += (skipped.empty() ? "" : "; ") + c;
+  const std::string message =
+      resumed +
+      ": newer checkpoints are corrupt and were skipped, their steps trained again: " + skipped;
+  bool known = false;  // this generation's resume, already reported
+  for (const Condition& c : st_.conditions)
+    known |= c.type == "CheckpointsIntact" && c.reason == "CorruptSkipped" && c.message == message;
+  if (known) return;
+  Emit("Warning", "CorruptCheckpoint", message);
+  SetCondition(st_, "CheckpointsIntact", false, "CorruptSkipped", message, o_.now,
+               o_.metadata_generation);
 }
 
 void Decider::WriteStatus() {
@@ -273,12 +369,14 @@ void Decider::WriteStatus() {
   if (st_.phase != Phase::kSuspended && st_.phase != Phase::kFailed &&
       st_.phase != Phase::kSucceeded)
     st_.current_gpus = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
+  ReportCorruptResume();
   const int64_t gen = o_.metadata_generation;
   if (!o_.spec.ok()) return;
   const bool scaling = st_.rescale && !st_.rescale->recovery;
   const bool recovering = st_.phase == Phase::kRecovering;
   // An abandoned scale-up keeps its condition (and why) until the next rescale starts.
-  if (scaling || !ConditionIs(st_, "Scaling", "ScaleUpAbandoned"))
+  if (scaling || (!ConditionIs(st_, "Scaling", "ScaleUpAbandoned") &&
+                  !ConditionIs(st_, "Scaling", "BarrierTimedOut")))
     SetCondition(st_, "Scaling", scaling, scaling ? StageName(st_.rescale->stage) : "Stable",
                  scaling ? st_.rescale->reason : "no membership change under way", o_.now, gen);
   SetCondition(st_, "Recovering", recovering, recovering ? "Restarting" : "Healthy",
@@ -319,13 +417,24 @@ void Decider::WriteStatus() {
       o_.no_progress_for.count() == 0)
     SetCondition(st_, "Stalled", false, "Training",
                  "generation " + std::to_string(st_.generation) + " trains", o_.now, gen);
-  const bool progressing =
-      running || st_.phase == Phase::kPending || st_.phase == Phase::kRecovering;
+  // A job that has never trained is not progressing (issue 47: it said True, "Training", while
+  // Pending at generation 0); one being restarted or started again after a failure is.
+  const bool never_started = st_.generation == 0 && !st_.rescale;
+  const bool progressing = running || st_.phase == Phase::kRecovering ||
+                           (st_.phase == Phase::kPending && !never_started);
   // No step in the message: a condition that changed with every step made every status write
   // differ from the last, and each write woke another reconcile.
-  SetCondition(st_, "Progressing", progressing, progressing ? "Training" : phase,
+  const std::string progress_reason = running                           ? "Training"
+                                      : st_.phase == Phase::kRecovering ? "Recovering"
+                                      : progressing                     ? "Starting"
+                                      : st_.phase == Phase::kPending    ? "NotStarted"
+                                                                        : phase;
+  SetCondition(st_, "Progressing", progressing, progress_reason,
                progressing ? "generation " + std::to_string(st_.generation) + " (" + phase + ")"
-                           : "phase " + phase,
+               : st_.phase == Phase::kPending
+                   ? "no generation has started yet: " +
+                         (st_.gpus_reason.empty() ? "phase " + phase : st_.gpus_reason)
+                   : "phase " + phase,
                o_.now, gen);
 }
 

@@ -179,6 +179,13 @@ class Decider {
   // --- the parts of Run -----------------------------------------------------------------
   void InvalidSpec();
 
+  // A spec.replicas left out of the spec (Observed::refused_replicas): an Event and the
+  // ScaleOverride condition say so; management goes on.
+  // Rank 0's resume skipped corrupt checkpoints: a Warning Event (once per generation), the
+  // CheckpointsIntact condition, and the operator's counter (Landing). A later clean resume
+  // sets the condition True again.
+  void ReportCorruptResume();
+  void RefuseBadReplicas();
   void EnsureChildren();
 
   // Checkpoints the members (if a generation is training), then stops and deletes every pod.
@@ -314,6 +321,12 @@ class Decider {
   // recovery goes on with the survivors alone when they are an allowed size (DESIGN.md §4),
   // else tries again after the backoff.
   void Abandon(const std::vector<std::string>& waiting);
+  // A rescale's barrier that not every member reached within ReconcileOptions::barrier_timeout:
+  // abandoned (BarrierTimedOut), its new pods deleted, the members that hold resumed.
+  void AbandonBarrier();
+  // Steady, with no change under way: members that hold at a barrier (one whose rescale was
+  // abandoned while they still stepped towards it) are resumed.
+  void ResumeStrayPaused();
 
   // Status first (generation, members), then Rendezvous to every member not there yet, and
   // the surplus shut down. Done when every member reports the new generation.

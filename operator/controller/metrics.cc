@@ -54,6 +54,11 @@ OperatorMetrics::OperatorMetrics()
                           .Name("tidal_trainingjob_loss_anomalies_total")
                           .Help("Loss rises the spec.anomaly rule found in a TrainingJob.")
                           .Register(*registry_)),
+      corrupt_resumes_(prometheus::BuildCounter()
+                           .Name("tidal_trainingjob_corrupt_checkpoint_resumes_total")
+                           .Help("Generations of a TrainingJob that found its newest "
+                                 "checkpoint(s) corrupt and resumed from an older one.")
+                           .Register(*registry_)),
       rescale_duration_(  // "rescale" in the wide sense: any change of generation
           prometheus::BuildHistogram()
               .Name("tidal_trainingjob_rescale_duration_seconds")
@@ -141,6 +146,7 @@ void OperatorMetrics::SetJob(const std::string& ns, const std::string& name,
     }
     // Counters at 0 from the start, so that increase() sees the first one.
     loss_anomalies_.Add(labels);
+    corrupt_resumes_.Add(labels);
     restarts_.Add(labels);
   }
   series.desired->Set(static_cast<double>(job.desired_gpus));
@@ -178,6 +184,7 @@ void OperatorMetrics::ForgetJob(const std::string& ns, const std::string& name) 
   const prometheus::Labels labels{{"namespace", ns}, {"trainingjob", name}};
   if (restarts_.Has(labels)) restarts_.Remove(&restarts_.Add(labels));
   if (loss_anomalies_.Has(labels)) loss_anomalies_.Remove(&loss_anomalies_.Add(labels));
+  if (corrupt_resumes_.Has(labels)) corrupt_resumes_.Remove(&corrupt_resumes_.Add(labels));
   RecountPhases();
 }
 
@@ -204,6 +211,10 @@ void OperatorMetrics::ObserveRescale(const std::string& kind, double seconds) {
 
 void OperatorMetrics::CountRestart(const std::string& ns, const std::string& name) {
   restarts_.Add({{"namespace", ns}, {"trainingjob", name}}).Increment();
+}
+
+void OperatorMetrics::CountCorruptResume(const std::string& ns, const std::string& name) {
+  corrupt_resumes_.Add({{"namespace", ns}, {"trainingjob", name}}).Increment();
 }
 
 void OperatorMetrics::ObserveApiRequest(const std::string& verb, double seconds) {

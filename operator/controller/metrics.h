@@ -45,6 +45,8 @@ class OperatorMetrics {
   // A rescale (make-before-break or recovery) finished, from decision to the new generation.
   void ObserveRescale(const std::string& kind, double seconds);
   void CountRestart(const std::string& ns, const std::string& name);
+  // A generation resumed from an older checkpoint because newer ones were corrupt.
+  void CountCorruptResume(const std::string& ns, const std::string& name);
   // A Kubernetes API request that failed: its HTTP status, or 0 when none came back.
   void CountApiError(const std::string& verb, int code);
   // A Kubernetes API request's time from sending it to its answer, by verb (get, post, ...).
@@ -81,6 +83,7 @@ class OperatorMetrics {
   prometheus::Family<prometheus::Gauge>& job_generation_;
   prometheus::Family<prometheus::Gauge>& loss_anomaly_;
   prometheus::Family<prometheus::Counter>& loss_anomalies_;
+  prometheus::Family<prometheus::Counter>& corrupt_resumes_;
   prometheus::Family<prometheus::Histogram>& rescale_duration_;
   std::map<std::string, prometheus::Histogram*> rescale_by_kind_;
   prometheus::Family<prometheus::Counter>& restarts_;

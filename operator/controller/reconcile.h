@@ -78,6 +78,8 @@ struct RescaleState {
   std::vector<int> wards;
   // WaitingForPods: when the new workers were asked to prepare their engines (once).
   std::optional<Clock::time_point> prepare_asked;
+  // kBarrier: since when (ReconcileOptions::barrier_timeout).
+  std::optional<Clock::time_point> barrier_started;
 };
 
 // status.anomaly: the anomaly rule's state (only while spec.anomaly is set).
@@ -218,6 +220,11 @@ struct WorkerReport {
     std::string error;
   };
   std::optional<Prepared> prepared;
+  // The store checkpoint its generation resumed from (worker.proto resumed_from), and the newer
+  // ones that resume skipped as corrupt.
+  std::optional<int64_t> resumed_from_step;
+  std::string resumed_from_uri;
+  std::vector<std::string> skipped_checkpoints;
 };
 
 struct PodView {
@@ -251,8 +258,11 @@ struct Observed {
   std::string name, namespace_, uid;
   int64_t metadata_generation = 0;
   bool deleting = false;
+  std::optional<Clock::time_point> deletion_started;  // metadata.deletionTimestamp
   bool has_finalizer = false;
   StatusOr<api::TrainingJobSpec> spec = Internal("not observed");
+  // Why spec.replicas was left out of `spec` (api::ParseManagedJobSpec; "" when it was not).
+  std::string refused_replicas;
   nlohmann::json raw_spec;
   JobStatus status;
   // Why the status subresource does not read ("" when it does). `status` then holds only its
@@ -379,6 +389,10 @@ struct Plan {
 struct ReconcileOptions {
   // A member that does not answer for this long counts as failed.
   std::chrono::seconds unreachable_after{30};
+  // A checkpoint barrier every member has not reached in this long (a step that does not end,
+  // a rank that does not answer) is given up: a rescale's is abandoned (BarrierTimedOut), its
+  // new pods deleted; a deletion's final checkpoint is skipped (the newest existing one stays).
+  std::chrono::seconds barrier_timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds poll{std::chrono::seconds(2)};
 };
 

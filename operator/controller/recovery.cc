@@ -24,12 +24,23 @@ Decider::Failure Decider::FailureOf(const std::string& name, int64_t generation)
     return {};
   }
   auto since = o_.unreachable_since.find(name);
-  if (pod->phase == "Running" && since != o_.unreachable_since.end() &&
-      o_.now - since->second > options_.unreachable_after)
-    return {"worker " + name + " has not answered for " +
-                std::to_string(options_.unreachable_after.count()) + " s",
+  if (pod->phase != "Running" || since == o_.unreachable_since.end() ||
+      o_.now - since->second <= options_.unreachable_after)
+    return {};
+  const std::string seconds = std::to_string(options_.unreachable_after.count());
+  // A worker that answers, but refuses the operator's token, is alive: say so, with the cause
+  // (its job token's Secret was replaced), rather than that it is silent.
+  auto error = o_.unreachable_error.find(name);
+  if (error != o_.unreachable_error.end() && error->second.starts_with("UNAUTHENTICATED"))
+    return {"worker " + name + " has refused the operator's job token for " + seconds + " s (" +
+                error->second + "): it holds another token than Secret " + o_.name +
+                "-token, which was replaced while it ran",
             true};
-  return {};
+  return {"worker " + name + " has not answered for " + seconds + " s" +
+              (error != o_.unreachable_error.end() && !error->second.empty()
+                   ? " (" + error->second + ")"
+                   : ""),
+          true};
 }
 
 void Decider::ForceDeleteStuck() {
@@ -83,9 +94,13 @@ bool Decider::FailuresHandled() {
   }
   std::vector<std::string> failed, permanent;
   std::vector<std::string> leaving;  // alive, but told to go: no survivor of a recovery
+  // The members that are gone or do not answer lead the causes: a survivor's failure (a
+  // collective that timed out on the lost peer) follows from theirs (issue 47: WorkerFailed led
+  // with the survivor's reduce_scatter error when its peer had been killed).
+  std::vector<std::string> lost_causes;
   for (const std::string& m : members) {
     const Failure f = FailureOf(m, generation);
-    if (!f.cause.empty()) causes.push_back(f.cause);
+    if (!f.cause.empty()) (f.pod_lost ? lost_causes : causes).push_back(f.cause);
     if (f.permanent) permanent.push_back(f.cause);
     if (f.cause.empty() && !LeaveNotice(m).empty())
       leaving.push_back(m);
@@ -98,17 +113,18 @@ bool Decider::FailuresHandled() {
   // push their failure within milliseconds of it), and it could not join the next generation
   // anyway. It is replaced, not counted a survivor: taken as one, it failed the next
   // generation's rendezvous and cost a second restart.
-  if (!causes.empty())
+  if (!causes.empty() || !lost_causes.empty())
     for (auto it = survivors.begin(); it != survivors.end();) {
       const PodView* pod = Pod(*it);
       if (Report(*it) || (pod && pod->phase != "Running")) {
         ++it;
         continue;
       }
-      causes.push_back("pod " + *it + "'s worker does not answer");
+      lost_causes.push_back("pod " + *it + "'s worker does not answer");
       failed.push_back(*it);
       it = survivors.erase(it);
     }
+  causes.insert(causes.begin(), lost_causes.begin(), lost_causes.end());
   if (causes.empty()) {
     const std::string stall = Stall();
     if (stall.empty()) return false;
@@ -198,7 +214,7 @@ void Decider::Fail(const std::string& reason, const std::string& failure) {
     Do(Action::Kind::kDeletePods, all, "the job failed");
   }
   st_.members.clear();
-  st_.current_gpus = 0;
+  st_.current_gpus = st_.desired_gpus = 0;
 }
 
 void Decider::FailForConfiguration(const std::string& cause) {
@@ -270,6 +286,32 @@ void Decider::ReadLostStateFromBuddies(RescaleState& r) {
        "generation " + std::to_string(st_.generation) + "'s state at step " +
            std::to_string(plan.step) +
            " is read from the survivors' buddy copies; the store is not read");
+}
+
+void Decider::AbandonBarrier() {
+  const RescaleState r = *st_.rescale;
+  std::vector<std::string> held, missing;
+  for (const std::string& m : st_.members) {
+    const WorkerReport* w = Report(m);
+    (w && w->phase == W::kPaused ? held : missing).push_back(m);
+  }
+  const std::string why =
+      "the checkpoint barrier before generation " + std::to_string(r.target_generation) +
+      " was not reached by " + (missing.empty() ? std::string("every member") : Join(missing)) +
+      " within " + std::to_string(options_.barrier_timeout.count()) +
+      " s (a step that does not end, or a rank that does not answer): " + r.reason +
+      " is abandoned" + (r.new_pods.empty() ? "" : " and its new pods deleted") +
+      "; the job trains on as it was";
+  if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, why);
+  if (!held.empty()) Do(Action::Kind::kResume, held, why);
+  Emit("Warning", "BarrierTimedOut", why);
+  SetCondition(st_, "Scaling", false, "BarrierTimedOut", why, o_.now, o_.metadata_generation);
+  st_.rescale.reset();
+  NoChangeUnderWay(why);
+  st_.last_membership_change = o_.now;
+  st_.scale_up_not_before =
+      o_.now + std::chrono::seconds(std::max(spec_->elastic.cooldown_seconds,
+                                             spec_->elastic.scale_up_timeout_seconds));
 }
 
 void Decider::Abandon(const std::vector<std::string>& waiting) {

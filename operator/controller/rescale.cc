@@ -37,7 +37,7 @@ void Decider::StartGeneration(bool recovery) {
   }
   const int64_t held = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
   const auto decision = planner::DesiredGpus(*spec_, {held, std::nullopt}, {o_.idle_gpus}, o_.now);
-  st_.desired_gpus = decision.desired;
+  st_.desired_gpus = decision.wanted;
   st_.gpus_reason = decision.reason;
   int64_t want_pods = decision.desired / GpusPerPod();
   std::vector<std::string> members = st_.members;
@@ -71,7 +71,7 @@ void Decider::MaybeRescale() {
   const int64_t held = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
   const auto decision =
       planner::DesiredGpus(*spec_, {held, st_.last_membership_change}, {o_.idle_gpus}, o_.now);
-  st_.desired_gpus = decision.desired;
+  st_.desired_gpus = decision.wanted;
   st_.gpus_reason = decision.reason;
   NoChangeUnderWay("no membership change under way");
   if (decision.desired == held) {
@@ -224,6 +224,7 @@ bool Decider::MoveOffLeavingMembers() {
   r.drain = true;
   if (!stay.empty() && std::find(allowed.begin(), allowed.end(), stay_gpus) != allowed.end()) {
     r.stage = Stage::kBarrier;
+    r.barrier_started = o_.now;
     r.members = stay;
     r.reason = why + ": scale " + std::to_string(held) + " -> " + std::to_string(stay_gpus) +
                " GPUs live, off the leaving pod(s)";
@@ -341,6 +342,7 @@ void Decider::Advance() {
       }
       if (!EnginesPrepared(r)) return;
       r.stage = Stage::kBarrier;
+      r.barrier_started = o_.now;
       StartScaling(r.reason);
       Emit("Normal", "CheckpointBarrier",
            "new workers ready; checkpointing every rank at one step before generation " +
@@ -350,6 +352,11 @@ void Decider::Advance() {
     }
     case Stage::kBarrier:
       StartScaling(r.reason);
+      if (!AllPaused(st_.members, /*live_ok=*/true) && r.barrier_started &&
+          o_.now - *r.barrier_started > options_.barrier_timeout) {
+        AbandonBarrier();
+        return;
+      }
       if (!AllPaused(st_.members, /*live_ok=*/true)) {
         Barrier(kEndOfGeneration, r.reason, /*live=*/true);
         // The shell runs the barrier calls off the reconcile (they return once every rank

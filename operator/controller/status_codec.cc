@@ -180,6 +180,7 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     rs.state_peers = in.Strings(*r, in_r, "statePeers");
     rs.state_step = in.Get<int64_t>(*r, in_r, "stateStep", 0);
     rs.prepare_asked = in.Time(*r, in_r, "prepareAsked");
+    rs.barrier_started = in.Time(*r, in_r, "barrierStarted");
     st.rescale = rs;
   }
   if (!in.error.empty()) return InvalidArgument(in.error);
@@ -305,6 +306,7 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
     if (r.drain) j["rescale"]["drain"] = true;
     if (!r.waiting_for.empty()) j["rescale"]["waitingFor"] = r.waiting_for;
     if (r.prepare_asked) j["rescale"]["prepareAsked"] = kube::FormatTime(*r.prepare_asked);
+    if (r.barrier_started) j["rescale"]["barrierStarted"] = kube::FormatTime(*r.barrier_started);
     if (!r.state_peers.empty()) {
       j["rescale"]["statePeers"] = r.state_peers;
       j["rescale"]["stateStep"] = r.state_step;

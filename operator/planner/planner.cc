@@ -135,6 +135,15 @@ Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
     }
   }
   target = std::clamp(target, e.min_gpus, e.max_gpus);
+  // The largest count the job can run at, at or below `limit` (never below minGPUs).
+  const std::vector<int64_t> allowed = spec.AllowedGpuCounts();
+  auto runnable = [&](int64_t limit) {
+    int64_t best = e.min_gpus;
+    for (int64_t n : allowed)
+      if (n <= limit) best = std::max(best, n);
+    return best;
+  };
+  d.wanted = runnable(target);
 
   int64_t gated = target;
   if (e.require_idle_capacity && target > state.current_gpus) {
@@ -146,10 +155,7 @@ Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
                   std::to_string(target) + " wanted";
     }
   }
-  // The largest count the job can run at, at or below `gated` (never below minGPUs).
-  d.desired = e.min_gpus;
-  for (int64_t n : spec.AllowedGpuCounts())
-    if (n <= gated) d.desired = std::max(d.desired, n);
+  d.desired = runnable(gated);
   if (d.desired != gated && gated >= e.min_gpus && gated == target)
     d.reason += "; " + std::to_string(target) + " rounded down to " + std::to_string(d.desired) +
                 " (gpusPerPod and the global batch)";

@@ -41,7 +41,11 @@ struct Capacity {
 };
 
 struct Decision {
-  int64_t desired = 0;
+  int64_t desired = 0;  // the count to run at now
+  // What the job wants — its schedule, override or range, at a count its batch allows — before
+  // the capacity gate and the cooldown: status.gpus.desired, so that a job held below it shows
+  // the gap (TidalTrainingJobBelowDesiredGpus), with `reason` saying why.
+  int64_t wanted = 0;
   std::string reason;  // for status.gpus.reason: which rule set the count
   // The next instant at which the clock alone may change the answer — a schedule window's
   // start or end, the cooldown's end — so that the controller sets a timer instead of polling.

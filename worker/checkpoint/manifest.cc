@@ -130,16 +130,18 @@ json ToJson(const Manifest& m) {
     tensors.push_back(
         {{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"pieces", pieces}});
   }
-  return {{"formatVersion", m.format_version},
-          {"step", m.step},
-          {"kind", KindName(m.kind)},
-          {"worldSize", m.world_size},
-          {"zeroStage", m.zero_stage},
-          {"configHash", m.config_hash},
-          {"createdAt", m.created_at},
-          {"chunkBytes", m.chunk_bytes},
-          {"shards", shards},
-          {"tensors", tensors}};
+  json out = {{"formatVersion", m.format_version},
+              {"step", m.step},
+              {"kind", KindName(m.kind)},
+              {"worldSize", m.world_size},
+              {"zeroStage", m.zero_stage},
+              {"configHash", m.config_hash},
+              {"createdAt", m.created_at},
+              {"chunkBytes", m.chunk_bytes},
+              {"shards", shards},
+              {"tensors", tensors}};
+  if (m.generation > 0) out["generation"] = m.generation;
+  return out;
 }
 
 StatusOr<Manifest> ManifestFromJson(const json& j) {
@@ -157,6 +159,8 @@ StatusOr<Manifest> ManifestFromJson(const json& j) {
   TIDAL_RETURN_IF_ERROR(Require(j, "", "zeroStage", m.zero_stage));
   TIDAL_RETURN_IF_ERROR(Require(j, "", "configHash", m.config_hash));
   if (j.contains("createdAt")) TIDAL_RETURN_IF_ERROR(Require(j, "", "createdAt", m.created_at));
+  if (j.contains("generation")) TIDAL_RETURN_IF_ERROR(Require(j, "", "generation", m.generation));
+  if (m.generation < 0) return InvalidArgument("generation: expected >= 0");
   TIDAL_RETURN_IF_ERROR(Require(j, "", "chunkBytes", m.chunk_bytes));
   if (m.chunk_bytes == 0 || m.chunk_bytes % 8 != 0)
     return InvalidArgument("chunkBytes: expected a positive multiple of 8");

@@ -69,6 +69,9 @@ struct Manifest {
   int zero_stage = 0;
   std::string config_hash;  // of what must match to resume (model, LoRA, batch)
   std::string created_at;   // RFC 3339
+  // The generation that committed it (the fencing token, Repository::Fence); 0: a run outside
+  // the operator (tidal-train, tools), which is not fenced.
+  int64_t generation = 0;
   uint64_t chunk_bytes = kDefaultChunkBytes;
   std::vector<ShardEntry> shards;
   std::vector<TensorEntry> tensors;  // sorted by name

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -21,6 +22,9 @@ constexpr uint64_t kMaxGap = 256 << 10;      // unwanted bytes read to join two 
 
 std::string Key(int64_t step, const std::string& file) { return StepDirectory(step) + "/" + file; }
 
+constexpr const char* kFenceObject = "fence";
+constexpr const char* kOwnerObject = "owner";
+
 }  // namespace
 
 Status Repository::WriteShard(int64_t step, const BuiltShard& shard) {
@@ -32,6 +36,56 @@ Status Repository::WriteShard(int64_t step, const BuiltShard& shard) {
 
 Status Repository::WriteTrainerState(int64_t step, const json& state) {
   return store_.Put(Key(step, "trainer_state.json"), state.dump(2) + "\n");
+}
+
+StatusOr<int64_t> Repository::ReadFence() {
+  auto text = store_.Get(kFenceObject);
+  if (text.status().code() == StatusCode::kNotFound) return int64_t{0};
+  if (!text.ok()) return text.status().WithContext("reading " + store_.uri() + "/" + kFenceObject);
+  int64_t fence = 0;
+  const std::string& t = *text;
+  auto end = t.find_last_not_of(" \r\n");
+  auto [ptr, ec] =
+      std::from_chars(t.data(), t.data() + (end == std::string::npos ? 0 : end + 1), fence);
+  if (ec != std::errc() || ptr != t.data() + end + 1 || fence < 0)
+    return DataLoss(store_.uri() + "/" + kFenceObject + ": expected a generation number, got \"" +
+                    t.substr(0, 40) + "\"");
+  return fence;
+}
+
+Status Repository::Claim(const StoreOwner& owner) {
+  if (owner.uid.empty()) return OkStatus();
+  const std::string where = store_.uri() + "/" + kOwnerObject;
+  auto text = store_.Get(kOwnerObject);
+  if (text.status().code() == StatusCode::kNotFound)
+    return store_.Put(
+        kOwnerObject,
+        json{{"uid", owner.uid}, {"namespace", owner.namespace_}, {"name", owner.name}}.dump() +
+            "\n");
+  if (!text.ok()) return text.status().WithContext("reading " + where);
+  const json j = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("uid") || !j["uid"].is_string())
+    return DataLoss(where + ": expected {\"uid\": ..., \"namespace\": ..., \"name\": ...}");
+  const std::string uid = j["uid"];
+  if (uid == owner.uid) return OkStatus();
+  const std::string other = j.value("namespace", "?") + "/" + j.value("name", "?");
+  return FailedPrecondition(
+      "spec.checkpoint.uri: " + store_.uri() + " holds the checkpoints of job " + other + " (uid " +
+      uid + "), not of this job (uid " + owner.uid +
+      "): a job never resumes or overwrites another's. To start from them, set "
+      "spec.checkpoint.resumeFrom: " +
+      store_.uri() + " and give this job a store of its own (another spec.checkpoint.uri)");
+}
+
+Status Repository::Fence() {
+  if (generation_ <= 0) return OkStatus();
+  TIDAL_ASSIGN_OR_RETURN(int64_t fence, ReadFence());
+  if (fence > generation_)
+    return FailedPrecondition("superseded: generation " + std::to_string(fence) +
+                              " of this job has started, so generation " +
+                              std::to_string(generation_) + " may not write to " + store_.uri());
+  if (fence == generation_) return OkStatus();
+  return store_.Put(kFenceObject, std::to_string(generation_) + "\n");
 }
 
 Status Repository::Commit(const Manifest& manifest) {
@@ -48,8 +102,11 @@ Status Repository::Commit(const Manifest& manifest) {
                                 std::to_string(it->second) + " bytes, expected " +
                                 std::to_string(shard.size));
   }
-  TIDAL_RETURN_IF_ERROR(CommitSpread(manifest));
-  return store_.Put("latest", dir + "\n");
+  TIDAL_RETURN_IF_ERROR(Fence());
+  Manifest stamped = manifest;
+  stamped.generation = generation_;
+  TIDAL_RETURN_IF_ERROR(CommitSpread(stamped));
+  return PointLatestAt(manifest.step);
 }
 
 Status Repository::CommitSpread(const Manifest& manifest) {
@@ -109,11 +166,18 @@ StatusOr<std::vector<ScannedCheckpoint>> Repository::Scan() {
   return out;
 }
 
-StatusOr<Manifest> Repository::NewestUsable(const std::set<int64_t>& exclude) {
+Status Repository::PointLatestAt(int64_t step) {
+  return store_.Put("latest", StepDirectory(step) + "\n");
+}
+
+StatusOr<Manifest> Repository::NewestUsable(const std::set<int64_t>& exclude,
+                                            std::vector<std::string>* corrupt) {
   TIDAL_ASSIGN_OR_RETURN(std::vector<ScannedCheckpoint> scanned, Scan());
   for (ScannedCheckpoint& c : scanned) {
     if (exclude.count(c.step)) continue;
     if (c.manifest) return std::move(*c.manifest);
+    if (corrupt && c.problem.rfind("no manifest.json", 0) != 0)
+      corrupt->push_back(StepDirectory(c.step) + ": " + c.problem);
     Logger::Get().Log(
         "warn", "skipping checkpoint",
         {{"checkpoint", store_.uri() + "/" + StepDirectory(c.step)}, {"reason", c.problem}});

@@ -380,14 +380,37 @@ class CheckpointHooks : public engine::TrainingHooks {
       : policy_(std::move(policy)),
         store_(std::move(store)),
         resume_store_(std::move(resume_store)) {
-    if (store_) repo_.emplace(*store_);
+    if (store_) {
+      repo_.emplace(*store_);
+      repo_->SetGeneration(policy_.generation);
+    }
+  }
+  void SetStartFrom(std::unique_ptr<objstore::ObjectStore> store) {
+    start_from_store_ = std::move(store);
   }
   ~CheckpointHooks() override {
     if (in_flight_ && in_flight_->thread.joinable()) in_flight_->thread.join();
   }
 
   Status OnStart(Trainer& trainer) override {
+    if (repo_ && !policy_.owner.uid.empty()) {
+      const Status claimed = trainer.comm().rank() == 0 ? repo_->Claim(policy_.owner) : OkStatus();
+      TIDAL_RETURN_IF_ERROR(AgreeOk(trainer.comm(), claimed, "claiming the checkpoint store"));
+    }
     TIDAL_RETURN_IF_ERROR(Resume(trainer));
+    if (repo_ && policy_.generation > 0) {
+      const Status fenced = trainer.comm().rank() == 0 ? repo_->Fence() : OkStatus();
+      TIDAL_RETURN_IF_ERROR(AgreeOk(trainer.comm(), fenced, "raising the checkpoint fence"));
+    }
+    if (resumed_) {
+      // `latest` named a corrupt checkpoint the resume skipped: it names the one resumed now
+      // (a failure to write it only leaves the hint stale; the scan is the truth).
+      if (resumed_own_ && !resumed_->corrupt.empty() && trainer.comm().rank() == 0)
+        if (Status s = repo_->PointLatestAt(resumed_->step); !s.ok())
+          Logger::Get().Log("warn", "could not point latest at the resumed checkpoint",
+                            {{"step", resumed_->step}, {"error", s.message()}});
+      if (policy_.on_resume) policy_.on_resume(*resumed_);
+    }
     if (!policy_.auto_full) return OkStatus();
     // What the checkpoint resumed from measured; the first checkpoint of a job measures it.
     const json& carried = trainer.extensions();
@@ -590,13 +613,33 @@ class CheckpointHooks : public engine::TrainingHooks {
         return Unavailable("the peers' state could not be read and no store to resume from");
       return OkStatus();
     }
-    auto step = ResumeFromNewest(trainer, *repo_);
-    if (step.ok()) return OkStatus();
+    ResumeReport report;
+    auto step = ResumeFromNewest(trainer, *repo_, &report);
+    if (step.ok()) {
+      resumed_ = std::move(report);
+      return OkStatus();
+    }
     if (step.status().code() == StatusCode::kNotFound) {
       // Starting at step 0 is right for a new job, never over a half-read state.
       if (peers_failed)
         return Unavailable("the peers' state could not be read and " + repo_->store().uri() +
                            " holds no checkpoint to resume from");
+      if (start_from_store_) {  // a new job started from another's checkpoints
+        Repository from(*start_from_store_);
+        auto started = ResumeFromNewest(trainer, from, &report);
+        if (started.status().code() == StatusCode::kNotFound)
+          return NotFound("spec.checkpoint.resumeFrom: " + start_from_store_->uri() +
+                          " holds no usable checkpoint");
+        if (!started.ok())
+          return started.status().WithContext("spec.checkpoint.resumeFrom " +
+                                              start_from_store_->uri());
+        if (trainer.comm().rank() == 0)
+          LogInfo("started from another job's checkpoint",
+                  {{"resume_from", start_from_store_->uri()}, {"step", *started}});
+        resumed_ = std::move(report);
+        resumed_own_ = false;
+        return OkStatus();
+      }
       return OkStatus();
     }
     return step.status();
@@ -661,6 +704,9 @@ class CheckpointHooks : public engine::TrainingHooks {
 
   CheckpointPolicy policy_;
   std::unique_ptr<objstore::ObjectStore> store_, resume_store_;
+  std::unique_ptr<objstore::ObjectStore> start_from_store_;  // policy_.start_from_uri's
+  std::optional<ResumeReport> resumed_;  // this generation's resume from a store, if any
+  bool resumed_own_ = true;              // from store_ (not start_from_store_)
   std::optional<Repository> repo_;
   std::unique_ptr<InFlight> in_flight_;
   double blocked_seconds_ = 0;  // in AfterStep since the last commit
@@ -849,14 +895,19 @@ Status ResumeFromPeers(Trainer& trainer, objstore::ObjectStore* peers, int64_t s
   return OkStatus();
 }
 
-StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo) {
+StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo, ResumeReport* report) {
   engine::Comm& comm = trainer.comm();
   std::set<int64_t> bad;
+  std::vector<std::string> corrupt;
   for (int attempt = 0; attempt < 8; ++attempt) {
     std::vector<int64_t> chosen{-1};
+    std::optional<CheckpointKind> kind;
     if (comm.rank() == 0) {
-      auto newest = repo.NewestUsable(bad);
-      if (newest.ok()) chosen[0] = newest->step;
+      auto newest = repo.NewestUsable(bad, &corrupt);
+      if (newest.ok()) {
+        chosen[0] = newest->step;
+        kind = newest->kind;
+      }
     }
     TIDAL_RETURN_IF_ERROR(comm.BroadcastHost(chosen, 0));
     const int64_t step = chosen[0];
@@ -868,13 +919,26 @@ StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo) {
         Logger::Get().Log("info", "resumed",
                           {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
                            {"world_size", comm.world_size()},
-                           {"zero_stage", trainer.parameters().options().stage}});
+                           {"zero_stage", trainer.parameters().options().stage},
+                           {"skipped_corrupt", corrupt}});
+      if (report) {
+        report->step = step;
+        // Rank 0 read the kind from the manifest; the others read it again (one small GET).
+        if (!kind) {
+          auto manifest = repo.ReadManifest(step);
+          if (manifest.ok()) kind = manifest->kind;
+        }
+        report->kind = kind.value_or(CheckpointKind::kFull);
+        report->uri = repo.store().uri() + "/" + StepDirectory(step);
+        report->corrupt = corrupt;
+      }
       return step;
     }
     Logger::Get().Log("warn", "checkpoint unusable, trying the previous one",
                       {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
                        {"error", agreed.message()}});
     if (loaded.code() == StatusCode::kFailedPrecondition) return loaded;  // another config
+    corrupt.push_back(StepDirectory(step) + ": " + agreed.message());
     bad.insert(step);
   }
   return DataLoss("no readable checkpoint in " + repo.store().uri() + " after 8 attempts");
@@ -907,8 +971,16 @@ StatusOr<std::unique_ptr<engine::TrainingHooks>> MakeCheckpointHooks(
     if (!opened.ok()) return opened.status().WithContext("--resume");
     resume_store = std::move(*opened);
   }
-  return std::unique_ptr<engine::TrainingHooks>(
-      new CheckpointHooks(std::move(policy), std::move(store), std::move(resume_store)));
+  std::unique_ptr<objstore::ObjectStore> start_from;
+  if (!policy.start_from_uri.empty()) {
+    auto opened = objstore::OpenObjectStore(policy.start_from_uri, s3);
+    if (!opened.ok()) return opened.status().WithContext("spec.checkpoint.resumeFrom");
+    start_from = std::move(*opened);
+  }
+  auto hooks = std::make_unique<CheckpointHooks>(std::move(policy), std::move(store),
+                                                 std::move(resume_store));
+  hooks->SetStartFrom(std::move(start_from));
+  return std::unique_ptr<engine::TrainingHooks>(std::move(hooks));
 }
 
 }  // namespace tidal::checkpoint

@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "api/checkpoint_interval.h"
 #include "common/status.h"
@@ -38,6 +39,16 @@ struct CommitInfo {
   uint64_t shard_bytes = 0;  // this rank's shard file
 };
 
+// What a resume from a store found (every rank's, rank 0's complete).
+struct ResumeReport {
+  int64_t step = 0;
+  CheckpointKind kind = CheckpointKind::kFull;
+  std::string uri;  // the step's directory
+  // The newer checkpoints it skipped as corrupt, "step-…: why" (rank 0's scan, and the loads
+  // that failed on some rank). A torn save, never committed, is not corrupt.
+  std::vector<std::string> corrupt;
+};
+
 struct CheckpointPolicy {
   std::string uri;         // where checkpoints go (file://, s3://); "" saves none
   std::string resume_uri;  // resume from the newest usable checkpoint there (required)
@@ -49,6 +60,17 @@ struct CheckpointPolicy {
   // collective per plan), so all ranks checkpoint at the same steps.
   std::optional<api::AutoIntervalSpec> auto_full;
   int64_t failures = 0;  // the job's restarts before this generation
+  // The operator's generation of these ranks: the fencing token of every commit (repository.h).
+  // Rank 0 raises the store's fence to it once resumed, before the first step, so a generation
+  // this one replaces can commit nothing more; a newer fence fails this generation's start.
+  // 0: unfenced (a run outside the operator).
+  int64_t generation = 0;
+  // The job these checkpoints belong to (Repository::Claim, before anything is resumed); no UID:
+  // a run outside the operator, which claims nothing.
+  StoreOwner owner;
+  // spec.checkpoint.resumeFrom: another store to start from when `uri` holds no usable
+  // checkpoint (required then to hold one); read, never written or claimed.
+  std::string start_from_uri;
   // Called on every rank with each plan agreed and rank 0's inputs to it.
   std::function<void(const api::IntervalInputs& in, const api::IntervalPlan& plan)> on_interval;
   int64_t snapshot_every = 0;  // steps between snapshots; 0: none
@@ -59,6 +81,9 @@ struct CheckpointPolicy {
   bool async = true;         // write in the background, commit at a later step boundary
   // Called on every rank after each commit.
   std::function<void(const CommitInfo& commit)> on_commit;
+  // Called on every rank once a generation has resumed from a store checkpoint (its own, or
+  // start_from_uri's); not for a resume from the peers' memory or a start at step 0.
+  std::function<void(const ResumeReport& resumed)> on_resume;
   // Called on every rank for a save that was not committed (the error is then returned too).
   std::function<void(CheckpointKind kind, const Status& why)> on_failure;
   // The live tier (DESIGN.md §4 step 5). `live_store`: this rank's memory, where CheckpointLive
@@ -104,6 +129,7 @@ std::string BuddyPartName(int rank, int world_size);
 // it assembled from its parts.
 Status ResumeFromPeers(engine::Trainer& trainer, objstore::ObjectStore* peers, int64_t step);
 // The step resumed from; NotFound (on every rank) when the store holds no usable checkpoint.
-StatusOr<int64_t> ResumeFromNewest(engine::Trainer& trainer, Repository& repo);
+StatusOr<int64_t> ResumeFromNewest(engine::Trainer& trainer, Repository& repo,
+                                   ResumeReport* report = nullptr);
 
 }  // namespace tidal::checkpoint

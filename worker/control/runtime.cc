@@ -658,6 +658,34 @@ void WorkerRuntime::Prepare(const engine::Membership& planned) {
   changed_.notify_all();
 }
 
+// A generation the operator replaced while its ranks still train (a worker it could not reach:
+// the job token's Secret lost, a partition) must stop at once, not at its next commit (which the
+// fence refuses anyway): rank 0 reads the store's fence every kFenceCheckEvery of training and
+// raises kSupersededFlag when a newer generation has started. One small read per interval; a
+// store that cannot be read is no reason to stop (the commit's own check stands).
+constexpr auto kFenceCheckEvery = std::chrono::seconds(2);
+
+class WorkerRuntime::FenceWatch {
+ public:
+  FenceWatch(std::unique_ptr<objstore::ObjectStore> store, int64_t generation)
+      : store_(std::move(store)), repo_(*store_), generation_(generation) {}
+  // The newer generation holding the fence, checked at most every kFenceCheckEvery.
+  std::optional<int64_t> Newer() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_) return std::nullopt;
+    next_ = now + kFenceCheckEvery;
+    auto fence = repo_.ReadFence();
+    if (!fence.ok() || *fence <= generation_) return std::nullopt;
+    return *fence;
+  }
+
+ private:
+  std::unique_ptr<objstore::ObjectStore> store_;
+  checkpoint::Repository repo_;
+  int64_t generation_;
+  std::chrono::steady_clock::time_point next_{};
+};
+
 Status WorkerRuntime::RunGeneration(const engine::Membership& membership, const LiveState& from,
                                     const BuddyRing& ring) {
   engine::Membership m = membership;
@@ -708,7 +736,28 @@ Status WorkerRuntime::TrainGeneration(engine::Session& session, const engine::Me
   policy.on_failure = [this](checkpoint::CheckpointKind kind, const Status& why) {
     if (options_.observer) options_.observer->OnCheckpointFailed(kind, why);
   };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.resumed_from.reset();
+    state_.skipped_checkpoints.clear();
+  }
+  policy.on_resume = [this](const checkpoint::ResumeReport& resumed) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const CheckpointRef ref{resumed.step, checkpoint::KindName(resumed.kind), resumed.uri,
+                              NowMillis()};
+      state_.resumed_from = ref;
+      state_.last_checkpoint = ref;  // what the job holds now, whatever came after it
+      state_.skipped_checkpoints = resumed.corrupt;
+    }
+    if (!resumed.corrupt.empty()) {
+      LogWarn("resumed from an older checkpoint: newer ones are corrupt",
+              {{"step", resumed.step}, {"skipped", resumed.corrupt}});
+      if (options_.observer) options_.observer->OnCorruptCheckpointsSkipped(resumed.corrupt.size());
+    }
+  };
   policy.failures = m.job_restarts;
+  policy.generation = m.generation;
   policy.on_interval = [this](const api::IntervalInputs& in, const api::IntervalPlan& plan) {
     std::lock_guard<std::mutex> lock(mu_);
     state_.checkpoint_interval = WorkerState::CheckpointInterval{in, plan};
@@ -754,11 +803,16 @@ Status WorkerRuntime::TrainGeneration(engine::Session& session, const engine::Me
   if (options_.buddy_every > 0 && m.world_size > 1 && !ring.members.empty() &&
       ring.ward != m.rank && options_.read_peer_object)
     buddy = std::make_unique<Buddy>(*this, m, ring);
-  return TrainUntilLeave(session, *hooks, buddy.get());
+  std::unique_ptr<FenceWatch> fence;
+  if (m.rank == 0 && m.generation > 0 && !options_.policy.uri.empty()) {
+    auto store = objstore::OpenObjectStore(options_.policy.uri, options_.s3);
+    if (store.ok()) fence = std::make_unique<FenceWatch>(std::move(*store), m.generation);
+  }
+  return TrainUntilLeave(session, *hooks, buddy.get(), fence.get());
 }
 
 Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks,
-                                      Buddy* buddy) {
+                                      Buddy* buddy, FenceWatch* fence) {
   bool step_first = true;  // false: paused ranks agree on a request at the boundary they hold
   while (true) {
     if (step_first) {
@@ -782,8 +836,19 @@ Status WorkerRuntime::TrainUntilLeave(engine::Session& session, engine::Training
       mine = requested_;
       mine_id = requested_id_;
     }
+    std::optional<int64_t> newer = fence ? fence->Newer() : std::nullopt;
+    if (newer) mine |= kSupersededFlag;
     TIDAL_ASSIGN_OR_RETURN(engine::Session::Agreement agreement, session.AgreeFlags(mine, mine_id));
     const uint32_t agreed = agreement.flags;
+    if (agreed & kSupersededFlag) {
+      const std::string why =
+          "superseded: " +
+          (newer ? "generation " + std::to_string(*newer) : std::string("a newer generation")) +
+          " of this job has started (the checkpoint fence); this one stops at step " +
+          std::to_string(session.step()) + " without a checkpoint";
+      LogWarn("generation superseded", {{"step", session.step()}, {"why", why}});
+      return FailedPrecondition(why);
+    }
     if (agreed == 0) {
       if (!was_held) continue;
       SetPhase(Phase::kPaused);  // nothing asked after all: held as before

@@ -83,8 +83,14 @@ struct WorkerState {
   int rank = 0, world_size = 0;
   int64_t step = 0, max_steps = 0;
   std::optional<engine::StepRecord> last_step;
-  std::optional<GpuSample> gpu;                  // with last_step
-  std::optional<CheckpointRef> last_checkpoint;  // the newest committed to the store
+  std::optional<GpuSample> gpu;  // with last_step
+  // The newest committed to the store, or the one this generation resumed from (the newest
+  // usable one, when newer ones were corrupt).
+  std::optional<CheckpointRef> last_checkpoint;
+  // This generation's resume from a store (unset: from the peers' memory, or at step 0), and
+  // the newer checkpoints it skipped as corrupt ("step-…: why"; rank 0's list is complete).
+  std::optional<CheckpointRef> resumed_from;
+  std::vector<std::string> skipped_checkpoints;
   // The live checkpoint this worker holds its part of in memory (peer_state()), until the
   // generation that reads it has started.
   std::optional<CheckpointRef> live_checkpoint;
@@ -115,6 +121,8 @@ class RuntimeObserver {
   virtual void OnCheckpoint(const checkpoint::CommitInfo& commit) = 0;
   // A checkpoint that was not committed (a write or the commit failed on some rank).
   virtual void OnCheckpointFailed(checkpoint::CheckpointKind kind, const Status& why) = 0;
+  // A resume skipped `count` newer checkpoints as corrupt.
+  virtual void OnCorruptCheckpointsSkipped(size_t count) { (void)count; }
 };
 
 // Where a generation resumes from when the previous one left a live checkpoint: its ranks'
@@ -219,7 +227,11 @@ class WorkerRuntime {
 
  private:
   enum Flag : uint32_t { kCheckpointFlag = 1, kPauseFlag = 2, kLeaveFlag = 4, kLiveFlag = 8 };
-  static constexpr int kFlagCount = 4;
+  static constexpr int kFlagCount = 4;  // the flags a barrier serves (done_with_)
+  // Raised by rank 0 when the store's checkpoint fence names a newer generation (FenceWatch in
+  // runtime.cc): every rank leaves at that boundary, without a checkpoint.
+  static constexpr uint32_t kSupersededFlag = 1u << kFlagCount;
+  class FenceWatch;
   enum class Held { kResume, kLeave, kAgree };
   // Under mu_: the barrier a request for `flags` named `id` belongs to (see Checkpoint): the
   // newest one, or the next one with `flags` raised for it. Returns its index.
@@ -243,7 +255,8 @@ class WorkerRuntime {
   Status TrainGeneration(engine::Session& session, const engine::Membership& m,
                          const LiveState& from, const BuddyRing& ring);
   class Buddy;  // a generation's buddy copies (runtime.cc)
-  Status TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks, Buddy* buddy);
+  Status TrainUntilLeave(engine::Session& session, engine::TrainingHooks& hooks, Buddy* buddy,
+                         FenceWatch* fence);
   // In PAUSED: waits for Resume, a reason to leave, or a checkpoint request (kAgree: every rank
   // is asked the same, so they agree on it at this boundary without a step).
   Held HoldPaused();

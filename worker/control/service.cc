@@ -177,6 +177,8 @@ class Service final : public pb::WorkerControl::Service {
     for (const StepEvent& e : runtime_.RecentEvents(kRecentSteps)) Fill(e, out->add_recent_steps());
     if (s.last_checkpoint) Fill(*s.last_checkpoint, out->mutable_last_checkpoint());
     if (s.live_checkpoint) Fill(*s.live_checkpoint, out->mutable_live_checkpoint());
+    if (s.resumed_from) Fill(*s.resumed_from, out->mutable_resumed_from());
+    for (const std::string& c : s.skipped_checkpoints) out->add_skipped_checkpoints(c);
     for (const HeldPart& h : s.held) {
       pb::HeldPart* part = out->add_held_parts();
       part->set_generation(h.generation);

@@ -21,6 +21,8 @@
 //               after the server acted
 //   corrupt     a flipped byte in the newest checkpoint, then a worker killed to make the job
 //               load it
+//   token       `kubectl delete secret <job>-token` under the running workers (it must come
+//               back with the token they hold: no restart, never a generation beside theirs)
 // Invariants, each violation printed as it is found:
 //   - two generations never train at once (their step records' time spans are disjoint);
 //   - every step of the job is in the final record, none lost between generations, and every
@@ -80,8 +82,8 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kJob = "chaos";
 constexpr const char* kBucket = "chaos";
-const std::vector<std::string> kAllFaults = {"worker", "operator", "cluster", "scale",
-                                             "window", "pending",  "s3",      "corrupt"};
+const std::vector<std::string> kAllFaults = {"worker",  "operator", "cluster", "scale", "window",
+                                             "pending", "s3",       "corrupt", "token"};
 
 double WallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -549,6 +551,9 @@ void Driver::Inject(const std::string& kind) {
     s3_mode_ = mode;
     s3_until_ = WallNow() + hold;
     ++s3_injected_;
+  } else if (kind == "token") {
+    Kubectl({"delete", "secret", std::string(kJob) + "-token", "--wait=false"});
+    f.detail = "kubectl delete secret " + std::string(kJob) + "-token";
   } else if (kind == "corrupt") {
     auto latest = store_->Get("latest");
     if (!latest.ok()) return;  // nothing committed yet

@@ -251,7 +251,8 @@ TEST_F(ChartTest, AOneNamespaceOperatorStillCountsTheGpusPodsOfOtherNamespacesHo
               " start: \"0 0 * * *\", end: \"59 23 * * *\", gpus: 4}]}")});
   WaitInt(
       "gated", "{.status.step}", [](int64_t s) { return s >= 3; }, 180s);
-  EXPECT_EQ(Int("gated", "{.status.gpus.desired}"), 2) << Status("gated", "{.status.gpus}");
+  EXPECT_EQ(Int("gated", "{.status.gpus.current}"), 2) << Status("gated", "{.status.gpus}");
+  EXPECT_EQ(Int("gated", "{.status.gpus.desired}"), 4) << Status("gated", "{.status.gpus}");
   EXPECT_NE(Status("gated", "{.status.gpus.reason}").find("capacity"), std::string::npos)
       << Status("gated", "{.status.gpus}");
   Ok({"delete", "tj", "gated", "--wait=false"});

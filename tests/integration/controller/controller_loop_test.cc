@@ -522,6 +522,41 @@ TEST_F(ControllerLoopTest, AJobRunsOnFakeWorkersAndItsStatusFollowsTheirPushedSt
       << "status.step stayed at " << Int(Status("loop"), "step") << " from " << first;
 }
 
+// Issue 47: `kubectl delete secret <job>-token` while the job ran made the operator write a new
+// token, which the running workers refused; 30 s later it replaced them as silent, beside their
+// still training selves. The Secret comes back with the token they hold, with an Event saying
+// why, and the job trains on in its generation with every call carrying that token.
+TEST_F(ControllerLoopTest, ATokenSecretDeletedUnderARunningJobComesBackWithTheSameToken) {
+  Apply("keep", 2);
+  ASSERT_TRUE(WaitStatus("keep", [](const json& s) { return Phase(s) == "Running"; }))
+      << Status("keep").dump();
+  auto token_of = [&]() -> std::string {
+    auto got = client_->Call(*kube::GetRequest(kube::Resource::Secrets(), "default", "keep-token"));
+    return got.ok() ? (*got)["data"].value("token", "") : "";
+  };
+  const std::string token = token_of();
+  ASSERT_FALSE(token.empty());
+  ASSERT_TRUE(
+      client_->Call(*kube::DeleteRequest(kube::Resource::Secrets(), "default", "keep-token")).ok());
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  std::string again;
+  while ((again = token_of()).empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(again, token) << "the Secret was made again with another token";
+  // The job trains on: 20 more steps in generation 1, no restart.
+  const int64_t step = Int(Status("keep"), "step");
+  ASSERT_TRUE(WaitStatus("keep", [&](const json& s) { return Int(s, "step") >= step + 20; }))
+      << Status("keep").dump();
+  EXPECT_EQ(Int(Status("keep"), "generation"), 1);
+  EXPECT_EQ(Int(Status("keep"), "restarts"), 0);
+  auto events = client_->Call(*kube::ListRequest(kube::Resource::Events(), "default", {}));
+  ASSERT_TRUE(events.ok());
+  bool said = false;
+  for (const json& e : (*events)["items"])
+    said = said || e.value("reason", "") == "TokenSecretRecreated";
+  EXPECT_TRUE(said) << "no Event says why the Secret is back";
+}
+
 // A rescale whose barrier the workers hold (a slow checkpoint) keeps that job Scaling, while
 // another job, created meanwhile, is reconciled to Running by the one reconcile worker: the
 // barrier runs off the reconcile.

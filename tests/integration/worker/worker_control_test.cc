@@ -82,7 +82,9 @@ class WorkerControlTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  void WriteSpec(const std::string& checkpoint, int max_steps, int global_batch = 8) {
+  // `checkpoint_extra`: more of spec.checkpoint's fields ("resumeFrom: ..., ").
+  void WriteSpec(const std::string& checkpoint, int max_steps, int global_batch = 8,
+                 const std::string& checkpoint_extra = "") {
     const std::string full = checkpoint.substr(checkpoint.find(':') + 2);
     std::ofstream(dir_ + "/job.yaml")
         << "apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: wc}\nspec:\n"
@@ -96,7 +98,8 @@ class WorkerControlTest : public ::testing::Test {
         << "    warmup: {steps: 5, adaptive: true}\n    maxSteps: " << max_steps
         << "\n    seed: 1\n"
         << "  elastic: {minGPUs: 1, maxGPUs: 4}\n"
-        << "  checkpoint: {fullEverySteps: " << full << ", snapshotEverySteps: 0, keep: 2}\n";
+        << "  checkpoint: {" << checkpoint_extra << "fullEverySteps: " << full
+        << ", snapshotEverySteps: 0, keep: 2}\n";
   }
 
   // Starts worker `index` on 127.0.0.(20 + index).
@@ -961,6 +964,105 @@ TEST_F(WorkerControlTest, OneRankRescaledLiveOntoItselfGoesOnAtItsStepWithTheSam
   }
   EXPECT_EQ(seen.size(), static_cast<size_t>(kSteps));
   for (const auto& [step, count] : seen) EXPECT_EQ(count, 1) << "step " << step << " repeated";
+}
+
+// Issue 47: the operator replaced a generation whose worker it could not reach (the job token's
+// Secret was lost) while that worker trained on; SIGTERMed, it trained another 60 s (the drain
+// notice) and committed the same steps as its successor, moving `latest` to its own. Now the
+// successor raises the store's fence when it starts; the superseded rank 0 reads it within
+// seconds and its generation stops without a checkpoint, ends the drain wait at once, and every
+// checkpoint committed past the successor's start is the successor's.
+TEST_F(WorkerControlTest, ASupersededGenerationStopsAtOnceAndNeverCommitsBesideItsSuccessor) {
+  // No periodic checkpoint: only the fence's watch can stop generation 1 (a commit of it would
+  // be refused too: RepositoryTest.ACommitOfAGenerationOlderThanTheFenceIsRefused…).
+  WriteSpec("full: 100000", 100000);
+  fs::remove_all(dir_ + "/ckpt");
+  StartWorker(0, {"--drain-seconds", "600"});
+  Rendezvous(1, {0});
+  WaitFor(0, [](auto& s) { return s.step() >= 4; });
+  StartWorker(1);
+  Rendezvous(2, {1});  // the replacement, started while generation 1 still trains
+  pb::WorkerStatus superseded = WaitFor(
+      0, [](auto& s) { return s.phase() == pb::FAILED; }, 60s);
+  EXPECT_EQ(superseded.generation(), 1);
+  EXPECT_NE(superseded.last_error().find("superseded: generation 2 of this job has started (the "
+                                         "checkpoint fence); this one stops at step"),
+            std::string::npos)
+      << superseded.last_error();
+  kill(workers_[0].process->pid(), SIGTERM);
+  auto r = workers_[0].process->Wait(120s);  // the drain notice asked it to wait 600 s
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(LogLines(r.err, "generation superseded").size(), 1u) << r.err;
+  EXPECT_TRUE(LogLines(r.err,
+                       "SIGTERM: no Shutdown from the operator in time; leaving with a "
+                       "checkpoint to the store")
+                  .empty());
+  EXPECT_TRUE(LogLines(r.err, "checkpoint committed").empty()) << "generation 1 committed";
+
+  WaitFor(1, [&](auto& s) { return s.generation() == 2 && s.step() >= 4; });
+  ASSERT_TRUE(workers_[1].client->Shutdown("test done").ok());  // its final checkpoint
+  EXPECT_EQ(workers_[1].process->Wait(120s).exit_code, 0);
+  std::ifstream fence(dir_ + "/ckpt/fence");
+  int64_t fenced = 0;
+  fence >> fenced;
+  EXPECT_EQ(fenced, 2);
+  std::ifstream latest(dir_ + "/ckpt/latest");
+  std::string newest;
+  latest >> newest;
+  std::ifstream newest_manifest(dir_ + "/ckpt/" + newest + "/manifest.json");
+  ASSERT_TRUE(newest_manifest) << newest;
+  EXPECT_EQ(nlohmann::json::parse(newest_manifest).value("generation", 0), 2)
+      << "the commit carries its generation";
+}
+
+// Issue 47: a job deleted and applied again (same name, so the same store) resumed the deleted
+// one's final checkpoint and was "Succeeded" at once, having trained nothing. A store belongs to
+// the job (UID) that first wrote it: another job is refused, naming spec.checkpoint.resumeFrom,
+// before anything is resumed; with a store of its own and resumeFrom it starts from the other's
+// newest checkpoint, which stays untouched.
+TEST_F(WorkerControlTest,
+       AJobMadeAgainNeverResumesTheDeletedOnesCheckpointsUnlessItsSpecNamesThem) {
+  WriteSpec("full: 2", 4);
+  fs::remove_all(dir_ + "/ckpt");
+  StartWorker(0, {}, "", {"TIDAL_JOB_UID=uid-first"});
+  Rendezvous(1, {0});
+  auto first = workers_[0].process->Wait(300s);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::set<std::string> kept = StoredSteps();
+  ASSERT_TRUE(kept.count("step-00000004")) << "the first job's final checkpoint";
+
+  StartWorker(1, {}, "", {"TIDAL_JOB_UID=uid-second"});
+  Rendezvous(1, {1});
+  pb::WorkerStatus refused = WaitFor(1, [](auto& s) { return s.phase() == pb::FAILED; });
+  EXPECT_NE(refused.last_error().find("holds the checkpoints of job"), std::string::npos)
+      << refused.last_error();
+  EXPECT_NE(refused.last_error().find("(uid uid-first), not of this job (uid uid-second)"),
+            std::string::npos)
+      << refused.last_error();
+  EXPECT_NE(refused.last_error().find("spec.checkpoint.resumeFrom"), std::string::npos);
+  EXPECT_TRUE(refused.last_error_permanent()) << "a restart cannot fix it: the spec must change";
+  EXPECT_EQ(refused.step(), 0) << "it resumed the other job's step";
+  ASSERT_TRUE(workers_[1].client->Shutdown("test done").ok());
+  workers_[1].process->Wait(60s);
+
+  WriteSpec("full: 2", 8, 8, "resumeFrom: \"file://" + dir_ + "/ckpt\", ");
+  StartWorker(2, {"--checkpoint-uri", "file://" + dir_ + "/ckpt-second"}, "",
+              {"TIDAL_JOB_UID=uid-second"});
+  StepRecorder steps(*workers_[2].client);
+  Rendezvous(1, {2});
+  auto second = workers_[2].process->Wait(300s);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  const auto started = LogLines(second.err, "started from another job's checkpoint");
+  ASSERT_EQ(started.size(), 1u) << second.err;
+  EXPECT_EQ(started[0]["step"], 4);
+  ASSERT_FALSE(steps.events().empty());
+  EXPECT_EQ(steps.events().front().step(), 5) << "the first step trained is the one after 4";
+  EXPECT_EQ(steps.events().back().step(), 8);
+  EXPECT_EQ(StoredSteps(), kept) << "the other job's store was written";
+  EXPECT_TRUE(fs::exists(dir_ + "/ckpt-second/step-00000008/manifest.json"));
+  std::ifstream owner(dir_ + "/ckpt/owner");
+  const nlohmann::json o = nlohmann::json::parse(owner);
+  EXPECT_EQ(o["uid"], "uid-first");
 }
 
 // The operator's barrier does not wait for a new worker that is still loading (its scale-up

@@ -43,8 +43,12 @@ TEST(CrdTest, NamesSubresourcesAndPrinterColumnsAreTheContract) {
   EXPECT_EQ(v["subresources"]["scale"]["labelSelectorPath"], ".status.selector");
   std::vector<std::string> columns;
   for (const json& c : v["additionalPrinterColumns"]) columns.push_back(c["name"]);
-  EXPECT_EQ(columns,
-            (std::vector<std::string>{"Phase", "GPUs", "Step", "Loss", "Last-Ckpt", "Age"}));
+  EXPECT_EQ(columns, (std::vector<std::string>{"Phase", "GPUs", "Step", "Loss", "Last-Ckpt", "Age",
+                                               "Reason"}));
+  // Issue 47: an InvalidSpec job showed only "Pending 0/0"; -o wide names the reason.
+  EXPECT_EQ(v["additionalPrinterColumns"][6]["priority"], 1);
+  EXPECT_EQ(v["additionalPrinterColumns"][6]["jsonPath"],
+            ".status.conditions[?(@.type==\"Ready\")].reason");
 }
 
 // Every field with a default in the CRD's engine sections gets the same value from the C++
@@ -314,9 +318,17 @@ TEST(CrdTest, AHugeMaxGpusIsRefusedWithoutArithmeticOverflow) {
   largest["optimization"]["microBatchSize"] = 1;
   largest["elastic"]["maxGPUs"] = spec::kMaxGpus;
   parsed = api::ParseTrainingJobSpec(largest);
+  // Issue 47: at minGPUs 1 a step is 2^24 micro-batches, which held every barrier for hours.
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("16777216 micro-batches of 1 per rank at minGPUs 1, "
+                                           "more than 4096"),
+            std::string::npos)
+      << parsed.status().message();
+  largest["elastic"]["minGPUs"] = (spec::kMaxGlobalBatchSize / spec::kMaxMicroBatchesPerStep);
+  parsed = api::ParseTrainingJobSpec(largest);
   ASSERT_TRUE(parsed.ok()) << parsed.status().message();
-  std::vector<int64_t> powers;  // 2^24's divisors up to 2^16
-  for (int64_t n = 1; n <= spec::kMaxGpus; n *= 2) powers.push_back(n);
+  std::vector<int64_t> powers;  // 2^24's divisors from 2^12 up to 2^16
+  for (int64_t n = 4096; n <= spec::kMaxGpus; n *= 2) powers.push_back(n);
   EXPECT_EQ(parsed->AllowedGpuCounts(), powers);
 }
 

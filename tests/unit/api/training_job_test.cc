@@ -99,6 +99,8 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
       {"/checkpoint/uri", "ftp://host/ckpt", "spec.checkpoint.uri: expected file:///absolute/dir"},
       {"/checkpoint/uri", "s3://A_Bucket/x", "spec.checkpoint.uri: bucket \"A_Bucket\""},
       {"/checkpoint/credentialsSecret", "Bad_Secret", "spec.checkpoint.credentialsSecret"},
+      {"/checkpoint/resumeFrom", "ftp://host/ckpt",
+       "spec.checkpoint.resumeFrom: expected file:///absolute/dir"},
       {"/checkpoint/fullEverySteps", "often",
        "spec.checkpoint.fullEverySteps: expected an integer or \"auto\", got \"often\""},
       {"/checkpoint/fullEverySteps", 1.5, "spec.checkpoint.fullEverySteps: expected an integer"},
@@ -110,6 +112,8 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
       {"/checkpoint/minFullEverySteps", 20000,
        "spec.checkpoint.minFullEverySteps: must not exceed maxFullEverySteps (10000), got 20000"},
       {"/replicas", 3, "spec.replicas: at 3 GPUs"},
+      {"/optimization/globalBatchSize", 1 << 20,
+       "spec.optimization.globalBatchSize: 1048576 sequences per step are"},
       {"/anomaly", json{{"action", "Panic"}}, "spec.anomaly.action: expected one of Pause | Alert"},
       {"/anomaly", json{{"acknowledgedStep", -1}},
        "spec.anomaly.acknowledgedStep: must be in [0, 1000000000], got -1"},
@@ -136,6 +140,48 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
     EXPECT_NE(parsed.status().message().find(c.expect), std::string::npos)
         << c.pointer << " → " << parsed.status().message();
   }
+}
+
+// Issue 47: the operator goes on managing a job whose only fault is a `kubectl scale` to a count it
+// cannot run at; with another fault, the spec is refused whole, replicas' fault included.
+TEST(TrainingJobSpecTest, AManagedJobsBadReplicasAloneIsLeftOutWithWhyAndOtherFaultsStillRefuse) {
+  json spec = Example();
+  spec["replicas"] = 3;
+  std::string refused;
+  auto managed = ParseManagedJobSpec(spec, &refused);
+  ASSERT_TRUE(managed.ok()) << managed.status().message();
+  EXPECT_FALSE(managed->replicas.has_value());
+  EXPECT_NE(refused.find("spec.replicas: at 3 GPUs"), std::string::npos) << refused;
+  EXPECT_FALSE(ParseTrainingJobSpec(spec).ok()) << "the plain parse stays strict";
+
+  spec["optimization"]["zeroStage"] = 5;
+  auto both = ParseManagedJobSpec(spec, &refused);
+  ASSERT_FALSE(both.ok());
+  EXPECT_EQ(refused, "");
+  EXPECT_NE(both.status().message().find("spec.replicas: at 3 GPUs"), std::string::npos);
+  EXPECT_NE(both.status().message().find("spec.optimization.zeroStage"), std::string::npos);
+
+  json fine = Example();
+  fine["replicas"] = fine["elastic"]["minGPUs"];
+  auto kept = ParseManagedJobSpec(fine, &refused);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_TRUE(kept->replicas.has_value());
+  EXPECT_EQ(refused, "");
+}
+
+// Issue 47: a new job starts from another's checkpoints only when its spec names them.
+TEST(TrainingJobSpecTest, ResumeFromNamesAnotherStoreNotTheJobsOwn) {
+  json spec = Example();
+  spec["checkpoint"]["uri"] = "s3://ckpt/a";
+  spec["checkpoint"]["resumeFrom"] = "s3://ckpt/a";
+  EXPECT_NE(ParseTrainingJobSpec(spec).status().message().find(
+                "spec.checkpoint.resumeFrom: is spec.checkpoint.uri itself"),
+            std::string::npos);
+  spec["checkpoint"]["resumeFrom"] = "s3://ckpt/b";
+  auto parsed = ParseTrainingJobSpec(spec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->checkpoint.resume_from, "s3://ckpt/b");
+  EXPECT_EQ(ParseTrainingJobSpec(Example())->checkpoint.resume_from, "") << "fresh by default";
 }
 
 TEST(TrainingJobSpecTest, FullEveryStepsAutoReadsItsPriorAndBoundsAndANumberStaysFixed) {

@@ -88,6 +88,9 @@ TEST(ManifestTest, RoundTripsThroughJson) {
   EXPECT_EQ(ToJson(*back), ToJson(*m));
   EXPECT_EQ(back->Find("w")->numel(), 30);
   EXPECT_EQ(back->Find("nope"), nullptr);
+  EXPECT_FALSE(ToJson(*m).contains("generation")) << "an unfenced manifest is as before";
+  m->generation = 7;
+  EXPECT_EQ(ManifestFromJson(json::parse(ToJson(*m).dump()))->generation, 7);
 }
 
 // Fetches and verifies every range of a plan, assembling the requested elements.
@@ -162,6 +165,9 @@ TEST(ManifestTest, InvalidManifestsAreRefusedNamingTheField) {
   EXPECT_EQ(refused([](json& j) { j["kind"] = "partial"; }),
             "kind: expected \"full\" or \"snapshot\", got \"partial\"");
   EXPECT_EQ(refused([](json& j) { j.erase("step"); }), "step: required");
+  EXPECT_EQ(refused([](json& j) { j["generation"] = -1; }), "generation: expected >= 0");
+  EXPECT_EQ(refused([](json& j) { j["generation"] = "3"; }),
+            "generation: wrong type or out of range");
   EXPECT_EQ(refused([](json& j) { j["zeroStage"] = 4; }), "zeroStage: expected 0-3");
   EXPECT_EQ(refused([](json& j) { j["shards"][0]["file"] = "../x"; }),
             "shards[0].file: expected a plain file name, got \"../x\"");

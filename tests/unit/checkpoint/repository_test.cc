@@ -16,6 +16,8 @@
 namespace tidal::checkpoint {
 namespace {
 
+using nlohmann::json;
+
 std::string Floats(int64_t first, int64_t count, float scale) {
   std::string out(static_cast<size_t>(count) * 4, '\0');
   for (int64_t i = 0; i < count; ++i) {
@@ -180,6 +182,65 @@ TEST_F(RepositoryTest, CommitRefusesWhenARanksShardIsMissingAndLeavesLatestAlone
             "not committing step-00000020: shard-00002-of-00002.safetensors is missing");
   EXPECT_FALSE(store_.objects_.count("step-00000020/manifest.json"));
   EXPECT_EQ(store_.objects_.at("latest"), "step-00000010\n");
+}
+
+// Issue 47: a generation the operator replaced (it could not reach its worker) trained on and
+// committed the same steps as its successor, moving `latest` to its own. The fence refuses the
+// older generation's commit once a newer one has started, and leaves manifest and latest alone.
+TEST_F(RepositoryTest, ACommitOfAGenerationOlderThanTheFenceIsRefusedAndLatestStays) {
+  repo_.SetGeneration(1);
+  Save(10, 2);
+  EXPECT_EQ(store_.objects_.at("fence"), "1\n");
+  EXPECT_EQ(repo_.ReadManifest(10)->generation, 1) << "the commit carries its fencing token";
+  Repository successor(store_);
+  successor.SetGeneration(2);
+  ASSERT_TRUE(successor.Fence().ok());  // generation 2 starts (before its first step)
+  EXPECT_EQ(*repo_.ReadFence(), 2);
+
+  auto shards = Shards(20, 2);
+  for (const auto& shard : shards) ASSERT_TRUE(repo_.WriteShard(20, shard).ok());
+  auto m = AssembleManifest(Manifest{.step = 20, .world_size = 2}, shards);
+  ASSERT_TRUE(m.ok());
+  Status s = repo_.Commit(*m);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "superseded: generation 2 of this job has started, so generation 1 may not write to "
+            "mem://test");
+  EXPECT_FALSE(store_.objects_.count("step-00000020/manifest.json"));
+  EXPECT_EQ(store_.objects_.at("latest"), "step-00000010\n");
+  EXPECT_EQ(repo_.Fence().code(), StatusCode::kFailedPrecondition) << "a restart of generation 1";
+  EXPECT_EQ(*repo_.ReadFence(), 2) << "the fence never goes back";
+}
+
+// Issue 47: a job deleted and made again under the same name resumed the deleted one's
+// checkpoints. The store belongs to the first job that claims it.
+TEST_F(RepositoryTest, AStoreBelongsToTheJobThatClaimedItAndAnotherJobIsRefusedNamingBoth) {
+  ASSERT_TRUE(repo_.Claim({"uid-a", "ml", "lora"}).ok());
+  EXPECT_EQ(json::parse(store_.objects_.at("owner"))["uid"], "uid-a");
+  EXPECT_TRUE(repo_.Claim({"uid-a", "ml", "lora"}).ok()) << "its own store, again";
+  Status other = repo_.Claim({"uid-b", "ml", "lora"});
+  EXPECT_EQ(other.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(other.message(),
+            "spec.checkpoint.uri: mem://test holds the checkpoints of job ml/lora (uid uid-a), not "
+            "of this job (uid uid-b): a job never resumes or overwrites another's. To start from "
+            "them, set spec.checkpoint.resumeFrom: mem://test and give this job a store of its "
+            "own (another spec.checkpoint.uri)");
+  EXPECT_EQ(json::parse(store_.objects_.at("owner"))["uid"], "uid-a") << "the claim moved";
+  EXPECT_TRUE(repo_.Claim({"", "", ""}).ok()) << "a run outside the operator claims nothing";
+  store_.objects_["owner"] = "not json";
+  EXPECT_EQ(repo_.Claim({"uid-a", "ml", "lora"}).code(), StatusCode::kDataLoss);
+}
+
+TEST_F(RepositoryTest, AnUnfencedRunCommitsWithoutTouchingTheFenceAndAnUnreadableFenceIsDataLoss) {
+  Save(10, 1);  // generation 0: tidal-train, tools
+  EXPECT_FALSE(store_.objects_.count("fence"));
+  EXPECT_EQ(repo_.ReadManifest(10)->generation, 0);
+  store_.objects_["fence"] = "two\n";
+  repo_.SetGeneration(3);
+  Status s = repo_.Fence();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("fence: expected a generation number, got \"two"), std::string::npos)
+      << s.message();
 }
 
 TEST_F(RepositoryTest, ACorruptByteFailsTheReadAndTheCallerFallsBack) {

@@ -142,6 +142,7 @@ TEST(Children, TheDefaultCheckpointStoreIsPassedOnlyWhenTheSpecNamesNone) {
   const WorkerPodOptions options{.default_checkpoint_uri = "file:///var/lib/tidal/ckpt/job"};
   auto plain = env_of(WorkerPod(kJob, Parse(MinimalSpec()), options));
   EXPECT_EQ(plain["TIDAL_CHECKPOINT_URI"]["value"], "file:///var/lib/tidal/ckpt/job");
+  EXPECT_EQ(plain["TIDAL_JOB_UID"]["value"], kJob.uid) << "the owner of the checkpoint store";
   EXPECT_FALSE(plain.count("TIDAL_S3_SECRET_DIR"));
   EXPECT_EQ(plain["NCCL_DEBUG"]["value"], "INFO");
   EXPECT_EQ(plain["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");

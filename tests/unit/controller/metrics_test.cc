@@ -58,6 +58,15 @@ TEST(OperatorMetrics, JobsAreCountedByPhaseAndTheirSeriesGoWithThem) {
   EXPECT_TRUE(Has(text, R"(tidal_trainingjobs{phase="Scaling"} 1)")) << text;
   EXPECT_EQ(text.find(R"(trainingjob="b")"), std::string::npos) << "a deleted job's series stay";
   EXPECT_TRUE(Has(text, R"(tidal_trainingjob_restarts_total{namespace="ml",trainingjob="a"} 1)"));
+  // Issue 47: a resume that skipped corrupt checkpoints is counted (from 0, for increase()).
+  EXPECT_TRUE(Has(
+      text,
+      R"(tidal_trainingjob_corrupt_checkpoint_resumes_total{namespace="ml",trainingjob="a"} 0)"))
+      << text;
+  m.CountCorruptResume("ml", "a");
+  EXPECT_TRUE(Has(
+      Render(m),
+      R"(tidal_trainingjob_corrupt_checkpoint_resumes_total{namespace="ml",trainingjob="a"} 1)"));
   m.ForgetJob("ml", "a");
   EXPECT_EQ(Render(m).find(R"(trainingjob="a")"), std::string::npos);
 }

@@ -63,8 +63,9 @@ class Sim {
     o.uid = "uid-1";
     o.metadata_generation = metadata_generation_;
     o.deleting = deleting_;
+    o.deletion_started = deletion_started_;
     o.has_finalizer = finalizer_;
-    o.spec = api::ParseTrainingJobSpec(raw_spec_);
+    o.spec = api::ParseManagedJobSpec(raw_spec_, &o.refused_replicas);
     o.raw_spec = raw_spec_;
     ObserveStatus(status_json_, o);
     if (!expect_unreadable_status_) EXPECT_EQ(o.status_error, "");
@@ -79,6 +80,7 @@ class Sim {
         o.reports[name] = r;
     for (const auto& [name, since] : silent_)
       if (pods_.count(name)) o.unreachable_since[name] = since;
+    o.unreachable_error = unreachable_error_;
     o.idle_gpus = idle_gpus_;
     o.pushed = pushed_;
     o.now = now_;
@@ -102,7 +104,10 @@ class Sim {
     // An operator that dies after writing the status loses the actions it had not done.
     if (lose_actions_every_ == 0 || ++reconciles_ % lose_actions_every_ != 0)
       for (const Action& a : plan.actions) Apply(a);
-    for (const Event& e : plan.events) events_.push_back(e.reason);
+    for (const Event& e : plan.events) {
+      events_.push_back(e.reason);
+      event_messages_.push_back(e.message);
+    }
     Train();
     CheckOneGenerationTrains();
     now_ += 1s;
@@ -171,6 +176,7 @@ class Sim {
   // Pods whose worker stopped answering GetStatus, since when (its process hangs, its network
   // is cut): the shell's unreachable_since.
   std::map<std::string, Clock::time_point> silent_;
+  std::map<std::string, std::string> unreachable_error_;  // the shell's: why each is silent
   bool stuck_ = false;
   bool expect_unreadable_status_ = false;
   bool reconcile_failing_ = false;  // the shell's mark: a pass failed and none succeeded since
@@ -182,11 +188,13 @@ class Sim {
   int linger_ = 0;  // deleted pods stay, terminating, for this many reconciles (grace period)
   int reconciles_ = 0;
   bool deleting_ = false, finalizer_ = false;
+  std::optional<Clock::time_point> deletion_started_;  // the job's deletionTimestamp
   int64_t idle_gpus_ = 8;
   bool pushed_ = false;  // the workers push their status (Observed::pushed)
   Clock::time_point now_ = Clock::time_point{} + std::chrono::hours(24 * 365 * 50);
   const Clock::time_point start_ = now_;
   std::vector<std::string> events_;
+  std::vector<std::string> event_messages_;  // events_'s messages, in the same order
   std::vector<std::string> shutdown_;
   std::vector<std::string> force_deleted_;
   // The loss each step reports (the job's: every rank the same), and GPU utilisation (none: CPU).
@@ -593,6 +601,177 @@ TEST(Reconcile, AWorkerThatStopsAnsweringIsReplacedAndItsPodNeverTakenBack) {
   sim.silent_.clear();
   sim.Until([&] { return sim.phase() == "Running" && sim.status().generation == 2; }, 10);
   EXPECT_EQ(sim.status().current_gpus, 2);
+}
+
+// Found by a probe (issue 47): `kubectl delete secret <job>-token` made the operator's calls
+// fail UNAUTHENTICATED, and after 30 s the job's restart was put down to a worker that "has not
+// answered" — it had answered, refusing the token. The failure names the refusal and its cause.
+TEST(Reconcile, AWorkerThatRefusesTheOperatorsTokenIsReportedAsRefusingNotAsSilent) {
+  Sim sim(Spec(R"({"restartPolicy": {"backoffSeconds": 0}})"));
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.silent_["job-worker-1"] = sim.now_;
+  sim.unreachable_error_["job-worker-1"] = "UNAUTHENTICATED: the job token does not match";
+  sim.now_ += 31s;
+  sim.Reconcile();
+  EXPECT_EQ(sim.phase(), "Recovering");
+  const std::string status = sim.status_json().dump();
+  EXPECT_NE(status.find("job-worker-1 has refused the operator's job token"), std::string::npos)
+      << status;
+  EXPECT_NE(status.find("Secret job-token, which was replaced"), std::string::npos) << status;
+  EXPECT_EQ(status.find("has not answered"), std::string::npos) << status;
+}
+
+// Found by a probe (issue 47): `kubectl scale tj X --replicas=3` where the batch does not split
+// made the whole spec invalid, and a worker killed then was never replaced — Running, its step
+// frozen, for as long as the override stood. The bad override is ignored, with an Event and the
+// ScaleOverride condition naming it; the job is still managed, and the condition clears when the
+// override goes.
+TEST(Reconcile, AnInvalidKubectlScaleIsIgnoredWithAConditionAndAKilledWorkerIsStillReplaced) {
+  Sim sim(Spec(R"({"restartPolicy": {"backoffSeconds": 0}})"));
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().current_gpus == 2; });
+  sim.SetSpec(Spec(R"({"replicas": 3, "restartPolicy": {"backoffSeconds": 0}})"));
+  sim.Reconcile();
+  EXPECT_TRUE(sim.HasEvent("InvalidReplicas"));
+  const std::string status = sim.status_json().dump();
+  EXPECT_NE(status.find("spec.replicas: at 3 GPUs globalBatchSize 8 does not split"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(status.find("InvalidSpec"), std::string::npos) << status;
+  const int64_t generation = sim.status().generation;
+  sim.silent_["job-worker-1"] = sim.now_;  // killed
+  sim.now_ += 31s;
+  sim.Reconcile();
+  EXPECT_EQ(sim.phase(), "Recovering");
+  sim.silent_.clear();
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().generation > generation; });
+  EXPECT_EQ(sim.status().current_gpus, 2) << "the refused override moved the count";
+  sim.SetSpec(Spec(R"({"restartPolicy": {"backoffSeconds": 0}})"));
+  sim.Reconcile();
+  EXPECT_NE(sim.status_json().dump().find("\"Resolved\""), std::string::npos)
+      << sim.status_json().dump();
+}
+
+// Issue 47: a job that had never started showed Progressing=True, "Training".
+TEST(Reconcile, AJobThatHasNeverStartedIsNotProgressingUntilItsFirstGenerationStarts) {
+  Sim sim(Spec());
+  sim.prep_outcome_ = [](int) { return std::pair<std::string, std::string>("Running", ""); };
+  sim.Reconcile();  // the data phase: its prep pod runs
+  EXPECT_EQ(sim.phase(), "Pending");
+  EXPECT_EQ(ConditionOf(sim.status(), "Progressing", "status"), "False");
+  EXPECT_EQ(ConditionOf(sim.status(), "Progressing", "reason"), "NotStarted");
+  const std::string prep = sim.prep_pods_created_.at(0);
+  sim.prep_pods_[prep].phase = "Succeeded";
+  sim.prep_pods_[prep].message =
+      R"({"store": "s3://data/.tidal-tokens/feed", "samples": 500, "tokens": 1234, "reused": true})";
+  sim.Until([&] { return sim.phase() == "Running"; });
+  EXPECT_EQ(ConditionOf(sim.status(), "Progressing", "status"), "True");
+  EXPECT_EQ(ConditionOf(sim.status(), "Progressing", "reason"), "Training");
+}
+
+// Issue 47: a corrupt newest checkpoint was skipped (good), but only a worker log line said so.
+// Rank 0's report of a resume that skipped corrupt checkpoints is a Warning Event, once per
+// generation, and the CheckpointsIntact condition names them; a later clean resume clears it.
+TEST(Reconcile, AResumeThatSkippedCorruptCheckpointsIsOneWarningEventAndAConditionNamingThem) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.phase() == "Running"; });
+  WorkerReport& rank0 = sim.reports_["job-worker-0"];
+  rank0.resumed_from_step = 4;
+  rank0.resumed_from_uri = "file:///ckpt/step-00000004";
+  rank0.skipped_checkpoints = {"step-00000008: chunk 0 of shard-00001-of-00002 fails its checksum"};
+  for (int i = 0; i < 3; ++i) sim.Reconcile();
+  EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "CorruptCheckpoint"), 1);
+  EXPECT_EQ(ConditionOf(sim.status(), "CheckpointsIntact", "status"), "False");
+  const std::string message = ConditionOf(sim.status(), "CheckpointsIntact", "message");
+  EXPECT_NE(message.find("generation 1 resumed from step 4 (file:///ckpt/step-00000004): newer "
+                         "checkpoints are corrupt and were skipped"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("step-00000008: chunk 0"), std::string::npos) << message;
+  rank0.skipped_checkpoints.clear();
+  sim.Reconcile();
+  EXPECT_EQ(ConditionOf(sim.status(), "CheckpointsIntact", "status"), "True");
+}
+
+// Issue 47: a step that never ended (globalBatchSize 2^24 at microBatchSize 1) held a scale-up's
+// barrier: the job showed Scaling, holding its new pod's idle GPU, with only an info log line.
+// Past the barrier timeout the rescale is abandoned with an Event and a condition, its new pods
+// are deleted, and the job trains on as it was.
+TEST(Reconcile, ABarrierNotReachedInTimeAbandonsTheRescaleAndReleasesItsNewPods) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.barrier_passes_ = 1000000;  // the ranks never reach the barrier
+  sim.SetSpec(Spec(R"({"replicas": 4})"));
+  sim.Until([&] { return sim.pending_barrier_.has_value(); });
+  EXPECT_EQ(sim.pods_.size(), 4u);
+  EXPECT_EQ(sim.phase(), "Scaling");
+  sim.Reconcile();
+  EXPECT_FALSE(sim.HasEvent("BarrierTimedOut")) << "before its timeout";
+  sim.now_ += 301s;
+  sim.Reconcile();
+  EXPECT_TRUE(sim.HasEvent("BarrierTimedOut"));
+  EXPECT_EQ(sim.phase(), "Running");
+  EXPECT_EQ(ConditionOf(sim.status(), "Scaling", "reason"), "BarrierTimedOut");
+  EXPECT_NE(ConditionOf(sim.status(), "Scaling", "message").find("within 300 s"), std::string::npos)
+      << ConditionOf(sim.status(), "Scaling", "message");
+  EXPECT_EQ(sim.status().generation, 1);
+  EXPECT_EQ(sim.pods_.size(), 2u) << "the new pods still hold their GPUs";
+  EXPECT_FALSE(sim.status().rescale);
+}
+
+// Issue 47: `kubectl delete` of that job hung on the finalizer's final checkpoint. Past the
+// barrier timeout the workers are stopped without it and the job is released, the Event naming
+// the newest checkpoint there is.
+TEST(Reconcile, ADeletionWhoseFinalCheckpointNeverComesReleasesTheJobAfterTheBarrierTimeout) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.phase() == "Running"; });
+  for (int i = 0; i < 3; ++i) sim.Reconcile();
+  sim.reports_["job-worker-0"].checkpoint_step = 2;  // a periodic checkpoint, committed
+  sim.reports_["job-worker-0"].checkpoint_uri = "file:///ckpt/step-00000002";
+  sim.barrier_passes_ = 1000000;
+  sim.deleting_ = true;
+  sim.deletion_started_ = sim.now_;
+  sim.Reconcile();
+  sim.Reconcile();
+  EXPECT_TRUE(sim.finalizer_) << "released before the final checkpoint was given its time";
+  sim.now_ += 301s;
+  sim.Until([&] { return !sim.finalizer_; }, 3);
+  EXPECT_TRUE(sim.HasEvent("FinalCheckpointSkipped"));
+  EXPECT_FALSE(sim.HasEvent("FinalCheckpoint"));
+  const auto at = std::find(sim.events_.begin(), sim.events_.end(), "FinalCheckpointSkipped");
+  const std::string& said = sim.event_messages_[at - sim.events_.begin()];
+  EXPECT_NE(said.find("the newest checkpoint is step 2; its checkpoints are kept in file:///ckpt"),
+            std::string::npos)
+      << said;
+  EXPECT_EQ(sim.shutdown_.size(), 2u);
+}
+
+// Issue 47: WorkerFailed led with the surviving pod ("worker X-0 failed … reduce_scatter …")
+// when X-1 had been killed. The member that is gone leads; the survivor's failure follows.
+TEST(Reconcile, TheLostMemberLeadsTheFailureAndTheSurvivorsCollectiveErrorFollows) {
+  Sim sim(Spec(R"({"replicas": 2, "elastic": {"minGPUs": 1}})"));
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().current_gpus == 2; });
+  sim.silent_["job-worker-1"] = sim.now_;  // killed
+  sim.reports_["job-worker-0"].phase = W::kFailed;
+  sim.reports_["job-worker-0"].last_error = "reduce_scatter: connection reset by peer";
+  sim.Reconcile();
+  const auto at = std::find(sim.events_.begin(), sim.events_.end(), "WorkerFailed");
+  ASSERT_NE(at, sim.events_.end());
+  const std::string& said = sim.event_messages_[at - sim.events_.begin()];
+  EXPECT_EQ(said.rfind("pod job-worker-1's worker does not answer", 0), 0u) << said;
+  EXPECT_NE(said.find("worker job-worker-0 failed generation 1: reduce_scatter"), std::string::npos)
+      << said;
+}
+
+// Issue 47: a Succeeded job kept showing its last GPU count (GPUS 2/2) with no worker left.
+TEST(Reconcile, ASucceededJobShowsNoGpusHeldOrWanted) {
+  Sim sim(Spec());
+  sim.Until([&] { return sim.phase() == "Running"; });
+  sim.pods_["job-worker-0"].phase = "Succeeded";
+  sim.Reconcile();
+  sim.Reconcile();
+  EXPECT_EQ(sim.phase(), "Succeeded");
+  EXPECT_EQ(sim.status().current_gpus, 0);
+  EXPECT_EQ(sim.status().desired_gpus, 0);
 }
 
 // Found when the workers started pushing: a worker killed -9 is silent at once, its peer
@@ -1634,6 +1813,11 @@ TEST(Reconcile, DeletionTakesAFinalCheckpointBeforeReleasingTheFinalizer) {
   sim.Until([&] { return !sim.finalizer_; });
   EXPECT_TRUE(sim.HasEvent("FinalCheckpoint"));
   EXPECT_EQ(sim.shutdown_.size(), 2u);
+  // Issue 47: deleting a job says what happens to its checkpoints: kept, and where.
+  const auto at = std::find(sim.events_.begin(), sim.events_.end(), "FinalCheckpoint");
+  const std::string& said = sim.event_messages_[at - sim.events_.begin()];
+  EXPECT_NE(said.find("its checkpoints are kept in file:///ckpt ("), std::string::npos) << said;
+  EXPECT_NE(said.find("spec.checkpoint.resumeFrom"), std::string::npos) << said;
 }
 
 // `kubectl get tj` of a job being deleted says so (as a Namespace's phase does), not "Running"

@@ -110,6 +110,9 @@ TEST(DesiredGpusTest, DecisionTable) {
   for (const Case& c : cases) {
     Decision d = DesiredGpus(Spec(), c.state, {c.idle}, c.now);
     EXPECT_EQ(d.desired, c.want) << c.what << ": " << d.reason;
+    // Issue 47: what the job wants is reported before the capacity gate and the cooldown, so a
+    // job held at 2 of its window's 4 shows 2 < 4 (the below-desired alert could never fire).
+    EXPECT_EQ(d.wanted, c.now == night ? 4 : 2) << c.what;
     EXPECT_NE(d.reason.find(c.reason), std::string::npos) << c.what << ": " << d.reason;
   }
 }
