@@ -6,6 +6,10 @@
 namespace tidal::controller::internal {
 
 void Decider::StartGeneration(bool recovery) {
+  // A job that never trained a step is started again, not recovered (issue 47: its retry was
+  // labelled "recovery", as if it had lost something).
+  const bool trained = st_.step > 0 || st_.last_checkpoint.is_object();
+  const std::string again = trained ? "recovery" : "another try at the start";
   if (st_.restart_not_before && o_.now < *st_.restart_not_before) {
     plan_.requeue_after =
         std::chrono::duration_cast<std::chrono::milliseconds>(*st_.restart_not_before - o_.now);
@@ -16,7 +20,7 @@ void Decider::StartGeneration(bool recovery) {
       r.members = st_.members;
       r.recovery = true;
       r.started = *st_.restart_not_before;
-      r.reason = "recovery after backoff";
+      r.reason = again + " after backoff";
       st_.rescale = r;
     }
     return;
@@ -52,7 +56,7 @@ void Decider::StartGeneration(bool recovery) {
   r.recovery = recovery || st_.generation == 0;
   r.started = o_.now;
   r.reason = recovery
-                 ? "recovery at " + std::to_string(decision.desired) + " GPUs"
+                 ? again + " at " + std::to_string(decision.desired) + " GPUs"
                  : "start at " + std::to_string(decision.desired) + " GPUs: " + decision.reason;
   st_.rescale = r;
   st_.restart_not_before.reset();

@@ -176,7 +176,9 @@ StatusOr<Manifest> Repository::NewestUsable(const std::set<int64_t>& exclude,
   for (ScannedCheckpoint& c : scanned) {
     if (exclude.count(c.step)) continue;
     if (c.manifest) return std::move(*c.manifest);
-    if (corrupt && c.problem.rfind("no manifest.json", 0) != 0)
+    // Not corrupt: a save never committed (torn), or a manifest the store failed to serve now.
+    if (corrupt && c.problem.rfind("no manifest.json", 0) != 0 &&
+        c.problem.rfind("manifest.json unreadable", 0) != 0)
       corrupt->push_back(StepDirectory(c.step) + ": " + c.problem);
     Logger::Get().Log(
         "warn", "skipping checkpoint",

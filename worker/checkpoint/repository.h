@@ -76,8 +76,9 @@ class Repository {
   StatusOr<std::vector<ScannedCheckpoint>> Scan();
   // The newest usable checkpoint not in `exclude` (steps already found corrupt), or NotFound.
   // Skipped ones are logged with their problem; those that were committed but are not whole
-  // (a manifest that does not read, a shard missing or short: corruption, not a torn save that
-  // was never committed) are added to `corrupt` as "step-…: why", when given.
+  // (a manifest that does not parse, a shard missing or short: corruption; not a torn save that
+  // was never committed, nor a manifest the store failed to serve) are added to `corrupt` as
+  // "step-…: why", when given.
   StatusOr<Manifest> NewestUsable(const std::set<int64_t>& exclude = {},
                                   std::vector<std::string>* corrupt = nullptr);
   // Points `latest` at `step` (a resume that skipped newer, corrupt checkpoints: `latest` named

@@ -938,7 +938,9 @@ StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo, ResumeRep
                       {{"checkpoint", repo.store().uri() + "/" + StepDirectory(step)},
                        {"error", agreed.message()}});
     if (loaded.code() == StatusCode::kFailedPrecondition) return loaded;  // another config
-    corrupt.push_back(StepDirectory(step) + ": " + agreed.message());
+    // A read the store failed now (on this rank) is no corruption, though the step is skipped.
+    if (loaded.code() != StatusCode::kUnavailable && loaded.code() != StatusCode::kDeadlineExceeded)
+      corrupt.push_back(StepDirectory(step) + ": " + agreed.message());
     bad.insert(step);
   }
   return DataLoss("no readable checkpoint in " + repo.store().uri() + " after 8 attempts");

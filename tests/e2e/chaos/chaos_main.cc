@@ -23,6 +23,9 @@
 //               load it
 //   token       `kubectl delete secret <job>-token` under the running workers (it must come
 //               back with the token they hold: no restart, never a generation beside theirs)
+//   badscale    `kubectl scale` to 3 GPUs, a count the batch cannot split at, left standing,
+//               then a worker killed: the override is ignored (a condition) and the job is
+//               still recovered
 // Invariants, each violation printed as it is found:
 //   - two generations never train at once (their step records' time spans are disjoint);
 //   - every step of the job is in the final record, none lost between generations, and every
@@ -83,7 +86,7 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kJob = "chaos";
 constexpr const char* kBucket = "chaos";
 const std::vector<std::string> kAllFaults = {"worker",  "operator", "cluster", "scale", "window",
-                                             "pending", "s3",       "corrupt", "token"};
+                                             "pending", "s3",       "corrupt", "token", "badscale"};
 
 double WallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -551,6 +554,11 @@ void Driver::Inject(const std::string& kind) {
     s3_mode_ = mode;
     s3_until_ = WallNow() + hold;
     ++s3_injected_;
+  } else if (kind == "badscale") {
+    Kubectl({"scale", "tj", kJob, "--replicas=3"});
+    std::string killed;
+    KillAWorker(killed);
+    f.detail = "kubectl scale to 3 (refused, left standing); " + killed;
   } else if (kind == "token") {
     Kubectl({"delete", "secret", std::string(kJob) + "-token", "--wait=false"});
     f.detail = "kubectl delete secret " + std::string(kJob) + "-token";

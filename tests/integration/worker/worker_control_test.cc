@@ -1015,6 +1015,56 @@ TEST_F(WorkerControlTest, ASupersededGenerationStopsAtOnceAndNeverCommitsBesideI
       << "the commit carries its generation";
 }
 
+// Issue 47: a corrupt newest checkpoint was skipped (good) but only a log line said so; status
+// kept naming it and `latest` pointed at it. The next generation reports what it resumed from and
+// what it skipped, names the resumed one as its last checkpoint, and points `latest` at it.
+TEST_F(WorkerControlTest, AResumePastACorruptCheckpointSaysWhatItSkippedAndPointsLatestBack) {
+  WriteSpec("full: 2", 100000);
+  fs::remove_all(dir_ + "/ckpt");
+  StartWorker(0);
+  Rendezvous(1, {0});
+  const pb::WorkerStatus before =
+      WaitFor(0, [](auto& s) { return s.last_checkpoint().step() >= 6; });
+  kill(workers_[0].process->pid(), SIGKILL);
+  workers_[0].process->Wait(30s);
+  std::ifstream latest_in(dir_ + "/ckpt/latest");
+  std::string newest;
+  latest_in >> newest;
+  ASSERT_FALSE(newest.empty());
+  // A flipped byte in the data of the newest checkpoint's shard (past its header).
+  std::string shard;
+  for (const auto& e : fs::directory_iterator(dir_ + "/ckpt/" + newest))
+    if (e.path().filename().string().rfind("shard-", 0) == 0) shard = e.path().string();
+  ASSERT_FALSE(shard.empty());
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(-3, std::ios::end);
+    c ^= 0x5a;
+    f.write(&c, 1);
+  }
+  StartWorker(1);
+  Rendezvous(2, {1});
+  const pb::WorkerStatus after =
+      WaitFor(1, [](auto& s) { return s.phase() == pb::RUNNING && s.has_resumed_from(); });
+  ASSERT_EQ(after.skipped_checkpoints_size(), 1) << after.ShortDebugString();
+  EXPECT_EQ(after.skipped_checkpoints(0).rfind(newest + ": ", 0), 0u)
+      << after.skipped_checkpoints(0);
+  EXPECT_LT(after.resumed_from().step(), std::stoll(newest.substr(5)));
+  EXPECT_GE(after.resumed_from().step(), before.last_checkpoint().step() - 2);
+  EXPECT_EQ(after.resumed_from().uri().find(newest), std::string::npos);
+  EXPECT_EQ(after.last_checkpoint().step(), after.resumed_from().step())
+      << "the last checkpoint named is what the job holds";
+  std::ifstream latest_again(dir_ + "/ckpt/latest");
+  std::string now_latest;
+  latest_again >> now_latest;
+  EXPECT_NE(now_latest, newest) << "latest still names the corrupt checkpoint";
+  ASSERT_TRUE(workers_[1].client->Shutdown("test done").ok());
+  workers_[1].process->Wait(120s);
+}
+
 // Issue 47: a job deleted and applied again (same name, so the same store) resumed the deleted
 // one's final checkpoint and was "Succeeded" at once, having trained nothing. A store belongs to
 // the job (UID) that first wrote it: another job is refused, naming spec.checkpoint.resumeFrom,

@@ -271,7 +271,16 @@ TEST_F(RepositoryTest, TruncatedShardsAndBrokenManifestsAreSkippedWithTheReason)
   EXPECT_NE(scanned[0].problem.find("manifest.json invalid"), std::string::npos)
       << scanned[0].problem;
   EXPECT_NE(scanned[1].problem.find("has 100 bytes, expected"), std::string::npos);
-  EXPECT_EQ(repo_.NewestUsable()->step, 10);
+  // Issue 47: the resume says which newer ones it skipped as corrupt — a torn save (step 40,
+  // never committed) is none of them.
+  Save(40, 2, CheckpointKind::kFull, /*commit=*/false);
+  std::vector<std::string> corrupt;
+  EXPECT_EQ(repo_.NewestUsable({}, &corrupt)->step, 10);
+  ASSERT_EQ(corrupt.size(), 2u);
+  EXPECT_EQ(corrupt[0].rfind("step-00000030: manifest.json invalid", 0), 0u) << corrupt[0];
+  EXPECT_EQ(corrupt[1].rfind("step-00000020: shard-00001-of-00002.safetensors has 100 bytes", 0),
+            0u)
+      << corrupt[1];
 }
 
 TEST_F(RepositoryTest, AFailingStoreFailsTheSaveClearlyWithoutTouchingLatest) {

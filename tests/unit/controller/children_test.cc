@@ -157,6 +157,15 @@ TEST(Children, TheDefaultCheckpointStoreIsPassedOnlyWhenTheSpecNamesNone) {
   EXPECT_TRUE(mounted);
 }
 
+// Issue 47: a job deleted and applied again under the same name found the deleted one's
+// checkpoints in <root>/<ns>/<name> and was Succeeded without training. Its UID is part of it.
+TEST(Children, TheDefaultCheckpointStoreIsTheJobsOwnByItsUid) {
+  EXPECT_EQ(DefaultCheckpointUri("file:///var/lib/tidal/ckpt", kJob),
+            "file:///var/lib/tidal/ckpt/team-a/llama-lora/uid-123");
+  const JobRef again{"llama-lora", "team-a", "uid-456"};
+  EXPECT_NE(DefaultCheckpointUri("s3://b/c", kJob), DefaultCheckpointUri("s3://b/c", again));
+}
+
 TEST(Children, ATlsSecretIsMountedAndTheWorkerServesItsCertificate) {
   json spec = MinimalSpec();
   const auto args_of = [](const json& pod) {

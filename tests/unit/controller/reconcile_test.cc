@@ -12,6 +12,9 @@
 #include <optional>
 #include <set>
 
+#include "common/yaml_json.h"
+#include "operator/local/schema.h"
+
 namespace tidal::controller {
 namespace {
 
@@ -760,6 +763,81 @@ TEST(Reconcile, TheLostMemberLeadsTheFailureAndTheSurvivorsCollectiveErrorFollow
   EXPECT_EQ(said.rfind("pod job-worker-1's worker does not answer", 0), 0u) << said;
   EXPECT_NE(said.find("worker job-worker-0 failed generation 1: reduce_scatter"), std::string::npos)
       << said;
+}
+
+// Issue 47: a job whose first start failed before it trained a step was retried as a "recovery".
+TEST(Reconcile, AStartThatFailsBeforeTheFirstStepIsTriedAgainNotRecovered) {
+  Sim sim(Spec(R"({"restartPolicy": {"backoffSeconds": 0}})"));
+  sim.pods_stay_pending_ = true;
+  sim.Until([&] { return sim.pods_.size() == 2u; });
+  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].reason = "ImagePullBackOff";
+  sim.Reconcile();
+  const JobStatus st = sim.status();
+  ASSERT_TRUE(st.rescale) << sim.status_json().dump();
+  EXPECT_EQ(st.rescale->reason.rfind("another try at the start", 0), 0u) << st.rescale->reason;
+  EXPECT_EQ(st.rescale->reason.find("recovery"), std::string::npos) << st.rescale->reason;
+}
+
+// Found by the e2e suite (issue 47): the status write of a rescale at its barrier was refused,
+// "strict decoding error: unknown field status.rescale.barrierStarted", because the CRD's status
+// schema lacked a field the operator writes. Every field of a status with every optional part
+// set is one the schema knows, of a type it accepts.
+TEST(Reconcile, EveryStatusFieldTheOperatorWritesIsOneTheCrdSchemaAccepts) {
+  auto crd = ReadYamlFile(std::string(TIDAL_SOURCE_DIR) + "/crds/tidal.dev_trainingjobs.yaml");
+  ASSERT_TRUE(crd.ok()) << crd.status().message();
+  const json& schema = (*crd)["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+  const Clock::time_point t = Clock::time_point{} + std::chrono::hours(24 * 365 * 50);
+  JobStatus st;
+  st.phase = planner::Phase::kScaling;
+  st.generation = 3;
+  st.members = {"job-worker-0", "job-worker-1"};
+  RescaleState r;
+  r.stage = RescaleState::Stage::kBarrier;
+  r.target_generation = 4;
+  r.members = {"job-worker-0", "job-worker-1", "job-worker-2"};
+  r.new_pods = {"job-worker-2"};
+  r.reason = "scale 2 -> 3";
+  r.started = t;
+  r.drain = true;
+  r.waiting_for = "job-worker-2 (Pending)";
+  r.state_peers = {"job-worker-0"};
+  r.state_step = 7;
+  r.wards = {1, 0, 2};
+  r.prepare_asked = t;
+  r.barrier_started = t;
+  st.rescale = r;
+  st.restarts = 2;
+  st.restart_streak = 1;
+  st.restart_not_before = st.last_membership_change = st.scale_up_not_before = t;
+  st.step = 12;
+  st.loss = 1.5;
+  st.tokens_per_second = 100;
+  st.last_checkpoint = {{"step", 10},
+                        {"kind", "full"},
+                        {"uri", "file:///c/step-10"},
+                        {"time", "2026-01-01T00:00:00Z"}};
+  st.desired_gpus = 4;
+  st.current_gpus = 2;
+  st.gpus_reason = "capacity";
+  st.failure = "f";
+  st.failure_reason = "ConfigurationError";
+  st.failed_spec_generation = 2;
+  st.last_failure = "x";
+  st.last_failure_time = t;
+  st.anomaly = AnomalyStatus{"rule", 12, 11, "rising", t, true};
+  st.data = DataStatus{"k", "Ready", "p", "file:///s", 1, 2, true, "m", 0, t, t};
+  st.conditions = {{"CheckpointsIntact", "False", "CorruptSkipped", "m", t, 1},
+                   {"ScaleOverride", "False", "InvalidReplicas", "m", t, 1}};
+  st.observed_generation = 2;
+  json job = {{"apiVersion", "tidal.dev/v1alpha1"},
+              {"kind", "TrainingJob"},
+              {"metadata", {{"name", "job"}}},
+              {"spec", {{"model", {{"preset", "tiny"}}}, {"dataset", {{"uri", "d.jsonl"}}}}},
+              {"status", ToJson(st, "tidal.dev/job=job")}};
+  const local::SchemaResult result = local::ApplySchema(schema, job);
+  for (const std::string& f : result.unknown_fields) ADD_FAILURE() << "unknown to the CRD: " << f;
+  for (const local::FieldCause& c : result.errors) ADD_FAILURE() << c.field << ": " << c.message;
 }
 
 // Issue 47: a Succeeded job kept showing its last GPU count (GPUS 2/2) with no worker left.
