@@ -266,10 +266,11 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheJobAndEveryDashboardQueryAndAlertR
       EXPECT_EQ(rule.value("health", ""), "ok") << rule.dump();
       EXPECT_EQ(rule.value("lastError", ""), "") << rule.dump();
     }
-  EXPECT_EQ(names, (std::set<std::string>{
-                       "TidalTrainingJobLossAnomaly", "TidalTrainingJobStalled",
-                       "TidalTrainingJobRestartingRepeatedly", "TidalCheckpointsFailing",
-                       "TidalTrainingJobBelowDesiredGpus", "TidalOperatorNoLeader"}));
+  EXPECT_EQ(names,
+            (std::set<std::string>{"TidalTrainingJobLossAnomaly", "TidalTrainingJobStalled",
+                                   "TidalTrainingJobRestartingRepeatedly",
+                                   "TidalCheckpointsFailing", "TidalTrainingJobBelowDesiredGpus",
+                                   "TidalOperatorNoLeader", "TidalCheckpointCorrupt"}));
   // A healthy, growing job raises none of them.
   EXPECT_TRUE(Query("ALERTS").empty()) << Query("ALERTS").dump();
 }
