@@ -719,6 +719,15 @@ TEST(Reconcile, ABarrierNotReachedInTimeAbandonsTheRescaleAndReleasesItsNewPods)
   EXPECT_EQ(sim.status().generation, 1);
   EXPECT_EQ(sim.pods_.size(), 2u) << "the new pods still hold their GPUs";
   EXPECT_FALSE(sim.status().rescale);
+  // The long step ends at last and the ranks hold at the barrier that was asked of them: nothing
+  // waits for it any more, so they are resumed, not left paused for good.
+  sim.pending_barrier_.reset();
+  for (const std::string& m : sim.status().members) sim.reports_[m].phase = W::kPaused;
+  const Plan plan = sim.Reconcile();
+  bool resumed = false;
+  for (const Action& a : plan.actions)
+    resumed |= a.kind == Action::Kind::kResume && a.pods == sim.status().members;
+  EXPECT_TRUE(resumed) << "ranks held at an abandoned barrier stay paused";
 }
 
 // Issue 47: `kubectl delete` of that job hung on the finalizer's final checkpoint. Past the
