@@ -33,8 +33,8 @@ Decider::Failure Decider::FailureOf(const std::string& name, int64_t generation)
   auto error = o_.unreachable_error.find(name);
   if (error != o_.unreachable_error.end() && error->second.starts_with("UNAUTHENTICATED"))
     return {"worker " + name + " has refused the operator's job token for " + seconds + " s (" +
-                error->second + "): it holds another token than Secret " + o_.name +
-                "-token, which was replaced while it ran",
+                error->second + "): it holds another token than Secret " +
+                TokenSecretName(o_.name) + ", which was replaced while it ran",
             true};
   return {"worker " + name + " has not answered for " + seconds + " s" +
               (error != o_.unreachable_error.end() && !error->second.empty()
