@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/chaos_soak.sh [BUILD_DIR] [MINUTES_EACH] [SEED...] — the long chaos soak: tidal_chaos
-# (tests/e2e/chaos/chaos_main.cc, the program the 3-minute e2e test runs) once per seed, each
+# (tests/e2e/chaos/chaos_main.cc, the program the e2e test runs with each kind once) once per seed, each
 # with MINUTES_EACH minutes of faults of every kind (default 10; seeds default 11 12 13: 30
 # minutes in all), then one table of the runs together: faults injected and survived by kind,
 # seconds to training again (min / median / max), steps recomputed, invariant violations. The

@@ -5,10 +5,13 @@
 //       the local cluster, running the operator (and installing the CRD) unless --no-operator
 //   tidal operator [--kubeconfig PATH] [--namespace NS] [--default-checkpoint-root URI]
 //                  [--no-leader-elect] [--lease-namespace NS] [--install-crd]
-//                  [--metrics-address ADDR]
+//                  [--metrics-address ADDR] [--leader-elect-lease-duration D]
+//                  [--leader-elect-renew-deadline D] [--leader-elect-retry-period D]
 //       the operator against any cluster (in a pod: the in-cluster config)
 #include <malloc.h>
 
+#include <cctype>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -58,11 +61,36 @@ int Usage(const char* why, bool help = false) {
                "  --default-checkpoint-root URI  checkpoints of jobs whose spec names no store\n"
                "                     go to URI/<namespace>/<job>/<job uid>\n"
                "  --metrics-address HOST:PORT  where /metrics is served (default :8080; \"\"\n"
-               "                     serves none)\n");
+               "                     serves none)\n"
+               "  --leader-elect-lease-duration D  how long a standby waits after the leader's\n"
+               "                     last renewal before it takes over (default 15s)\n"
+               "  --leader-elect-renew-deadline D  how long the leader retries a renewal before\n"
+               "                     it stops leading (default 10s)\n"
+               "  --leader-elect-retry-period D  between tries to take or renew the lease\n"
+               "                     (default 2s); durations as 500ms, 4s, 1m\n");
   return help ? 0 : 2;
 }
 
 bool IsHelp(const std::string& flag) { return flag == "--help" || flag == "-h"; }
+
+// A duration as Go's flag package writes the common ones: a whole number and ms, s or m.
+bool ParseDuration(const std::string& text, std::chrono::milliseconds& out) {
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0 || digits > 9) return false;
+  const long long n = std::stoll(text.substr(0, digits));
+  const std::string unit = text.substr(digits);
+  if (unit == "ms") {
+    out = std::chrono::milliseconds(n);
+  } else if (unit == "s") {
+    out = std::chrono::seconds(n);
+  } else if (unit == "m") {
+    out = std::chrono::minutes(n);
+  } else {
+    return false;
+  }
+  return n > 0;
+}
 
 bool ParseInt(const char* text, int& out) {
   char* end = nullptr;
@@ -213,10 +241,30 @@ int RunOperator(int argc, char** argv) {
       m.lease_namespace = value;
     } else if (flag == "--metrics-address") {
       m.metrics_address = value;
+    } else if (flag == "--leader-elect-lease-duration" || flag == "--leader-elect-renew-deadline" ||
+               flag == "--leader-elect-retry-period") {
+      std::chrono::milliseconds d{};
+      if (!ParseDuration(value, d))
+        return Usage(
+            (flag + ": expected a positive duration such as 500ms, 4s or 1m, got \"" + value + "\"")
+                .c_str());
+      (flag == "--leader-elect-lease-duration"   ? m.lease_duration
+       : flag == "--leader-elect-renew-deadline" ? m.renew_deadline
+                                                 : m.retry_period) = d;
     } else {
       return Usage(("unknown flag " + flag).c_str());
     }
   }
+  // client-go's rule: the lease outlasts the renew deadline, which outlasts a jittered retry.
+  if (m.lease_duration <= m.renew_deadline || static_cast<double>(m.renew_deadline.count()) <=
+                                                  tidal::kube::LeaderElectionConfig::kJitterFactor *
+                                                      static_cast<double>(m.retry_period.count()))
+    return Usage(("--leader-elect-lease-duration (" + std::to_string(m.lease_duration.count()) +
+                  "ms) must exceed --leader-elect-renew-deadline (" +
+                  std::to_string(m.renew_deadline.count()) +
+                  "ms), which must exceed 1.2 x --leader-elect-retry-period (" +
+                  std::to_string(m.retry_period.count()) + "ms)")
+                     .c_str());
   auto connection = kubeconfig.empty() ? tidal::kube::DefaultConnection()
                                        : tidal::kube::LoadKubeconfig(kubeconfig);
   if (!connection.ok()) {

@@ -392,6 +392,12 @@ int main(int argc, char** argv) {
   while (!token->empty() && (token->back() == '\n' || token->back() == '\r')) token->pop_back();
   auto options = LoadOptions(*args, env);
   if (!options.ok()) return Fail(options.status());
+  // Which job this process works for, whatever its name: a job deleted and applied again under
+  // the same name is another job (its own UID and checkpoint store).
+  tidal::LogInfo("worker starting", {{"job", options->config.name},
+                                     {"job_uid", options->policy.owner.uid},
+                                     {"checkpoint_uri", options->policy.uri},
+                                     {"resume_from", options->policy.start_from_uri}});
   tidal::worker::ControlServerOptions server_options;
   server_options.listen = args->listen;
   server_options.token = *token;

@@ -126,6 +126,9 @@ StatusOr<std::unique_ptr<Manager>> Manager::Start(ManagerOptions options) {
   election.lease_namespace = state->options.lease_namespace;
   election.lease_name = state->options.lease_name;
   election.identity = identity;
+  election.lease_duration = state->options.lease_duration;
+  election.renew_deadline = state->options.renew_deadline;
+  election.retry_period = state->options.retry_period;
   kube::LeaderCallbacks callbacks;
   callbacks.on_started_leading = [raw] {
     LogInfo("leading: starting the controller", {});

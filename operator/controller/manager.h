@@ -4,12 +4,14 @@
 // TrainingJob CRD installed from the copy built into the binary (crds/, the one source).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
 #include "common/status.h"
 #include "operator/controller/controller.h"
 #include "operator/kube/config.h"
+#include "operator/kube/leader.h"
 
 namespace tidal::controller {
 
@@ -20,6 +22,10 @@ struct ManagerOptions {
   std::string lease_namespace = "default";
   std::string lease_name = "tidal-operator";
   std::string identity;  // "" → hostname + pid
+  // Leader election's timing (kube::LeaderElectionConfig's defaults are client-go's).
+  std::chrono::milliseconds lease_duration = kube::LeaderElectionConfig::kDefaultLeaseDuration;
+  std::chrono::milliseconds renew_deadline = kube::LeaderElectionConfig::kDefaultRenewDeadline;
+  std::chrono::milliseconds retry_period = kube::LeaderElectionConfig::kDefaultRetryPeriod;
   bool install_crd = false;
   // Where /metrics is served ("host:port", port 0 picks one; "" serves none).
   std::string metrics_address;

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -144,9 +145,29 @@ std::string ProcessKubelet::LogPath(const std::string& data_dir, const std::stri
 ProcessKubelet::ProcessKubelet(ApiServer& api, KubeletOptions options)
     : api_(api), options_(std::move(options)) {}
 
-ProcessKubelet::~ProcessKubelet() { Stop(); }
+ProcessKubelet::~ProcessKubelet() {
+  Stop();
+  if (block_lock_ >= 0) ::close(block_lock_);
+}
 
 void ProcessKubelet::Start() {
+  // Claim a block of pod addresses before any pod is started. Blocks 1..254 (block 0 holds
+  // 127.0.0.1, where the API server and tests listen).
+  for (int block = 1; block < 255 && block_lock_ < 0; ++block) {
+    const std::string path = "/tmp/tidal-local-127." + std::to_string(block) + ".lock";
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) continue;  // another user's lock file: that block is theirs
+    ::fchmod(fd, 0666);    // whoever comes next may lock it once this process is gone
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) {
+      block_ = block;
+      block_lock_ = fd;
+    } else {
+      ::close(fd);
+    }
+  }
+  if (block_lock_ < 0)
+    Log("warn", "every block of pod addresses is held by another tidal local; pods share 127.0.x.y",
+        {});
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -1032,7 +1053,8 @@ void ProcessKubelet::KeepLog(const std::string& log, const std::string& ns, cons
 std::string ProcessKubelet::AllocateIp() {
   for (int a = 0; a < 256; ++a)
     for (int b = 1; b < 255; ++b) {
-      std::string ip = "127.0." + std::to_string(a) + "." + std::to_string(b);
+      std::string ip =
+          "127." + std::to_string(block_) + "." + std::to_string(a) + "." + std::to_string(b);
       if (ips_in_use_.insert(ip).second) return ip;
     }
   return "127.0.0.1";  // 65,000 pods on one machine: share the host's address

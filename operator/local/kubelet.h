@@ -2,7 +2,8 @@
 // when their nvidia.com/gpu requests fit (else Pending, PodScheduled=False, Unschedulable),
 // runs each container's command as a local process in its own process group (the image →
 // executable table of pod_spec.h), with env, Secret and ConfigMap volumes materialised under
-// DIR/pods/<ns>/<pod>, a loopback address of its own (127.0.0.x) as status.podIP, output
+// DIR/pods/<ns>/<pod>, a loopback address of its own (127.B.x.y, in a block B no other
+// `tidal local` on the machine holds) as status.podIP, output
 // captured to DIR/logs/<ns>/<pod>/<container>.log for `kubectl logs`, phases and container
 // statuses, exit codes, restart policy with CrashLoopBackOff, readiness probes (tcpSocket,
 // httpGet), and graceful deletion: SIGTERM to the process group, SIGKILL after the grace
@@ -97,14 +98,21 @@ class ProcessKubelet {
   // With keep_logs: links `log` (of `container` of pod ns/name) into the archive.
   void KeepLog(const std::string& log, const std::string& ns, const std::string& pod,
                const std::string& container);
-  // The lowest loopback address no pod holds (ips_in_use_, gathered by the pass), taken.
+  // The lowest address of this kubelet's block that no pod holds (ips_in_use_, gathered by
+  // the pass), taken.
   std::string AllocateIp();
 
   ApiServer& api_;
   KubeletOptions options_;
   std::map<std::string, std::unique_ptr<PodRuntime>> pods_;  // by uid, loop thread only
   std::set<std::string> ips_in_use_;                         // loop thread only
-  std::set<std::string> lost_;                               // loop thread only
+  // Pod addresses are 127.<block_>.x.y: a /16 of the loopback network this process holds
+  // alone on the machine (an flock on /tmp/tidal-local-127.<block>.lock, released when the
+  // process ends, however it ends), so two clusters on one machine never hand out the same
+  // address and a job of one never reaches the other's workers. 0 when every block is held.
+  int block_ = 0;
+  int block_lock_ = -1;
+  std::set<std::string> lost_;  // loop thread only
   // When this kubelet first saw a NoExecute taint without timeAdded, by node and taint key.
   std::map<std::string, std::chrono::system_clock::time_point> taint_seen_;  // loop thread only
   std::atomic<bool> stop_{false};

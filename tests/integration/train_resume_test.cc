@@ -17,6 +17,7 @@
 #include "api/checkpoint_interval.h"
 #include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/process.h"
+#include "tests/integration/run_cache.h"
 
 namespace tidal::testing {
 namespace {
@@ -32,7 +33,8 @@ struct TrainRun {
 class TrainResumeTest : public ::testing::Test {
  protected:
   // One reference run for the suite: 30 steps at 3 ranks, ZeRO-3, a full checkpoint every 15
-  // steps (15 and the final 30), in `dir_/ref`.
+  // steps (15 and the final 30), in `ref_dir_/ref`: made once per build of tidal-train and
+  // shared by the cases (each a process of its own under ctest), never written by them.
   static void SetUpTestSuite() {
     std::string tmpl = (fs::temp_directory_path() / "tidal-resume-XXXXXX").string();
     dir_ = mkdtemp(tmpl.data());
@@ -46,7 +48,23 @@ class TrainResumeTest : public ::testing::Test {
         << "optimization:\n  zeroStage: 3\n  precision: fp32\n  globalBatchSize: 12\n"
         << "  microBatchSize: 1\n  learningRate: 2.0e-3\n  warmup: {steps: 5, adaptive: true}\n"
         << "  maxSteps: 30\n  seed: 1\n";
-    ref_ = new TrainRun(Train(3, dir_ + "/ref", {"--full-every", "15"}));
+    std::ifstream job(dir_ + "/job.yaml");
+    const std::string spec((std::istreambuf_iterator<char>(job)), std::istreambuf_iterator<char>());
+    ref_ = new TrainRun;
+    ref_dir_ = CachedRun(TIDAL_TEST_CACHE_DIR, "train-resume-reference",
+                         WithFileIdentity(spec, TIDAL_TRAIN_BIN), [&](const std::string& into) {
+                           *ref_ = Train(3, into + "/ref", {"--full-every", "15"});
+                           std::ofstream(into + "/stdout") << ref_->result.out;
+                           return ref_->result.exit_code == 0;
+                         });
+    if (!ref_dir_.empty() && ref_->losses.empty()) {  // made by an earlier case
+      std::ifstream out(ref_dir_ + "/stdout");
+      std::stringstream text;
+      text << out.rdbuf();
+      ref_->result.exit_code = 0;  // only a run that succeeded is kept
+      ref_->result.out = text.str();
+      ref_->losses = Losses(ref_->result.out);
+    }
   }
   static void TearDownTestSuite() {
     delete ref_;
@@ -55,8 +73,8 @@ class TrainResumeTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_EQ(ref_->result.exit_code, 0) << ref_->result.err;
     ASSERT_EQ(ref_->losses.size(), 30u);
-    ASSERT_TRUE(fs::exists(dir_ + "/ref/step-00000015/manifest.json"));
-    ASSERT_TRUE(fs::exists(dir_ + "/ref/step-00000030/manifest.json"));
+    ASSERT_TRUE(fs::exists(ref_dir_ + "/ref/step-00000015/manifest.json"));
+    ASSERT_TRUE(fs::exists(ref_dir_ + "/ref/step-00000030/manifest.json"));
     work_ = dir_ + "/" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     fs::create_directories(work_);
   }
@@ -68,24 +86,29 @@ class TrainResumeTest : public ::testing::Test {
     argv.insert(argv.end(), extra.begin(), extra.end());
     TrainRun run;
     run.result = RunProcess(argv, 300s);
-    std::istringstream in(run.result.out);
+    run.losses = Losses(run.result.out);
+    return run;
+  }
+  static std::map<int64_t, double> Losses(const std::string& out) {
+    std::map<int64_t, double> losses;
+    std::istringstream in(out);
     std::string line;
     while (std::getline(in, line)) {
       auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("step")) run.losses[j["step"]] = j["loss"];
+      if (!j.is_discarded() && j.contains("step")) losses[j["step"]] = j["loss"];
     }
-    return run;
+    return losses;
   }
   // A copy of the reference checkpoints holding only step 15.
   std::string CopyWithStep15(const std::string& name) {
     std::string to = work_ + "/" + name;
     fs::create_directories(to);
-    fs::copy(dir_ + "/ref/step-00000015", to + "/step-00000015", fs::copy_options::recursive);
+    fs::copy(ref_dir_ + "/ref/step-00000015", to + "/step-00000015", fs::copy_options::recursive);
     return to;
   }
   std::string CopyAll(const std::string& name) {
     std::string to = work_ + "/" + name;
-    fs::copy(dir_ + "/ref", to, fs::copy_options::recursive);
+    fs::copy(ref_dir_ + "/ref", to, fs::copy_options::recursive);
     return to;
   }
   static void ExpectSameLosses(const TrainRun& resumed, int64_t from, int64_t to) {
@@ -97,11 +120,12 @@ class TrainResumeTest : public ::testing::Test {
       EXPECT_LE(std::abs(loss - want) / std::abs(want), 1e-5) << "step " << step;
     }
   }
-  static std::string dir_;
+  static std::string dir_, ref_dir_;
   static TrainRun* ref_;
   std::string work_;
 };
 std::string TrainResumeTest::dir_;
+std::string TrainResumeTest::ref_dir_;
 TrainRun* TrainResumeTest::ref_ = nullptr;
 
 TEST_F(TrainResumeTest, FullCheckpointAtThreeRanksResumesAtTwoAndFourWithTheSameLosses) {

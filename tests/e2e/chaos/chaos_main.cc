@@ -1,15 +1,16 @@
 // tests/e2e/chaos/chaos_main.cc — tidal-chaos: a seeded fault-injection soak of a real elastic
 // job, with its invariants checked from the API, the workers' own step records and the store
-// (docs/reliability.md). One program for the 3-minute e2e test and the 30-minute bench:
+// (docs/reliability.md). One program for the e2e test (each kind once) and the 30-minute bench:
 //
 //   tidal_chaos --seed N --duration SECONDS [--steps N] [--mean-gap SECONDS] [--dir DIR]
-//               [--faults kind,kind,...] [--json PATH] [--reference-cache DIR]
+//               [--faults kind,kind,...] [--each-once] [--json PATH] [--reference-cache DIR]
 //               [--worker EXE]   (pods of tidal-worker run EXE: to show a planted bug caught)
 //
 // It starts an S3-protocol server (moto) behind a fault proxy, `tidal local --keep-logs` with
 // 4 GPUs, two operator replicas with leader election, and one TrainingJob (2-4 workers, ZeRO-3,
 // full checkpoints every 5 steps to s3://). From the seed it injects, at exponential intervals,
-// faults of these kinds until --duration is over, then lets the job finish:
+// faults of these kinds until --duration is over (with --each-once: each kind once, in an order
+// drawn from the seed, as the test in `make test` does), then lets the job finish:
 //   worker      kill -9 of a worker process
 //   operator    kill -9 of an operator replica (the standby takes the lease), restarted 1-3 s on
 //   cluster     kill -9 of `tidal local` (its pods' processes die with it), restarted on its data
@@ -26,13 +27,21 @@
 //   badscale    `kubectl scale` to 3 GPUs, a count the batch cannot split at, left standing,
 //               then a worker killed: the override is ignored (a condition) and the job is
 //               still recovered
+//   reapply     `kubectl delete tj` (its final checkpoint), then the job applied again as a
+//               user continues one: a new store, `spec.checkpoint.resumeFrom` the old one
 // Invariants, each violation printed as it is found:
-//   - two generations never train at once (their step records' time spans are disjoint);
+//   - two generations never train at once (their step records' time spans are disjoint), nor
+//     two incarnations of the job (a deleted one and the one applied after it);
 //   - every step of the job is in the final record, none lost between generations, and every
 //     time a step was trained (recomputed ones too) its loss equals an unperturbed reference
 //     run of the same spec to 1e-5;
 //   - a generation never trains a step twice;
 //   - `latest` never names a checkpoint whose manifest or shards are missing or short;
+//   - a re-applied job trains on from its predecessor's final checkpoint (its first step is the
+//     one after it: not step 1, nothing skipped), and the store it resumed from is never
+//     written again;
+//   - a resume that skipped a corrupt checkpoint is a CorruptCheckpoint Event naming it, and
+//     no such Event names a checkpoint the driver did not corrupt;
 //   - every phase change the API showed is one the lifecycle table allows, the generation never
 //     goes back, one Succeeded Event, no RestartsExhausted, and at the end no condition that
 //     says the job is unwell;
@@ -59,10 +68,12 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -85,8 +96,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kJob = "chaos";
 constexpr const char* kBucket = "chaos";
-const std::vector<std::string> kAllFaults = {"worker",  "operator", "cluster", "scale", "window",
-                                             "pending", "s3",       "corrupt", "token", "badscale"};
+const std::vector<std::string> kAllFaults = {"worker", "operator", "cluster", "scale",
+                                             "window", "pending",  "s3",      "corrupt",
+                                             "token",  "badscale", "reapply"};
 
 double WallNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -115,6 +127,7 @@ struct Options {
   double mean_gap_s = 10;
   std::string dir;
   std::vector<std::string> faults = kAllFaults;
+  bool each_once = false;  // each kind once, in a seeded order, then no more faults
   std::string json_path;
   std::string reference_cache;  // a directory; empty: train the reference every run
   std::string worker;           // another tidal-worker executable (a planted bug's)
@@ -125,18 +138,28 @@ struct Fault {
   double wall = 0;             // when injected (seconds since the epoch)
   int64_t step_before = 0;     // the highest step any generation had recorded by then
   std::optional<double> back;  // seconds until a step beyond step_before was recorded
+  std::string uid_after;       // reapply: the new job, whose first step ends the fault
 };
 
 struct StepLine {
   double ts = 0;
+  std::string uid;  // the incarnation of the job (its UID) the worker ran for
   int64_t generation = 0, step = 0;
   double loss = 0;
 };
 
 // The state the status watch saw.
 struct Observed {
-  std::string phase;
+  std::string uid, phase;
   int64_t generation = 0;
+};
+
+// One incarnation of the job: the first, and each applied again after a `reapply`.
+struct Incarnation {
+  std::string uid, store;  // the store it writes (a key prefix of the bucket)
+  std::string resumed_from;
+  std::string resume_latest;  // the checkpoint `latest` of resumed_from named when it was applied
+  int64_t resume_step = 0;    // its step
 };
 
 class Driver {
@@ -155,7 +178,12 @@ class Driver {
   testing::ProcessResult Kubectl(std::vector<std::string> args,
                                  std::chrono::milliseconds timeout = 60s);
   std::string WriteFile(const std::string& name, const std::string& text);
-  std::string JobYaml(bool with_store, int steps) const;
+  std::string JobYaml(bool with_store, int steps, const std::string& store = "ckpt",
+                      const std::string& resume_from = "") const;
+  std::shared_ptr<objstore::ObjectStore> OpenStore(const std::string& prefix);
+  std::shared_ptr<objstore::ObjectStore> Store();
+  bool Reapply(std::string& detail);
+  std::string JobUid();
   bool SizeSteps();
   std::map<int64_t, double> Reference();
   // Faults.
@@ -173,6 +201,8 @@ class Driver {
   std::vector<StepLine> StepLines();
   void CheckRecord(const std::map<int64_t, double>& reference);
   void CheckEvents();
+  void CheckResumes();
+  std::vector<std::tuple<std::string, int64_t, int64_t>> CorruptResumes();
   void CheckLeaks();
   void PrintTable();
   template <typename T>
@@ -189,7 +219,7 @@ class Driver {
   fs::path dir_;
   std::unique_ptr<testing::S3Server> s3_;
   std::unique_ptr<testing::FaultProxy> proxy_;
-  std::unique_ptr<objstore::ObjectStore> store_;  // straight to the server, past the proxy
+  std::shared_ptr<objstore::ObjectStore> store_;  // the job's store, past the proxy (under mu_)
   std::unique_ptr<Process> cluster_;
   std::unique_ptr<Process> operators_[2];  // null while killed, until restarted
   std::atomic<bool> stop_{false};
@@ -210,6 +240,9 @@ class Driver {
   std::atomic<int> latest_reads_{0};  // the store monitor's reads of a `latest`
   json final_status_;
   std::map<std::string, int> event_reasons_;
+  std::vector<Incarnation> incarnations_;  // in order of application (under mu_)
+  std::set<std::string> corrupted_;        // checkpoint directories the driver corrupted
+  std::vector<std::pair<std::string, std::string>> corrupt_events_;  // involved UID, message
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -233,7 +266,8 @@ std::string Driver::WriteFile(const std::string& name, const std::string& text) 
 // The job: as tests/e2e/local/operator_fixture.h's tiny one, on s3:// through the proxy. Its
 // losses do not depend on the world size (the global batch is fixed), so one reference run at 2
 // ranks is the truth for every generation.
-std::string Driver::JobYaml(bool with_store, int steps) const {
+std::string Driver::JobYaml(bool with_store, int steps, const std::string& store,
+                            const std::string& resume_from) const {
   std::ostringstream y;
   y << "apiVersion: tidal.dev/v1alpha1\nkind: TrainingJob\nmetadata: {name: " << kJob
     << "}\nspec:\n"
@@ -246,8 +280,10 @@ std::string Driver::JobYaml(bool with_store, int steps) const {
     << ", seed: 1}\n"
     << "  elastic: {minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 30}\n";
   if (with_store) {
-    y << "  checkpoint: {uri: \"s3://" << kBucket << "/ckpt\", credentialsSecret: chaos-s3,"
-      << " fullEverySteps: 5, snapshotEverySteps: 0, keep: 3}\n"
+    y << "  checkpoint: {uri: \"s3://" << kBucket << "/" << store
+      << "\", credentialsSecret: chaos-s3, fullEverySteps: 5, snapshotEverySteps: 0, keep: 3";
+    if (!resume_from.empty()) y << ", resumeFrom: \"s3://" << kBucket << "/" << resume_from << "\"";
+    y << "}\n"
       << "  restartPolicy: {maxRestarts: 1000, backoffSeconds: 1}\n"
       << "  worker: {env: [{name: TIDAL_INTRA_OP_THREADS, value: \"1\"}]}\n";
   }
@@ -316,7 +352,10 @@ bool Driver::SizeSteps() {
   }
   std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
   const double step_s = std::max(seconds[seconds.size() / 2], 1e-3);
-  const int raw = static_cast<int>(std::ceil(o_.duration_s * 2.0 / 3.0 / step_s));
+  // Each kind once: the faults end by themselves, often before the duration; the job is sized
+  // to the whole duration so that it outlasts them.
+  const double share = o_.each_once ? 1.0 : 2.0 / 3.0;
+  const int raw = static_cast<int>(std::ceil(o_.duration_s * share / step_s));
   o_.steps = std::clamp((raw + 99) / 100 * 100, 100, 20000);
   std::cout << "a step takes " << std::to_string(step_s).substr(0, 5)
             << " s undisturbed: the job trains " << o_.steps << " steps" << std::endl;
@@ -369,17 +408,8 @@ bool Driver::Start() {
       s3_->port(), [this](const http::Request& r) { return S3Rule(r); },
       [this](const http::Request& r, const http::Response&) { return S3AnswerRule(r); });
   if (!proxy_) return false;
-  objstore::S3Options direct;
-  direct.endpoint = s3_->endpoint();
-  direct.access_key_id = s3_->access_key();
-  direct.secret_access_key = s3_->secret_key();
-  direct.path_style = true;
-  auto store = objstore::OpenObjectStore(std::string("s3://") + kBucket + "/ckpt", direct);
-  if (!store.ok()) {
-    std::cerr << "tidal-chaos: " << store.status().ToString() << "\n";
-    return false;
-  }
-  store_ = std::move(*store);
+  store_ = OpenStore("ckpt");
+  if (!store_) return false;
   if (!StartCluster()) {
     std::cerr << "tidal-chaos: tidal local did not start; see " << (dir_ / "tidal-local.log")
               << "\n";
@@ -406,6 +436,30 @@ bool Driver::Start() {
     return false;
   }
   return true;
+}
+
+std::shared_ptr<objstore::ObjectStore> Driver::OpenStore(const std::string& prefix) {
+  objstore::S3Options direct;
+  direct.endpoint = s3_->endpoint();
+  direct.access_key_id = s3_->access_key();
+  direct.secret_access_key = s3_->secret_key();
+  direct.path_style = true;
+  auto store = objstore::OpenObjectStore(std::string("s3://") + kBucket + "/" + prefix, direct);
+  if (!store.ok()) {
+    std::cerr << "tidal-chaos: " << store.status().ToString() << "\n";
+    return nullptr;
+  }
+  return std::shared_ptr<objstore::ObjectStore>(std::move(*store));
+}
+
+std::shared_ptr<objstore::ObjectStore> Driver::Store() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return store_;
+}
+
+std::string Driver::JobUid() {
+  auto r = Kubectl({"get", "tj", kJob, "-o", "jsonpath={.metadata.uid}"});
+  return r.exit_code == 0 ? Trimmed(r.out) : std::string();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -562,18 +616,27 @@ void Driver::Inject(const std::string& kind) {
   } else if (kind == "token") {
     Kubectl({"delete", "secret", std::string(kJob) + "-token", "--wait=false"});
     f.detail = "kubectl delete secret " + std::string(kJob) + "-token";
+  } else if (kind == "reapply") {
+    if (!Reapply(f.detail)) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    f.uid_after = incarnations_.back().uid;
   } else if (kind == "corrupt") {
-    auto latest = store_->Get("latest");
+    const auto store = Store();
+    auto latest = store->Get("latest");
     if (!latest.ok()) return;  // nothing committed yet
     const std::string dir = Trimmed(*latest);
-    auto objects = store_->List(dir + "/shard-");
+    auto objects = store->List(dir + "/shard-");
     if (!objects.ok() || objects->empty()) return;
     const std::string key = Pick(*objects).key;
-    auto bytes = store_->Get(key);
+    auto bytes = store->Get(key);
     if (!bytes.ok() || bytes->size() < 16) return;
     const size_t at = bytes->size() - 1 - rng_() % 8;  // in the data, past the header
     (*bytes)[at] = static_cast<char>((*bytes)[at] ^ 0x5a);
-    if (!store_->Put(key, *bytes).ok()) return;
+    if (!store->Put(key, *bytes).ok()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      corrupted_.insert(dir);
+    }
     std::string killed;
     KillAWorker(killed);
     f.detail = "flipped byte " + std::to_string(at) + " of " + key + "; " + killed;
@@ -582,6 +645,48 @@ void Driver::Inject(const std::string& kind) {
   faults_.push_back(std::move(f));
   std::cout << "[" << faults_.size() << "] +" << static_cast<int>(faults_.back().wall - start_wall_)
             << " s " << faults_.back().kind << ": " << faults_.back().detail << std::endl;
+}
+
+// The job deleted as a user deletes one (the finalizer takes its final checkpoint), then applied
+// again as a user continues one: a store of its own, resuming from the deleted job's. Nothing
+// waits for the old pods: the new job's must not train beside them (the record shows it).
+bool Driver::Reapply(std::string& detail) {
+  Incarnation before;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    before = incarnations_.back();
+  }
+  auto deleted = Kubectl({"delete", "tj", kJob, "--wait=true", "--timeout=150s"}, 180s);
+  if (deleted.exit_code != 0) {
+    Violation("kubectl delete tj " + std::string(kJob) + " did not finish: " + deleted.err);
+    return false;
+  }
+  const auto old_store = Store();
+  auto latest = old_store->Get("latest");
+  Incarnation next;
+  next.store = "ckpt-" + std::to_string(incarnations_.size());
+  next.resumed_from = before.store;
+  if (latest.ok()) {
+    next.resume_latest = Trimmed(*latest);
+    auto manifest = old_store->Get(next.resume_latest + "/manifest.json");
+    json m = manifest.ok() ? json::parse(*manifest, nullptr, false) : json();
+    if (m.is_object()) next.resume_step = m.value("step", int64_t{0});
+  }
+  auto store = OpenStore(next.store);
+  const std::string yaml = WriteFile("job-" + next.store + ".yaml",
+                                     JobYaml(true, o_.steps, next.store, next.resumed_from));
+  if (!store || Kubectl({"apply", "-f", yaml}).exit_code != 0) {
+    Violation("the job could not be applied again");
+    return false;
+  }
+  next.uid = JobUid();
+  detail = "kubectl delete tj (uid " + before.uid + ", `latest` " + next.resume_latest +
+           "), applied again as " + next.uid + " on s3://" + kBucket + "/" + next.store +
+           " resuming from s3://" + kBucket + "/" + before.store;
+  std::lock_guard<std::mutex> lock(mu_);
+  incarnations_.push_back(next);
+  store_ = std::move(store);
+  return true;
 }
 
 void Driver::RunDue(bool all) {
@@ -627,7 +732,8 @@ void Driver::WatchStatus() {
   while (!stop_) {
     Process watch({KUBECTL_BIN, "--kubeconfig=" + (dir_ / "cluster" / "kubeconfig").string(),
                    "--cache-dir=" + (dir_ / "kube-cache").string(), "get", "tj", kJob, "-w", "-o",
-                   "jsonpath={.status.phase} {.status.generation} {.status.step}{\"\\n\"}"});
+                   "jsonpath={.metadata.uid} {.status.phase} {.status.generation} "
+                   "{.status.step}{\"\\n\"}"});
     size_t seen = 0;
     bool continuous = false;  // the first line after a (re)start may skip phases
     while (!stop_) {
@@ -644,11 +750,13 @@ void Driver::WatchStatus() {
         seen = nl + 1;
         Observed now;
         int64_t step = 0;
-        line >> now.phase >> now.generation >> step;
+        line >> now.uid >> now.phase >> now.generation >> step;
         if (now.phase.empty()) continue;
         std::lock_guard<std::mutex> lock(mu_);
         max_step_seen_ = std::max(max_step_seen_, step);
-        if (!observed_.empty()) {
+        // A job applied again (`reapply`) is a new object: its life starts over.
+        if (!observed_.empty() && observed_.back().uid != now.uid) continuous = false;
+        if (!observed_.empty() && observed_.back().uid == now.uid) {
           const Observed& before = observed_.back();
           std::vector<std::string> found;
           if (continuous && !allowed(before.phase, now.phase))
@@ -685,12 +793,13 @@ void Driver::WatchStatus() {
 void Driver::WatchStore() {
   while (!stop_) {
     std::this_thread::sleep_for(300ms);
-    auto latest = store_->Get("latest");
+    const auto store = Store();
+    auto latest = store->Get("latest");
     if (!latest.ok()) continue;
     const std::string dir = Trimmed(*latest);
     ++latest_reads_;
     std::string problem;
-    auto manifest = store_->Get(dir + "/manifest.json");
+    auto manifest = store->Get(dir + "/manifest.json");
     if (!manifest.ok()) {
       problem = "has no manifest.json (" + manifest.status().message() + ")";
     } else {
@@ -699,7 +808,7 @@ void Driver::WatchStore() {
         problem = "has a manifest.json that is not one";
       } else {
         for (const auto& shard : m["shards"]) {
-          auto size = store_->Size(dir + "/" + shard.value("file", ""));
+          auto size = store->Size(dir + "/" + shard.value("file", ""));
           if (!size.ok() || *size != shard.value("size", uint64_t{0})) {
             problem = "lists " + shard.value("file", std::string()) + " of " +
                       std::to_string(shard.value("size", uint64_t{0})) + " bytes, " +
@@ -710,7 +819,7 @@ void Driver::WatchStore() {
       }
     }
     if (problem.empty()) continue;
-    auto again = store_->Get("latest");
+    auto again = store->Get("latest");
     if (again.ok() && Trimmed(*again) != dir) continue;  // moved on meanwhile
     Violation("latest names " + dir + ", which " + problem);
   }
@@ -734,13 +843,13 @@ std::vector<StepLine> Driver::StepLines() {
       if (::stat(entry.path().c_str(), &st) != 0 || !read.insert({st.st_dev, st.st_ino}).second)
         continue;
       std::ifstream in(entry.path());
-      std::string text;
+      std::string text, uid;  // one container run is of one job: its first line names it
       while (std::getline(in, text)) {
         json j = json::parse(text, nullptr, false);
-        if (j.is_discarded() || !j.is_object() || j.value("msg", "") != "step" ||
-            j.value("job", "") != kJob)
-          continue;
-        lines.push_back({j.value("ts", 0.0), j.value("generation", int64_t{0}),
+        if (j.is_discarded() || !j.is_object()) continue;
+        if (j.value("msg", "") == "worker starting") uid = j.value("job_uid", "");
+        if (j.value("msg", "") != "step" || j.value("job", "") != kJob) continue;
+        lines.push_back({j.value("ts", 0.0), uid, j.value("generation", int64_t{0}),
                          j.value("step", int64_t{0}), j.value("loss", 0.0)});
       }
     }
@@ -752,10 +861,24 @@ std::vector<StepLine> Driver::StepLines() {
 
 void Driver::CheckRecord(const std::map<int64_t, double>& reference) {
   const std::vector<StepLine> lines = StepLines();
-  std::map<int64_t, std::vector<const StepLine*>> by_generation;
+  std::map<std::string, size_t> incarnation;  // a UID's place in incarnations_
+  for (size_t i = 0; i < incarnations_.size(); ++i) incarnation[incarnations_[i].uid] = i;
+  // A generation of an incarnation, named for the messages ("generation 3", "job 2 generation
+  // 1" once the job was applied again).
+  const auto named = [&](const std::pair<size_t, int64_t>& g) {
+    return (incarnations_.size() > 1 ? "job " + std::to_string(g.first + 1) + " " : "") +
+           "generation " + std::to_string(g.second);
+  };
+  std::map<std::pair<size_t, int64_t>, std::vector<const StepLine*>> by_generation;
   std::map<int64_t, int> times_trained;
   for (const StepLine& l : lines) {
-    by_generation[l.generation].push_back(&l);
+    auto known = incarnation.find(l.uid);
+    if (known == incarnation.end()) {
+      Violation("a worker trained step " + std::to_string(l.step) + " for job UID \"" + l.uid +
+                "\", which is none the driver applied");
+      continue;
+    }
+    by_generation[{known->second, l.generation}].push_back(&l);
     ++times_trained[l.step];
     auto want = reference.find(l.step);
     if (want == reference.end()) {
@@ -770,7 +893,7 @@ void Driver::CheckRecord(const std::map<int64_t, double>& reference) {
   // Within a generation, steps only go forward; between generations, no overlap in time and no
   // gap in steps.
   struct Span {
-    int64_t generation;
+    std::pair<size_t, int64_t> generation;
     double first_ts, last_ts;
     int64_t first_step, last_step;
   };
@@ -778,8 +901,8 @@ void Driver::CheckRecord(const std::map<int64_t, double>& reference) {
   for (const auto& [generation, ls] : by_generation) {
     for (size_t i = 1; i < ls.size(); ++i)
       if (ls[i]->step <= ls[i - 1]->step)
-        Violation("generation " + std::to_string(generation) + " trained step " +
-                  std::to_string(ls[i]->step) + " after step " + std::to_string(ls[i - 1]->step));
+        Violation(named(generation) + " trained step " + std::to_string(ls[i]->step) +
+                  " after step " + std::to_string(ls[i - 1]->step));
     spans.push_back({generation, ls.front()->ts, ls.back()->ts, ls.front()->step, ls.back()->step});
   }
   std::sort(spans.begin(), spans.end(),
@@ -787,13 +910,28 @@ void Driver::CheckRecord(const std::map<int64_t, double>& reference) {
   for (size_t i = 1; i < spans.size(); ++i) {
     const Span &a = spans[i - 1], &b = spans[i];
     if (b.first_ts <= a.last_ts)
-      Violation("generations " + std::to_string(a.generation) + " and " +
-                std::to_string(b.generation) + " trained at once (" +
-                std::to_string(b.first_ts - a.last_ts) + " s of overlap)");
+      Violation(named(a.generation) + " and " + named(b.generation) + " trained at once (" +
+                std::to_string(a.last_ts - b.first_ts) + " s of overlap)");
     if (b.first_step > a.last_step + 1)
       Violation("steps " + std::to_string(a.last_step + 1) + "-" +
-                std::to_string(b.first_step - 1) + " were lost between generations " +
-                std::to_string(a.generation) + " and " + std::to_string(b.generation));
+                std::to_string(b.first_step - 1) + " were lost between " + named(a.generation) +
+                " and " + named(b.generation));
+  }
+  // A job applied again trains on from the checkpoint its predecessor's `latest` named: its
+  // first step is the next one (not step 1: it did not start over; nothing skipped).
+  for (size_t i = 1; i < incarnations_.size(); ++i) {
+    const Incarnation& inc = incarnations_[i];
+    std::optional<int64_t> first;
+    for (const Span& span : spans)
+      if (span.generation.first == i)
+        first = first ? std::min(*first, span.first_step) : span.first_step;
+    const bool corrupt = corrupted_.count(inc.resume_latest) > 0;
+    if (first && !inc.resume_latest.empty() &&
+        (corrupt ? *first > inc.resume_step + 1 : *first != inc.resume_step + 1))
+      Violation("job " + std::to_string(i + 1) + " (applied again, resuming from s3://" + kBucket +
+                "/" + inc.resumed_from + " whose `latest` was " + inc.resume_latest +
+                ") first trained step " + std::to_string(*first) + ", not step " +
+                std::to_string(inc.resume_step + 1));
   }
   for (const auto& [step, loss] : reference)
     if (!times_trained.count(step))
@@ -806,9 +944,10 @@ void Driver::CheckRecord(const std::map<int64_t, double>& reference) {
   generations_ = static_cast<int64_t>(spans.size());
 
   // Time to training again: from each fault to the first record beyond where the job was.
+  // (For a re-applied job: to the new job's first step; the old one trains on meanwhile.)
   for (Fault& f : faults_)
     for (const StepLine& l : lines)
-      if (l.ts > f.wall && l.step > f.step_before) {
+      if (l.ts > f.wall && (f.uid_after.empty() ? l.step > f.step_before : l.uid == f.uid_after)) {
         f.back = l.ts - f.wall;
         break;
       }
@@ -825,11 +964,99 @@ void Driver::CheckEvents() {
     Violation("kubectl get events gave no list: " + r.err);
     return;
   }
-  for (const auto& e : events["items"])
-    event_reasons_[e.value("reason", "")] += e.value("count", 1);
-  if (event_reasons_["Succeeded"] != 1)
-    Violation(std::to_string(event_reasons_["Succeeded"]) + " Succeeded events, expected 1");
+  std::string final_uid;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    final_uid = incarnations_.back().uid;
+  }
+  int succeeded = 0;  // of the job now: a deleted one's Events are not the new one's
+  for (const auto& e : events["items"]) {
+    const std::string reason = e.value("reason", "");
+    event_reasons_[reason] += e.value("count", 1);
+    if (reason == "Succeeded" && e["involvedObject"].value("uid", "") == final_uid)
+      succeeded += e.value("count", 1);
+    if (reason == "CorruptCheckpoint")
+      corrupt_events_.push_back({e["involvedObject"].value("uid", ""), e.value("message", "")});
+  }
+  if (succeeded != 1)
+    Violation(std::to_string(succeeded) + " Succeeded events of job " + final_uid + ", expected 1");
   if (event_reasons_["RestartsExhausted"] > 0) Violation("the job ran out of restarts");
+}
+
+// Checkpoints read back as they were written: a resume past a corrupt one is reported, nothing
+// is reported corrupt that the driver left whole, and a store a re-applied job resumed from is
+// not written again.
+void Driver::CheckResumes() {
+  // No false alarm: every checkpoint a CorruptCheckpoint Event names as skipped is one the
+  // driver corrupted.
+  const std::regex step_dir("step-[0-9]+");
+  for (const auto& [uid, message] : corrupt_events_) {
+    const size_t at = message.find("trained again: ");
+    const std::string skipped = at == std::string::npos ? message : message.substr(at);
+    for (std::sregex_iterator it(skipped.begin(), skipped.end(), step_dir), end; it != end; ++it)
+      if (!corrupted_.count(it->str()))
+        Violation("a CorruptCheckpoint Event names " + it->str() +
+                  ", which the driver did not corrupt: " + message);
+  }
+  // No silent skip: a generation whose rank 0 resumed past corrupt checkpoints and then trained
+  // for 30 s (the operator had time to hear of it, through any failover) has its Event.
+  std::map<std::pair<std::string, int64_t>, std::pair<double, double>> trained;  // first, last ts
+  for (const StepLine& l : StepLines()) {
+    auto [it, fresh] = trained.try_emplace({l.uid, l.generation}, l.ts, l.ts);
+    if (!fresh) it->second.second = l.ts;
+  }
+  for (const auto& [uid, generation, step] : CorruptResumes()) {
+    auto t = trained.find({uid, generation});
+    if (t == trained.end() || t->second.second - t->second.first < 30) continue;
+    const std::string said =
+        "generation " + std::to_string(generation) + " resumed from step " + std::to_string(step);
+    bool reported = false;
+    for (const auto& [event_uid, message] : corrupt_events_)
+      reported |= event_uid == uid && message.find(said) != std::string::npos;
+    if (!reported)
+      Violation("job " + uid + " " + said +
+                " past corrupt checkpoints, and no CorruptCheckpoint "
+                "Event says so");
+  }
+  // A store a re-applied job resumed from is read, never written: its `latest` stays.
+  for (size_t i = 1; i < incarnations_.size(); ++i) {
+    const Incarnation& inc = incarnations_[i];
+    std::string now;
+    if (auto store = OpenStore(inc.resumed_from))
+      if (auto latest = store->Get("latest"); latest.ok()) now = Trimmed(*latest);
+    if (now != inc.resume_latest)
+      Violation("s3://" + std::string(kBucket) + "/" + inc.resumed_from + " was written after " +
+                "its job was deleted and another resumed from it: `latest` was " +
+                inc.resume_latest + ", is " + now);
+  }
+}
+
+// Rank 0's reports of a resume that skipped corrupt checkpoints: job UID, generation, the step
+// it resumed from.
+std::vector<std::tuple<std::string, int64_t, int64_t>> Driver::CorruptResumes() {
+  std::vector<std::tuple<std::string, int64_t, int64_t>> found;
+  std::set<std::pair<dev_t, ino_t>> read;
+  for (const char* root : {"logs", "logs-archive"}) {
+    const fs::path base = dir_ / "cluster" / root / "default";
+    if (!fs::exists(base)) continue;
+    for (const auto& entry : fs::recursive_directory_iterator(base)) {
+      if (!entry.is_regular_file() || entry.path().extension() != ".log") continue;
+      struct stat st {};
+      if (::stat(entry.path().c_str(), &st) != 0 || !read.insert({st.st_dev, st.st_ino}).second)
+        continue;
+      std::ifstream in(entry.path());
+      std::string text, uid;
+      while (std::getline(in, text)) {
+        json j = json::parse(text, nullptr, false);
+        if (j.is_discarded() || !j.is_object()) continue;
+        if (j.value("msg", "") == "worker starting") uid = j.value("job_uid", "");
+        if (j.value("msg", "") == "resumed from an older checkpoint: newer ones are corrupt" &&
+            j.value("rank", -1) == 0)
+          found.emplace_back(uid, j.value("generation", int64_t{0}), j.value("step", int64_t{0}));
+      }
+    }
+  }
+  return found;
 }
 
 // Nothing of the run may outlive it: pods once the job is deleted, processes once the cluster
@@ -949,6 +1176,13 @@ int Driver::Run() {
     std::cerr << "tidal-chaos: kubectl apply failed\n";
     return 2;
   }
+  {
+    Incarnation first;
+    first.uid = JobUid();
+    first.store = "ckpt";
+    std::lock_guard<std::mutex> lock(mu_);
+    incarnations_.push_back(first);
+  }
   status_thread_ = std::thread([this] { WatchStatus(); });
   store_thread_ = std::thread([this] { WatchStore(); });
 
@@ -957,6 +1191,8 @@ int Driver::Run() {
   const auto fault_end = Clock::now() + std::chrono::seconds(o_.duration_s);
   std::exponential_distribution<double> gap(1.0 / o_.mean_gap_s);
   auto next = Clock::now() + std::chrono::milliseconds(static_cast<int>(gap(rng_) * 1000));
+  std::vector<std::string> order = o_.faults;  // --each-once: what is left to inject
+  std::shuffle(order.begin(), order.end(), rng_);
   const auto phase = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     return observed_.empty() ? std::string() : observed_.back().phase;
@@ -965,10 +1201,17 @@ int Driver::Run() {
     std::lock_guard<std::mutex> lock(mu_);
     return max_step_seen_ >= o_.steps - 5;  // a fault after the last step tests nothing
   };
-  while (Clock::now() < fault_end && phase() != "Succeeded" && phase() != "Failed" && !near_end()) {
+  while (Clock::now() < fault_end && phase() != "Succeeded" && phase() != "Failed" && !near_end() &&
+         !(o_.each_once && order.empty())) {
     RunDue(false);
     if (Clock::now() >= next) {
-      Inject(Pick(o_.faults));
+      if (o_.each_once) {
+        const size_t before = faults_.size();
+        Inject(order.back());
+        if (faults_.size() > before) order.pop_back();  // not injectable now: tried again next
+      } else {
+        Inject(Pick(o_.faults));
+      }
       next = Clock::now() + std::chrono::milliseconds(static_cast<int>(gap(rng_) * 1000));
     }
     std::this_thread::sleep_for(100ms);
@@ -1004,6 +1247,7 @@ int Driver::Run() {
   CheckLeaks();
   Shutdown();
   CheckRecord(reference);
+  CheckResumes();
   PrintTable();
   if (violations_.empty() && o_.dir.empty()) fs::remove_all(dir_);
   if (!violations_.empty()) std::cout << "the run is kept in " << dir_ << std::endl;
@@ -1014,8 +1258,10 @@ int Usage(const std::string& why) {
   std::cerr << "tidal_chaos: " << why
             << "\nusage: tidal_chaos [--seed N] [--duration SECONDS] [--steps N]\n"
                "                   [--mean-gap SECONDS] [--dir DIR] [--faults k,k,...]\n"
+               "                   [--each-once true|false]\n"
                "                   [--json PATH] [--reference-cache DIR] [--worker EXE]\n"
-               "  fault kinds: worker operator cluster scale window pending s3 corrupt\n";
+               "  fault kinds: worker operator cluster scale window pending s3 corrupt token\n"
+               "               badscale reapply\n";
   return 2;
 }
 
@@ -1046,6 +1292,10 @@ int main(int argc, char** argv) {
         o.reference_cache = value;
       } else if (flag == "--worker") {
         o.worker = value;
+      } else if (flag == "--each-once") {
+        o.each_once = value == "1" || value == "true";
+        if (!o.each_once && value != "0" && value != "false")
+          return Usage("--each-once: expected true or false");
       } else if (flag == "--faults") {
         o.faults.clear();
         std::stringstream ss(value);

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -96,10 +97,53 @@ TEST_F(KubeletTest, PodsGetTheirOwnLoopbackAddressAndBecomeReadyWhenTheirProbePa
         << name;
   std::string ip_a = Ok({"get", "pod", "web-a", "-o", "jsonpath={.status.podIP}"});
   std::string ip_b = Ok({"get", "pod", "web-b", "-o", "jsonpath={.status.podIP}"});
-  EXPECT_TRUE(std::regex_match(ip_a, std::regex(R"(127\.0\.\d+\.\d+)"))) << ip_a;
+  EXPECT_TRUE(std::regex_match(ip_a, std::regex(R"(127\.\d+\.\d+\.\d+)"))) << ip_a;
   EXPECT_NE(ip_a, ip_b);
   EXPECT_NE(ip_a, "127.0.0.1");
   EXPECT_TRUE(std::regex_search(Ok({"get", "pods"}), std::regex("web-a +1/1 +Running")));
+}
+
+// Two clusters on one machine (two benches, or ctest -j running two e2e tests): each hands out
+// pod addresses from a block of the loopback network of its own, so a job of one never reaches
+// the other's workers (it once did: "wrong job token" while a bench ran beside the tests).
+TEST_F(KubeletTest, TwoClustersOnOneMachineHandOutDisjointPodAddresses) {
+  std::string command = "exec \"$0\" \"$@\" 2>>" + (dir_ / "second.log").string();
+  Process second({"/bin/sh", "-c", command, TIDAL_BIN, "local", "--data",
+                  (dir_ / "second").string(), "--no-operator"});
+  ASSERT_TRUE(second.WaitForOutput(
+      [](const std::string& out) { return out.find("export KUBECONFIG=") != std::string::npos; },
+      30s));
+  const std::string yaml =
+      WriteFile("sleeper.yaml",
+                "apiVersion: v1\nkind: Pod\nmetadata: {name: sleeper}\nspec:\n  containers:\n"
+                "  - {name: main, image: busybox, command: [sleep, '600']}\n");
+  auto kubectl = [&](const std::string& data, std::vector<std::string> args) {
+    std::vector<std::string> argv = {KUBECTL_BIN,
+                                     "--kubeconfig=" + (dir_ / data / "kubeconfig").string(),
+                                     "--cache-dir=" + (dir_ / (data + "-cache")).string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunProcess(argv, 60s);
+  };
+  std::map<std::string, std::string> ips;
+  for (const std::string data : {"data", "second"}) {
+    ASSERT_EQ(kubectl(data, {"apply", "-f", yaml}).exit_code, 0);
+    ASSERT_TRUE(WaitUntilTrue(
+        [&] {
+          ips[data] =
+              kubectl(data, {"get", "pod", "sleeper", "-o", "jsonpath={.status.podIP}"}).out;
+          return !ips[data].empty();
+        },
+        30s))
+        << data;
+  }
+  // 127.B.x.y: the blocks B differ, and neither is block 0 (127.0.0.1, where servers listen).
+  const std::regex address(R"(127\.(\d+)\.\d+\.\d+)");
+  std::smatch a, b;
+  ASSERT_TRUE(std::regex_match(ips["data"], a, address)) << ips["data"];
+  ASSERT_TRUE(std::regex_match(ips["second"], b, address)) << ips["second"];
+  EXPECT_NE(a[1].str(), b[1].str()) << ips["data"] << " and " << ips["second"];
+  EXPECT_NE(a[1].str(), "0");
+  EXPECT_NE(b[1].str(), "0");
 }
 
 TEST_F(KubeletTest, PodsWhoseGpusDoNotFitStayPendingUnschedulableAndOthersGetDistinctGpus) {

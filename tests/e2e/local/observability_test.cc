@@ -227,23 +227,22 @@ TEST_F(ObservabilityTest, PrometheusScrapesTheJobAndEveryDashboardQueryAndAlertR
   // All four workers are scraped, and up.
   EXPECT_EQ(ValueOf(WaitQuery(R"(count(up{job="tidal-workers"} == 1) == 4)")), 4)
       << Query("up").dump();
-  // Let the 30 s rate windows fill with samples of the 4-GPU generation.
-  std::this_thread::sleep_for(35s);
-
+  // Every panel has data once its rate window holds two samples of the 4-GPU generation: each
+  // query is asked until it answers (bounded), not after a fixed wait for the windows to fill.
+  for (const std::string& expr : DashboardQueries("obs", /*annotations=*/false)) {
+    if (expr.find("tidal_worker_gpu_") != std::string::npos) continue;  // below
+    EXPECT_FALSE(WaitQuery(expr, 90s).empty()) << "no data for the dashboard's " << expr;
+  }
+  // CPU workers: no GPU series at all, never a made-up number (asked after the others had
+  // data, so with every worker scraped).
+  for (const std::string& expr : DashboardQueries("obs", /*annotations=*/false))
+    if (expr.find("tidal_worker_gpu_") != std::string::npos)
+      EXPECT_TRUE(Query(expr).empty()) << expr << " returned " << Query(expr).dump();
   // Annotations mark moments (a new generation): over the last 3 minutes, the rescale.
   for (const std::string& expr : DashboardQueries("obs", /*annotations=*/true))
     EXPECT_FALSE(QueryRange(expr, 180).empty())
         << "no data for the annotation " << expr << "; the generation over that time: "
         << QueryRange(R"(tidal_trainingjob_generation{trainingjob="obs"})", 180).dump();
-  for (const std::string& expr : DashboardQueries("obs", /*annotations=*/false)) {
-    const json result = Query(expr);
-    if (expr.find("tidal_worker_gpu_") != std::string::npos) {
-      // CPU workers: no GPU series at all, never a made-up number.
-      EXPECT_TRUE(result.empty()) << expr << " returned " << result.dump();
-      continue;
-    }
-    EXPECT_FALSE(result.empty()) << "no data for the dashboard's " << expr;
-  }
 
   // Every alert rule was evaluated on this data, without error.
   ASSERT_TRUE(OperatorTest::WaitUntilTrue(
@@ -309,17 +308,24 @@ TEST_F(ObservabilityTest, ALossMadeToRisePausesItsJobAndANoisyLossDoesNot) {
   WaitInt(
       "rising", "{.status.lastCheckpoint.step}", [&](int64_t s) { return s >= at; }, 60s);
   const int64_t held = Int("rising", "{.status.step}");
-  std::this_thread::sleep_for(6s);
-  EXPECT_EQ(Int("rising", "{.status.step}"), held);
   EXPECT_EQ(Status("rising", "{.status.phase}"), "Paused");
 
-  // The noisy job trained on meanwhile, far past where "rising" stopped, never flagged.
+  // The noisy job trained on meanwhile, far past where "rising" stopped, never flagged; and
+  // while it trained those 20 steps, "rising" trained none (the noisy job's steps are the
+  // clock of that negative, not a fixed wait).
   WaitInt(
       "noisy", "{.status.step}", [&](int64_t s) { return s >= held + 20; }, 180s);
+  EXPECT_EQ(Int("rising", "{.status.step}"), held) << "a paused job trained on";
+  EXPECT_EQ(Status("rising", "{.status.phase}"), "Paused");
   EXPECT_EQ(Status("noisy", "{.status.phase}"), "Running");
   EXPECT_EQ(Status("noisy", R"({.status.conditions[?(@.type=="LossAnomaly")].status})"), "")
       << Status("noisy", "{.status}");
-  EXPECT_GE(Int("noisy", "{.status.anomaly.checkedStep}"), held + 10);
+  // The rule's pass runs on its own period, behind the step: it has looked at the noisy
+  // loss at least ten steps past where "rising" stopped, and still not flagged it.
+  WaitInt(
+      "noisy", "{.status.anomaly.checkedStep}", [&](int64_t s) { return s >= held + 10; }, 60s);
+  EXPECT_EQ(Status("noisy", R"({.status.conditions[?(@.type=="LossAnomaly")].status})"), "")
+      << Status("noisy", "{.status}");
 
   // kubectl patch with the step the condition names: it trains again.
   Ok({"patch", "tj", "rising", "--type=merge", "-p",
