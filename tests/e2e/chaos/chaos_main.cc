@@ -665,12 +665,18 @@ bool Driver::Reapply(std::string& detail) {
   auto latest = old_store->Get("latest");
   Incarnation next;
   next.store = "ckpt-" + std::to_string(incarnations_.size());
-  next.resumed_from = before.store;
-  if (latest.ok()) {
+  if (latest.ok() && !Trimmed(*latest).empty()) {
+    next.resumed_from = before.store;
     next.resume_latest = Trimmed(*latest);
     auto manifest = old_store->Get(next.resume_latest + "/manifest.json");
     json m = manifest.ok() ? json::parse(*manifest, nullptr, false) : json();
     if (m.is_object()) next.resume_step = m.value("step", int64_t{0});
+  } else {
+    // Deleted before it committed anything: its store holds no checkpoint (a resumeFrom naming
+    // it is refused, rightly), so the user continues from where that job itself started.
+    next.resumed_from = before.resumed_from;
+    next.resume_latest = before.resume_latest;
+    next.resume_step = before.resume_step;
   }
   auto store = OpenStore(next.store);
   const std::string yaml = WriteFile("job-" + next.store + ".yaml",
@@ -682,7 +688,9 @@ bool Driver::Reapply(std::string& detail) {
   next.uid = JobUid();
   detail = "kubectl delete tj (uid " + before.uid + ", `latest` " + next.resume_latest +
            "), applied again as " + next.uid + " on s3://" + kBucket + "/" + next.store +
-           " resuming from s3://" + kBucket + "/" + before.store;
+           (next.resumed_from.empty()
+                ? std::string(", from scratch")
+                : " resuming from s3://" + std::string(kBucket) + "/" + next.resumed_from);
   std::lock_guard<std::mutex> lock(mu_);
   incarnations_.push_back(next);
   store_ = std::move(store);
@@ -1021,6 +1029,7 @@ void Driver::CheckResumes() {
   // A store a re-applied job resumed from is read, never written: its `latest` stays.
   for (size_t i = 1; i < incarnations_.size(); ++i) {
     const Incarnation& inc = incarnations_[i];
+    if (inc.resumed_from.empty()) continue;
     std::string now;
     if (auto store = OpenStore(inc.resumed_from))
       if (auto latest = store->Get("latest"); latest.ok()) now = Trimmed(*latest);
