@@ -606,58 +606,6 @@ TEST_F(OperatorTest, SuspendCheckpointsAndRemovesThePodsAndResumeContinuesFromTh
 // Another pod holds 2 of the node's 4 GPUs: a job whose window wants 4 stays at 2 and says
 // why; a forced scale-up (no idle-capacity rule) leaves its new pods Pending and is abandoned
 // after the timeout while training goes on; once the GPUs are free the window grows the job.
-// A schedule window in Asia/Kolkata (UTC+5:30, a zone that is not UTC and not a whole hour
-// off it), added to a training job so that it opens at the next minute boundary at least
-// 20 s away and closes a minute later: the job grows 2 -> 4 when it opens, not before, and
-// shrinks back when it closes.
-TEST_F(OperatorTest, AScheduleWindowInTheJobsTimeZoneGrowsTheJobWhenItOpensAndShrinksItAtItsEnd) {
-  using std::chrono::system_clock;
-  Ok({"apply", "-f", JobYaml("nightly", 5000)});
-  WaitInt(
-      "nightly", "{.status.step}", [](int64_t s) { return s >= 2; }, 120s);
-  const auto now = system_clock::to_time_t(system_clock::now());
-  const time_t opens = (now + 20 + 59) / 60 * 60, closes = opens + 60;
-  auto kolkata_cron = [](time_t t) {  // "M H * * *" on the Kolkata clock (no DST there)
-    const time_t local = t + 5 * 3600 + 30 * 60;
-    std::tm tm{};
-    gmtime_r(&local, &tm);
-    return std::to_string(tm.tm_min) + " " + std::to_string(tm.tm_hour) + " * * *";
-  };
-  Ok({"patch", "tj", "nightly", "--type=merge", "-p",
-      R"({"spec":{"elastic":{"timeZone":"Asia/Kolkata","schedule":[{"name":"next-minute",)"
-      R"("start":")" +
-          kolkata_cron(opens) + R"(","end":")" + kolkata_cron(closes) + R"(","gpus":4}]}}})"});
-  // The status of a reconcile of the patched spec (observedGeneration caught up). Decided
-  // before the window opened, it keeps 2 GPUs; on a machine so loaded that the window opened
-  // first, there is no "before" to check — the growth below is checked against the clock.
-  const std::string generation =
-      Ok({"get", "tj", "nightly", "-o", "jsonpath={.metadata.generation}"});
-  WaitFor(
-      {"tj", "nightly"}, "{.status.observedGeneration}",
-      [&](const std::string& g) { return g == generation; }, 60s);
-  if (system_clock::to_time_t(system_clock::now()) < opens) {
-    EXPECT_EQ(Int("nightly", "{.status.gpus.current}"), 2);
-    EXPECT_EQ(Int("nightly", "{.status.gpus.desired}"), 2);
-  }
-
-  WaitInt(
-      "nightly", "{.status.gpus.desired}", [](int64_t g) { return g == 4; }, 150s);
-  EXPECT_GE(system_clock::to_time_t(system_clock::now()), opens) << "grew before the window";
-  EXPECT_NE(Status("nightly", "{.status.gpus.reason}").find("next-minute"), std::string::npos)
-      << Status("nightly", "{.status.gpus}");
-  WaitInt(
-      "nightly", "{.status.gpus.current}", [](int64_t g) { return g == 4; }, 120s);
-  const int64_t grown_at = Int("nightly", "{.status.step}");
-
-  WaitInt(
-      "nightly", "{.status.gpus.current}", [](int64_t g) { return g == 2; }, 150s);
-  EXPECT_GE(system_clock::to_time_t(system_clock::now()), closes) << "shrank before the end";
-  EXPECT_GT(Int("nightly", "{.status.step}"), grown_at);
-  const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
-  for (const char* reason : {"ScalingUp", "Rescaled", "ScalingDown"})
-    EXPECT_NE(events.find(reason), std::string::npos) << reason << " in " << events;
-}
-
 // spec.worker.tlsSecretName: the workers serve the control API over TLS with the Secret's
 // certificate and the operator verifies them against its ca.crt (for the name
 // <job>-workers.<namespace>.svc). A Secret without ca.crt leaves the job unstarted, its workers
@@ -957,8 +905,10 @@ namespace {
 class OperatorFailoverTest : public OperatorTest {
  protected:
   OperatorFailoverTest() { with_operator_ = false; }
-  std::unique_ptr<Process> StartOperator(const std::string& name) {
-    const std::string command = "exec \"$0\" \"$@\" 2>>" + (dir_ / (name + ".log")).string();
+  // `env` goes before the command (VAR=value ...), e.g. a shifted clock.
+  std::unique_ptr<Process> StartOperator(const std::string& name, const std::string& env = "") {
+    const std::string command =
+        "exec " + env + " \"$0\" \"$@\" 2>>" + (dir_ / (name + ".log")).string();
     return std::make_unique<Process>(std::vector<std::string>{
         "/bin/sh", "-c", command, TIDAL_BIN, "operator", "--kubeconfig",
         (dir_ / "data" / "kubeconfig").string(), "--install-crd", "--lease-namespace",
@@ -1087,6 +1037,91 @@ TEST_F(OperatorFailoverTest, APoisonSpecIsRefusedAndAStoredOneStopsNeitherTheOpe
   EXPECT_NE(OperatorLog("operator-b").find("leading"), std::string::npos)
       << OperatorLog("operator-b");
   Ok({"delete", "tj", "healthy", "--wait=false"});
+}
+
+// The operator on a wall clock that this test moves (libfaketime, LD_PRELOAD, read from a file
+// at every call; its monotonic clock stays the machine's): a schedule window opens and closes
+// in seconds instead of on the minute, and everything between is the real operator's.
+class ShiftedClockTest : public OperatorFailoverTest {
+ protected:
+  // The operator's wall clock: the machine's plus `offset` seconds, from the next call on.
+  void SetOffset(int64_t offset) {
+    offset_ = offset;
+    const fs::path tmp = dir_ / "faketime.tmp";
+    std::ofstream(tmp) << (offset >= 0 ? "+" : "") << offset << "\n";
+    fs::rename(tmp, dir_ / "faketime");  // never half-written
+  }
+  std::unique_ptr<Process> StartShiftedOperator() {
+    SetOffset(0);
+    return StartOperator("operator", "env LD_PRELOAD=" LIBFAKETIME " FAKETIME_TIMESTAMP_FILE=" +
+                                         (dir_ / "faketime").string() +
+                                         " FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1");
+  }
+  // Now on the operator's wall clock.
+  int64_t OperatorNow() const {
+    return std::chrono::system_clock::to_time_t(std::chrono::system_clock::now()) + offset_;
+  }
+  int64_t offset_ = 0;
+};
+
+// A schedule window in Asia/Kolkata (UTC+5:30, a zone that is not UTC and not a whole hour
+// off it), added to a training job so that it opens at a minute boundary 12 s ahead on the
+// operator's clock and closes a minute later: the job grows 2 -> 4 when it opens, not before,
+// and shrinks back when it closes. The operator wakes itself at each edge (its requeue is
+// computed from the window); the test only moves its clock over the idle middle of the window
+// (and touches the job so that the wake-up is computed again from the moved clock).
+TEST_F(ShiftedClockTest,
+       AScheduleWindowInTheJobsTimeZoneGrowsTheJobWhenItOpensAndShrinksItAtItsEnd) {
+  auto op = StartShiftedOperator();
+  Ok({"apply", "-f", JobYaml("nightly", 5000)});
+  WaitInt(
+      "nightly", "{.status.step}", [](int64_t s) { return s >= 2; }, 120s);
+  const int64_t machine_now = OperatorNow();
+  const int64_t opens = (machine_now + 12 + 59) / 60 * 60, closes = opens + 60;
+  SetOffset(opens - 12 - machine_now);
+  auto kolkata_cron = [](time_t t) {  // "M H * * *" on the Kolkata clock (no DST there)
+    const time_t local = t + 5 * 3600 + 30 * 60;
+    std::tm tm{};
+    gmtime_r(&local, &tm);
+    return std::to_string(tm.tm_min) + " " + std::to_string(tm.tm_hour) + " * * *";
+  };
+  Ok({"patch", "tj", "nightly", "--type=merge", "-p",
+      R"({"spec":{"elastic":{"timeZone":"Asia/Kolkata","schedule":[{"name":"next-minute",)"
+      R"("start":")" +
+          kolkata_cron(opens) + R"(","end":")" + kolkata_cron(closes) + R"(","gpus":4}]}}})"});
+  // The status of a reconcile of the patched spec (observedGeneration caught up). Decided
+  // before the window opened, it keeps 2 GPUs; on a machine so loaded that the window opened
+  // first, there is no "before" to check — the growth below is checked against the clock.
+  const std::string generation =
+      Ok({"get", "tj", "nightly", "-o", "jsonpath={.metadata.generation}"});
+  WaitFor(
+      {"tj", "nightly"}, "{.status.observedGeneration}",
+      [&](const std::string& g) { return g == generation; }, 60s);
+  if (OperatorNow() < opens) {
+    EXPECT_EQ(Int("nightly", "{.status.gpus.current}"), 2);
+    EXPECT_EQ(Int("nightly", "{.status.gpus.desired}"), 2);
+    EXPECT_EQ(Status("nightly", "{.status.gpus.reason}"), "minGPUs (outside every window)");
+  }
+
+  WaitInt(
+      "nightly", "{.status.gpus.desired}", [](int64_t g) { return g == 4; }, 60s);
+  EXPECT_GE(OperatorNow(), opens) << "grew before the window";
+  EXPECT_NE(Status("nightly", "{.status.gpus.reason}").find("next-minute"), std::string::npos)
+      << Status("nightly", "{.status.gpus}");
+  WaitInt(
+      "nightly", "{.status.gpus.current}", [](int64_t g) { return g == 4; }, 120s);
+  const int64_t grown_at = Int("nightly", "{.status.step}");
+
+  // Over the rest of the window to 8 s before its end; the touch makes the operator look again.
+  if (OperatorNow() < closes - 8) SetOffset(offset_ + (closes - 8 - OperatorNow()));
+  Ok({"annotate", "tj", "nightly", "--overwrite", "tidal.test/clock=moved"});
+  WaitInt(
+      "nightly", "{.status.gpus.current}", [](int64_t g) { return g == 2; }, 60s);
+  EXPECT_GE(OperatorNow(), closes) << "shrank before the end";
+  EXPECT_GT(Int("nightly", "{.status.step}"), grown_at);
+  const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
+  for (const char* reason : {"ScalingUp", "Rescaled", "ScalingDown"})
+    EXPECT_NE(events.find(reason), std::string::npos) << reason << " in " << events;
 }
 
 TEST(OperatorCli, BadInvocationsExitTwoNamingTheFlagOrTheKubeconfig) {
