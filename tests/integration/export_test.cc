@@ -10,11 +10,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "api/model_config.h"
 #include "tests/integration/process.h"
+#include "tests/integration/run_cache.h"
 #include "tests/unit/engine/test_util.h"
 #include "worker/checkpoint/repository.h"
 #include "worker/engine/comm.h"
@@ -80,7 +82,10 @@ class ExportTest : public ::testing::Test {
  protected:
   static constexpr int64_t kSteps = 8;
 
-  // The suite's one training run, and the engine's logits for its final checkpoint.
+  // The suite's one training run (the base directory and the checkpoints in `run_`, made once
+  // per build of tidal-train and shared by the cases, each a process of its own under ctest,
+  // never written by them), and the engine's logits for its final checkpoint. Each case writes
+  // its exports under `dir_`.
   static void SetUpTestSuite() {
     std::string tmpl = (fs::temp_directory_path() / "tidal-export-XXXXXX").string();
     dir_ = mkdtemp(tmpl.data());
@@ -95,33 +100,48 @@ class ExportTest : public ::testing::Test {
         if (p.shape.size() == 1) t = 1.0 + 0.1 * torch::randn(p.shape);
         base.emplace_back(p.name, t);
       }
-    ASSERT_TRUE(WriteHfDirectory(dir_ + "/base", config_, base, 1'000'000'000).ok());
     for (auto& [name, t] : base) base_[name] = t;
 
-    std::ofstream(dir_ + "/job.yaml")
-        << "model: {uri: " << dir_ << "/base}\n"
+    auto job = [](const std::string& run) {
+      std::ostringstream y;
+      y << "model: {uri: " << run << "/base}\n"
         << "dataset: {uri: " << TIDAL_SOURCE_DIR
         << "/examples/data/sample.jsonl, format: text, maxSeqLen: 32, tokenizer: bytes}\n"
         << "lora: {rank: 4, alpha: 12, dropout: 0.1,"
         << " targetModules: [q_proj, k_proj, o_proj, gate_proj, down_proj]}\n"
         << "optimization: {zeroStage: 3, precision: fp32, globalBatchSize: 4, microBatchSize: 1,"
         << " learningRate: 5.0e-3, maxSteps: " << kSteps << ", seed: 2}\n";
-    train_ =
-        new ProcessResult(RunProcess({TIDAL_TRAIN_BIN, "--config", dir_ + "/job.yaml", "--nproc",
-                                      "2", "--checkpoint-uri", dir_ + "/ckpt", "--full-every", "4"},
-                                     300s));
-    ASSERT_EQ(train_->exit_code, 0) << train_->err;
+      return y.str();
+    };
+    // The key: the job (as written for any directory), the base's seeds, the binary.
+    const std::string key = tidal::testing::WithFileIdentity(
+        job("<run>") + "|base: tiny, seed 5, init 11", TIDAL_TRAIN_BIN);
+    run_ = tidal::testing::CachedRun(
+        TIDAL_TEST_CACHE_DIR, "export-suite", key, [&](const std::string& into) {
+          Status written = WriteHfDirectory(into + "/base", config_, base, 1'000'000'000);
+          if (!written.ok()) {
+            train_error_ = "the base directory: " + written.message();
+            return false;
+          }
+          std::ofstream(into + "/job.yaml") << job(into);
+          ProcessResult train =
+              RunProcess({TIDAL_TRAIN_BIN, "--config", into + "/job.yaml", "--nproc", "2",
+                          "--checkpoint-uri", into + "/ckpt", "--full-every", "4"},
+                         300s);
+          if (train.exit_code != 0) train_error_ = "tidal-train: " + train.err;
+          return train.exit_code == 0;
+        });
+    if (run_.empty()) return;
     tokens_ = new torch::Tensor(torch::randint(0, 256, {2, 24}, torch::kInt64));
     expected_ = new torch::Tensor(EngineLogits(kSteps));
   }
   static void TearDownTestSuite() {
-    delete train_;
     delete tokens_;
     delete expected_;
     fs::remove_all(dir_);
   }
   void SetUp() override {
-    ASSERT_EQ(train_->exit_code, 0) << train_->err;
+    ASSERT_FALSE(run_.empty()) << train_error_;
     ASSERT_TRUE(expected_->defined());
     // The adapters matter: the base weights alone give other logits.
     ASSERT_FALSE(Close(PlainLogits(config_, base_, *tokens_), *expected_));
@@ -129,12 +149,12 @@ class ExportTest : public ::testing::Test {
 
   // The engine's model with the adapters of checkpoint `step`, read from the checkpoint itself.
   static torch::Tensor EngineLogits(int64_t step) {
-    auto store = objstore::OpenObjectStore(dir_ + "/ckpt");
+    auto store = objstore::OpenObjectStore(run_ + "/ckpt");
     EXPECT_TRUE(store.ok());
     checkpoint::Repository repo(**store);
     auto manifest = repo.ReadManifest(step);
     EXPECT_TRUE(manifest.ok()) << manifest.status().message();
-    auto hf = HfCheckpoint::Open(dir_ + "/base");
+    auto hf = HfCheckpoint::Open(run_ + "/base");
     LoraSpec lora;
     lora.rank = 4;
     lora.alpha = 12;
@@ -185,27 +205,25 @@ class ExportTest : public ::testing::Test {
     return PlainLogits(config_, weights, *tokens_);
   }
 
-  static std::string dir_;
+  static std::string dir_, run_, train_error_;
   static ModelConfig config_;
   static std::map<std::string, torch::Tensor> base_;
-  static ProcessResult* train_;
   static torch::Tensor* tokens_;
   static torch::Tensor* expected_;
 };
-std::string ExportTest::dir_;
+std::string ExportTest::dir_, ExportTest::run_, ExportTest::train_error_;
 ModelConfig ExportTest::config_;
 std::map<std::string, torch::Tensor> ExportTest::base_;
-ProcessResult* ExportTest::train_ = nullptr;
 torch::Tensor* ExportTest::tokens_ = nullptr;
 torch::Tensor* ExportTest::expected_ = nullptr;
 
 TEST_F(ExportTest, FinalAdapterAppliedToTheBaseWeightsGivesTheEnginesLogits) {
-  const std::string final_dir = dir_ + "/ckpt/final";
+  const std::string final_dir = run_ + "/ckpt/final";
   nlohmann::json config = ReadJson(final_dir + "/adapter_config.json");
   EXPECT_EQ(config["r"], 4);
   EXPECT_EQ(config["lora_alpha"], 12);
   EXPECT_EQ(config["lora_dropout"], 0.1);
-  EXPECT_EQ(config["base_model_name_or_path"], dir_ + "/base");
+  EXPECT_EQ(config["base_model_name_or_path"], run_ + "/base");
   EXPECT_EQ(config["target_modules"],
             nlohmann::json({"q_proj", "k_proj", "o_proj", "gate_proj", "down_proj"}));
   EXPECT_TRUE(Close(LogitsFromAdapterFiles(final_dir), *expected_));
@@ -213,7 +231,7 @@ TEST_F(ExportTest, FinalAdapterAppliedToTheBaseWeightsGivesTheEnginesLogits) {
 
 TEST_F(ExportTest, ExportOfAnEarlierStepGivesThatStepsLogits) {
   const std::string out = dir_ + "/step4";
-  ProcessResult r = Export({"--checkpoint", dir_ + "/ckpt", "--step", "4", "--out", out});
+  ProcessResult r = Export({"--checkpoint", run_ + "/ckpt", "--step", "4", "--out", out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["step"], 4);
   torch::Tensor at4 = LogitsFromAdapterFiles(out);
@@ -223,7 +241,7 @@ TEST_F(ExportTest, ExportOfAnEarlierStepGivesThatStepsLogits) {
 
 TEST_F(ExportTest, MergedDirectoryLoadsAsAPlainModelWithTheEnginesLogits) {
   const std::string out = dir_ + "/merged";
-  ProcessResult r = Export({"--merge", "--checkpoint", dir_ + "/ckpt", "--out", out});
+  ProcessResult r = Export({"--merge", "--checkpoint", run_ + "/ckpt", "--out", out});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json report = nlohmann::json::parse(r.out);
   EXPECT_EQ(report["step"], kSteps);
@@ -243,7 +261,7 @@ TEST_F(ExportTest, MergedDirectoryLoadsAsAPlainModelWithTheEnginesLogits) {
 
 TEST_F(ExportTest, MergedDirectoryInBf16IsStoredAndRecordedAsBf16) {
   const std::string out = dir_ + "/merged-bf16";
-  ProcessResult r = Export({"--merge", "--checkpoint", dir_ + "/ckpt", "--out", out, "--dtype",
+  ProcessResult r = Export({"--merge", "--checkpoint", run_ + "/ckpt", "--out", out, "--dtype",
                             "bf16", "--max-shard-bytes", "1000000"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(ReadJson(out + "/config.json")["torch_dtype"], "bfloat16");
@@ -266,7 +284,7 @@ TEST_F(ExportTest, PeftLoadsTheAdapterOntoTheTransformersBaseAndGivesTheEnginesL
   ASSERT_TRUE(WriteSafetensors(tokens, {{"tokens", *tokens_}}, {}).ok());
   ProcessResult r =
       RunProcess({TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/hf/export_logits.py",
-                  "adapter", dir_ + "/base", dir_ + "/ckpt/final", tokens, out},
+                  "adapter", run_ + "/base", run_ + "/ckpt/final", tokens, out},
                  300s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["lora_weights"], 2 * 5 * config_.num_hidden_layers);
@@ -278,7 +296,7 @@ TEST_F(ExportTest, PeftLoadsTheAdapterOntoTheTransformersBaseAndGivesTheEnginesL
 TEST_F(ExportTest, TransformersLoadsTheMergedDirectoryAndGivesTheEnginesLogits) {
   const std::string merged = dir_ + "/merged-for-transformers";
   ProcessResult exported = Export(
-      {"--merge", "--checkpoint", dir_ + "/ckpt", "--out", merged, "--max-shard-bytes", "1000000"});
+      {"--merge", "--checkpoint", run_ + "/ckpt", "--out", merged, "--max-shard-bytes", "1000000"});
   ASSERT_EQ(exported.exit_code, 0) << exported.err;
   ASSERT_TRUE(fs::exists(merged + "/model.safetensors.index.json"));
   const std::string tokens = dir_ + "/tokens-merged.safetensors",
@@ -293,7 +311,7 @@ TEST_F(ExportTest, TransformersLoadsTheMergedDirectoryAndGivesTheEnginesLogits) 
 }
 
 TEST_F(ExportTest, BadInvocationsAreRefusedNamingWhatIsWrong) {
-  const std::string ckpt = dir_ + "/ckpt";
+  const std::string ckpt = run_ + "/ckpt";
   fs::create_directories(dir_ + "/empty");
   struct Case {
     std::vector<std::string> args;
