@@ -4,9 +4,12 @@
 #
 # The sanitizer build compiles in the background from the start, at the lowest CPU priority
 # (nice 19): it takes the CPU that the ordinary build's link steps and the tests leave idle
-# (the ordinary suite is mostly multi-process training, which leaves part of 2 cores idle, yet
-# running its tests two at a time measured no faster: 32 min 16 s, against 31 min 47 s of test
-# time one at a time), and gives it back as soon as they want it. Its output goes to out/sanitize-build.log, printed if it fails.
+# (the ordinary suite is mostly multi-process training, which leaves part of 2 cores idle), and
+# gives it back as soon as they want it. Its output goes to out/sanitize-build.log, printed if it
+# fails. The ordinary tests run one at a time unless CTEST_ARGS says otherwise: on 2026-12-05 the
+# 910 of them took 1,601 s one at a time (the sanitizer build beside them for the first 712 s)
+# and 901 s with -j2 alone, all passing (docs/build-and-test-times.md); -j2 becomes the default
+# once it has passed enough whole runs beside the sanitizer build.
 # Exit status: non-zero if either suite or either build failed; both suites run regardless.
 set -euo pipefail
 cd "$(dirname "$0")/.."
