@@ -113,9 +113,10 @@ class ExportTest : public ::testing::Test {
         << " learningRate: 5.0e-3, maxSteps: " << kSteps << ", seed: 2}\n";
       return y.str();
     };
-    // The key: the job (as written for any directory), the base's seeds, the binary.
+    // The key: the job (as written for any directory), the binary that trains it, and this
+    // one, which makes the base (`base_` is made again by every case and must be the same).
     const std::string key = tidal::testing::WithFileIdentity(
-        job("<run>") + "|base: tiny, seed 5, init 11", TIDAL_TRAIN_BIN);
+        tidal::testing::WithFileIdentity(job("<run>"), TIDAL_TRAIN_BIN), "/proc/self/exe");
     run_ = tidal::testing::CachedRun(
         TIDAL_TEST_CACHE_DIR, "export-suite", key, [&](const std::string& into) {
           Status written = WriteHfDirectory(into + "/base", config_, base, 1'000'000'000);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <ctime>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <iterator>
 #include <map>
@@ -1122,6 +1123,17 @@ TEST_F(ShiftedClockTest,
   const std::string events = Ok({"get", "events", "-o", "jsonpath={.items[*].reason}"});
   for (const char* reason : {"ScalingUp", "Rescaled", "ScalingDown"})
     EXPECT_NE(events.find(reason), std::string::npos) << reason << " in " << events;
+  // The operator really ran on the moved clock: its lease renewals (every second) carry it.
+  auto on_moved_clock = [&](const std::string& t) {
+    std::tm tm{};
+    std::istringstream(t) >> std::get_time(&tm, "%Y-%m-%dT%H:%M:%S");
+    return !t.empty() && timegm(&tm) >= OperatorNow() - 3;
+  };
+  const std::string renewed =
+      WaitFor({"lease", "-n", "kube-system"}, "{.items[0].spec.renewTime}", on_moved_clock, 30s);
+  EXPECT_TRUE(on_moved_clock(renewed)) << "renewTime " << renewed << ", the operator's clock "
+                                       << OperatorNow() << " (offset " << offset_ << " s)";
+  EXPECT_GT(offset_, 20) << "the clock was moved over the window";
 }
 
 TEST(OperatorCli, BadInvocationsExitTwoNamingTheFlagOrTheKubeconfig) {
