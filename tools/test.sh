@@ -6,10 +6,10 @@
 # (nice 19): it takes the CPU that the ordinary build's link steps and the tests leave idle
 # (the ordinary suite is mostly multi-process training, which leaves part of 2 cores idle), and
 # gives it back as soon as they want it. Its output goes to out/sanitize-build.log, printed if it
-# fails. The ordinary tests run one at a time unless CTEST_ARGS says otherwise: on 2026-12-05 the
-# 910 of them took 1,601 s one at a time (the sanitizer build beside them for the first 712 s)
-# and 901 s with -j2 alone, all passing (docs/build-and-test-times.md); -j2 becomes the default
-# once it has passed enough whole runs beside the sanitizer build.
+# fails. The ordinary tests run as many at a time as there are cores ($@ may set another -j);
+# the tests that keep both cores busy on their own (multi-process training, measured) carry
+# PROCESSORS 2 and so run alone (tests/cpu_bound_tests.cmake). On 2026-12-05 the 910 tests took
+# 1,564 s one at a time and used 1.14 cores on average (docs/build-and-test-times.md).
 # Exit status: non-zero if either suite or either build failed; both suites run regardless.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,7 +30,7 @@ trap 'kill -- -"$asan_pid" 2>/dev/null || true' EXIT
 
 status=0
 cmake --build "$build" -j "$(nproc)"
-(cd "$build" && ctest --output-on-failure --timeout 1200 "$@") || status=$?
+(cd "$build" && ctest --output-on-failure --timeout 1200 -j "$(nproc)" "$@") || status=$?
 
 if ! wait "$asan_pid"; then
   echo "tools/test.sh: the sanitizer build failed ($asan_log):" >&2

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -108,11 +109,14 @@ class KubectlTest : public ::testing::Test {
     return path;
   }
   // Polls `kubectl get <args> -o jsonpath=<path>` until its output satisfies `done`; returns
-  // the last output (the caller asserts on it).
+  // the last output (the caller asserts on it). The pause between reads starts at `poll` and
+  // doubles up to `max_poll`: each kubectl costs about 0.1 s of CPU, and at a steady 100 ms the
+  // reads alone took 40% of the CPU of a test that waits a minute (LostNodeTest: 24 s -> 14 s).
   std::string WaitFor(std::vector<std::string> args, const std::string& jsonpath,
                       const std::function<bool(const std::string&)>& done,
                       std::chrono::milliseconds timeout = 30s,
-                      std::chrono::milliseconds poll = 100ms) {
+                      std::chrono::milliseconds poll = 100ms,
+                      std::chrono::milliseconds max_poll = 500ms) {
     args.insert(args.begin(), "get");
     args.push_back("-o");
     args.push_back("jsonpath=" + jsonpath);
@@ -123,6 +127,7 @@ class KubectlTest : public ::testing::Test {
       out = r.exit_code == 0 ? r.out : "<error: " + r.err + ">";
       if (done(out) || std::chrono::steady_clock::now() > deadline) return out;
       std::this_thread::sleep_for(poll);
+      poll = std::min(poll * 2, std::max(poll, max_poll));
     }
   }
 #ifdef HELM_BIN

@@ -952,7 +952,8 @@ TEST_F(OperatorFailoverTest,
   Ok({"scale", "tj", "failover", "--replicas=4"});
   const std::string stage = WaitFor(
       {"tj", "failover"}, "{.status.rescale.stage}",
-      [](const std::string& s) { return !s.empty(); }, 60s, /*poll=*/20ms);
+      [](const std::string& s) { return !s.empty(); }, 60s, /*poll=*/20ms,
+      /*max_poll=*/20ms);
   ASSERT_FALSE(stage.empty()) << "no rescale began: " << Status("failover", "{.status}");
   ::kill(first->pid(), SIGKILL);
   first->Wait(10s);
