@@ -23,8 +23,9 @@ build: configure
 
 # Every test (unit, integration and e2e ctest labels), incremental build first; then every test
 # that needs no LibTorch once more under AddressSanitizer + UBSan (`make sanitize`), whose build
-# runs in the background meanwhile at the lowest CPU priority (tools/test.sh).
-test: configure
+# runs in the background meanwhile at the lowest CPU priority. tools/test.sh installs what is
+# missing itself (`make deps` in two parts, so that this build starts before the venv is in).
+test:
 	tools/test.sh $(BUILD_DIR) $(CTEST_ARGS)
 
 # AddressSanitizer + LeakSanitizer + UBSan over the tests without LibTorch (build-asan/).
@@ -56,9 +57,10 @@ manifests: deps
 
 # The product: `tidal local` with the operator, a TrainingJob that grows 2 -> 4 GPUs when its
 # schedule window opens and shrinks back when it closes, watched with kubectl (tools/demo.sh).
-# Builds only what the demo runs: the operator with `tidal local`, the worker it starts and the
-# data phase's tidal-prep (the prep pod tokenizes the dataset before the job trains).
-DEMO_TARGETS = tidal tidal-worker tidal-prep
+# Builds only what the demo runs: the operator and `tidal local` (tidal-local), the worker it
+# starts and the data phase's tidal-prep (the prep pod tokenizes the dataset before the job
+# trains).
+DEMO_TARGETS = tidal tidal-local tidal-worker tidal-prep
 demo: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target $(DEMO_TARGETS)
 	tools/demo.sh $(BUILD_DIR)

@@ -6,10 +6,9 @@
 #include <limits>
 #include <set>
 
-#include "api/model_config.h"
+#include "api/spec_limits.h"
+#include "api/spec_section.h"
 #include "common/log.h"
-#include "common/spec_limits.h"
-#include "common/spec_section.h"
 
 namespace tidal::engine {
 namespace {
@@ -123,8 +122,9 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
       model.Error("", "set exactly one of uri (an HF-layout directory) or preset (" +
                           std::string("tiny | small | 1b | 7b)"));
     if (!c.model.preset.empty()) {
-      if (auto preset = PresetModelConfig(c.model.preset); !preset.ok())
-        model.Error("preset", preset.status().message());
+      const std::vector<std::string> presets = PresetNames();
+      if (std::find(presets.begin(), presets.end(), c.model.preset) == presets.end())
+        model.Error("preset", UnknownPreset(c.model.preset).message());
     }
     // A local path resolves against the config's folder; s3:// stays as it is (read by range).
     if (!c.model.uri.empty() && !c.model.uri.starts_with("s3://")) {
@@ -302,6 +302,23 @@ void ReadEngineSections(const json& spec_json, const std::string& base_dir, Trai
                           "whole-block residual (set zeroStage: 2, or method: none)");
     }
   }
+}
+
+std::vector<std::string> PresetNames() {
+  return {"tiny",
+          "small",
+          "1b",
+          "7b",
+          "r1-distill-qwen-7b",
+          "r1-distill-llama-8b",
+          "r1-0528-qwen3-8b",
+          "deepseek-v2-lite"};
+}
+
+Status UnknownPreset(const std::string& name) {
+  std::string known;
+  for (const auto& n : PresetNames()) known += (known.empty() ? "" : ", ") + n;
+  return InvalidArgument("unknown model preset \"" + name + "\" (expected one of: " + known + ")");
 }
 
 }  // namespace tidal::engine

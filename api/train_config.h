@@ -124,6 +124,12 @@ struct TrainConfig {
 // Every spec.lora.targetModules name some supported family has (what the CRD's enum lists).
 const std::set<std::string>& LoraTargetNames();
 
+// Every spec.model.preset name (what the CRD's enum lists); the engine defines each
+// (worker/engine/model_config.h, PresetModelConfig), and UnknownPreset is the refusal of any
+// other name, naming the choices.
+std::vector<std::string> PresetNames();
+Status UnknownPreset(const std::string& name);
+
 // Accepts either a bare spec or a whole TrainingJob manifest (its .spec is used). Every
 // violation names the field path (e.g. "spec.lora.rank: must be > 0, got 0"). Relative
 // dataset/model paths are resolved against `base_dir`.

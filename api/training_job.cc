@@ -7,8 +7,8 @@
 #include <regex>
 #include <set>
 
-#include "common/spec_limits.h"
-#include "common/spec_section.h"
+#include "api/spec_limits.h"
+#include "api/spec_section.h"
 
 namespace tidal::api {
 namespace {
@@ -202,7 +202,7 @@ bool SplitsGroups(const engine::OptimizationSpec& o, int64_t gpus) {
 }
 
 // The CRD's CEL rules, and the same for the manual count. Runs only on values inside their
-// bounds (common/spec_limits.h), so the products in the messages fit in int64.
+// bounds (api/spec_limits.h), so the products in the messages fit in int64.
 void CheckSizes(const TrainingJobSpec& j, std::vector<std::string>& errors) {
   const ElasticSpec& e = j.elastic;
   const auto& o = j.train.optimization;

@@ -155,8 +155,7 @@ int main(int argc, char** argv) {
   {
     data::StoreDataProvider provider({});
     Status ready = provider.Prepare(config);
-    auto rows =
-        ready.ok() ? provider.Open(config, 0) : StatusOr<std::unique_ptr<data::RowSource>>(ready);
+    auto rows = ready.ok() ? provider.Open(config, 0) : StatusOr<std::unique_ptr<RowSource>>(ready);
     if (!rows.ok()) {
       std::fprintf(stderr, "%s\n", rows.status().message().c_str());
       return 1;

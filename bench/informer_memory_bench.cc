@@ -14,8 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "operator/kube/informer.h"
-#include "operator/kube/pod_cache.h"
+#include "kube/informer.h"
+#include "kube/pod_cache.h"
 
 using nlohmann::json;
 

@@ -18,9 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "operator/kube/client.h"
-#include "operator/kube/config.h"
-#include "operator/kube/watcher.h"
+#include "kube/client.h"
+#include "kube/config.h"
+#include "kube/watcher.h"
 #include "tests/integration/process.h"
 
 using namespace tidal;

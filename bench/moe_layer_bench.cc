@@ -13,7 +13,7 @@
 #include <torch/torch.h>
 #include <nlohmann/json.hpp>
 
-#include "api/model_config.h"
+#include "worker/engine/model_config.h"
 #include "worker/engine/moe.h"
 #include "worker/engine/safetensors.h"
 

@@ -1,4 +1,4 @@
-// The `tidal local` API server's request handling (operator/local/apiserver.h) on arbitrary
+// The `tidal local` API server's request handling (local/apiserver.h) on arbitrary
 // requests, authenticated, the way kubectl, helm and the operator reach it: routes and paths,
 // query strings, JSON, YAML and Kubernetes protobuf bodies, patches of every type, through the
 // CRD schemas to the durable store. Fields: method, target (path?query), Content-Type, body.
@@ -14,7 +14,7 @@
 
 #include "common/http/pki.h"
 #include "fuzz/fuzz_input.h"
-#include "operator/local/apiserver.h"
+#include "local/apiserver.h"
 
 namespace {
 

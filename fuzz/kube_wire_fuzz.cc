@@ -1,11 +1,11 @@
 // What clients send `tidal local` besides JSON: Kubernetes protobuf bodies
-// (operator/local/protobuf.h) and label and field selectors in query strings
-// (operator/kube/labels.h, operator/local/selectors.h). Fields: a protobuf body, a label
+// (local/protobuf.h) and label and field selectors in query strings
+// (kube/labels.h, local/selectors.h). Fields: a protobuf body, a label
 // selector, a field selector. A parsed label selector prints to a form that parses back to the
 // same selector.
 #include "fuzz/fuzz_input.h"
-#include "operator/local/protobuf.h"
-#include "operator/local/selectors.h"
+#include "local/protobuf.h"
+#include "local/selectors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tidal;

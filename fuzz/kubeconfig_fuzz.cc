@@ -1,4 +1,4 @@
-// The kubeconfig reader (operator/kube/config.h) on arbitrary file contents: users point the
+// The kubeconfig reader (kube/config.h) on arbitrary file contents: users point the
 // operator and `tidal` at their own. Refusals are InvalidArgument naming the field, never a
 // crash; an accepted config has a server to talk to.
 #include <unistd.h>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "fuzz/fuzz_input.h"
-#include "operator/kube/config.h"
+#include "kube/config.h"
 
 namespace {
 // One file per process, rewritten for each input (in the process's own temporary directory).

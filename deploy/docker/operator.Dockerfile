@@ -21,6 +21,8 @@ COPY CMakeLists.txt ./
 COPY api api
 COPY common common
 COPY crds crds
+COPY kube kube
+COPY local local
 COPY operator operator
 COPY proto proto
 COPY worker worker
@@ -34,7 +36,7 @@ FROM debian:${DEBIAN_RELEASE}-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       ca-certificates tzdata \
-      libsqlite3-0 libdate-tz3 libgrpc++1.51 libgrpc29 libssl3 libabsl20220623 libprotobuf32 \
+      libdate-tz3 libgrpc++1.51 libgrpc29 libssl3 libabsl20220623 libprotobuf32 \
       libyaml-cpp0.7 libprometheus-cpp-core1.0 \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /build/operator/tidal /usr/local/bin/tidal

@@ -33,6 +33,8 @@ COPY CMakeLists.txt ./
 COPY api api
 COPY common common
 COPY crds crds
+COPY kube kube
+COPY local local
 COPY operator operator
 COPY proto proto
 COPY worker worker

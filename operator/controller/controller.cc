@@ -12,11 +12,11 @@
 
 #include "common/base64.h"
 #include "common/log.h"
+#include "kube/meta_time.h"
+#include "kube/types.h"
 #include "operator/controller/children.h"
 #include "operator/controller/interval_json.h"
 #include "operator/controller/metrics.h"
-#include "operator/kube/meta_time.h"
-#include "operator/kube/types.h"
 #include "tidal/worker/v1/worker.pb.h"
 #include "worker/control/client.h"
 #include "worker/control/phase_proto.h"

@@ -23,14 +23,14 @@
 
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "kube/client.h"
+#include "kube/events.h"
+#include "kube/informer.h"
+#include "kube/pod_cache.h"
+#include "kube/workqueue.h"
 #include "operator/controller/reconcile.h"
 #include "operator/controller/status_feed.h"
 #include "operator/controller/worker_calls.h"
-#include "operator/kube/client.h"
-#include "operator/kube/events.h"
-#include "operator/kube/informer.h"
-#include "operator/kube/pod_cache.h"
-#include "operator/kube/workqueue.h"
 #include "worker/control/worker_api.h"
 
 namespace tidal::controller {

@@ -17,9 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kube/meta_time.h"
 #include "operator/controller/children.h"
 #include "operator/controller/reconcile.h"
-#include "operator/kube/meta_time.h"
 #include "operator/planner/planner.h"
 
 namespace tidal::controller::internal {

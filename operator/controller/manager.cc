@@ -9,8 +9,8 @@
 #include "common/log.h"
 #include "common/metrics/endpoint.h"
 #include "common/yaml_json.h"
+#include "kube/leader.h"
 #include "operator/controller/metrics.h"
-#include "operator/kube/leader.h"
 
 namespace tidal::controller {
 

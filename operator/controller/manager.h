@@ -9,9 +9,9 @@
 #include <string>
 
 #include "common/status.h"
+#include "kube/config.h"
+#include "kube/leader.h"
 #include "operator/controller/controller.h"
-#include "operator/kube/config.h"
-#include "operator/kube/leader.h"
 
 namespace tidal::controller {
 

@@ -14,13 +14,13 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api/model_config.h"
 #include "tests/integration/process.h"
 #include "tests/integration/run_cache.h"
 #include "tests/unit/engine/test_util.h"
 #include "worker/checkpoint/repository.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/hf_checkpoint.h"
+#include "worker/engine/model_config.h"
 #include "worker/engine/safetensors.h"
 #include "worker/objstore/object_store.h"
 

@@ -10,7 +10,7 @@
 #include <memory>
 #include <type_traits>
 
-#include "common/safetensors_header.h"
+#include "worker/engine/safetensors_header.h"
 
 namespace tidal::checkpoint {
 namespace {

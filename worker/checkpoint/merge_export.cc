@@ -6,12 +6,12 @@
 
 #include <torch/torch.h>
 
-#include "api/model_config.h"
 #include "api/train_config.h"
 #include "worker/checkpoint/peft_export.h"
 #include "worker/engine/hf_checkpoint.h"
 #include "worker/engine/job_fit.h"
 #include "worker/engine/model.h"
+#include "worker/engine/model_config.h"
 #include "worker/engine/safetensors.h"
 
 namespace tidal::checkpoint {

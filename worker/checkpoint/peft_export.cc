@@ -5,7 +5,7 @@
 #include <cmath>
 #include <map>
 
-#include "common/safetensors_header.h"
+#include "worker/engine/safetensors_header.h"
 
 namespace tidal::checkpoint {
 namespace {

@@ -227,6 +227,9 @@ StatusOr<std::unique_ptr<RowLoader>> RowLoader::Open(std::unique_ptr<objstore::O
   std::unique_ptr<RowLoader> l(new RowLoader());
   l->store_ = std::move(store);
   TIDAL_ASSIGN_OR_RETURN(l->index_, StoreIndex::Open(*l->store_));
+  l->dataset_ = {.content_hash = l->index_.manifest().content_hash,
+                 .samples = l->index_.manifest().samples,
+                 .tokenizer = l->index_.manifest().tokenizer};
   const std::vector<uint32_t> lengths = l->index_.Lengths();
   l->plan_ = BuildPackingPlan(lengths, packing);
   if (l->plan_.rows() == 0)
@@ -281,8 +284,8 @@ Status RowLoader::ReadTokens(const SampleLocation& at, uint32_t length, std::vec
   return OkStatus();
 }
 
-StatusOr<PackedRow> RowLoader::ReadRow(uint64_t row) {
-  PackedRow out;
+StatusOr<engine::PackedRow> RowLoader::ReadRow(uint64_t row) {
+  engine::PackedRow out;
   std::vector<uint32_t> ids;
   std::vector<uint8_t> mask;
   int32_t document = 0;
@@ -311,7 +314,7 @@ void RowLoader::Work() {
     in_flight_.insert(sequence);
     const uint64_t row = order_->RowOf(sequence);
     lock.unlock();
-    StatusOr<PackedRow> result = Internal("unset");
+    StatusOr<engine::PackedRow> result = Internal("unset");
     try {
       result = ReadRow(row);
     } catch (const std::exception& e) {  // bad_alloc and the like: the reader gets the error
@@ -339,7 +342,7 @@ void RowLoader::Prefetch(std::span<const uint64_t> sequences) {
   cv_.notify_all();
 }
 
-StatusOr<PackedRow> RowLoader::Sequence(uint64_t k) {
+StatusOr<engine::PackedRow> RowLoader::Sequence(uint64_t k) {
   std::unique_lock lock(mu_);
   // A rank reads its sequences in increasing order: rows before k are no longer wanted (a
   // rescale changed which rows this rank reads) and would only hold prefetch slots.
@@ -350,7 +353,7 @@ StatusOr<PackedRow> RowLoader::Sequence(uint64_t k) {
     cv_.wait(lock, [&] { return ready_.count(k) || !in_flight_.count(k); });
   }
   if (auto it = ready_.find(k); it != ready_.end()) {
-    StatusOr<PackedRow> row = std::move(it->second);
+    StatusOr<engine::PackedRow> row = std::move(it->second);
     ready_.erase(it);
     return row;
   }

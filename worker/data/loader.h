@@ -21,8 +21,8 @@
 
 #include "common/status.h"
 #include "worker/data/packing.h"
-#include "worker/data/row_source.h"
 #include "worker/data/token_store.h"
+#include "worker/engine/row_source.h"
 #include "worker/objstore/object_store.h"
 
 namespace tidal::data {
@@ -92,7 +92,7 @@ class BlockCache {
   LoaderStats stats_;
 };
 
-class RowLoader : public RowSource {
+class RowLoader : public engine::RowSource {
  public:
   // Opens the store at `store` (its manifest and indexes, verified), builds the packing plan.
   static StatusOr<std::unique_ptr<RowLoader>> Open(std::unique_ptr<objstore::ObjectStore> store,
@@ -101,7 +101,8 @@ class RowLoader : public RowSource {
                                                    const LoaderOptions& loader);
   ~RowLoader() override;
 
-  const StoreManifest& manifest() const override { return index_.manifest(); }
+  const StoreManifest& manifest() const { return index_.manifest(); }
+  const engine::DatasetFacts& dataset() const override { return dataset_; }
   const PackingPlan& plan() const { return plan_; }
   uint64_t rows() const override { return plan_.rows(); }
   uint64_t RowOf(uint64_t sequence);
@@ -110,20 +111,21 @@ class RowLoader : public RowSource {
   // rows held or in flight (the rest of the list is ignored; call again after each step).
   void Prefetch(std::span<const uint64_t> sequences) override;
   // Row of sequence `k`: a prefetched one, waiting for it if in flight, else read now.
-  StatusOr<PackedRow> Sequence(uint64_t k) override;
+  StatusOr<engine::PackedRow> Sequence(uint64_t k) override;
   // Reads the blocks of these sequences into the cache before training starts.
   Status Warm(std::span<const uint64_t> sequences) override;
   LoaderStats stats() const { return cache_->stats(); }
 
  private:
   RowLoader() = default;
-  StatusOr<PackedRow> ReadRow(uint64_t row);
+  StatusOr<engine::PackedRow> ReadRow(uint64_t row);
   Status ReadTokens(const SampleLocation& at, uint32_t length, std::vector<uint32_t>& ids,
                     std::vector<uint8_t>& mask);
   void Work();
 
   std::unique_ptr<objstore::ObjectStore> store_;
   StoreIndex index_;
+  engine::DatasetFacts dataset_;  // from the index's manifest
   PackingPlan plan_;
   std::unique_ptr<BlockCache> cache_;
   LoaderOptions options_;
@@ -134,7 +136,7 @@ class RowLoader : public RowSource {
   std::unique_ptr<RowOrder> order_;
   std::deque<uint64_t> queue_;  // sequences to fetch
   std::set<uint64_t> in_flight_;
-  std::map<uint64_t, StatusOr<PackedRow>> ready_;
+  std::map<uint64_t, StatusOr<engine::PackedRow>> ready_;
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

@@ -190,8 +190,8 @@ StatusOr<std::unique_ptr<TextEncoder>> TextEncoder::FromModelDirectory(
   return encoder;
 }
 
-StoreTokenizer TextEncoder::Facts() const {
-  StoreTokenizer t;
+engine::TokenizerFacts TextEncoder::Facts() const {
+  engine::TokenizerFacts t;
   if (is_bytes()) {
     t.kind = "bytes";
     t.description = "bytes (0-255), 256 = begin, 257 = end of document";

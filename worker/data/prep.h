@@ -50,7 +50,7 @@ class TextEncoder {
   bool has_chat_template() const { return chat_ != nullptr; }
   // A hash of what decides the ids: the files' bytes (or "bytes").
   const std::string& fingerprint() const { return fingerprint_; }
-  StoreTokenizer Facts() const;
+  engine::TokenizerFacts Facts() const;
 
   struct Tokens {
     std::vector<uint32_t> ids;

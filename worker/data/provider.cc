@@ -4,10 +4,10 @@
 #include <cmath>
 #include <optional>
 
-#include "api/model_config.h"
 #include "common/log.h"
 #include "worker/data/loader.h"
 #include "worker/engine/job_fit.h"
+#include "worker/engine/model_config.h"
 
 namespace tidal::data {
 
@@ -106,8 +106,8 @@ StatusOr<PrepResult> StoreDataProvider::Resolve(const engine::TrainConfig& confi
     TIDAL_ASSIGN_OR_RETURN(result, data::Prepare(options, *encoder, s3_));
   }
   // The rows must be in the model's tokens: the store's tokenizer is the one the model names.
-  const StoreTokenizer& used = result.manifest.tokenizer;
-  const StoreTokenizer wanted = encoder->Facts();
+  const engine::TokenizerFacts& used = result.manifest.tokenizer;
+  const engine::TokenizerFacts wanted = encoder->Facts();
   if (used.fingerprint != wanted.fingerprint)
     return InvalidArgument(
         "spec.dataset.uri: the token store " + result.store_uri + " was tokenized with " +
@@ -178,8 +178,8 @@ StatusOr<PrepResult> StoreDataProvider::PrepareAndCheck(const engine::TrainConfi
   return prepared;
 }
 
-StatusOr<std::unique_ptr<RowSource>> StoreDataProvider::Open(const engine::TrainConfig& config,
-                                                             int rank) {
+StatusOr<std::unique_ptr<engine::RowSource>> StoreDataProvider::Open(
+    const engine::TrainConfig& config, int rank) {
   TIDAL_ASSIGN_OR_RETURN(PrepResult prepared, Resolve(config, /*lookup_only=*/rank != 0));
   TIDAL_ASSIGN_OR_RETURN(auto store, objstore::OpenObjectStore(prepared.store_uri, s3_));
   PackingOptions packing;
@@ -204,7 +204,7 @@ StatusOr<std::unique_ptr<RowSource>> StoreDataProvider::Open(const engine::Train
              {"truncated", plan.truncated},
              {"dropped", plan.dropped},
              {"too_short", plan.too_short}});
-  return std::unique_ptr<RowSource>(std::move(rows));
+  return std::unique_ptr<engine::RowSource>(std::move(rows));
 }
 
 }  // namespace tidal::data

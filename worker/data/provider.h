@@ -10,12 +10,12 @@
 
 #include "api/train_config.h"
 #include "worker/data/prep.h"
-#include "worker/data/row_source.h"
+#include "worker/engine/row_source.h"
 #include "worker/objstore/object_store.h"
 
 namespace tidal::data {
 
-class StoreDataProvider : public DataProvider {
+class StoreDataProvider : public engine::DataProvider {
  public:
   explicit StoreDataProvider(objstore::S3Options s3) : s3_(std::move(s3)) {}
   // Logs prep progress (tidal-train, tidal-worker): (bytes done, total, samples, tokens).
@@ -28,7 +28,8 @@ class StoreDataProvider : public DataProvider {
   // only the model can check (engine::CheckJobFitsModel) against the model's config.json on
   // spec.model.uri (file:// or s3://) or the preset — before any worker is created.
   StatusOr<PrepResult> PrepareAndCheck(const engine::TrainConfig& config);
-  StatusOr<std::unique_ptr<RowSource>> Open(const engine::TrainConfig& config, int rank) override;
+  StatusOr<std::unique_ptr<engine::RowSource>> Open(const engine::TrainConfig& config,
+                                                    int rank) override;
   // A local path, or a file:// or s3:// prefix read by range (with this provider's S3 options).
   StatusOr<std::unique_ptr<engine::ModelFiles>> OpenModel(const std::string& uri) override;
 

@@ -1,6 +1,6 @@
 // worker/data/token_store_manifest.h — the token store's manifest as plain data (see
-// token_store.h for the layout). Apart so that the engine, which reads a store's counts and
-// tokenizer facts through worker/data/row_source.h, needs no I/O library.
+// token_store.h for the layout). Its tokenizer section is what the engine checks against the
+// model (engine::TokenizerFacts, worker/engine/row_source.h).
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/status.h"
+#include "worker/engine/row_source.h"
 
 namespace tidal::data {
 
@@ -29,23 +30,12 @@ struct StoreShard {
   std::vector<std::string> mask_xxh3;  // per block of .mask
 };
 
-// What the tokenizer said about itself when the store was written; the trainer checks it
-// against the model before step 0.
-struct StoreTokenizer {
-  std::string kind;  // "tokenizer.json" | "bytes"
-  std::string description;
-  std::string fingerprint;  // a hash of tokenizer.json + tokenizer_config.json, or "bytes"
-  uint32_t vocab_size = 0;
-  uint32_t max_id = 0;  // the largest id any sample holds
-  std::optional<uint32_t> bos_id, eos_id, pad_id;
-};
-
 struct StoreManifest {
   std::string format = std::string(kTokenStoreFormat);
   std::string content_hash;   // of inputs + tokenizer + template + options (see tidal-prep)
   std::string source_format;  // text | alpaca | messages
   uint64_t samples = 0, tokens = 0, trained_tokens = 0;
-  StoreTokenizer tokenizer;
+  engine::TokenizerFacts tokenizer;
   nlohmann::json report;  // what prep read, skipped and why (lines, counts)
   std::vector<StoreShard> shards;
 

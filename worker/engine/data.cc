@@ -5,11 +5,11 @@
 
 namespace tidal::engine {
 
-MicroBatch Collate(std::span<const data::PackedRow> rows) {
+MicroBatch Collate(std::span<const PackedRow> rows) {
   const int64_t micro = static_cast<int64_t>(rows.size());
   int64_t seq = 1;
   bool packed = false;
-  for (const data::PackedRow& row : rows) {
+  for (const PackedRow& row : rows) {
     seq = std::max<int64_t>(seq, static_cast<int64_t>(row.tokens.size()));
     packed = packed || (!row.documents.empty() && row.documents.back() > 0);
   }
@@ -23,7 +23,7 @@ MicroBatch Collate(std::span<const data::PackedRow> rows) {
   auto* position = batch.positions.data_ptr<int64_t>();
   auto* document = documents.data_ptr<int64_t>();
   for (int64_t r = 0; r < micro; ++r) {
-    const data::PackedRow& row = rows[static_cast<size_t>(r)];
+    const PackedRow& row = rows[static_cast<size_t>(r)];
     const int64_t n = static_cast<int64_t>(row.tokens.size());
     batch.tokens += n;
     for (int64_t t = 0; t < seq; ++t) {

@@ -1,4 +1,4 @@
-// worker/engine/data.h — the collate step: rows of a token store (worker/data/row_source.h,
+// worker/engine/data.h — the collate step: rows of a token store (row_source.h,
 // made by tidal-prep and read by the prefetching loader) into one micro-batch's tensors, and
 // the check that the store's tokenizer fits the model. The only place data meets LibTorch.
 //
@@ -12,9 +12,9 @@
 
 #include <torch/torch.h>
 
-#include "api/model_config.h"
 #include "common/status.h"
-#include "worker/data/row_source.h"
+#include "worker/engine/model_config.h"
+#include "worker/engine/row_source.h"
 
 namespace tidal::engine {
 
@@ -30,6 +30,6 @@ struct MicroBatch {
 };
 
 // `seq` is the longest row (rows are padded to it: inputs 0, targets -100).
-MicroBatch Collate(std::span<const data::PackedRow> rows);
+MicroBatch Collate(std::span<const PackedRow> rows);
 
 }  // namespace tidal::engine

@@ -51,7 +51,7 @@ Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model) {
   return OkStatus();
 }
 
-Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const ModelConfig& model,
+Status CheckTokenizerFitsModel(const TokenizerFacts& tokenizer, const ModelConfig& model,
                                const std::string& model_name) {
   const std::string side = "the data's tokenizer (" + tokenizer.description + ")";
   const std::string other = "the model " + model_name + " (config.json vocab_size " +
@@ -86,7 +86,7 @@ Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const Mode
 }
 
 Status CheckJobFitsModel(const TrainConfig& config, const ModelConfig& model,
-                         const data::StoreTokenizer& tokenizer) {
+                         const TokenizerFacts& tokenizer) {
   TIDAL_RETURN_IF_ERROR(CheckLoraFitsModel(config.lora, model));
   TIDAL_RETURN_IF_ERROR(CheckTokenizerFitsModel(
       tokenizer, model,

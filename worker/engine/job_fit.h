@@ -5,10 +5,10 @@
 
 #include <string>
 
-#include "api/model_config.h"
 #include "api/train_config.h"
 #include "common/status.h"
-#include "worker/data/token_store_manifest.h"
+#include "worker/engine/model_config.h"
+#include "worker/engine/row_source.h"
 
 namespace tidal::engine {
 
@@ -21,13 +21,13 @@ Status CheckLoraFitsModel(const LoraSpec& lora, const ModelConfig& model);
 
 // The data's tokenizer fits the model: no id at or beyond config.json's vocab_size, no more
 // ids than the embedding table, BOS/EOS as config.json has them. Errors name both sides.
-Status CheckTokenizerFitsModel(const data::StoreTokenizer& tokenizer, const ModelConfig& model,
+Status CheckTokenizerFitsModel(const TokenizerFacts& tokenizer, const ModelConfig& model,
                                const std::string& model_name);
 
 // Everything of the spec that only the model can check, before anything is allocated: the
 // LoRA rank, the tokenizer, maxSeqLen against max_position_embeddings. What the trainer checks
 // before step 0 and a TrainingJob's data phase checks before any worker is created.
 Status CheckJobFitsModel(const TrainConfig& config, const ModelConfig& model,
-                         const data::StoreTokenizer& tokenizer);
+                         const TokenizerFacts& tokenizer);
 
 }  // namespace tidal::engine

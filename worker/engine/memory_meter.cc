@@ -14,7 +14,7 @@
 #endif
 
 #include "common/flags.h"
-#include "common/process_memory.h"
+#include "worker/engine/process_memory.h"
 
 namespace tidal::engine {
 namespace {

@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api/model_config.h"
 #include "api/train_config.h"
+#include "worker/engine/model_config.h"
 
 namespace tidal::engine {
 

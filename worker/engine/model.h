@@ -15,8 +15,8 @@
 
 #include <torch/torch.h>
 
-#include "api/model_config.h"
 #include "api/train_config.h"
+#include "worker/engine/model_config.h"
 
 namespace tidal::engine {
 

@@ -9,7 +9,7 @@
 
 #include <torch/torch.h>
 
-#include "api/model_config.h"
+#include "worker/engine/model_config.h"
 
 namespace tidal::engine {
 

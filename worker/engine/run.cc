@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "common/log.h"
-#include "common/numa.h"
 #include "common/strings.h"
+#include "worker/engine/numa.h"
 #include "worker/engine/session.h"
 #include "worker/engine/torch_compat.h"
 

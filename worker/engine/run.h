@@ -10,7 +10,7 @@
 
 #include "api/train_config.h"
 #include "common/status.h"
-#include "worker/data/row_source.h"
+#include "worker/engine/row_source.h"
 
 namespace tidal::engine {
 
@@ -54,11 +54,11 @@ struct RankLaunch {
   int world_size = 1;
   std::string store_host = "127.0.0.1";
   int store_port = 0;
-  std::optional<int64_t> max_steps;          // overrides spec.optimization.maxSteps
-  std::string out_dir;                       // per-rank summary and the trained adapter weights
-  int intra_op_threads = 0;                  // 0: cores / world size
-  TrainingHooks* hooks = nullptr;            // not owned; null for none
-  std::shared_ptr<data::DataProvider> data;  // the rows (worker/data/provider.h)
+  std::optional<int64_t> max_steps;    // overrides spec.optimization.maxSteps
+  std::string out_dir;                 // per-rank summary and the trained adapter weights
+  int intra_op_threads = 0;            // 0: cores / world size
+  TrainingHooks* hooks = nullptr;      // not owned; null for none
+  std::shared_ptr<DataProvider> data;  // the rows (worker/data/provider.h implements it)
 };
 
 // Trains to the last step. Rank 0 prints one JSON line per optimizer step on stdout:

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <limits>
 
-#include "common/safetensors_header.h"
+#include "worker/engine/safetensors_header.h"
 
 namespace tidal::engine {
 

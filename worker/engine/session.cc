@@ -11,9 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/log.h"
-#include "common/numa.h"
 #include "common/strings.h"
 #include "worker/engine/comm.h"
+#include "worker/engine/numa.h"
 #include "worker/engine/safetensors.h"
 #include "worker/engine/torch_compat.h"
 #include "worker/engine/trainer.h"
@@ -71,7 +71,7 @@ class TrainerSession final : public Session {
 
   Status Build(const TrainConfig& config, const SessionOptions& options) {
     TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<Comm> comm, Connect(config, membership_, options));
-    TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<data::RowSource> rows, OpenData(config, options, *comm));
+    TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<RowSource> rows, OpenData(config, options, *comm));
     TIDAL_RETURN_IF_ERROR(CreateTrainer(config, options, std::move(comm), std::move(rows)));
     return WaitForEveryEngine();
   }
@@ -80,7 +80,7 @@ class TrainerSession final : public Session {
   // runs, so its rows are prepared already: this rank only opens them.
   Status BuildPlanned(const TrainConfig& config, const SessionOptions& options) {
     if (!options.data) return Internal("session: no data provider");
-    TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<data::RowSource> rows,
+    TIDAL_ASSIGN_OR_RETURN(std::unique_ptr<RowSource> rows,
                            options.data->Open(config, membership_.rank));
     std::unique_ptr<Comm> planned =
         MakePlannedComm(membership_.rank, membership_.world_size, DeviceFor(options));
@@ -97,7 +97,7 @@ class TrainerSession final : public Session {
   }
 
   Status CreateTrainer(const TrainConfig& config, const SessionOptions& options,
-                       std::unique_ptr<Comm> comm, std::unique_ptr<data::RowSource> rows) {
+                       std::unique_ptr<Comm> comm, std::unique_ptr<RowSource> rows) {
     TrainerOptions trainer_options;
     trainer_options.max_steps = options.max_steps;
     trainer_options.data = std::move(rows);
@@ -139,8 +139,8 @@ class TrainerSession final : public Session {
       return FailedPrecondition("rank 0 could not prepare spec.dataset (its log says why)");
     return OkStatus();
   }
-  StatusOr<std::unique_ptr<data::RowSource>> OpenData(const TrainConfig& config,
-                                                      const SessionOptions& options, Comm& comm) {
+  StatusOr<std::unique_ptr<RowSource>> OpenData(const TrainConfig& config,
+                                                const SessionOptions& options, Comm& comm) {
     TIDAL_RETURN_IF_ERROR(DataBarrier(config, options, comm, /*already_open=*/false));
     return options.data->Open(config, comm.rank());
   }

@@ -18,7 +18,7 @@
 
 #include "api/train_config.h"
 #include "common/status.h"
-#include "worker/data/row_source.h"
+#include "worker/engine/row_source.h"
 #include "worker/engine/run.h"
 #include "worker/engine/step_record.h"
 
@@ -48,7 +48,7 @@ struct Membership {
 struct SessionOptions {
   // Where the rows come from (worker/data/provider.h: tidal-prep's token store through the
   // prefetching loader). Rank 0 prepares while the others wait; then every rank opens.
-  std::shared_ptr<data::DataProvider> data;
+  std::shared_ptr<DataProvider> data;
   std::optional<int64_t> max_steps;  // overrides spec.optimization.maxSteps
   int intra_op_threads = 0;          // 0: every core of the machine
   int cuda_device = 0;               // the GPU this rank trains on, when CUDA is available

@@ -8,9 +8,9 @@
 #include <optional>
 
 #include "common/log.h"
-#include "common/process_memory.h"
 #include "worker/engine/hf_checkpoint.h"
 #include "worker/engine/job_fit.h"
+#include "worker/engine/process_memory.h"
 
 namespace tidal::engine {
 
@@ -108,7 +108,7 @@ Status Trainer::Initialize() {
   for (const std::string& note : model_config.notes)
     LogInfo("config.json key not acted on", {{"model", config_.model.uri}, {"note", note}});
   data_ = std::move(options_.data);
-  TIDAL_RETURN_IF_ERROR(CheckJobFitsModel(config_, model_config, data_->manifest().tokenizer));
+  TIDAL_RETURN_IF_ERROR(CheckJobFitsModel(config_, model_config, data_->dataset().tokenizer));
   model_ = std::make_unique<DecoderModel>(model_config, config_.lora);
   TIDAL_RETURN_IF_ERROR(StartGeneration(nullptr));
   std::tie(rope_cos_, rope_sin_) = model_->RopeTables(config_.dataset.max_seq_len, options_.device);
@@ -121,8 +121,8 @@ Status Trainer::Initialize() {
                            {"backend", comm_->backend()},
                            {"gradient_accumulation", accumulation_},
                            {"rows", data_->rows()},
-                           {"samples", data_->manifest().samples},
-                           {"tokenizer", data_->manifest().tokenizer.description},
+                           {"samples", data_->dataset().samples},
+                           {"tokenizer", data_->dataset().tokenizer.description},
                            {"resident_param_bytes", params_->ResidentParameterBytes()}});
   return OkStatus();
 }
@@ -469,10 +469,10 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
       if (meter_) meter_->Check();
       const auto data_start = std::chrono::steady_clock::now();
       data_->Prefetch(std::span<const uint64_t>(ahead).subspan(static_cast<size_t>(first_row)));
-      std::vector<data::PackedRow> rows;
+      std::vector<PackedRow> rows;
       for (int64_t i = 0; i < rows_here; ++i) {
         TIDAL_ASSIGN_OR_RETURN(
-            data::PackedRow row,
+            PackedRow row,
             data_->Sequence(static_cast<uint64_t>(step_ * global + first_sequence + i)));
         rows.push_back(std::move(row));
       }
@@ -648,7 +648,7 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
 
 // What decides which rows sequence k is: the store's content and the packing options.
 std::string Trainer::DataKey() const {
-  return data_->manifest().content_hash + (config_.dataset.packing ? "/packed/" : "/unpacked/") +
+  return data_->dataset().content_hash + (config_.dataset.packing ? "/packed/" : "/unpacked/") +
          config_.dataset.overlong;
 }
 

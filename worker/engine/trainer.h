@@ -28,7 +28,7 @@ struct TrainerOptions {
   std::optional<int64_t> max_steps;
   torch::Device device = torch::kCPU;
   // The rows to train on (a token store through the prefetching loader); required.
-  std::unique_ptr<data::RowSource> data;
+  std::unique_ptr<RowSource> data;
   // spec.model.uri's files (a local directory, or an object store prefix read by range); when
   // unset, the uri is a local directory.
   std::unique_ptr<ModelFiles> model_files;
@@ -86,7 +86,7 @@ class Trainer {
   const ShardedAdamW& optimizer() const { return optimizer_; }
   ShardedAdamW& optimizer() { return optimizer_; }
   const TrainConfig& config() const { return config_; }
-  const data::RowSource& data() const { return *data_; }
+  const RowSource& data() const { return *data_; }
 
   // What evolves besides weights and optimizer moments, for checkpoints: the step (which
   // also fixes the data cursor and dropout masks: both are functions of seed and step), the
@@ -133,7 +133,7 @@ class Trainer {
   // (KeptBaseWeights::retired). Joined by the next LeaveGroup and by the destructor.
   std::vector<std::thread> retiring_;
   void JoinRetired();
-  std::unique_ptr<data::RowSource> data_;
+  std::unique_ptr<RowSource> data_;
   // Sequences of the run this rank reads at `step` (micro-batches in order).
   std::vector<uint64_t> RankSequences(int64_t step) const;
   Status WarmData();

@@ -23,11 +23,11 @@
 #include <string>
 #include <thread>
 
+#include "kube/client.h"
+#include "kube/config.h"
+#include "kube/request.h"
+#include "local/cluster.h"
 #include "operator/controller/manager.h"
-#include "operator/kube/client.h"
-#include "operator/kube/config.h"
-#include "operator/kube/request.h"
-#include "operator/local/cluster.h"
 #include "tidal/worker/v1/worker.pb.h"
 
 namespace tidal::controller {

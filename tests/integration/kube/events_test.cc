@@ -1,7 +1,7 @@
 // The event recorder against a real `tidal local`: five identical events become one core/v1
 // Event with count 5, a different message a second Event, and an Event the server no longer
 // has is created again with its count; checked by listing Events with the client.
-#include "operator/kube/events.h"
+#include "kube/events.h"
 
 #include <gtest/gtest.h>
 

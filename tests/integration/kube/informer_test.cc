@@ -2,7 +2,7 @@
 // controller indexes converge on what the server holds — after the first list, while objects
 // are created, relabelled and deleted, and after the garbage collector removes dependents of a
 // deleted owner — and handlers see adds, updates (with the old object) and deletes.
-#include "operator/kube/informer.h"
+#include "kube/informer.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <mutex>
 #include <set>
 
-#include "operator/kube/pod_cache.h"
+#include "kube/pod_cache.h"
 #include "tests/integration/kube/local_cluster.h"
 
 namespace tidal::kube {

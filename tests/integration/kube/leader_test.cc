@@ -9,7 +9,7 @@
 #include <optional>
 #include <regex>
 
-#include "operator/kube/leader.h"
+#include "kube/leader.h"
 #include "tests/integration/kube/local_cluster.h"
 
 namespace tidal::kube {

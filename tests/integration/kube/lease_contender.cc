@@ -20,9 +20,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "operator/kube/client.h"
-#include "operator/kube/config.h"
-#include "operator/kube/leader.h"
+#include "kube/client.h"
+#include "kube/config.h"
+#include "kube/leader.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // tests/integration/kube/local_cluster.h — a fixture that runs a real `tidal local` (TIDAL_BIN)
 // on a fresh temporary directory and connects a KubeClient with the kubeconfig it writes, plus
-// small helpers shared by the integration tests of operator/kube.
+// small helpers shared by the integration tests of kube.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,9 +14,9 @@
 #include <thread>
 #include <vector>
 
-#include "operator/kube/client.h"
-#include "operator/kube/config.h"
-#include "operator/kube/request.h"
+#include "kube/client.h"
+#include "kube/config.h"
+#include "kube/request.h"
 #include "tests/integration/process.h"
 
 namespace tidal::kube {

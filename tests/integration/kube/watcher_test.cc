@@ -1,6 +1,6 @@
 // The client's watcher against a real `tidal local`: it survives kill -9 of the server without
 // losing or duplicating an event, and relists correctly (emitting the difference) after 410.
-#include "operator/kube/watcher.h"
+#include "kube/watcher.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

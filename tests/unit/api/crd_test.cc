@@ -10,11 +10,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "api/spec_limits.h"
 #include "api/train_config.h"
 #include "api/training_job.h"
-#include "common/spec_limits.h"
 #include "common/yaml_json.h"
-#include "operator/local/schema.h"
+#include "local/schema.h"
 
 namespace tidal {
 namespace {
@@ -199,7 +199,7 @@ TEST(CrdTest, FullEveryStepsAutoIsAcceptedAndTheIntervalsDefaultsAreTheOperators
 // Every integer of the spec the user sets: the schema bounds it (seeds excepted: any uint64),
 // one past its maximum is refused by the schema and — for a CRD installed before the bound
 // existed — by the operator's own parsing, both naming the field; the maximum itself is not
-// refused for its range. The bounds are common/spec_limits.h's.
+// refused for its range. The bounds are api/spec_limits.h's.
 TEST(CrdTest, EveryIntegerFieldHasAMaximumRefusedOnePastItByTheSchemaAndTheOperator) {
   const json crd = Crd();
   const json& schema = Version(crd)["schema"]["openAPIV3Schema"];

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/base64.h"
-#include "operator/local/pod_spec.h"
+#include "local/pod_spec.h"
 
 namespace tidal::controller {
 namespace {

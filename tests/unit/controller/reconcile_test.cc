@@ -13,7 +13,7 @@
 #include <set>
 
 #include "common/yaml_json.h"
-#include "operator/local/schema.h"
+#include "local/schema.h"
 
 namespace tidal::controller {
 namespace {

@@ -210,7 +210,7 @@ TEST(PackingTest, ThePlanAndTheRowOrderArePureFunctionsOfTheSeed) {
 
 PackingOptions LoaderPacking() { return {.seq_len = 32, .seed = 5}; }
 
-void ExpectRowMatchesItsSamples(const PackedRow& row) {
+void ExpectRowMatchesItsSamples(const engine::PackedRow& row) {
   size_t at = 0;
   for (size_t d = 0; d < row.samples.size(); ++d) {
     const uint64_t sample = row.samples[d];

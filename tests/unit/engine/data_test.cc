@@ -15,8 +15,8 @@ namespace tidal::engine {
 namespace {
 
 // A row holding `docs` (token lists) back to back; every next token trains.
-data::PackedRow Row(const std::vector<std::vector<uint32_t>>& docs) {
-  data::PackedRow row;
+PackedRow Row(const std::vector<std::vector<uint32_t>>& docs) {
+  PackedRow row;
   int32_t d = 0;
   for (const auto& doc : docs) {
     for (size_t i = 0; i < doc.size(); ++i) {
@@ -36,7 +36,7 @@ std::vector<int64_t> Values(const torch::Tensor& t) {
 }
 
 TEST(CollateTest, PositionsRestartAndAttentionStaysInsideEachDocument) {
-  std::vector<data::PackedRow> rows{Row({{1, 2, 3}, {4, 5}}), Row({{6, 7}})};
+  std::vector<PackedRow> rows{Row({{1, 2, 3}, {4, 5}}), Row({{6, 7}})};
   MicroBatch b = Collate(rows);
   ASSERT_EQ(b.inputs.sizes(), (std::vector<int64_t>{2, 5}));
   EXPECT_EQ(Values(b.positions[0]), (std::vector<int64_t>{0, 1, 2, 0, 1}));
@@ -51,14 +51,14 @@ TEST(CollateTest, PositionsRestartAndAttentionStaysInsideEachDocument) {
   EXPECT_FALSE(a[3][2].item<bool>());  // the previous document
   EXPECT_TRUE(a[4][3].item<bool>());
   // Rows of one document each need no mask.
-  std::vector<data::PackedRow> single{Row({{1, 2, 3}})};
+  std::vector<PackedRow> single{Row({{1, 2, 3}})};
   EXPECT_FALSE(Collate(single).attention.defined());
 }
 
 // The summed loss and the LoRA gradients of `rows` through every block of `model`.
 std::pair<double, std::vector<torch::Tensor>> LossAndLoraGrads(
     const DecoderModel& model, const std::vector<std::vector<torch::Tensor>>& params,
-    std::vector<data::PackedRow> rows) {
+    std::vector<PackedRow> rows) {
   MicroBatch b = Collate(rows);
   auto [cos, sin] = model.RopeTables(64, torch::kCPU);
   ForwardContext ctx;
@@ -129,14 +129,14 @@ TEST(TokenizerFitTest, ATokenizerThatDoesNotFitTheModelIsRefusedNamingBothSides)
   ModelConfig model = *PresetModelConfig("tiny");  // vocab 512
   model.bos_token_id = 1;
   model.eos_token_ids = {2, 3};
-  data::StoreTokenizer t;
+  TokenizerFacts t;
   t.description = "BPE (byte-level), 500 ids";
   t.vocab_size = 500;
   t.max_id = 499;
   t.bos_id = 1;
   t.eos_id = 3;
   EXPECT_TRUE(CheckTokenizerFitsModel(t, model, "m").ok());
-  auto refused = [&](data::StoreTokenizer bad, const std::string& words) {
+  auto refused = [&](TokenizerFacts bad, const std::string& words) {
     Status s = CheckTokenizerFitsModel(bad, model, "/models/m");
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << words;
     EXPECT_NE(s.message().find(words), std::string::npos) << s.message();
@@ -172,8 +172,8 @@ TEST(TrainingRowsTest, TheSampleTextGoesThroughTidalPrepIntoRowsThatDependOnlyOn
   auto b = testing::OpenRows(config);  // the same store: prepared once, found the second time
   ASSERT_TRUE(a && b);
   EXPECT_EQ(stores(), prepared) << "the second open wrote another store";
-  EXPECT_EQ(a->manifest().tokenizer.kind, "bytes");
-  EXPECT_EQ(a->manifest().samples, 3382u);
+  EXPECT_EQ(a->dataset().tokenizer.kind, "bytes");
+  EXPECT_EQ(a->dataset().samples, 3382u);
   EXPECT_GT(a->rows(), 100u);
   for (uint64_t k : {uint64_t{0}, uint64_t{17}, a->rows() + 3}) {
     auto x = a->Sequence(k);

@@ -6,8 +6,8 @@
 
 #include <gtest/gtest.h>
 
-#include "common/safetensors_header.h"
 #include "tests/unit/engine/test_util.h"
+#include "worker/engine/safetensors_header.h"
 
 namespace tidal::engine {
 namespace {

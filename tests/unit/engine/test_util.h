@@ -56,7 +56,7 @@ inline const std::string& PreparedDir() {
 
 // The rows of `config`'s dataset through the real pipeline: prepared (tidal-prep's work) into
 // a token store, then read by the loader.
-inline std::unique_ptr<data::RowSource> OpenRows(TrainConfig config) {
+inline std::unique_ptr<RowSource> OpenRows(TrainConfig config) {
   if (config.dataset.prepared_uri.empty()) config.dataset.prepared_uri = PreparedDir();
   data::StoreDataProvider provider({});
   Status prepared = provider.Prepare(config);

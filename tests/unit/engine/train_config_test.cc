@@ -6,8 +6,8 @@
 
 #include <set>
 
-#include "api/model_config.h"
 #include "common/yaml_json.h"
+#include "worker/engine/model_config.h"
 
 namespace tidal::engine {
 namespace {

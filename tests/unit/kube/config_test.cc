@@ -1,5 +1,5 @@
 // kubeconfig and in-cluster configuration, including each kind of bad file.
-#include "operator/kube/config.h"
+#include "kube/config.h"
 
 #include <gtest/gtest.h>
 

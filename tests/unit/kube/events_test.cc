@@ -1,13 +1,13 @@
 // The event correlator against client-go's EventCorrelator (dedup by key within a window into
 // count/lastTimestamp patches, aggregation of similar messages, the per-object spam filter, LRU
 // bounds), and the recorder's queue, retries and fallbacks against a fake sink.
-#include "operator/kube/events.h"
+#include "kube/events.h"
 
 #include <gtest/gtest.h>
 
 #include <future>
 
-#include "operator/kube/meta_time.h"
+#include "kube/meta_time.h"
 
 namespace tidal::kube {
 namespace {

@@ -1,7 +1,7 @@
 // The informer's store fed with watcher events directly: latest version per key, the namespace,
 // label, owner and controller indexes kept right across updates and deletes, label selectors,
 // custom indexes, single storage of each object, and the memory estimate.
-#include "operator/kube/informer.h"
+#include "kube/informer.h"
 
 #include <gtest/gtest.h>
 

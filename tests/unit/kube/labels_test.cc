@@ -1,5 +1,5 @@
 // Label selectors as k8s.io/apimachinery/pkg/labels parses and matches them.
-#include "operator/kube/labels.h"
+#include "kube/labels.h"
 
 #include <gtest/gtest.h>
 

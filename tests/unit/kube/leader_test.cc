@@ -1,7 +1,7 @@
 // Leader election's pure parts against client-go's leaderelection: the acquire / renew / wait
 // decision (expiry judged by the observer's clock from when it saw the record change),
 // transitions, the observation rule, MicroTime, and the config checks of NewLeaderElector.
-#include "operator/kube/leader.h"
+#include "kube/leader.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Object metadata: typed where Tidal needs it, and a round trip keeps every field it does not
 // know, so a read-modify-write never drops what a newer API server added.
-#include "operator/kube/object.h"
+#include "kube/object.h"
 
 #include <gtest/gtest.h>
 

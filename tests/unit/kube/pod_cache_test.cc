@@ -1,6 +1,6 @@
 // The typed pod cache: what the controller reads of a pod, and only that; indexed by its
 // controller owner; updated and emptied by the informer's events.
-#include "operator/kube/pod_cache.h"
+#include "kube/pod_cache.h"
 
 #include <gtest/gtest.h>
 

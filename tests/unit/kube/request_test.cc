@@ -1,10 +1,10 @@
 // Pure request builders: the method, path, query and body kube-apiserver expects, checked
 // without a server (as kube-rs tests its request builders).
-#include "operator/kube/request.h"
+#include "kube/request.h"
 
 #include <gtest/gtest.h>
 
-#include "operator/kube/client.h"
+#include "kube/client.h"
 
 namespace tidal::kube {
 namespace {

@@ -1,6 +1,6 @@
 // Typed views of built-in kinds: the fields Tidal uses read and written, every other field kept
 // through a read-modify-write, and wrong types refused naming the field.
-#include "operator/kube/types.h"
+#include "kube/types.h"
 
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // The watcher state machine: transitions, resume versions, dedup, and relist differences.
-#include "operator/kube/watcher.h"
+#include "kube/watcher.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The work queue against client-go's workqueue semantics: dedup, one worker per key, requeue
 // on Done, delays, the exponential and token-bucket rate limiters (on a FakeClock), shutdown.
-#include "operator/kube/workqueue.h"
+#include "kube/workqueue.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // What the local API server's audit log makes of a request: the verb, group, resource,
 // subresource and namespace kube-apiserver's RequestInfoFactory gives RBAC.
-#include "operator/local/audit.h"
+#include "local/audit.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // What the process kubelet decides from a Pod spec, without processes: scheduling by GPU
 // requests, images, env, path translation, restart policy and phase.
-#include "operator/local/pod_spec.h"
+#include "local/pod_spec.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The protobuf bodies real clients send (captured from kubectl and helm, see
 // tests/fixtures/local/protobuf/README.md) decode to the JSON the API would have received.
-#include "operator/local/protobuf.h"
+#include "local/protobuf.h"
 
 #include <gtest/gtest.h>
 

@@ -1,10 +1,10 @@
 // CRD → served kinds, discovery documents, and Table printing helpers.
-#include "operator/local/registry.h"
+#include "local/registry.h"
 
 #include <gtest/gtest.h>
 
 #include "common/yaml_json.h"
-#include "operator/local/table.h"
+#include "local/table.h"
 
 namespace tidal::local {
 namespace {

@@ -1,5 +1,5 @@
 // CRD structural schema: defaults, pruning, and each kind of violation as a field cause.
-#include "operator/local/schema.h"
+#include "local/schema.h"
 
 #include <gtest/gtest.h>
 

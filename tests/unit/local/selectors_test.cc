@@ -1,5 +1,5 @@
 // Label and field selectors with the apimachinery syntax; printer-column JSONPath.
-#include "operator/local/selectors.h"
+#include "local/selectors.h"
 
 #include <gtest/gtest.h>
 

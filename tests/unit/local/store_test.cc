@@ -1,5 +1,5 @@
 // The durable store: versions, compare-and-swap, history window, and reopening.
-#include "operator/local/store.h"
+#include "local/store.h"
 
 #include <gtest/gtest.h>
 

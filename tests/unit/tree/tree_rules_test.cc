@@ -1,0 +1,71 @@
+// Rules about the source tree itself, checked by scripts this test runs:
+// - tools/check_layers.py: the include rule of docs/architecture.md (which area may include
+//   which); on the tree, and on a copy of it with one wrong-way include planted, which it must
+//   report by file and line;
+// - tests/check_measured_tests.py: every test tests/measured_tests.cmake names exists in this
+//   build with the COST and PROCESSORS the list gives it.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/integration/process.h"
+#include "tests/temp_dir.h"
+
+namespace tidal::testing {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+ProcessResult CheckLayers(const std::string& root) {
+  return RunProcess({TIDAL_PYTHON, TIDAL_SOURCE_DIR "/tools/check_layers.py", "--root", root}, 60s);
+}
+
+TEST(ArchitectureTest, IncludesCrossNoWallTheWrongWay) {
+  const ProcessResult r = CheckLayers(TIDAL_SOURCE_DIR);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+// The check is only worth something if it fails: a copy of the product's sources with one
+// include the wrong way (the engine reaching into the operator's controller).
+TEST(ArchitectureTest, AWrongWayIncludeIsReportedWithItsFileAndLine) {
+  ScratchDir tmp;
+  const fs::path root = tmp.path();
+  for (const char* top :
+       {"api", "common", "contract", "kube", "local", "operator", "proto", "worker"}) {
+    const fs::path from = fs::path(TIDAL_SOURCE_DIR) / top;
+    if (fs::exists(from)) fs::copy(from, root / top, fs::copy_options::recursive);
+  }
+  const fs::path planted = root / "worker/engine/lr_schedule.h";
+  ASSERT_TRUE(fs::exists(planted));
+  int lines = 0;
+  {
+    std::ifstream in(planted);
+    for (std::string line; std::getline(in, line);) ++lines;
+  }
+  std::ofstream(planted, std::ios::app) << "#include \"operator/controller/controller.h\"\n";
+  ASSERT_EQ(CheckLayers(tmp.path()).exit_code, 1);
+  const ProcessResult r = CheckLayers(tmp.path());
+  EXPECT_NE(r.out.find("worker/engine/lr_schedule.h:" + std::to_string(lines + 1) +
+                       ": #include \"operator/controller/controller.h\" crosses a wall the "
+                       "wrong way (worker/engine/ may include"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("1 new"), std::string::npos) << r.out;
+}
+
+TEST(TestScheduling, EveryMeasuredTestIsATestOfThisBuild) {
+#ifndef TIDAL_ALL_TESTS_BUILT
+  GTEST_SKIP() << "this build leaves LibTorch's tests out; the ordinary build checks the list";
+#endif
+  const ProcessResult r =
+      RunProcess({TIDAL_PYTHON, TIDAL_SOURCE_DIR "/tests/check_measured_tests.py", CTEST_BIN,
+                  TIDAL_SOURCE_DIR "/tests/measured_tests.cmake", TIDAL_BUILD_DIR},
+                 60s);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+}  // namespace
+}  // namespace tidal::testing
