@@ -1,6 +1,6 @@
 // api/worker_phase.h — where a worker is in its life (worker.proto Phase, DESIGN.md §4): the one
 // enum the worker's runtime keeps and the operator decides on. Converted to and from the proto
-// enum at the gRPC edge only (worker/control/phase_proto.h).
+// enum at the gRPC edge only (contract/wire.h).
 //
 //   Waiting        started, no generation yet (or prepared ahead for one)
 //   Joining        in a Rendezvous: forming the process group, reading its state

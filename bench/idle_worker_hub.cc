@@ -35,8 +35,9 @@
 #include <string>
 #include <thread>
 
+#include "contract/wire.h"
+#include "contract/worker_status.h"
 #include "tidal/worker/v1/worker.grpc.pb.h"
-#include "worker/control/status_change.h"
 
 namespace {
 
@@ -74,23 +75,24 @@ class IdleWorker final : public pb::WorkerControl::Service {
     using std::chrono::milliseconds;
     const milliseconds min_interval(req->min_interval_ms() > 0 ? req->min_interval_ms() : 1000);
     const milliseconds heartbeat(req->heartbeat_ms() > 0 ? req->heartbeat_ms() : 10000);
-    std::string sent_digest;
+    std::optional<tidal::contract::WorkerStatus> sent_actionable;
     int64_t sent_step = -1;
     std::optional<std::chrono::steady_clock::time_point> sent_at;
     std::unique_lock<std::mutex> lock(mu_);
     while (!c->IsCancelled() && !exiting_) {
       pb::WorkerStatus s;
       FillLocked(&s);
-      std::string digest = tidal::worker::ActionableDigest(s);
+      tidal::contract::WorkerStatus actionable =
+          tidal::contract::ActionablePart(*tidal::contract::FromWire(s));
       const auto now = std::chrono::steady_clock::now();
-      if (!sent_at || digest != sent_digest ||
+      if (!sent_at || actionable != sent_actionable ||
           (s.step() != sent_step && now - *sent_at >= min_interval) ||
           now - *sent_at >= heartbeat) {
         lock.unlock();
         const bool written = writer->Write(s);
         lock.lock();
         if (!written) break;
-        sent_digest = std::move(digest);
+        sent_actionable = std::move(actionable);
         sent_step = s.step();
         sent_at = now;
       }

@@ -1,6 +1,6 @@
 // bench/worker_follow_memory_bench.cc — what following one worker costs the operator: the
 // resident memory of N worker pods each followed as the controller follows them (a
-// worker::WorkerClient and its WatchStatus stream, through controller::StatusFeed), per pod.
+// contract::WorkerClient and its WatchStatus stream, through controller::StatusFeed), per pod.
 // The workers are served by one bench/idle_worker_hub process (a status a second, pushed), so
 // only the operator's side is in this process. Measured twice in the same run: first with
 // gRPC's default transport settings (the baseline), then with Tidal's (ClientOptions::
@@ -24,13 +24,13 @@
 #include <thread>
 #include <vector>
 
+#include "contract/client.h"
 #include "operator/controller/status_feed.h"
-#include "worker/control/client.h"
 
 namespace {
 
 namespace controller = tidal::controller;
-namespace worker = tidal::worker;
+namespace contract = tidal::contract;
 using Clock = std::chrono::steady_clock;
 
 long StatusKib(const char* field) {
@@ -77,16 +77,16 @@ Measurement Follow(const std::vector<std::string>& addresses, const std::string&
   Measurement m;
   {
     controller::StatusFeed feed(controller::StatusFeed::Options{}, [](const std::string&) {});
-    std::map<std::string, std::map<std::string, std::shared_ptr<worker::WorkerApi>>> jobs;
+    std::map<std::string, std::map<std::string, std::shared_ptr<contract::WorkerApi>>> jobs;
     std::map<std::string, std::vector<std::string>> pods;
     for (size_t i = 0; i < addresses.size(); ++i) {
-      worker::ClientOptions o;
+      contract::ClientOptions o;
       o.address = addresses[i];
       o.token = token;
       o.lean_transport = lean;
       const std::string job = "job-" + std::to_string(i / 10);
       const std::string pod = job + "-worker-" + std::to_string(i % 10);
-      jobs[job][pod] = std::make_shared<worker::WorkerClient>(o);
+      jobs[job][pod] = std::make_shared<contract::WorkerClient>(o);
       pods[job].push_back(pod);
     }
     const auto t0 = Clock::now();

@@ -40,6 +40,7 @@
 #include "worker/control/runtime.h"
 #include "worker/control/service.h"
 #include "worker/data/provider.h"
+#include "worker/engine/failpoints.h"
 #include "worker/engine/numa.h"
 
 namespace {
@@ -155,18 +156,18 @@ StatusOr<Args> ParseArgs(int argc, char** argv, const std::map<std::string, std:
 // address, made on first use. Thread-safe.
 class PeerClients {
  public:
-  explicit PeerClients(tidal::worker::ClientOptions options) : options_(std::move(options)) {
+  explicit PeerClients(tidal::contract::ClientOptions options) : options_(std::move(options)) {
     options_.timeout = std::chrono::seconds(10);
   }
   StatusOr<std::string> Read(const std::string& address, const std::string& key) {
-    tidal::worker::WorkerClient* client;
+    tidal::contract::WorkerClient* client;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto& slot = clients_[address];
       if (!slot) {
-        tidal::worker::ClientOptions o = options_;
+        tidal::contract::ClientOptions o = options_;
         o.address = address;
-        slot = std::make_unique<tidal::worker::WorkerClient>(o);
+        slot = std::make_unique<tidal::contract::WorkerClient>(o);
       }
       client = slot.get();
     }
@@ -176,9 +177,9 @@ class PeerClients {
   }
 
  private:
-  tidal::worker::ClientOptions options_;
+  tidal::contract::ClientOptions options_;
   std::mutex mu_;
-  std::map<std::string, std::unique_ptr<tidal::worker::WorkerClient>> clients_;
+  std::map<std::string, std::unique_ptr<tidal::contract::WorkerClient>> clients_;
 };
 
 StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
@@ -273,23 +274,25 @@ StatusOr<tidal::worker::RuntimeOptions> LoadOptions(const Args& a,
   o.session.intra_op_threads = a.intra_op_threads;
   o.interface_host = a.pod_ip;
   o.collective_timeout = std::chrono::seconds(a.collective_timeout_s);
-  if (auto hook = env.find("TIDAL_TEST_LOSS_HOOK"); hook != env.end()) {
-    TIDAL_ASSIGN_OR_RETURN(o.loss_hook, tidal::worker::ParseLossHook(hook->second));
+  // The test hooks (worker/engine/failpoints.h): an unknown TIDAL_TEST_ variable is refused.
+  TIDAL_ASSIGN_OR_RETURN(const tidal::engine::Failpoints failpoints,
+                         tidal::engine::Failpoints::From(env));
+  if (const std::string hook = failpoints.Get("TIDAL_TEST_LOSS_HOOK"); !hook.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(o.loss_hook, tidal::worker::ParseLossHook(hook));
     if (o.loss_hook.kind != tidal::worker::LossHook::Kind::kNone)
       tidal::LogWarn("test hook: the reported loss is altered (TIDAL_TEST_LOSS_HOOK)",
-                     {{"hook", hook->second}});
+                     {{"hook", hook}});
   }
-  if (auto stall = env.find("TIDAL_TEST_STALL_AT_STEP");
-      stall != env.end() && !stall->second.empty()) {
-    TIDAL_ASSIGN_OR_RETURN(o.stall_at_step, tidal::ParseIntFlag<int64_t>("TIDAL_TEST_STALL_AT_STEP",
-                                                                         stall->second, 1));
+  if (const std::string stall = failpoints.Get("TIDAL_TEST_STALL_AT_STEP"); !stall.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(o.stall_at_step,
+                           tidal::ParseIntFlag<int64_t>("TIDAL_TEST_STALL_AT_STEP", stall, 1));
     tidal::LogWarn("test hook: rank 0 stalls at this step of generation 1",
                    {{"step", o.stall_at_step}});
   }
-  if (auto hold = env.find("TIDAL_TEST_BARRIER_HOLD"); hold != env.end() && !hold->second.empty()) {
-    if (hold->second != "until-request")
+  if (const std::string hold = failpoints.Get("TIDAL_TEST_BARRIER_HOLD"); !hold.empty()) {
+    if (hold != "until-request")
       return tidal::InvalidArgument("TIDAL_TEST_BARRIER_HOLD: expected until-request, got \"" +
-                                    hold->second + "\"");
+                                    hold + "\"");
     o.hold_barriers_until_request = true;
     tidal::LogWarn(
         "test hook: every barrier holds until a request arrives (TIDAL_TEST_BARRIER_HOLD)", {});
@@ -444,7 +447,7 @@ int main(int argc, char** argv) {
   // A live rescale's state is read from the previous generation's workers over their control
   // API, with the job token, and over TLS when this worker serves TLS: verified against the
   // ca.crt of the same Secret, under the name the workers' certificate holds.
-  tidal::worker::ClientOptions peer_client;
+  tidal::contract::ClientOptions peer_client;
   peer_client.token = *token;
   peer_client.timeout = std::chrono::seconds(60);
   bool peers_reachable = true;

@@ -24,6 +24,7 @@ COPY crds crds
 COPY kube kube
 COPY local local
 COPY operator operator
+COPY contract contract
 COPY proto proto
 COPY worker worker
 RUN cmake -S . -B /build -G Ninja -DCMAKE_BUILD_TYPE=Release -DTIDAL_REQUIRE_GRPC=ON \

@@ -56,7 +56,7 @@ bool Decider::HeldForAnomaly() {
                  " --type merge -p '{\"spec\":{\"anomaly\":{\"acknowledgedStep\":" +
                  std::to_string(found->last_step) + "}}}'";
     SetCondition(st_, "LossAnomaly", true, "LossRising", message, o_.now, o_.metadata_generation);
-    Emit("Warning", "LossAnomaly", message);
+    Emit(EventReason::kLossAnomaly, message);
   } else if (ConditionIs(st_, "LossAnomaly", "LossRising") && !a.paused && a.step &&
              a.checked_step >= *a.step + rule.consecutive_steps) {
     SetCondition(st_, "LossAnomaly", false, "NoLongerRising",
@@ -73,7 +73,7 @@ bool Decider::HeldForAnomaly() {
     return true;
   }
   if (st_.phase != Phase::kPaused) {
-    Emit("Normal", "Pausing", "checkpointing every rank, then holding: " + a.message);
+    Emit(EventReason::kPausing, "checkpointing every rank, then holding: " + a.message);
     Move(PhaseEvent::kAnomalyPause, a.message);
   }
   plan_.requeue_after = options_.poll;
@@ -96,7 +96,7 @@ void Decider::ResumeFromAnomaly(const std::string& why) {
     if (const WorkerReport* r = Report(m); r && r->phase == W::kPaused) paused.push_back(m);
   if (!paused.empty()) Do(Action::Kind::kResume, paused, why);
   if (st_.phase == Phase::kPaused) Move(PhaseEvent::kUnpause, why);
-  Emit("Normal", "Resumed", "training goes on: " + why);
+  Emit(EventReason::kResumed, "training goes on: " + why);
   plan_.requeue_after = options_.poll;
 }
 

@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "common/thread_pool.h"
+#include "contract/worker_api.h"
 #include "kube/client.h"
 #include "kube/events.h"
 #include "kube/informer.h"
@@ -31,7 +32,6 @@
 #include "operator/controller/reconcile.h"
 #include "operator/controller/status_feed.h"
 #include "operator/controller/worker_calls.h"
-#include "worker/control/worker_api.h"
 
 namespace tidal::controller {
 
@@ -49,8 +49,8 @@ struct ControllerOptions {
   // A pass mostly waits on the API server and the workers, so more than the cores helps.
   int workers = 4;
   OperatorMetrics* metrics = nullptr;  // not owned; none recorded when null
-  // How a worker is reached: empty, over gRPC (worker::WorkerClient). Tests give fakes.
-  worker::WorkerConnector connect;
+  // How a worker is reached: empty, over gRPC (contract::WorkerClient). Tests give fakes.
+  contract::WorkerConnector connect;
 };
 
 class TrainingJobController {
@@ -91,7 +91,7 @@ class TrainingJobController {
   // StatusWrite, made now: the job as written (or unchanged).
   StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan);
   // What a plan's status, once it is written, makes true in the operator's own accounts: its
-  // phase changes logged, the job's metrics, its Events (defined in controller.cc).
+  // phase changes logged, the job's metrics, its Events (defined in status_writes.cc).
   struct Landing;
   // Lands it: of a job this operator still follows (a deleted job's pass dropped its series).
   void Land(const Landing& landing, const nlohmann::json& job);
@@ -111,10 +111,10 @@ class TrainingJobController {
   // step: two jobs reconciled at once cannot both plan for the same idle GPUs.
   Plan DecideWithCapacity(Observed& observed);
   // nullptr when the job's TLS Secret cannot be used (connections.tls_unusable says why).
-  std::shared_ptr<worker::WorkerApi> ClientFor(WorkerConnections& connections,
-                                               const std::string& pod, const std::string& ip,
-                                               const std::string& token,
-                                               std::chrono::milliseconds timeout);
+  std::shared_ptr<contract::WorkerApi> ClientFor(WorkerConnections& connections,
+                                                 const std::string& pod, const std::string& ip,
+                                                 const std::string& token,
+                                                 std::chrono::milliseconds timeout);
   WorkerConnections& ConnectionsOf(const std::string& key);
   std::string TokenOf(const std::string& ns, const std::string& job) const;
   void EnqueueOwner(const kube::ObjectPtr& object);
@@ -168,7 +168,7 @@ class TrainingJobController {
     std::string ip, token, tls_ca;
     // Shared with the calls still running on it (WorkerCalls): a client replaced or a job
     // forgotten meanwhile outlives them.
-    std::shared_ptr<worker::WorkerApi> client;
+    std::shared_ptr<contract::WorkerApi> client;
   };
   struct WorkerConnections {
     std::map<std::string, CachedClient> clients;
@@ -192,7 +192,7 @@ class TrainingJobController {
     // one connection instead of one per pod.
     std::string quiet_pod;
     // This pass's running workers, each with its client (Observe fills, FollowWorkers empties).
-    std::map<std::string, std::shared_ptr<worker::WorkerApi>> followable;
+    std::map<std::string, std::shared_ptr<contract::WorkerApi>> followable;
     // The workers' GetStatus asks (Observe), by pod: the answer, once it came, is read by a
     // later pass; those a pass waits for (Awaited) wake the job when the last one ends.
     struct Ask;

@@ -7,10 +7,11 @@ namespace tidal::controller::internal {
 bool Decider::DataReady() {
   const std::string key = DataKey(o_.raw_spec);
   if (!st_.data || st_.data->key != key) {
-    const bool said = std::any_of(plan_.events.begin(), plan_.events.end(),
-                                  [](const Event& e) { return e.reason == "SpecChanged"; });
+    const bool said = std::any_of(plan_.events.begin(), plan_.events.end(), [](const Event& e) {
+      return e.reason == EventReasonName(EventReason::kSpecChanged);
+    });
     if (st_.data && !said)
-      Emit("Normal", "SpecChanged",
+      Emit(EventReason::kSpecChanged,
            "spec.model, spec.dataset or spec.lora changed: the data phase runs again");
     st_.data = DataStatus{};
     st_.data->key = key;
@@ -42,9 +43,9 @@ bool Decider::DataReady() {
       Do(Action::Kind::kCreatePrepPod, {name}, "the data phase");
     }
     if (d.pod != name)
-      Emit("Normal", "PreparingData",
-           "tidal-prep in pod " + name + ": " + spec_->train.dataset.uri +
-               " to a token store, checked against the model");
+      Emit(EventReason::kPreparingData, "tidal-prep in pod " + name + ": " +
+                                            spec_->train.dataset.uri +
+                                            " to a token store, checked against the model");
     if (!d.started) d.started = o_.now;
     d.phase = "Preparing";
     d.pod = name;
@@ -65,7 +66,7 @@ bool Decider::DataReady() {
     d.retry_not_before.reset();
     d.message = std::to_string(d.samples) + " samples, " + std::to_string(d.tokens) +
                 " tokens in " + d.store_uri + (d.reused ? " (prepared before)" : "");
-    Emit("Normal", "DataReady", d.message);
+    Emit(EventReason::kDataReady, d.message);
     Do(Action::Kind::kDeletePods, {name}, "the data phase is over");
     return true;
   }
@@ -77,7 +78,7 @@ bool Decider::DataReady() {
   if (answered && Value<bool>(result, "invalidSpec", false)) {
     d.phase = "Invalid";
     d.message = error;
-    Emit("Warning", "InvalidSpec", error);
+    Emit(EventReason::kInvalidSpec, error);
     plan_.requeue_after = std::chrono::minutes(5);
     return false;
   }
@@ -89,16 +90,16 @@ bool Decider::DataReady() {
     Fail("RestartsExhausted", "the data phase failed " + std::to_string(d.failures) +
                                   " times (maxRestarts " + std::to_string(max_restarts) +
                                   "); last: " + error);
-    Emit("Warning", "RestartsExhausted", st_.failure);
+    Emit(EventReason::kRestartsExhausted, st_.failure);
     return false;
   }
   const auto backoff = Backoff(d.failures);
   d.phase = "Retrying";
   d.retry_not_before = o_.now + backoff;
   plan_.requeue_after = backoff;
-  Emit("Warning", "DataPreparationFailed",
-       error + "; retry " + std::to_string(d.failures) + " of " + std::to_string(max_restarts) +
-           " in " + std::to_string(backoff.count()) + " s");
+  Emit(EventReason::kDataPreparationFailed, error + "; retry " + std::to_string(d.failures) +
+                                                " of " + std::to_string(max_restarts) + " in " +
+                                                std::to_string(backoff.count()) + " s");
   return false;
 }
 

@@ -34,7 +34,7 @@ Plan Decider::Run() {
   }
   if (st_.phase == Phase::kSuspended) {
     Move(PhaseEvent::kUnsuspend, "spec.suspend is false");
-    Emit("Normal", "Unsuspended", "resuming from the newest checkpoint");
+    Emit(EventReason::kUnsuspended, "resuming from the newest checkpoint");
   }
   if (Succeeded()) return Finish();
   if (FailuresHandled()) return Finish();
@@ -133,7 +133,7 @@ void Decider::Hold(const std::string& why) {
       "agrees with them: fix or remove the field (kubectl patch trainingjob " + o_.name +
       " --subresource=status), or delete its worker pods (kubectl delete pods -l " + kJobLabel +
       "=" + JobLabelValue(o_.name) + ") to restart it from its newest checkpoint";
-  if (!ConditionIs(st_, "Ready", "StatusUnreadable")) Emit("Warning", "StatusUnreadable", why);
+  if (!ConditionIs(st_, "Ready", "StatusUnreadable")) Emit(EventReason::kStatusUnreadable, why);
   SetCondition(st_, "Ready", false, "StatusUnreadable", message, o_.now, o_.metadata_generation);
   plan_.conditions_only = true;
   plan_.requeue_after = std::chrono::minutes(1);  // an edit of the status or pods comes sooner
@@ -147,7 +147,7 @@ bool Decider::ReadyFor(const std::string& name) const {
 
 void Decider::InvalidSpec() {
   const std::string message = o_.spec.status().message();
-  if (!ConditionIs(st_, "Ready", "InvalidSpec")) Emit("Warning", "InvalidSpec", message);
+  if (!ConditionIs(st_, "Ready", "InvalidSpec")) Emit(EventReason::kInvalidSpec, message);
   SetCondition(st_, "Ready", false, "InvalidSpec", message, o_.now, o_.metadata_generation);
   plan_.requeue_after = std::chrono::minutes(5);  // a spec edit triggers a reconcile anyway
 }
@@ -174,7 +174,7 @@ void Decider::RefuseBadReplicas() {
                               " — the override is ignored and the job runs by its schedule and "
                               "range (kubectl scale to an allowed count, or remove spec.replicas)";
   if (!ConditionIs(st_, "ScaleOverride", "InvalidReplicas"))
-    Emit("Warning", "InvalidReplicas", message);
+    Emit(EventReason::kInvalidReplicas, message);
   SetCondition(st_, "ScaleOverride", false, "InvalidReplicas", message, o_.now,
                o_.metadata_generation);
 }
@@ -258,14 +258,15 @@ void Decider::Delete() {
     st_.members.clear();
     st_.rescale.reset();
     Do(Action::Kind::kRemoveFinalizer);
-    Emit("Warning", "FinalCheckpointSkipped",
+    Emit(EventReason::kFinalCheckpointSkipped,
          why + "; the newest checkpoint is " +
              (newest > 0 ? "step " + std::to_string(newest) : std::string("none")) + where);
     return;
   }
   if (!Drain("the job is being deleted: final checkpoint")) return;
   Do(Action::Kind::kRemoveFinalizer);
-  Emit("Normal", "FinalCheckpoint", "workers checkpointed and stopped; releasing the job" + where);
+  Emit(EventReason::kFinalCheckpoint,
+       "workers checkpointed and stopped; releasing the job" + where);
 }
 
 void Decider::Suspend() {
@@ -283,7 +284,7 @@ void Decider::Suspend() {
   }
   Move(PhaseEvent::kSuspend, "spec.suspend: checkpointed at step " + std::to_string(st_.step));
   st_.current_gpus = 0;
-  Emit("Normal", "Suspended",
+  Emit(EventReason::kSuspended,
        "checkpointed at step " + std::to_string(st_.step) + " and removed the workers");
 }
 
@@ -296,7 +297,7 @@ bool Decider::Succeeded() {
   st_.rescale.reset();
   st_.current_gpus = st_.desired_gpus = 0;  // its workers are done: nothing holds a GPU
   if (spec_) st_.step = std::max(st_.step, spec_->train.optimization.max_steps);
-  Emit("Normal", "Succeeded", "trained to step " + std::to_string(st_.step));
+  Emit(EventReason::kSucceeded, "trained to step " + std::to_string(st_.step));
   return true;
 }
 
@@ -337,7 +338,7 @@ void Decider::ReportCorruptResume() {
   for (const Condition& c : st_.conditions)
     known |= c.type == "CheckpointsIntact" && c.reason == "CorruptSkipped" && c.message == message;
   if (known) return;
-  Emit("Warning", "CorruptCheckpoint", message);
+  Emit(EventReason::kCorruptCheckpoint, message);
   SetCondition(st_, "CheckpointsIntact", false, "CorruptSkipped", message, o_.now,
                o_.metadata_generation);
 }

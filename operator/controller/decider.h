@@ -19,6 +19,7 @@
 
 #include "kube/meta_time.h"
 #include "operator/controller/children.h"
+#include "operator/controller/event_reason.h"
 #include "operator/controller/reconcile.h"
 #include "operator/planner/planner.h"
 
@@ -345,8 +346,8 @@ class Decider {
   // another.
   static constexpr uint64_t kEndOfGeneration = 0xFFFFFFFFu;
   void Barrier(uint64_t low, const std::string& why, bool live = false);
-  void Emit(const std::string& type, const std::string& reason, const std::string& message) {
-    plan_.events.push_back({type, reason, message});
+  void Emit(EventReason reason, const std::string& message) {
+    plan_.events.push_back({EventTypeOf(reason), EventReasonName(reason), message});
   }
 
   void WriteStatus();

@@ -56,7 +56,7 @@ void Decider::ForceDeleteStuck() {
                           ": still terminating after the grace period on a node whose kubelet "
                           "does not answer; deleted without waiting for it";
   Do(Action::Kind::kForceDeletePods, stuck, why);
-  Emit("Warning", "ForceDeleted", why);
+  Emit(EventReason::kForceDeleted, why);
 }
 
 std::string Decider::Stall() const {
@@ -135,7 +135,7 @@ bool Decider::FailuresHandled() {
     failed = members;
     survivors.clear();
     SetCondition(st_, "Stalled", true, "NoProgress", stall, o_.now, o_.metadata_generation);
-    Emit("Warning", "Stalled", stall);
+    Emit(EventReason::kStalled, stall);
   }
   if (!permanent.empty()) {
     FailForConfiguration(Join(permanent));
@@ -152,7 +152,7 @@ bool Decider::FailuresHandled() {
     // backoff; the recovery goes on with who is left, replacing the rest.
     st_.rescale.reset();
     st_.members = survivors;
-    Emit("Warning", "WorkerFailed", cause + " (the same recovery: not counted again)");
+    Emit(EventReason::kWorkerFailed, cause + " (the same recovery: not counted again)");
     StartGeneration(/*recovery=*/true);
     return true;
   }
@@ -170,7 +170,7 @@ bool Decider::FailuresHandled() {
     Fail("RestartsExhausted",
          "restart " + std::to_string(st_.restarts) + " would exceed maxRestarts " +
              std::to_string(spec_->restart_policy.max_restarts) + "; last failure: " + cause);
-    Emit("Warning", "RestartsExhausted", st_.failure);
+    Emit(EventReason::kRestartsExhausted, st_.failure);
     return true;
   }
   const auto backoff = Backoff(st_.restart_streak);
@@ -188,7 +188,7 @@ bool Decider::FailuresHandled() {
   st_.members = survivors;  // the next generation starts from these
   // The old generation is over: survivors wait (Failed) for the next Rendezvous.
   st_.generation = std::max(st_.generation, generation);
-  Emit("Warning", "WorkerFailed",
+  Emit(EventReason::kWorkerFailed,
        cause + "; restart " + std::to_string(st_.restarts) + " of " +
            std::to_string(spec_->restart_policy.max_restarts) +
            (from_memory
@@ -220,7 +220,7 @@ void Decider::Fail(const std::string& reason, const std::string& failure) {
 void Decider::FailForConfiguration(const std::string& cause) {
   st_.failed_spec_generation = o_.metadata_generation;
   Fail("ConfigurationError", cause);
-  Emit("Warning", "ConfigurationError",
+  Emit(EventReason::kConfigurationError,
        cause + "; no restart can fix this: edit the spec and the job starts again");
 }
 
@@ -228,7 +228,7 @@ void Decider::RetryAfterSpecEdit() {
   if (st_.failure_reason != "ConfigurationError" ||
       o_.metadata_generation <= st_.failed_spec_generation)
     return;
-  Emit("Normal", "SpecChanged",
+  Emit(EventReason::kSpecChanged,
        "the spec changed (generation " + std::to_string(o_.metadata_generation) +
            ") after a configuration error: starting again from the newest checkpoint");
   Move(PhaseEvent::kSpecEdited,
@@ -271,7 +271,7 @@ void Decider::ReadLostStateFromBuddies(RescaleState& r) {
     if (spec_->checkpoint.buddy_every_steps == 0) return;
     std::string ranks;
     for (int k : plan.missing) ranks += (ranks.empty() ? "" : ", ") + std::to_string(k);
-    Emit("Warning", "BuddyCopiesLost",
+    Emit(EventReason::kBuddyCopiesLost,
          "generation " + std::to_string(st_.generation) + ": " +
              (holders == 0    ? std::string("no survivor holds a buddy copy")
               : ranks.empty() ? std::string("no step has every rank's part held by a survivor")
@@ -282,7 +282,7 @@ void Decider::ReadLostStateFromBuddies(RescaleState& r) {
   }
   r.state_peers = plan.sources;
   r.state_step = plan.step;
-  Emit("Normal", "RecoveringFromMemory",
+  Emit(EventReason::kRecoveringFromMemory,
        "generation " + std::to_string(st_.generation) + "'s state at step " +
            std::to_string(plan.step) +
            " is read from the survivors' buddy copies; the store is not read");
@@ -304,7 +304,7 @@ void Decider::AbandonBarrier() {
       "; the job trains on as it was";
   if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, why);
   if (!held.empty()) Do(Action::Kind::kResume, held, why);
-  Emit("Warning", "BarrierTimedOut", why);
+  Emit(EventReason::kBarrierTimedOut, why);
   SetCondition(st_, "Scaling", false, "BarrierTimedOut", why, o_.now, o_.metadata_generation);
   st_.rescale.reset();
   NoChangeUnderWay(why);
@@ -320,7 +320,7 @@ void Decider::Abandon(const std::vector<std::string>& waiting) {
       std::string(r.recovery ? "replacement" : "scale-up") + " pods abandoned after " +
       std::to_string(spec_->elastic.scale_up_timeout_seconds) + " s: not ready: " + Join(waiting);
   if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, why);
-  Emit("Warning", "ScaleUpAbandoned", why);
+  Emit(EventReason::kScaleUpAbandoned, why);
   SetCondition(st_, "Scaling", false, "ScaleUpAbandoned", why, o_.now, o_.metadata_generation);
   if (!r.recovery) {
     st_.rescale.reset();

@@ -64,7 +64,7 @@ void Decider::StartGeneration(bool recovery) {
     Action& a = Do(Action::Kind::kCreatePods, created, r.reason);
     a.slots = slots;
     a.generation = r.target_generation;
-    Emit("Normal", "CreatingWorkers",
+    Emit(EventReason::kCreatingWorkers,
          std::to_string(slots.size()) + " worker pod(s) for generation " +
              std::to_string(r.target_generation) + " (" + r.reason + ")");
   }
@@ -99,7 +99,7 @@ void Decider::MaybeRescale() {
     r.members.assign(st_.members.begin(), st_.members.begin() + want_pods);
     StartScaling(r.reason);
     st_.rescale = r;
-    Emit("Normal", "ScalingDown", r.reason);
+    Emit(EventReason::kScalingDown, r.reason);
     Advance();
     return;
   }
@@ -110,7 +110,7 @@ void Decider::MaybeRescale() {
   Action& a = Do(Action::Kind::kCreatePods, r.new_pods, r.reason);
   a.slots = slots;
   a.generation = r.target_generation;
-  Emit("Normal", "ScalingUp",
+  Emit(EventReason::kScalingUp,
        r.reason + "; creating " + std::to_string(slots.size()) + " pod(s), training goes on");
 }
 
@@ -131,7 +131,7 @@ void Decider::DropLeavingMembers(RescaleState& r) {
   r.members = staying;
   r.drain = true;
   r.reason += "; without the pod(s) that must leave: " + why;
-  Emit("Normal", "MovingOff",
+  Emit(EventReason::kMovingOff,
        why + ": left out of generation " + std::to_string(r.target_generation));
 }
 
@@ -207,7 +207,7 @@ bool Decider::LeavingMembersStopAScaleUp() {
   if (r.stage != Stage::kWaitingForPods || r.recovery || r.drain || LeavingMembers().empty())
     return false;
   if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, "a member must leave first");
-  Emit("Normal", r.new_pods.empty() ? "ScaleDownCancelled" : "ScaleUpCancelled",
+  Emit(r.new_pods.empty() ? EventReason::kScaleDownCancelled : EventReason::kScaleUpCancelled,
        "a member must leave first: " + r.reason);
   return true;
 }
@@ -234,7 +234,7 @@ bool Decider::MoveOffLeavingMembers() {
                " GPUs live, off the leaving pod(s)";
     StartScaling(r.reason);
     st_.rescale = r;
-    Emit("Normal", "MovingOff",
+    Emit(EventReason::kMovingOff,
          r.reason + "; their GPUs come back elsewhere by a scale-up once there are any");
     Advance();
     return true;
@@ -249,7 +249,7 @@ bool Decider::MoveOffLeavingMembers() {
         " GPUs are not an allowed size and " + std::to_string(need) +
         " idle GPUs for replacements are not there (" + std::to_string(o_.idle_gpus) + " are" +
         (holding ? ", or a replacement was just abandoned" : "") + "); training goes on";
-    if (st_.gpus_reason != blocked) Emit("Warning", "MoveOffBlocked", blocked);
+    if (st_.gpus_reason != blocked) Emit(EventReason::kMoveOffBlocked, blocked);
     st_.gpus_reason = blocked;
     NoChangeUnderWay(blocked);
     plan_.requeue_after = options_.poll;
@@ -264,7 +264,7 @@ bool Decider::MoveOffLeavingMembers() {
   Action& a = Do(Action::Kind::kCreatePods, r.new_pods, r.reason);
   a.slots = slots;
   a.generation = r.target_generation;
-  Emit("Normal", "MovingOff", r.reason + "; training goes on meanwhile");
+  Emit(EventReason::kMovingOff, r.reason + "; training goes on meanwhile");
   plan_.requeue_after = options_.poll;
   return true;
 }
@@ -348,7 +348,7 @@ void Decider::Advance() {
       r.stage = Stage::kBarrier;
       r.barrier_started = o_.now;
       StartScaling(r.reason);
-      Emit("Normal", "CheckpointBarrier",
+      Emit(EventReason::kCheckpointBarrier,
            "new workers ready; checkpointing every rank at one step before generation " +
                std::to_string(r.target_generation));
       Advance();
@@ -418,7 +418,7 @@ bool Decider::EnginesPrepared(RescaleState& r) {
     a.world_size = static_cast<int>(r.members.size());
     r.prepare_asked = o_.now;
     r.waiting_for = Join(r.members, " (preparing)");
-    Emit("Normal", "PreparingEngines",
+    Emit(EventReason::kPreparingEngines,
          Join(r.members) + " ready what they lack for generation " +
              std::to_string(r.target_generation) +
              " (a new pod its engine, a member the base weights its new shard adds) while " +
@@ -438,7 +438,7 @@ bool Decider::EnginesPrepared(RescaleState& r) {
   if (loading.empty()) return true;
   const auto timeout = std::chrono::seconds(spec_->elastic.scale_up_timeout_seconds);
   if (o_.now - *r.prepare_asked > timeout) {
-    Emit("Normal", "EnginesStillLoading",
+    Emit(EventReason::kEnginesStillLoading,
          Join(loading) + " still preparing " + std::to_string(timeout.count()) +
              " s after the ask (elastic.scaleUpTimeoutSeconds): the barrier goes on, and " +
              "they finish loading in generation " + std::to_string(r.target_generation));
@@ -469,9 +469,8 @@ void Decider::Rendezvous() {
     // Nor does a move off pods that had to leave: their GPUs are wanted back elsewhere.
     if (st_.phase != Phase::kRecovering && !r.drain) st_.last_membership_change = o_.now;
     st_.current_gpus = static_cast<int64_t>(r.members.size()) * GpusPerPod();
-    Emit("Normal", "Rendezvous",
-         "generation " + std::to_string(r.target_generation) + " at " +
-             std::to_string(st_.current_gpus) + " GPUs: " + r.reason);
+    Emit(EventReason::kRendezvous, "generation " + std::to_string(r.target_generation) + " at " +
+                                       std::to_string(st_.current_gpus) + " GPUs: " + r.reason);
   }
   if (!surplus.empty() && r.state_peers.empty()) {
     Do(Action::Kind::kShutdown, surplus, r.reason);
@@ -526,15 +525,14 @@ void Decider::Rendezvous() {
   // A recovery at fewer GPUs than wanted (the survivors alone) grows again on the next pass.
   if (recovery) plan_.requeue_after = std::chrono::milliseconds(0);
   if (recovery)
-    Emit("Normal", "Recovered",
+    Emit(EventReason::kRecovered,
          "generation " + std::to_string(st_.generation) +
              (from_memory_step == 0 ? " resumed from the newest checkpoint"
                                     : " resumed from the survivors' memory at step " +
                                           std::to_string(from_memory_step)));
   else if (!recovery)
-    Emit("Normal", "Rescaled",
-         "generation " + std::to_string(st_.generation) + " training at " +
-             std::to_string(st_.current_gpus) + " GPUs");
+    Emit(EventReason::kRescaled, "generation " + std::to_string(st_.generation) + " training at " +
+                                     std::to_string(st_.current_gpus) + " GPUs");
 }
 
 void Decider::CollectStrays() {

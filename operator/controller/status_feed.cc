@@ -4,9 +4,8 @@
 #include <algorithm>
 
 #include "common/log.h"
+#include "contract/worker_status.h"
 #include "operator/controller/interval_json.h"
-#include "tidal/worker/v1/worker.pb.h"
-#include "worker/control/status_change.h"
 
 namespace tidal::controller {
 
@@ -14,7 +13,7 @@ StatusFeed::StatusFeed(Options options, std::function<void(const std::string&)> 
     : options_(options), wake_(std::move(wake)) {}
 
 StatusFeed::~StatusFeed() {
-  std::vector<std::unique_ptr<worker::StatusStream>> closing;
+  std::vector<std::unique_ptr<contract::StatusStream>> closing;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [job, j] : jobs_)
@@ -24,23 +23,23 @@ StatusFeed::~StatusFeed() {
   closing.clear();  // outside the lock: each waits for its stream's last callback
 }
 
-std::unique_ptr<worker::StatusStream> StatusFeed::Open(const std::string& job,
-                                                       const std::string& pod, Worker& w) {
+std::unique_ptr<contract::StatusStream> StatusFeed::Open(const std::string& job,
+                                                         const std::string& pod, Worker& w) {
   const uint64_t incarnation = w.incarnation = next_incarnation_++;
   w.open = false;
   w.stale = false;
   w.latest.reset();
   return w.client->WatchStatus(
       options_.min_interval, options_.heartbeat,
-      [this, job, pod, incarnation](const worker::v1::WorkerStatus& s) {
+      [this, job, pod, incarnation](const contract::WorkerStatus& s) {
         OnStatus(job, pod, incarnation, s);
       },
       [this, job, pod, incarnation](const Status& why) { OnEnd(job, pod, incarnation, why); });
 }
 
 void StatusFeed::Follow(const std::string& job,
-                        const std::map<std::string, std::shared_ptr<worker::WorkerApi>>& pods) {
-  std::vector<std::unique_ptr<worker::StatusStream>> closing;
+                        const std::map<std::string, std::shared_ptr<contract::WorkerApi>>& pods) {
+  std::vector<std::unique_ptr<contract::StatusStream>> closing;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Job& j = jobs_[job];
@@ -69,7 +68,7 @@ void StatusFeed::Follow(const std::string& job,
 }
 
 void StatusFeed::Forget(const std::string& job) {
-  std::vector<std::unique_ptr<worker::StatusStream>> closing;
+  std::vector<std::unique_ptr<contract::StatusStream>> closing;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = jobs_.find(job);
@@ -92,9 +91,9 @@ bool StatusFeed::Pushed(const std::string& job, const std::vector<std::string>& 
   return true;
 }
 
-std::shared_ptr<const worker::v1::WorkerStatus> StatusFeed::Latest(
+std::shared_ptr<const contract::WorkerStatus> StatusFeed::Latest(
     const std::string& job, const std::string& pod,
-    const std::shared_ptr<worker::WorkerApi>& client, std::chrono::milliseconds max_age) const {
+    const std::shared_ptr<contract::WorkerApi>& client, std::chrono::milliseconds max_age) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto j = jobs_.find(job);
   if (j == jobs_.end()) return nullptr;
@@ -161,7 +160,7 @@ StatusFeed::Worker* StatusFeed::FindLocked(const std::string& job, const std::st
 }
 
 void StatusFeed::OnStatus(const std::string& job, const std::string& pod, uint64_t incarnation,
-                          const worker::v1::WorkerStatus& status) {
+                          const contract::WorkerStatus& status) {
   bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -169,27 +168,27 @@ void StatusFeed::OnStatus(const std::string& job, const std::string& pod, uint64
     Worker* found = FindLocked(job, pod, incarnation, &j);
     if (!found) return;
     Worker& w = *found;
-    std::string digest = worker::ActionableDigest(status);
-    wake = !w.open || digest != w.digest;
-    w.digest = std::move(digest);
-    w.latest = std::make_shared<const worker::v1::WorkerStatus>(status);
+    contract::WorkerStatus actionable = contract::ActionablePart(status);
+    wake = !w.open || actionable != w.actionable;
+    w.actionable = std::move(actionable);
+    w.latest = std::make_shared<const contract::WorkerStatus>(status);
     w.open = true;
     w.last_message = std::chrono::steady_clock::now();
     w.backoff = std::chrono::milliseconds(0);
     w.error.clear();
     const bool rank0 =
-        status.rank() == 0 && status.generation() > 0 && status.phase() == worker::v1::RUNNING;
+        status.rank == 0 && status.generation > 0 && status.phase == api::WorkerPhase::kRunning;
     w.figures.reset();
     if (rank0) {
       Figures f;
-      f.generation = status.generation();
-      f.step = status.step();
-      f.loss = status.loss();
-      f.tokens_per_second = status.tokens_per_second();
-      if (status.has_last_checkpoint()) {
-        f.checkpoint_step = status.last_checkpoint().step();
-        f.checkpoint_kind = status.last_checkpoint().kind();
-        f.checkpoint_uri = status.last_checkpoint().uri();
+      f.generation = status.generation;
+      f.step = status.step;
+      f.loss = status.loss;
+      f.tokens_per_second = status.tokens_per_second;
+      if (status.last_checkpoint) {
+        f.checkpoint_step = status.last_checkpoint->step;
+        f.checkpoint_kind = status.last_checkpoint->kind;
+        f.checkpoint_uri = status.last_checkpoint->uri;
       }
       f.checkpoint_interval = CheckpointIntervalJson(status);
       w.figures = std::move(f);

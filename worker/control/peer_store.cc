@@ -32,12 +32,12 @@ bool ParseRankedName(std::string_view name, std::string_view kPrefix, std::strin
 
 }  // namespace
 
-PeerStore::PeerStore(std::vector<std::string> peers, const ClientOptions& client)
+PeerStore::PeerStore(std::vector<std::string> peers, const contract::ClientOptions& client)
     : peers_(std::move(peers)) {
   for (const std::string& peer : peers_) {
-    ClientOptions options = client;
+    contract::ClientOptions options = client;
     options.address = peer;
-    clients_.push_back(std::make_unique<WorkerClient>(options));
+    clients_.push_back(std::make_unique<contract::WorkerClient>(options));
   }
 }
 

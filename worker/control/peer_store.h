@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/control/client.h"
+#include "contract/client.h"
 #include "worker/objstore/object_store.h"
 
 namespace tidal::worker {
@@ -19,7 +19,7 @@ class PeerStore final : public objstore::ObjectStore {
  public:
   // `peers`: the old ranks' control addresses (HOST:PORT) in rank order; `client`: the token,
   // TLS and per-call timeout (its address is ignored).
-  PeerStore(std::vector<std::string> peers, const ClientOptions& client);
+  PeerStore(std::vector<std::string> peers, const contract::ClientOptions& client);
 
   std::string uri() const override;
   Status Put(const std::string& key, std::string_view data) override;
@@ -35,7 +35,7 @@ class PeerStore final : public objstore::ObjectStore {
 
  private:
   std::vector<std::string> peers_;
-  std::vector<std::unique_ptr<WorkerClient>> clients_;
+  std::vector<std::unique_ptr<contract::WorkerClient>> clients_;
 };
 
 }  // namespace tidal::worker

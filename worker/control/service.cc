@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "common/log.h"
+#include "contract/wire.h"
+#include "contract/worker_status.h"
 #include "tidal/worker/v1/worker.grpc.pb.h"
-#include "worker/control/phase_proto.h"
-#include "worker/control/status_change.h"
 
 namespace tidal::worker {
 namespace {
@@ -71,26 +71,25 @@ grpc::Status ToGrpc(const Status& s) {
 
 constexpr size_t kRecentSteps = 64;
 
-void Fill(const StepEvent& e, pb::StepEvent* out) {
-  out->set_generation(e.generation);
-  out->set_step(e.record.step);
-  out->set_loss(e.record.loss);
-  out->set_learning_rate(e.record.lr);
-  out->set_grad_norm(e.record.grad_norm);
-  out->set_tokens_per_second(e.record.tokens_per_s);
-  out->set_seconds(e.record.seconds);
-  out->set_world_size(e.record.world_size);
-  out->set_unix_millis(e.unix_millis);
-  out->set_skipped(e.record.skipped);
-  out->set_data_wait_seconds(e.record.data_wait_seconds);
-  if (e.gpu) out->set_gpu_utilization_percent(e.gpu->utilization_percent);
+contract::StepEvent Reported(const StepEvent& e) {
+  contract::StepEvent out;
+  out.generation = e.generation;
+  out.step = e.record.step;
+  out.loss = e.record.loss;
+  out.learning_rate = e.record.lr;
+  out.grad_norm = e.record.grad_norm;
+  out.tokens_per_second = e.record.tokens_per_s;
+  out.seconds = e.record.seconds;
+  out.world_size = e.record.world_size;
+  out.unix_millis = e.unix_millis;
+  out.skipped = e.record.skipped;
+  out.data_wait_seconds = e.record.data_wait_seconds;
+  if (e.gpu) out.gpu_utilization_percent = e.gpu->utilization_percent;
+  return out;
 }
 
-void Fill(const CheckpointRef& c, pb::CheckpointInfo* out) {
-  out->set_step(c.step);
-  out->set_kind(c.kind);
-  out->set_uri(c.uri);
-  out->set_unix_millis(c.unix_millis);
+contract::CheckpointInfo Reported(const CheckpointRef& c) {
+  return {c.step, c.kind, c.uri, c.unix_millis};
 }
 
 Clock::time_point DeadlineOf(const grpc::ServerContext* ctx) {
@@ -114,7 +113,7 @@ class Service final : public pb::WorkerControl::Service {
   grpc::Status GetStatus(grpc::ServerContext* ctx, const pb::GetStatusRequest*,
                          pb::WorkerStatus* out) override {
     if (auto denied = Authenticate(ctx)) return *denied;
-    FillStatus(out);
+    contract::ToWire(StatusNow(), out);
     return grpc::Status::OK;
   }
 
@@ -129,21 +128,22 @@ class Service final : public pb::WorkerControl::Service {
         req->heartbeat_ms() == 0 ? 10000 : std::clamp<int64_t>(req->heartbeat_ms(), 1000, 300000));
     const std::vector<StepEvent> newest = runtime_.RecentEvents(1);
     uint64_t cursor = newest.empty() ? 0 : newest.back().seq;
-    std::string sent_digest;
+    std::optional<contract::WorkerStatus> sent_actionable;
     int64_t sent_step = -1;
     std::optional<Clock::time_point> sent_at;
     while (!ctx->IsCancelled()) {
-      pb::WorkerStatus now;
-      FillStatus(&now);
-      std::string digest = ActionableDigest(now);
+      const contract::WorkerStatus now = StatusNow();
+      contract::WorkerStatus actionable = contract::ActionablePart(now);
       const auto t = Clock::now();
-      const bool due = !sent_at || digest != sent_digest ||
-                       (now.step() != sent_step && t - *sent_at >= min_interval) ||
+      const bool due = !sent_at || actionable != sent_actionable ||
+                       (now.step != sent_step && t - *sent_at >= min_interval) ||
                        t - *sent_at >= heartbeat;
       if (due) {
-        if (!writer->Write(now)) return grpc::Status::OK;  // the caller went away
-        sent_digest = std::move(digest);
-        sent_step = now.step();
+        pb::WorkerStatus message;
+        contract::ToWire(now, &message);
+        if (!writer->Write(message)) return grpc::Status::OK;  // the caller went away
+        sent_actionable = std::move(actionable);
+        sent_step = now.step;
         sent_at = t;
       }
       if (runtime_.exited()) break;
@@ -156,62 +156,57 @@ class Service final : public pb::WorkerControl::Service {
     return grpc::Status::OK;
   }
 
-  void FillStatus(pb::WorkerStatus* out) const {
+  contract::WorkerStatus StatusNow() const {
     const WorkerState s = runtime_.State();
-    out->set_phase(ToProto(s.phase));
-    out->set_generation(s.generation);
-    out->set_rank(s.rank);
-    out->set_world_size(s.world_size);
-    out->set_step(s.step);
-    out->set_max_steps(s.max_steps);
+    contract::WorkerStatus out;
+    out.phase = s.phase;
+    out.generation = s.generation;
+    out.rank = s.rank;
+    out.world_size = s.world_size;
+    out.step = s.step;
+    out.max_steps = s.max_steps;
     if (s.last_step) {
-      out->set_loss(s.last_step->loss);
-      out->set_tokens_per_second(s.last_step->tokens_per_s);
-      out->set_learning_rate(s.last_step->lr);
-      out->set_grad_norm(s.last_step->grad_norm);
+      out.loss = s.last_step->loss;
+      out.tokens_per_second = s.last_step->tokens_per_s;
+      out.learning_rate = s.last_step->lr;
+      out.grad_norm = s.last_step->grad_norm;
     }
     if (s.gpu) {
-      out->set_gpu_utilization_percent(s.gpu->utilization_percent);
-      out->set_gpu_memory_used_bytes(s.gpu->memory_used_bytes);
+      out.gpu_utilization_percent = s.gpu->utilization_percent;
+      out.gpu_memory_used_bytes = s.gpu->memory_used_bytes;
     }
-    for (const StepEvent& e : runtime_.RecentEvents(kRecentSteps)) Fill(e, out->add_recent_steps());
-    if (s.last_checkpoint) Fill(*s.last_checkpoint, out->mutable_last_checkpoint());
-    if (s.live_checkpoint) Fill(*s.live_checkpoint, out->mutable_live_checkpoint());
-    if (s.resumed_from) Fill(*s.resumed_from, out->mutable_resumed_from());
-    for (const std::string& c : s.skipped_checkpoints) out->add_skipped_checkpoints(c);
-    for (const HeldPart& h : s.held) {
-      pb::HeldPart* part = out->add_held_parts();
-      part->set_generation(h.generation);
-      part->set_rank(h.rank);
-      part->set_world_size(h.world_size);
-      part->set_step(h.step);
-    }
-    out->set_last_error(s.last_error);
-    out->set_last_error_permanent(s.last_error_permanent);
-    if (s.prepared) {
-      pb::PreparedEngine* p = out->mutable_prepared_engine();
-      p->set_generation(s.prepared->generation);
-      p->set_rank(s.prepared->rank);
-      p->set_world_size(s.prepared->world_size);
-      p->set_ready(s.prepared->ready);
-      p->set_error(s.prepared->error);
-    }
+    for (const StepEvent& e : runtime_.RecentEvents(kRecentSteps))
+      out.recent_steps.push_back(Reported(e));
+    if (s.last_checkpoint) out.last_checkpoint = Reported(*s.last_checkpoint);
+    if (s.live_checkpoint) out.live_checkpoint = Reported(*s.live_checkpoint);
+    if (s.resumed_from) out.resumed_from = Reported(*s.resumed_from);
+    out.skipped_checkpoints = s.skipped_checkpoints;
+    for (const HeldPart& h : s.held)
+      out.held_parts.push_back({h.generation, h.rank, h.world_size, h.step});
+    out.last_error = s.last_error;
+    out.last_error_permanent = s.last_error_permanent;
+    if (s.prepared)
+      out.prepared_engine =
+          contract::PreparedEngine{s.prepared->generation, s.prepared->rank, s.prepared->world_size,
+                                   s.prepared->ready, s.prepared->error};
     if (s.checkpoint_interval) {
       const api::IntervalInputs& in = s.checkpoint_interval->inputs;
       const api::IntervalPlan& plan = s.checkpoint_interval->plan;
-      pb::CheckpointIntervalPlan* c = out->mutable_checkpoint_interval();
-      c->set_full_every_steps(plan.steps);
-      c->set_reason(api::ReasonName(plan.reason));
-      c->set_cost_seconds(in.cost_seconds);
-      c->set_step_seconds(in.step_seconds);
-      c->set_mtbf_seconds(plan.mtbf_seconds);
-      c->set_failures(in.failures);
-      c->set_trained_seconds(in.trained_seconds);
-      c->set_optimum_seconds(plan.optimum_seconds);
-      c->set_expected_waste(plan.expected_waste);
+      contract::CheckpointIntervalPlan c;
+      c.full_every_steps = plan.steps;
+      c.reason = api::ReasonName(plan.reason);
+      c.cost_seconds = in.cost_seconds;
+      c.step_seconds = in.step_seconds;
+      c.mtbf_seconds = plan.mtbf_seconds;
+      c.failures = in.failures;
+      c.trained_seconds = in.trained_seconds;
+      c.optimum_seconds = plan.optimum_seconds;
+      c.expected_waste = plan.expected_waste;
+      out.checkpoint_interval = c;
     }
-    out->set_uptime_millis(
-        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_).count());
+    out.uptime_millis =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started_).count();
+    return out;
   }
 
   // A repeated HOST:PORT field into `out`; INVALID_ARGUMENT naming the first bad entry.
@@ -283,7 +278,7 @@ class Service final : public pb::WorkerControl::Service {
     if (auto denied = Authenticate(ctx)) return *denied;
     auto saved = runtime_.Checkpoint(req->pause(), DeadlineOf(ctx), req->barrier_id(), req->live());
     if (!saved.ok()) return ToGrpc(saved.status());
-    Fill(*saved, out->mutable_checkpoint());
+    contract::ToWire(Reported(*saved), out->mutable_checkpoint());
     return grpc::Status::OK;
   }
 
@@ -356,7 +351,7 @@ class Service final : public pb::WorkerControl::Service {
           runtime_.EventsAfter(cursor, 256, Clock::now() + std::chrono::milliseconds(500));
       for (const StepEvent& e : events) {
         pb::StepEvent out;
-        Fill(e, &out);
+        contract::ToWire(Reported(e), &out);
         if (!writer->Write(out)) return grpc::Status::OK;  // the caller went away
         cursor = e.seq;
       }

@@ -14,6 +14,7 @@
 #endif
 
 #include "common/flags.h"
+#include "worker/engine/failpoints.h"
 #include "worker/engine/process_memory.h"
 
 namespace tidal::engine {
@@ -161,7 +162,11 @@ StatusOr<int64_t> EnvInt(const char* name, int64_t min) {
 StatusOr<MemoryMeterOptions> MemoryMeterOptionsFromEnv() {
   MemoryMeterOptions o;
   TIDAL_ASSIGN_OR_RETURN(o.limit_bytes, EnvInt("TIDAL_MEMORY_LIMIT_BYTES", 1));
-  TIDAL_ASSIGN_OR_RETURN(o.test_oom_at_step, EnvInt("TIDAL_TEST_OOM_AT_STEP", 1));
+  TIDAL_ASSIGN_OR_RETURN(const Failpoints failpoints, Failpoints::FromProcess());
+  if (const std::string oom = failpoints.Get("TIDAL_TEST_OOM_AT_STEP"); !oom.empty()) {
+    TIDAL_ASSIGN_OR_RETURN(o.test_oom_at_step,
+                           ParseIntFlag<int64_t>("TIDAL_TEST_OOM_AT_STEP", oom, 1));
+  }
   return o;
 }
 

@@ -377,38 +377,24 @@ int64_t Trainer::NextAutoMicroBatch() const {
   return std::min(std::max(grown, auto_micro_.size + 1), MaxAutoMicroBatch());
 }
 
+// What a step does, in order: plan its passes, read ahead, run each pass (forward, backward,
+// an out-of-memory settled between the ranks), reduce the gradients, one all-reduce of the
+// step's figures (with the auto micro-batch's memory verdicts), the update.
 StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_memory) {
   const auto start = std::chrono::steady_clock::now();
-  const auto& opt = config_.optimization;
-  const int64_t global = opt.global_batch_size;
-  // The loss is each logical micro-batch's token mean (spec.optimization.microBatchSize rows;
-  // 1 under auto) over the global batch, whatever rows a forward pass groups.
-  const int64_t logical_micro = opt.micro_batch_size;
-  const int64_t micro_batches = global / logical_micro;  // logical ones, over all ranks
-  const int64_t rows_per_rank = accumulation_ * logical_micro;
+  StepTally tally;
+  tally.micro = micro;
+  tally.per_row = per_row;
   // An out-of-memory mid-step is agreed on by every rank before any collective of the next
   // micro-batch: possible where a micro-batch's forward and backward hold none (ZeRO 0-2).
-  const bool world = comm_->world_size() > 1;
-  const bool agree_out_of_memory = per_row && world && params_->options().stage <= 2;
+  tally.agree_out_of_memory = per_row && comm_->world_size() > 1 && params_->options().stage <= 2;
   // Gradient compression after the dense warm-up: this rank's rows are its groups' (each a
   // whole number of logical micro-batches), no pass across two. The exchanges overlap the last
   // backward unless the ranks still agree on an out-of-memory after it.
-  const auto& compression = opt.gradient_compression;
-  const bool compress = compression.enabled() && step_ >= compression.warmup_steps;
-  params_->BeginStep(compress, loss_scale_, /*overlap=*/!agree_out_of_memory);
-  const int64_t groups = compress ? params_->local_groups() : 1;
-  const int64_t rows_per_group = rows_per_rank / groups;
-  struct Pass {
-    int64_t first_row, rows, group;
-    bool last_of_group;
-  };
-  std::vector<Pass> plan;
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t r = 0; r < rows_per_group; r += micro)
-      plan.push_back({g * rows_per_group + r, std::min(micro, rows_per_group - r), g,
-                      r + micro >= rows_per_group});
-  const int64_t passes = static_cast<int64_t>(plan.size());
-  int64_t base_bytes = 0;
+  const auto& compression = config_.optimization.gradient_compression;
+  tally.compress = compression.enabled() && step_ >= compression.warmup_steps;
+  params_->BeginStep(tally.compress, loss_scale_, /*overlap=*/!tally.agree_out_of_memory);
+  const std::vector<Pass> passes = PlanPasses(micro, tally.compress ? params_->local_groups() : 1);
   // What this thread allocates during the step is what the meter counts (CPU).
   struct Counting {
     MemoryMeter* meter;
@@ -421,150 +407,199 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
   } counting(meter_.get());
   if (meter_) {
     meter_->ResetPeak();
-    base_bytes = meter_->InUse();
+    tally.base_bytes = meter_->InUse();
   }
-  // The loss stays on the device until the step's one all-reduce: no host sync per micro-batch.
-  torch::Tensor local_loss =
-      torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
-  double data_wait = 0;
-  // Mixture of experts: what each MoE layer routed, summed over this rank's micro-batches.
-  const bool moe = model_->config().moe.n_routed_experts > 0;
-  MoeRecord routed;
-  torch::Tensor expert_tokens;  // [MoE layers, experts] int64, CPU
+  const auto on_device = torch::TensorOptions(torch::kFloat64).device(comm_->device());
+  tally.loss = torch::zeros({}, on_device);
+  tally.tokens = torch::zeros({}, on_device);
+  tally.moe = model_->config().moe.n_routed_experts > 0;
   if (!warmed_ && config_.dataset.warmup_percent > 0) TIDAL_RETURN_IF_ERROR(WarmData());
   warmed_ = true;
-  // The next `lookahead` rows this rank reads, handed to the background fetchers before each
-  // micro-batch (a step may read more rows than the lookahead).
-  std::vector<uint64_t> ahead;
-  for (int64_t s = step_; ahead.size() < static_cast<size_t>(config_.dataset.lookahead) +
-                                             static_cast<size_t>(rows_per_rank);
-       ++s) {
-    auto more = RankSequences(s);
-    ahead.insert(ahead.end(), more.begin(), more.end());
-  }
-  torch::Tensor local_tokens =
-      torch::zeros({}, torch::TensorOptions(torch::kFloat64).device(comm_->device()));
-  const uint64_t step_key = MixSeed(opt.seed, static_cast<uint64_t>(step_));
-  for (int64_t a = 0; a < passes; ++a) {
-    // This rank's rows are contiguous in the global batch; a row's sequence and dropout masks
-    // depend on (step, its index) only, so the run is the same at any world size.
-    const int64_t first_row = plan[a].first_row;
-    const int64_t rows_here = plan[a].rows;
-    params_->SetMicroBatchGroup(plan[a].group, plan[a].last_of_group);
-    const int64_t first_sequence = comm_->rank() * rows_per_rank + first_row;
+  tally.ahead = RowsAhead();
+  for (size_t a = 0; a < passes.size(); ++a) {
     std::string failure;
-    try {
-      // An injected failure (TIDAL_TEST_OOM_AT_STEP) is armed for the step's first pass and
-      // disarmed when it ends, fired or not: it can only fire inside the try.
-      struct Disarm {
-        MemoryMeter* meter;
-        ~Disarm() {
-          if (meter) meter->CancelFailure();
-        }
-      } disarm{meter_.get()};
-      if (meter_ && a == 0 && meter_options_.test_oom_at_step == step_ + 1 && !oom_injected_) {
-        oom_injected_ = true;
-        meter_->FailNextAllocation(64 << 10);
-      }
-      if (meter_) meter_->Check();
-      const auto data_start = std::chrono::steady_clock::now();
-      data_->Prefetch(std::span<const uint64_t>(ahead).subspan(static_cast<size_t>(first_row)));
-      std::vector<PackedRow> rows;
-      for (int64_t i = 0; i < rows_here; ++i) {
-        TIDAL_ASSIGN_OR_RETURN(
-            PackedRow row,
-            data_->Sequence(static_cast<uint64_t>(step_ * global + first_sequence + i)));
-        rows.push_back(std::move(row));
-      }
-      MicroBatch batch = Collate(rows);
-      ForwardContext ctx;
-      ctx.tokens = batch.inputs.to(options_.device);
-      ctx.targets = batch.targets.to(options_.device);
-      const int64_t seq = batch.inputs.size(1);
-      auto positions = batch.positions.reshape({-1}).to(options_.device);
-      ctx.rope_cos = rope_cos_.index_select(0, positions).view({rows_here, 1, seq, -1});
-      ctx.rope_sin = rope_sin_.index_select(0, positions).view({rows_here, 1, seq, -1});
-      if (batch.attention.defined()) ctx.attention = batch.attention.to(options_.device);
-      local_tokens += static_cast<double>(batch.tokens);
-      data_wait +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - data_start).count();
-      ctx.training = true;
-      // Fixed micro-batches: one key per (logical = physical) micro-batch, its global index.
-      // Per row: each row the key and the loss weight it has run alone as a micro-batch of 1.
-      ctx.dropout_key = MixSeed(step_key, static_cast<uint64_t>(first_sequence / micro));
-      if (per_row) {
-        for (int64_t i = 0; i < rows_here; ++i)
-          ctx.row_dropout_keys.push_back(
-              MixSeed(step_key, static_cast<uint64_t>(first_sequence + i)));
-        ctx.row_loss_weights =
-            1.0 /
-            (batch.targets != -100).sum(1).clamp_min(1).to(torch::kFloat32).to(options_.device);
-      }
-      if (moe) ctx.moe = &routed;
-      TIDAL_ASSIGN_OR_RETURN(torch::Tensor loss_sum, params_->Forward(ctx));
-      const double tokens = static_cast<double>(batch.target_tokens);
-      auto micro_loss = per_row ? loss_sum : loss_sum / std::max(tokens, 1.0);
-      try {
-        (micro_loss * (loss_scale_ / static_cast<double>(micro_batches))).backward();
-      } catch (const c10::OutOfMemoryError&) {
-        throw;
-      } catch (const std::exception& e) {
-        return Unavailable(std::string("backward: ") + e.what());
-      }
-      local_loss += micro_loss.detach().to(torch::kFloat64) / static_cast<double>(micro_batches);
-    } catch (const c10::OutOfMemoryError& e) {
-      failure = e.what_without_backtrace();
-    }
-    if (!per_row && !failure.empty()) return Unavailable("out of memory: " + failure);
-    if (agree_out_of_memory) {
-      std::vector<int64_t> failed{failure.empty() ? 0 : 1};
-      TIDAL_RETURN_IF_ERROR(comm_->AllReduceSumHost(failed));
-      if (failed[0] > 0 && failure.empty())
-        failure = std::to_string(failed[0]) + " rank(s) ran out of memory";
-    } else if (!failure.empty() && world) {
-      // ZeRO-3 gathers parameters inside the forward pass: the other ranks wait in a collective
-      // this rank cannot rejoin, so the generation fails (and the next starts smaller).
-      auto_micro_.cap = std::max<int64_t>(1, micro - 1);
-      LowerProcessOutOfMemoryCap(auto_micro_.cap);
-      return Unavailable("out of memory at micro-batch size " + std::to_string(micro) +
-                         " under ZeRO stage 3 with other ranks (their collectives cannot be "
-                         "resumed mid-pass): " +
-                         failure);
-    }
+    TIDAL_RETURN_IF_ERROR(RunPass(passes[a], /*first=*/a == 0, tally, &failure));
+    TIDAL_RETURN_IF_ERROR(SettleOutOfMemory(tally, &failure));
     if (!failure.empty()) {
       params_->DiscardGradients();
       *out_of_memory = true;
       return Unavailable(failure);
     }
     TIDAL_RETURN_IF_ERROR(params_->AfterMicroBatchBackward());
-    if (moe) {
+    if (tally.moe) {
       std::vector<torch::Tensor> layers;
-      for (const auto& [layer, counts] : routed.expert_tokens) layers.push_back(counts);
+      for (const auto& [layer, counts] : tally.routed.expert_tokens) layers.push_back(counts);
       auto counts = torch::stack(layers);
-      expert_tokens = expert_tokens.defined() ? expert_tokens + counts : counts;
+      tally.expert_tokens = tally.expert_tokens.defined() ? tally.expert_tokens + counts : counts;
     }
   }
-  TIDAL_ASSIGN_OR_RETURN(auto slices, params_->ReduceGradients());
+  TIDAL_ASSIGN_OR_RETURN(std::vector<TrainableSlice> slices, params_->ReduceGradients());
   const ShardedParameters::GradientTraffic traffic = params_->traffic();
+  TIDAL_ASSIGN_OR_RETURN(StepRecord record, ReduceStepFigures(tally, slices));
+  ApplyUpdate(record, slices);
+  TIDAL_RETURN_IF_ERROR(params_->FinishStep(/*keep_residuals=*/!record.skipped));
+  record.compressed = tally.compress;
+  record.gradient_bytes = traffic.payload_bytes;
+  record.compress_seconds = traffic.compress_seconds;
+  record.exchange_wait_seconds = traffic.exchange_wait_seconds;
+  ++step_;
+  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  trained_seconds_ += record.seconds;
+  record.tokens_per_s = tally.step_tokens / record.seconds;  // all ranks, no padding
+  record.data_wait_seconds = tally.data_wait;
+  return record;
+}
+
+// This rank's rows of the step (its accumulation × the logical micro-batch) in passes of at
+// most `micro` rows, each inside one of `groups` compression groups.
+std::vector<Trainer::Pass> Trainer::PlanPasses(int64_t micro, int64_t groups) const {
+  const int64_t rows_per_group = accumulation_ * config_.optimization.micro_batch_size / groups;
+  std::vector<Pass> plan;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < rows_per_group; r += micro)
+      plan.push_back({g * rows_per_group + r, std::min(micro, rows_per_group - r), g,
+                      r + micro >= rows_per_group});
+  return plan;
+}
+
+// The next `lookahead` rows this rank reads, handed to the background fetchers before each
+// micro-batch (a step may read more rows than the lookahead).
+std::vector<uint64_t> Trainer::RowsAhead() const {
+  const size_t rows_per_rank =
+      static_cast<size_t>(accumulation_ * config_.optimization.micro_batch_size);
+  std::vector<uint64_t> ahead;
+  for (int64_t s = step_;
+       ahead.size() < static_cast<size_t>(config_.dataset.lookahead) + rows_per_rank; ++s) {
+    auto more = RankSequences(s);
+    ahead.insert(ahead.end(), more.begin(), more.end());
+  }
+  return ahead;
+}
+
+Status Trainer::RunPass(const Pass& pass, bool first, StepTally& tally, std::string* failure) {
+  const auto& opt = config_.optimization;
+  const int64_t global = opt.global_batch_size;
+  // The loss is each logical micro-batch's token mean (spec.optimization.microBatchSize rows;
+  // 1 under auto) over the global batch, whatever rows a forward pass groups.
+  const int64_t micro_batches = global / opt.micro_batch_size;  // logical ones, over all ranks
+  const int64_t rows_per_rank = accumulation_ * opt.micro_batch_size;
+  const uint64_t step_key = MixSeed(opt.seed, static_cast<uint64_t>(step_));
+  // This rank's rows are contiguous in the global batch; a row's sequence and dropout masks
+  // depend on (step, its index) only, so the run is the same at any world size.
+  const int64_t rows_here = pass.rows;
+  params_->SetMicroBatchGroup(pass.group, pass.last_of_group);
+  const int64_t first_sequence = comm_->rank() * rows_per_rank + pass.first_row;
+  try {
+    // An injected failure (TIDAL_TEST_OOM_AT_STEP) is armed for the step's first pass and
+    // disarmed when it ends, fired or not: it can only fire inside the try.
+    struct Disarm {
+      MemoryMeter* meter;
+      ~Disarm() {
+        if (meter) meter->CancelFailure();
+      }
+    } disarm{meter_.get()};
+    if (meter_ && first && meter_options_.test_oom_at_step == step_ + 1 && !oom_injected_) {
+      oom_injected_ = true;
+      meter_->FailNextAllocation(64 << 10);
+    }
+    if (meter_) meter_->Check();
+    const auto data_start = std::chrono::steady_clock::now();
+    data_->Prefetch(
+        std::span<const uint64_t>(tally.ahead).subspan(static_cast<size_t>(pass.first_row)));
+    std::vector<PackedRow> rows;
+    for (int64_t i = 0; i < rows_here; ++i) {
+      TIDAL_ASSIGN_OR_RETURN(
+          PackedRow row,
+          data_->Sequence(static_cast<uint64_t>(step_ * global + first_sequence + i)));
+      rows.push_back(std::move(row));
+    }
+    MicroBatch batch = Collate(rows);
+    ForwardContext ctx;
+    ctx.tokens = batch.inputs.to(options_.device);
+    ctx.targets = batch.targets.to(options_.device);
+    const int64_t seq = batch.inputs.size(1);
+    auto positions = batch.positions.reshape({-1}).to(options_.device);
+    ctx.rope_cos = rope_cos_.index_select(0, positions).view({rows_here, 1, seq, -1});
+    ctx.rope_sin = rope_sin_.index_select(0, positions).view({rows_here, 1, seq, -1});
+    if (batch.attention.defined()) ctx.attention = batch.attention.to(options_.device);
+    tally.tokens += static_cast<double>(batch.tokens);
+    tally.data_wait +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - data_start).count();
+    ctx.training = true;
+    // Fixed micro-batches: one key per (logical = physical) micro-batch, its global index.
+    // Per row: each row the key and the loss weight it has run alone as a micro-batch of 1.
+    ctx.dropout_key = MixSeed(step_key, static_cast<uint64_t>(first_sequence / tally.micro));
+    if (tally.per_row) {
+      for (int64_t i = 0; i < rows_here; ++i)
+        ctx.row_dropout_keys.push_back(
+            MixSeed(step_key, static_cast<uint64_t>(first_sequence + i)));
+      ctx.row_loss_weights =
+          1.0 / (batch.targets != -100).sum(1).clamp_min(1).to(torch::kFloat32).to(options_.device);
+    }
+    if (tally.moe) ctx.moe = &tally.routed;
+    TIDAL_ASSIGN_OR_RETURN(torch::Tensor loss_sum, params_->Forward(ctx));
+    const double tokens = static_cast<double>(batch.target_tokens);
+    auto micro_loss = tally.per_row ? loss_sum : loss_sum / std::max(tokens, 1.0);
+    try {
+      (micro_loss * (loss_scale_ / static_cast<double>(micro_batches))).backward();
+    } catch (const c10::OutOfMemoryError&) {
+      throw;
+    } catch (const std::exception& e) {
+      return Unavailable(std::string("backward: ") + e.what());
+    }
+    tally.loss += micro_loss.detach().to(torch::kFloat64) / static_cast<double>(micro_batches);
+  } catch (const c10::OutOfMemoryError& e) {
+    *failure = e.what_without_backtrace();
+  }
+  return OkStatus();
+}
+
+// After a pass: an out-of-memory (this rank's, in *failure, or another's) either ends the step
+// to be run again smaller (*failure set, the ranks agreed) or the generation (an error).
+Status Trainer::SettleOutOfMemory(StepTally& tally, std::string* failure) {
+  if (!tally.per_row && !failure->empty()) return Unavailable("out of memory: " + *failure);
+  if (tally.agree_out_of_memory) {
+    std::vector<int64_t> failed{failure->empty() ? 0 : 1};
+    TIDAL_RETURN_IF_ERROR(comm_->AllReduceSumHost(failed));
+    if (failed[0] > 0 && failure->empty())
+      *failure = std::to_string(failed[0]) + " rank(s) ran out of memory";
+  } else if (!failure->empty() && comm_->world_size() > 1) {
+    // ZeRO-3 gathers parameters inside the forward pass: the other ranks wait in a collective
+    // this rank cannot rejoin, so the generation fails (and the next starts smaller).
+    auto_micro_.cap = std::max<int64_t>(1, tally.micro - 1);
+    LowerProcessOutOfMemoryCap(auto_micro_.cap);
+    return Unavailable("out of memory at micro-batch size " + std::to_string(tally.micro) +
+                       " under ZeRO stage 3 with other ranks (their collectives cannot be "
+                       "resumed mid-pass): " +
+                       *failure);
+  }
+  return OkStatus();
+}
+
+// One all-reduce for the step's loss, tokens, squared gradient norm (when the slices are
+// partitioned), the experts' token counts, and the auto micro-batch's memory verdicts; one host
+// sync for all.
+StatusOr<StepRecord> Trainer::ReduceStepFigures(StepTally& tally,
+                                                const std::vector<TrainableSlice>& slices) {
+  const auto& opt = config_.optimization;
+  const int64_t micro = tally.micro;
   torch::Tensor norm_sq_local = SquaredGradNorm(slices).to(comm_->device());
-  // One all-reduce for the loss and, when slices are partitioned, the squared norm; one host
-  // sync for both.
   const bool partitioned = params_->slices_are_partitioned();
   auto stats = torch::stack(
-      {local_loss, partitioned ? norm_sq_local : torch::zeros_like(local_loss), local_tokens});
-  if (moe)  // the experts' token counts ride on the same all-reduce (exact in fp64)
-    stats = torch::cat({stats, expert_tokens.flatten().to(stats.options())});
+      {tally.loss, partitioned ? norm_sq_local : torch::zeros_like(tally.loss), tally.tokens});
+  if (tally.moe)  // the experts' token counts ride on the same all-reduce (exact in fp64)
+    stats = torch::cat({stats, tally.expert_tokens.flatten().to(stats.options())});
   // microBatchSize auto: whether this rank's memory keeps the next size out (its peak so far
   // scaled to it would pass the target) and whether it is over the target now; ranks that
   // disagree would run different micro-batches, so the sums decide for all.
   int64_t peak_bytes = -1, next_micro = micro;
-  if (per_row && meter_) {
+  if (tally.per_row && meter_) {
     peak_bytes = meter_->Peak();
     next_micro = NextAutoMicroBatch();
     const double target = static_cast<double>(meter_->limit()) * opt.memory_target_percent / 100;
-    const double per_micro_row = static_cast<double>(peak_bytes - base_bytes) / micro;
+    const double per_micro_row = static_cast<double>(peak_bytes - tally.base_bytes) / micro;
     const double predicted =
-        static_cast<double>(base_bytes) + per_micro_row * static_cast<double>(next_micro);
+        static_cast<double>(tally.base_bytes) + per_micro_row * static_cast<double>(next_micro);
     const bool blocked = next_micro <= micro || predicted > target;
     const bool over = micro > 1 && static_cast<double>(peak_bytes) > target;
     stats = torch::cat(
@@ -574,7 +609,7 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
   if (!partitioned) stats[1].copy_(norm_sq_local);
   stats = stats.cpu();
   StepRecord record;
-  if (per_row && meter_) {
+  if (tally.per_row && meter_) {
     const int64_t n = stats.size(0);
     const bool blocked = stats[n - 2].item<double>() > 0, over = stats[n - 1].item<double>() > 0;
     std::string reason;
@@ -599,25 +634,31 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
   record.peak_memory_bytes = peak_bytes;
   record.step = step_ + 1;
   record.loss = stats[0].item<double>();
-  double norm_sq = stats[1].item<double>();
-  record.grad_norm = std::sqrt(norm_sq) / loss_scale_;
+  record.grad_norm = std::sqrt(stats[1].item<double>()) / loss_scale_;
+  tally.step_tokens = stats[2].item<double>();
   record.world_size = comm_->world_size();
-  if (moe) {
-    auto counts = stats.narrow(0, 3, expert_tokens.numel())
+  if (tally.moe) {
+    auto counts = stats.narrow(0, 3, tally.expert_tokens.numel())
                       .to(torch::kInt64)
-                      .view(expert_tokens.sizes())
+                      .view(tally.expert_tokens.sizes())
                       .contiguous();
-    for (const auto& [layer, unused] : routed.expert_tokens) record.moe_layers.push_back(layer);
+    for (const auto& [layer, unused] : tally.routed.expert_tokens)
+      record.moe_layers.push_back(layer);
     for (int64_t l = 0; l < counts.size(0); ++l) {
       auto row = counts[l];
       record.expert_tokens.emplace_back(row.data_ptr<int64_t>(),
                                         row.data_ptr<int64_t>() + row.numel());
     }
   }
+  return record;
+}
 
+// The optimizer's update, clipped; never a NaN/Inf into the weights. fp16: a non-finite norm
+// means the loss scale overflowed: it is lowered and training goes on (as DeepSpeed/apex);
+// fp32/bf16: the update is dropped and the step reported skipped.
+void Trainer::ApplyUpdate(StepRecord& record, std::vector<TrainableSlice>& slices) {
+  const auto& opt = config_.optimization;
   if (!std::isfinite(record.grad_norm)) {
-    // Never write a NaN/Inf into the weights. fp16: the loss scale overflowed, lower it and
-    // go on (as DeepSpeed/apex); fp32/bf16: the update is dropped and the step reported.
     record.skipped = true;
     if (loss_scale_ > 1.0) {
       loss_scale_ /= 2;
@@ -625,25 +666,14 @@ StatusOr<StepRecord> Trainer::RunStep(int64_t micro, bool per_row, bool* out_of_
     }
     LogWarn("non-finite gradient norm; update skipped",
             {{"step", record.step}, {"loss", record.loss}, {"loss_scale", loss_scale_}});
-  } else {
-    const double clip = opt.grad_clip > 0 && record.grad_norm > opt.grad_clip
-                            ? opt.grad_clip / (record.grad_norm + 1e-6)
-                            : 1.0;
-    record.lr = schedule_.Next(record.grad_norm);
-    optimizer_.Step(slices, record.lr, clip / loss_scale_);
-    if (loss_scale_ > 1.0 && ++good_steps_ % kLossScaleWindow == 0) loss_scale_ *= 2;
+    return;
   }
-  TIDAL_RETURN_IF_ERROR(params_->FinishStep(/*keep_residuals=*/!record.skipped));
-  record.compressed = compress;
-  record.gradient_bytes = traffic.payload_bytes;
-  record.compress_seconds = traffic.compress_seconds;
-  record.exchange_wait_seconds = traffic.exchange_wait_seconds;
-  ++step_;
-  record.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  trained_seconds_ += record.seconds;
-  record.tokens_per_s = stats[2].item<double>() / record.seconds;  // all ranks, no padding
-  record.data_wait_seconds = data_wait;
-  return record;
+  const double clip = opt.grad_clip > 0 && record.grad_norm > opt.grad_clip
+                          ? opt.grad_clip / (record.grad_norm + 1e-6)
+                          : 1.0;
+  record.lr = schedule_.Next(record.grad_norm);
+  optimizer_.Step(slices, record.lr, clip / loss_scale_);
+  if (loss_scale_ > 1.0 && ++good_steps_ % kLossScaleWindow == 0) loss_scale_ *= 2;
 }
 
 // What decides which rows sequence k is: the store's content and the packing options.

@@ -114,6 +114,30 @@ class Trainer {
   // loss and masks of micro-batch 1. An out-of-memory all ranks agree on sets *out_of_memory
   // and returns with the step's gradients dropped and nothing else changed.
   StatusOr<StepRecord> RunStep(int64_t micro, bool per_row, bool* out_of_memory = nullptr);
+  // The parts of RunStep, in the order it calls them.
+  struct Pass {  // one forward and backward over `rows` of this rank's rows of the step
+    int64_t first_row, rows, group;
+    bool last_of_group;  // of its compression group (the group's exchange may start after it)
+  };
+  struct StepTally {  // what the passes of one attempt accumulate
+    int64_t micro = 1;
+    bool per_row = false, compress = false, agree_out_of_memory = false, moe = false;
+    std::vector<uint64_t> ahead;  // the rows read ahead from the step's first
+    torch::Tensor loss, tokens;   // fp64 on the device: no host sync per micro-batch
+    double data_wait = 0;
+    double step_tokens = 0;       // every rank's, once reduced
+    int64_t base_bytes = 0;       // in use when the step began (the memory meter's)
+    MoeRecord routed;             // what each MoE layer routed in the last pass
+    torch::Tensor expert_tokens;  // [MoE layers, experts] int64, summed over the passes
+  };
+  std::vector<Pass> PlanPasses(int64_t micro, int64_t groups) const;
+  std::vector<uint64_t> RowsAhead() const;
+  // An out-of-memory inside the pass goes to *failure; other errors are returned.
+  Status RunPass(const Pass& pass, bool first, StepTally& tally, std::string* failure);
+  Status SettleOutOfMemory(StepTally& tally, std::string* failure);
+  StatusOr<StepRecord> ReduceStepFigures(StepTally& tally,
+                                         const std::vector<TrainableSlice>& slices);
+  void ApplyUpdate(StepRecord& record, std::vector<TrainableSlice>& slices);
   int64_t MaxAutoMicroBatch() const;  // the rows per rank (per group), or the cap
   Status AgreeAutoMicroBatch();
   int64_t NextAutoMicroBatch() const;  // the size a growth goes to

@@ -1,7 +1,7 @@
 // The controller's whole loop — informers, work queue, Decide, Execute, worker calls, the
 // pushed-status feed and the status patcher — against a real API server (tidal local, in this
 // process; its kubelet runs each worker pod as a sleeping script and the data phase as the real
-// tidal-prep), with the workers behind worker::WorkerApi as in-process fakes: no tidal-worker,
+// tidal-prep), with the workers behind contract::WorkerApi as in-process fakes: no tidal-worker,
 // no gRPC. The fakes follow the protocol (Rendezvous → RUNNING at that generation, a barrier
 // → PAUSED, Shutdown → gone) and step every 50 ms while they train.
 #include <gtest/gtest.h>
@@ -23,23 +23,23 @@
 #include <string>
 #include <thread>
 
+#include "contract/worker_status.h"
 #include "kube/client.h"
 #include "kube/config.h"
 #include "kube/request.h"
 #include "local/cluster.h"
 #include "operator/controller/manager.h"
-#include "tidal/worker/v1/worker.pb.h"
 
 namespace tidal::controller {
 namespace {
 
-namespace pb = ::tidal::worker::v1;
+using api::WorkerPhase;
 using namespace std::chrono_literals;
 using nlohmann::json;
 
 class FakeWorker;
 
-class FakeStream : public worker::StatusStream {
+class FakeStream : public contract::StatusStream {
  public:
   FakeStream(std::shared_ptr<FakeWorker> worker, uint64_t id) : worker_(worker), id_(id) {}
   ~FakeStream() override;
@@ -51,12 +51,12 @@ class FakeStream : public worker::StatusStream {
 };
 
 // One worker at one address, as tidal-worker answers the operator.
-class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this<FakeWorker> {
+class FakeWorker : public contract::WorkerApi, public std::enable_shared_from_this<FakeWorker> {
  public:
   // `agree(barrier, step)`: the step every rank of that barrier holds at.
   explicit FakeWorker(std::function<int64_t(uint64_t, int64_t)> agree) : agree_(std::move(agree)) {}
 
-  StatusOr<pb::WorkerStatus> GetStatus() override {
+  StatusOr<contract::WorkerStatus> GetStatus() override {
     // An answer held by the test: the call waits like a worker that is still starting.
     std::unique_lock<std::mutex> lock(mu_);
     ++status_asks_;
@@ -75,12 +75,12 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
       generation_ = generation;
       world_size_ = world_size;
       rank_ = rank;
-      phase_ = pb::RUNNING;
+      phase_ = WorkerPhase::kRunning;
     });
     return OkStatus();
   }
-  StatusOr<pb::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,
-                                          uint64_t barrier_id, bool live) override {
+  StatusOr<contract::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,
+                                                uint64_t barrier_id, bool live) override {
     {
       // A barrier held by the test: the call waits (up to its timeout) like a slow worker.
       std::unique_lock<std::mutex> lock(mu_);
@@ -88,17 +88,17 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
       released_.wait_for(lock, timeout, [&] { return !hold_barriers_; });
       if (hold_barriers_) return DeadlineExceeded("the barrier was held");
     }
-    pb::CheckpointInfo info;
+    contract::CheckpointInfo info;
     Change([&] {
       // The ranks of a barrier hold at one step, as real ones agree on it.
       if (pause) {
-        phase_ = pb::PAUSED;
+        phase_ = WorkerPhase::kPaused;
         step_ = agree_(barrier_id, step_);
       }
       (live ? live_step_ : checkpoint_step_) = step_;
-      info.set_step(step_);
-      info.set_kind(live ? "live" : "full");
-      info.set_uri(live ? "" : "file:///fake/step-" + std::to_string(step_));
+      info.step = step_;
+      info.kind = live ? "live" : "full";
+      info.uri = live ? "" : "file:///fake/step-" + std::to_string(step_);
     });
     return info;
   }
@@ -111,13 +111,13 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
     return checkpoint_step_;
   }
   Status Resume() override {
-    Change([&] { phase_ = pb::RUNNING; });
+    Change([&] { phase_ = WorkerPhase::kRunning; });
     return OkStatus();
   }
   Status Shutdown(const std::string&) override { return OkStatus(); }
-  std::unique_ptr<worker::StatusStream> WatchStatus(
+  std::unique_ptr<contract::StatusStream> WatchStatus(
       std::chrono::milliseconds, std::chrono::milliseconds,
-      std::function<void(const pb::WorkerStatus&)> on_status,
+      std::function<void(const contract::WorkerStatus&)> on_status,
       std::function<void(const Status&)> on_end) override {
     // The first status goes out from the ticker's thread, as gRPC's callbacks never run
     // inside the call that opens the stream (the feed holds its lock there).
@@ -130,8 +130,8 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
   // The ticker: greets new streams (not while its answers are held: a worker still starting
   // serves neither), and trains a step while RUNNING.
   void Step() {
-    pb::WorkerStatus now;
-    std::vector<std::function<void(const pb::WorkerStatus&)>> greet;
+    contract::WorkerStatus now;
+    std::vector<std::function<void(const contract::WorkerStatus&)>> greet;
     bool running;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -141,7 +141,7 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
           s.greeted = true;
           greet.push_back(s.on_status);
         }
-      running = phase_ == pb::RUNNING;
+      running = phase_ == WorkerPhase::kRunning;
     }
     for (const auto& f : greet) f(now);
     if (running) Change([&] { ++step_; });
@@ -153,7 +153,7 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
   // The generation fails on this worker (a collective that timed out, say), as its status says.
   void Fail(const std::string& why) {
     Change([&] {
-      phase_ = pb::FAILED;
+      phase_ = WorkerPhase::kFailed;
       last_error_ = why;
     });
   }
@@ -206,47 +206,39 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
 
  private:
   struct Stream {
-    std::function<void(const pb::WorkerStatus&)> on_status;
+    std::function<void(const contract::WorkerStatus&)> on_status;
     std::function<void(const Status&)> on_end;
     bool greeted = false;
   };
-  pb::WorkerStatus StatusLocked() const {
-    pb::WorkerStatus s;
-    s.set_phase(phase_);
-    s.set_generation(generation_);
-    s.set_rank(rank_);
-    s.set_world_size(world_size_);
-    s.set_step(step_);
-    s.set_max_steps(1000000);
-    s.set_last_error(last_error_);
-    if (generation_ > 0) s.set_loss(2.0);
+  contract::WorkerStatus StatusLocked() const {
+    contract::WorkerStatus s;
+    s.phase = phase_;
+    s.generation = generation_;
+    s.rank = rank_;
+    s.world_size = world_size_;
+    s.step = step_;
+    s.max_steps = 1000000;
+    s.last_error = last_error_;
+    if (generation_ > 0) s.loss = 2.0;
     if (generation_ > 0 && step_ > 0) {  // the step just trained (the anomaly rule reads it)
-      pb::StepEvent* e = s.add_recent_steps();
-      e->set_step(step_);
-      e->set_loss(2.0);
+      contract::StepEvent e;
+      e.step = step_;
+      e.loss = 2.0;
+      s.recent_steps.push_back(e);
     }
-    if (checkpoint_step_ >= 0) {
-      s.mutable_last_checkpoint()->set_step(checkpoint_step_);
-      s.mutable_last_checkpoint()->set_kind("full");
-      s.mutable_last_checkpoint()->set_uri("file:///fake/step-" + std::to_string(checkpoint_step_));
-    }
-    if (live_step_ >= 0) {
-      s.mutable_live_checkpoint()->set_step(live_step_);
-      s.mutable_live_checkpoint()->set_kind("live");
-    }
-    if (prepared_[0] > generation_) {
-      pb::PreparedEngine* p = s.mutable_prepared_engine();
-      p->set_generation(prepared_[0]);
-      p->set_world_size(static_cast<int32_t>(prepared_[1]));
-      p->set_rank(static_cast<int32_t>(prepared_[2]));
-      p->set_ready(true);
-    }
+    if (checkpoint_step_ >= 0)
+      s.last_checkpoint = contract::CheckpointInfo{
+          checkpoint_step_, "full", "file:///fake/step-" + std::to_string(checkpoint_step_), 0};
+    if (live_step_ >= 0) s.live_checkpoint = contract::CheckpointInfo{live_step_, "live", "", 0};
+    if (prepared_[0] > generation_)
+      s.prepared_engine = contract::PreparedEngine{prepared_[0], static_cast<int>(prepared_[2]),
+                                                   static_cast<int>(prepared_[1]), true, ""};
     return s;
   }
   // Applies `change`, then pushes the new status to every open stream (outside the lock).
   void Change(const std::function<void()>& change) {
-    pb::WorkerStatus now;
-    std::vector<std::function<void(const pb::WorkerStatus&)>> to;
+    contract::WorkerStatus now;
+    std::vector<std::function<void(const contract::WorkerStatus&)>> to;
     {
       std::lock_guard<std::mutex> lock(mu_);
       change();
@@ -261,7 +253,7 @@ class FakeWorker : public worker::WorkerApi, public std::enable_shared_from_this
   mutable std::mutex mu_;
   std::condition_variable released_;
   int64_t checkpoint_step_ = -1, live_step_ = -1;
-  pb::Phase phase_ = pb::WAITING;
+  WorkerPhase phase_ = WorkerPhase::kWaiting;
   int64_t generation_ = 0, step_ = 0;
   std::string last_error_;
   int rank_ = 0, world_size_ = 0;
@@ -346,7 +338,7 @@ class ControllerLoopTest : public ::testing::Test {
     m.install_crd = true;
     m.controller.workers = 1;  // one reconcile at a time: a blocked one would hold every job
     m.controller.default_checkpoint_root = "file://" + (dir_ / "checkpoints").string();
-    m.controller.connect = [this](const worker::ClientOptions& o) {
+    m.controller.connect = [this](const contract::ClientOptions& o) {
       std::lock_guard<std::mutex> lock(mu_);
       std::shared_ptr<FakeWorker>& w = workers_[o.address];
       if (!w) {

@@ -230,9 +230,9 @@ TEST_F(InformerIntegration, PodCacheAcrossNamespacesWithLabelsAndOwners) {
   EXPECT_TRUE(store.ByLabel("app", "other").empty());
 }
 
-// The operator's pod cache (controller.cc): the store keeps each pod's identity and owner, the
-// typed cache what the controller reads, both fed by the same events — the cache first, so a
-// handler that enqueues a key finds the pod there.
+// The operator's pod cache (controller.cc, capacity.cc): the store keeps each pod's identity and
+// owner, the typed cache what the controller reads, both fed by the same events — the cache first,
+// so a handler that enqueues a key finds the pod there.
 TEST_F(InformerIntegration, ATypedPodCacheFedByTheObserveHookFollowsTheServerBeforeTheHandlers) {
   const Resource pods = Resource::Pods();
   json job = Create(Resource::ConfigMaps(), "default", ConfigMap("owner", {}));

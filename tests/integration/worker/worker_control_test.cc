@@ -27,10 +27,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/http/pki.h"
+#include "contract/client.h"
 #include "tests/integration/metrics_scrape.h"
 #include "tests/integration/process.h"
 #include "tidal/worker/v1/worker.grpc.pb.h"
-#include "worker/control/client.h"
 
 namespace tidal::testing {
 namespace {
@@ -38,8 +38,28 @@ namespace {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 namespace pb = ::tidal::worker::v1;
-using worker::ClientOptions;
-using worker::WorkerClient;
+using contract::ClientOptions;
+using contract::WorkerClient;
+
+// A part of a status as the proto's accessors read it: its defaults when the worker sent none.
+template <typename T>
+T Or(const std::optional<T>& part) {
+  return part.value_or(T{});
+}
+
+std::string Describe(const contract::WorkerStatus& s) {
+  std::string out = std::string("phase ") + api::WorkerPhaseName(s.phase) + ", generation " +
+                    std::to_string(s.generation) + ", rank " + std::to_string(s.rank) + "/" +
+                    std::to_string(s.world_size) + ", step " + std::to_string(s.step);
+  if (s.last_checkpoint) out += ", last checkpoint " + std::to_string(s.last_checkpoint->step);
+  if (s.resumed_from) out += ", resumed from " + s.resumed_from->uri;
+  for (const std::string& c : s.skipped_checkpoints) out += ", skipped " + c;
+  for (const contract::HeldPart& h : s.held_parts)
+    out += ", holds g" + std::to_string(h.generation) + " rank " + std::to_string(h.rank) + "/" +
+           std::to_string(h.world_size) + " at step " + std::to_string(h.step);
+  if (!s.last_error.empty()) out += ", last error: " + s.last_error;
+  return out;
+}
 
 constexpr const char* kToken = "s3cr3t-job-token";
 
@@ -156,7 +176,7 @@ class WorkerControlTest : public ::testing::Test {
   // Checkpoint{pause} on every one of `members` at once, as the operator sends it; the step
   // they hold at (every answer names the same one and the kind asked for).
   int64_t BarrierAll(const std::vector<int>& members, bool live) {
-    std::vector<std::future<StatusOr<pb::CheckpointInfo>>> calls;
+    std::vector<std::future<StatusOr<contract::CheckpointInfo>>> calls;
     for (int m : members)
       calls.push_back(std::async(std::launch::async, [this, m, live] {
         return workers_[m].client->Checkpoint(/*pause=*/true, 120s, /*barrier_id=*/0, live);
@@ -166,8 +186,8 @@ class WorkerControlTest : public ::testing::Test {
       auto got = call.get();
       EXPECT_TRUE(got.ok()) << got.status().ToString();
       if (!got.ok()) continue;
-      EXPECT_EQ(got->kind(), live ? "live" : "full");
-      steps.insert(got->step());
+      EXPECT_EQ(got->kind, live ? "live" : "full");
+      steps.insert(got->step);
     }
     EXPECT_EQ(steps.size(), 1u) << "the ranks held at different steps";
     return steps.empty() ? 0 : *steps.begin();
@@ -183,17 +203,18 @@ class WorkerControlTest : public ::testing::Test {
     return out;
   }
 
-  pb::WorkerStatus StatusOf(int index) {
+  contract::WorkerStatus StatusOf(int index) {
     auto s = workers_[index].client->GetStatus();
     EXPECT_TRUE(s.ok()) << s.status().ToString();
-    return s.ok() ? *s : pb::WorkerStatus();
+    return s.ok() ? *s : contract::WorkerStatus();
   }
 
   // Polls GetStatus until `pred` holds (bounded).
-  pb::WorkerStatus WaitFor(int index, const std::function<bool(const pb::WorkerStatus&)>& pred,
-                           std::chrono::seconds timeout = 120s) {
+  contract::WorkerStatus WaitFor(int index,
+                                 const std::function<bool(const contract::WorkerStatus&)>& pred,
+                                 std::chrono::seconds timeout = 120s) {
     const auto end = std::chrono::steady_clock::now() + timeout;
-    pb::WorkerStatus s;
+    contract::WorkerStatus s;
     while (std::chrono::steady_clock::now() < end) {
       auto got = workers_[index].client->GetStatus();
       if (got.ok()) {
@@ -202,8 +223,7 @@ class WorkerControlTest : public ::testing::Test {
       }
       std::this_thread::sleep_for(100ms);
     }
-    ADD_FAILURE() << "worker " << index
-                  << " never got there; last status: " << s.ShortDebugString();
+    ADD_FAILURE() << "worker " << index << " never got there; last status: " << Describe(s);
     return s;
   }
 
@@ -244,20 +264,20 @@ int64_t UnixMillis() {
 }
 
 // `generation` trained from step `resumed_at` + 1 to `last`, each step with the reference loss.
-void ExpectGenerationResumedAt(const std::vector<pb::StepEvent>& all, int64_t generation,
+void ExpectGenerationResumedAt(const std::vector<contract::StepEvent>& all, int64_t generation,
                                int64_t resumed_at, int64_t last,
                                const std::map<int64_t, double>& reference) {
-  std::vector<pb::StepEvent> events;
+  std::vector<contract::StepEvent> events;
   for (const auto& e : all)
-    if (e.generation() == generation) events.push_back(e);
+    if (e.generation == generation) events.push_back(e);
   ASSERT_FALSE(events.empty());
-  EXPECT_EQ(events.front().step(), resumed_at + 1)
+  EXPECT_EQ(events.front().step, resumed_at + 1)
       << "generation " << generation << " did not resume at step " << resumed_at;
-  EXPECT_EQ(events.back().step(), last);
+  EXPECT_EQ(events.back().step, last);
   for (const auto& e : events) {
-    ASSERT_TRUE(reference.count(e.step())) << "step " << e.step();
-    const double want = reference.at(e.step());
-    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5) << "step " << e.step();
+    ASSERT_TRUE(reference.count(e.step)) << "step " << e.step;
+    const double want = reference.at(e.step);
+    EXPECT_LE(std::abs(e.loss - want) / std::abs(want), 1e-5) << "step " << e.step;
   }
 }
 
@@ -266,7 +286,7 @@ class StepRecorder {
  public:
   explicit StepRecorder(WorkerClient& client)
       : thread_([this, &client] {
-          Status s = client.WatchSteps(0, 300s, [this](const pb::StepEvent& e) {
+          Status s = client.WatchSteps(0, 300s, [this](const contract::StepEvent& e) {
             std::lock_guard<std::mutex> lock(mu_);
             events_.push_back(e);
             return true;
@@ -275,13 +295,13 @@ class StepRecorder {
           ended_ = s;
         }) {}
   ~StepRecorder() { thread_.join(); }
-  std::vector<pb::StepEvent> events() {
+  std::vector<contract::StepEvent> events() {
     std::lock_guard<std::mutex> lock(mu_);
     return events_;
   }
   int64_t last_step() {
     std::lock_guard<std::mutex> lock(mu_);
-    return events_.empty() ? 0 : events_.back().step();
+    return events_.empty() ? 0 : events_.back().step;
   }
   void WaitForStep(int64_t step) {
     for (int i = 0; i < 1200 && last_step() < step; ++i) std::this_thread::sleep_for(100ms);
@@ -290,7 +310,7 @@ class StepRecorder {
 
  private:
   std::mutex mu_;
-  std::vector<pb::StepEvent> events_;
+  std::vector<contract::StepEvent> events_;
   Status ended_;
   std::thread thread_;
 };
@@ -390,11 +410,11 @@ TEST_F(WorkerControlTest, EveryMethodRefusesACallWithoutTheJobTokenAndChangesNot
     }
   }
   // Nothing happened: no generation, still serving (Shutdown was refused too).
-  pb::WorkerStatus s = StatusOf(0);
-  EXPECT_EQ(s.phase(), pb::WAITING);
-  EXPECT_EQ(s.generation(), 0);
-  EXPECT_FALSE(s.has_prepared_engine()) << "a refused PrepareEngine started a load";
-  EXPECT_FALSE(s.has_gpu_utilization_percent()) << "a CPU worker reports no GPU figures";
+  contract::WorkerStatus s = StatusOf(0);
+  EXPECT_EQ(s.phase, api::WorkerPhase::kWaiting);
+  EXPECT_EQ(s.generation, 0);
+  EXPECT_FALSE(s.prepared_engine.has_value()) << "a refused PrepareEngine started a load";
+  EXPECT_FALSE(s.gpu_utilization_percent.has_value()) << "a CPU worker reports no GPU figures";
 }
 
 TEST_F(WorkerControlTest, OverTlsTheTokenIsStillRequiredAndPlaintextClientsGetNothing) {
@@ -412,7 +432,7 @@ TEST_F(WorkerControlTest, OverTlsTheTokenIsStillRequiredAndPlaintextClientsGetNo
                           ca->cert_pem);
   auto status = w.client->GetStatus();
   ASSERT_TRUE(status.ok()) << status.status().ToString();
-  EXPECT_EQ(status->phase(), pb::WAITING);
+  EXPECT_EQ(status->phase, api::WorkerPhase::kWaiting);
 
   ClientOptions no_token;
   no_token.address = w.address;
@@ -457,12 +477,12 @@ TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
   expect(c.Rendezvous(1, 2, 0, store, {}, 0, two, -1), "INVALID_ARGUMENT", "ward");
   expect(c.Rendezvous(1, 2, 0, store, {"127.0.0.20:1", "x"}, 5), "INVALID_ARGUMENT",
          "state_peers[1]");
-  EXPECT_EQ(StatusOf(0).generation(), 0) << "a refused Rendezvous changed the worker";
+  EXPECT_EQ(StatusOf(0).generation, 0) << "a refused Rendezvous changed the worker";
   // An engine prepared ahead: for a generation, a rank inside the world, a size the batch fits.
   expect(c.PrepareEngine(0, 2, 1), "INVALID_ARGUMENT", "generation");
   expect(c.PrepareEngine(1, 2, 2), "INVALID_ARGUMENT", "outside world size 2");
   expect(c.PrepareEngine(1, 3, 1), "INVALID_ARGUMENT", "globalBatchSize");
-  EXPECT_FALSE(StatusOf(0).has_prepared_engine()) << "a refused PrepareEngine started a load";
+  EXPECT_FALSE(StatusOf(0).prepared_engine.has_value()) << "a refused PrepareEngine started a load";
   expect(c.Checkpoint(false, 5s).status(), "FAILED_PRECONDITION", "phase Waiting");
   expect(c.Pause(5s).status(), "FAILED_PRECONDITION", "phase Waiting");
   expect(c.Resume(), "FAILED_PRECONDITION", "not paused");
@@ -470,12 +490,12 @@ TEST_F(WorkerControlTest, BadMembershipsAndOutOfPhaseCallsAreRefusedNamingWhy) {
   ASSERT_TRUE(c.Rendezvous(1, 1, 0, "").ok());
   expect(c.Rendezvous(1, 1, 0, ""), "ALREADY_EXISTS", "generation 1 is this worker's generation");
   EXPECT_EQ(c.Rendezvous(1, 1, 0, "").code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(WaitFor(0, [](auto& s) { return s.step() >= 1; }).generation(), 1);
+  EXPECT_EQ(WaitFor(0, [](auto& s) { return s.step >= 1; }).generation, 1);
   // Only for a generation to come; a worker that builds its engine per generation prepares none.
   expect(c.PrepareEngine(1, 2, 1), "ALREADY_EXISTS", "this worker's generation already");
   StartWorker(1, {}, "", {"TIDAL_KEEP_ENGINE=0"});
   expect(workers_[1].client->PrepareEngine(1, 2, 1), "FAILED_PRECONDITION", "TIDAL_KEEP_ENGINE=0");
-  EXPECT_FALSE(StatusOf(1).has_prepared_engine());
+  EXPECT_FALSE(StatusOf(1).prepared_engine.has_value());
 }
 
 // A generation that cannot start on the spec — each of the four kinds found by issue 20 — is
@@ -489,11 +509,11 @@ TEST_F(WorkerControlTest, AWorkerPushesItsStatusAtOnceOnChangesAndItsStepAtMostE
   WorkerClient& c = *workers_[0].client;
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<std::pair<std::chrono::steady_clock::time_point, pb::WorkerStatus>> got;
+  std::vector<std::pair<std::chrono::steady_clock::time_point, contract::WorkerStatus>> got;
   std::optional<Status> ended;
   auto stream = c.WatchStatus(
       std::chrono::milliseconds(400), std::chrono::milliseconds(1000),
-      [&](const pb::WorkerStatus& s) {
+      [&](const contract::WorkerStatus& s) {
         std::lock_guard<std::mutex> lock(mu);
         got.emplace_back(std::chrono::steady_clock::now(), s);
         cv.notify_all();
@@ -508,7 +528,7 @@ TEST_F(WorkerControlTest, AWorkerPushesItsStatusAtOnceOnChangesAndItsStepAtMostE
     return cv.wait_for(lock, 60s, done);
   };
   ASSERT_TRUE(wait([&] { return !got.empty(); })) << "no status at once";
-  EXPECT_EQ(got[0].second.phase(), pb::WAITING);
+  EXPECT_EQ(got[0].second.phase, api::WorkerPhase::kWaiting);
   // Nothing changes while it waits: heartbeats, about one a second.
   ASSERT_TRUE(wait([&] { return got.size() >= 3; }));
   {
@@ -517,36 +537,35 @@ TEST_F(WorkerControlTest, AWorkerPushesItsStatusAtOnceOnChangesAndItsStepAtMostE
   }
   ASSERT_TRUE(c.Rendezvous(1, 1, 0, "").ok());
   const auto asked = std::chrono::steady_clock::now();
-  ASSERT_TRUE(wait([&] { return !got.empty() && got.back().second.generation() == 1; }))
+  ASSERT_TRUE(wait([&] { return !got.empty() && got.back().second.generation == 1; }))
       << "the Rendezvous was not pushed";
   {
     std::lock_guard<std::mutex> lock(mu);
     EXPECT_LT(got.back().first - asked, 900ms) << "pushed no sooner than a heartbeat";
   }
-  ASSERT_TRUE(wait([&] { return !got.empty() && got.back().second.step() >= 6; }));
+  ASSERT_TRUE(wait([&] { return !got.empty() && got.back().second.step >= 6; }));
   {
     std::lock_guard<std::mutex> lock(mu);
     // Statuses that differ only in the step's figures come at most every 400 ms.
     for (size_t i = 1; i < got.size(); ++i) {
-      const pb::WorkerStatus &a = got[i - 1].second, &b = got[i].second;
-      if (a.phase() == b.phase() && a.generation() == b.generation() &&
-          a.last_checkpoint().step() == b.last_checkpoint().step() && a.step() != b.step())
-        EXPECT_GE(got[i].first - got[i - 1].first, 350ms)
-            << "steps " << a.step() << " -> " << b.step();
+      const contract::WorkerStatus &a = got[i - 1].second, &b = got[i].second;
+      if (a.phase == b.phase && a.generation == b.generation &&
+          Or(a.last_checkpoint).step == Or(b.last_checkpoint).step && a.step != b.step)
+        EXPECT_GE(got[i].first - got[i - 1].first, 350ms) << "steps " << a.step << " -> " << b.step;
     }
   }
   stream.reset();  // cancels, and returns once the stream is over
   EXPECT_TRUE(ended.has_value());
 
   // Without the token: refused, and nothing is sent.
-  worker::ClientOptions o;
+  contract::ClientOptions o;
   o.address = workers_[0].address;
   WorkerClient anonymous(o);
   std::optional<Status> refused;
   int statuses = 0;
   auto denied = anonymous.WatchStatus(
       std::chrono::milliseconds(400), std::chrono::milliseconds(1000),
-      [&](const pb::WorkerStatus&) { ++statuses; },
+      [&](const contract::WorkerStatus&) { ++statuses; },
       [&](const Status& s) {
         std::lock_guard<std::mutex> lock(mu);
         refused = s;
@@ -579,11 +598,11 @@ TEST_F(WorkerControlTest, AGenerationThatCannotStartOnTheSpecIsReportedPermanent
     std::ofstream(dir_ + "/job.yaml") << yaml;
     StartWorker(static_cast<int>(i));
     Rendezvous(1, {static_cast<int>(i)});
-    const pb::WorkerStatus failed = WaitFor(
-        static_cast<int>(i), [](auto& s) { return s.phase() == pb::FAILED; }, 60s);
-    EXPECT_TRUE(failed.last_error_permanent()) << failed.ShortDebugString();
-    EXPECT_NE(failed.last_error().find(c.field), std::string::npos) << failed.last_error();
-    EXPECT_EQ(failed.step(), 0);
+    const contract::WorkerStatus failed = WaitFor(
+        static_cast<int>(i), [](auto& s) { return s.phase == api::WorkerPhase::kFailed; }, 60s);
+    EXPECT_TRUE(failed.last_error_permanent) << Describe(failed);
+    EXPECT_NE(failed.last_error.find(c.field), std::string::npos) << failed.last_error;
+    EXPECT_EQ(failed.step, 0);
   }
 }
 
@@ -660,25 +679,25 @@ TEST_F(WorkerControlTest, PauseHoldsEveryRankAtOneStepAndResumeGoesOn) {
   StartWorker(1);
   Rendezvous(1, {0, 1});
   StepRecorder steps(*workers_[0].client);
-  WaitFor(0, [](auto& s) { return s.step() >= 2; });
+  WaitFor(0, [](auto& s) { return s.step >= 2; });
   auto paused = workers_[0].client->Pause(60s);
   ASSERT_TRUE(paused.ok()) << paused.status().ToString();
   auto other = workers_[1].client->Pause(60s);
   ASSERT_TRUE(other.ok()) << other.status().ToString();
   EXPECT_EQ(*paused, *other) << "the ranks paused at different steps";
   for (int i : {0, 1}) {
-    pb::WorkerStatus s = StatusOf(i);
-    EXPECT_EQ(s.phase(), pb::PAUSED);
-    EXPECT_EQ(s.step(), *paused);
-    EXPECT_EQ(s.last_checkpoint().step(), *paused) << "a pause is checkpointed";
+    contract::WorkerStatus s = StatusOf(i);
+    EXPECT_EQ(s.phase, api::WorkerPhase::kPaused);
+    EXPECT_EQ(s.step, *paused);
+    EXPECT_EQ(Or(s.last_checkpoint).step, *paused) << "a pause is checkpointed";
   }
   const int64_t resumed_at = UnixMillis();
   ASSERT_TRUE(workers_[0].client->Resume().ok());
   ASSERT_TRUE(workers_[1].client->Resume().ok());
   steps.WaitForStep(*paused + 2);
-  for (const pb::StepEvent& e : steps.events())
-    if (e.step() > *paused)
-      EXPECT_GE(e.unix_millis(), resumed_at) << "step " << e.step() << " trained while paused";
+  for (const contract::StepEvent& e : steps.events())
+    if (e.step > *paused)
+      EXPECT_GE(e.unix_millis, resumed_at) << "step " << e.step << " trained while paused";
   for (int i : {0, 1}) EXPECT_EQ(workers_[i].process->Wait(120s).exit_code, 0);
 }
 
@@ -694,17 +713,17 @@ TEST_F(WorkerControlTest, APauseReachingARankInsideItsBarrierJoinsItAndLeavesNot
   StartWorker(1, {}, "", {"TIDAL_TEST_BARRIER_HOLD=until-request"});
   Rendezvous(1, {0, 1});
   StepRecorder steps(*workers_[0].client);
-  WaitFor(0, [](auto& s) { return s.step() >= 2; });
+  WaitFor(0, [](auto& s) { return s.step >= 2; });
   const uint64_t id = (uint64_t{1} << 32) | 7;  // generation 1, the operator's way
   auto first = std::async(std::launch::async, [&] { return workers_[0].client->Pause(60s, id); });
   WaitFor(
-      1, [](auto& s) { return s.phase() == pb::CHECKPOINTING; }, 60s);
+      1, [](auto& s) { return s.phase == api::WorkerPhase::kCheckpointing; }, 60s);
   auto second = workers_[1].client->Pause(60s, id);  // arrives inside the barrier: joins it
   auto paused = first.get();
   ASSERT_TRUE(paused.ok()) << paused.status().ToString();
   ASSERT_TRUE(second.ok()) << second.status().ToString();
   EXPECT_EQ(*paused, *second);
-  for (int i : {0, 1}) EXPECT_EQ(StatusOf(i).phase(), pb::PAUSED);
+  for (int i : {0, 1}) EXPECT_EQ(StatusOf(i).phase, api::WorkerPhase::kPaused);
 
   ASSERT_TRUE(workers_[0].client->Resume().ok());
   ASSERT_TRUE(workers_[1].client->Resume().ok());
@@ -717,14 +736,15 @@ TEST_F(WorkerControlTest, APauseReachingARankInsideItsBarrierJoinsItAndLeavesNot
   // An unnamed pause now is a new one, and a later named barrier is a new one too.
   steps.WaitForStep(*paused + 10);
   for (int i : {0, 1}) {
-    pb::WorkerStatus s = StatusOf(i);
-    EXPECT_NE(s.phase(), pb::PAUSED) << "rank " << i << " paused again at step " << s.step();
-    EXPECT_EQ(s.last_checkpoint().step(), *paused) << "rank " << i << ": a second checkpoint";
+    contract::WorkerStatus s = StatusOf(i);
+    EXPECT_NE(s.phase, api::WorkerPhase::kPaused)
+        << "rank " << i << " paused again at step " << s.step;
+    EXPECT_EQ(Or(s.last_checkpoint).step, *paused) << "rank " << i << ": a second checkpoint";
   }
   auto again =
       std::async(std::launch::async, [&] { return workers_[0].client->Pause(60s, id + 1); });
   WaitFor(
-      1, [](auto& s) { return s.phase() == pb::CHECKPOINTING; }, 60s);
+      1, [](auto& s) { return s.phase == api::WorkerPhase::kCheckpointing; }, 60s);
   auto again1 = workers_[1].client->Pause(60s, id + 1);
   auto again0 = again.get();
   ASSERT_TRUE(again0.ok()) << again0.status().ToString();
@@ -749,17 +769,17 @@ TEST_F(WorkerControlTest, RescaleTwoFourTwoKeepsEveryStepAndTheLossesOfAnUnresiz
   steps.WaitForStep(6);
 
   // Scale up: the new workers are up (WAITING, answering); barrier; generation 2 at 4.
-  for (int i : {2, 3}) EXPECT_EQ(StatusOf(i).phase(), pb::WAITING);
+  for (int i : {2, 3}) EXPECT_EQ(StatusOf(i).phase, api::WorkerPhase::kWaiting);
   auto barrier = workers_[0].client->Checkpoint(/*pause=*/true, 120s);
   ASSERT_TRUE(barrier.ok()) << barrier.status().ToString();
   auto barrier1 = workers_[1].client->Checkpoint(true, 120s);
   ASSERT_TRUE(barrier1.ok()) << barrier1.status().ToString();
-  EXPECT_EQ(barrier->step(), barrier1->step());
+  EXPECT_EQ(barrier->step, barrier1->step);
   EXPECT_TRUE(fs::exists(dir_ + "/ckpt/step-" +
-                         std::string(8 - std::to_string(barrier->step()).size(), '0') +
-                         std::to_string(barrier->step()) + "/manifest.json"));
+                         std::string(8 - std::to_string(barrier->step).size(), '0') +
+                         std::to_string(barrier->step) + "/manifest.json"));
   Rendezvous(2, {0, 1, 2, 3});
-  WaitFor(3, [](auto& s) { return s.generation() == 2 && s.phase() == pb::RUNNING; });
+  WaitFor(3, [](auto& s) { return s.generation == 2 && s.phase == api::WorkerPhase::kRunning; });
   // A barrier call of generation 1 that arrives late (the operator's calls run off its
   // reconcile, and one can reach a worker after the Rendezvous) is over: refused, never
   // applied to generation 2, which trains on (the steps below).
@@ -769,7 +789,7 @@ TEST_F(WorkerControlTest, RescaleTwoFourTwoKeepsEveryStepAndTheLossesOfAnUnresiz
   EXPECT_NE(late.status().message().find("which is over"), std::string::npos);
   EXPECT_EQ(workers_[1].client->Pause(10s, of_generation_1).status().code(),
             StatusCode::kFailedPrecondition);
-  steps.WaitForStep(barrier->step() + 6);
+  steps.WaitForStep(barrier->step + 6);
 
   // Scale down: barrier on all four, generation 3 at 2, the surplus shut down.
   for (int i = 0; i < 4; ++i) {
@@ -787,14 +807,14 @@ TEST_F(WorkerControlTest, RescaleTwoFourTwoKeepsEveryStepAndTheLossesOfAnUnresiz
   }
   std::map<int64_t, int> seen;
   std::set<int64_t> generations;
-  for (const pb::StepEvent& e : steps.events()) {
-    ++seen[e.step()];
-    generations.insert(e.generation());
-    ASSERT_TRUE(reference.count(e.step()));
-    const double want = reference.at(e.step());
-    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5)
-        << "step " << e.step() << " at world size " << e.world_size();
-    EXPECT_EQ(e.world_size(), e.generation() == 2 ? 4 : 2);
+  for (const contract::StepEvent& e : steps.events()) {
+    ++seen[e.step];
+    generations.insert(e.generation);
+    ASSERT_TRUE(reference.count(e.step));
+    const double want = reference.at(e.step);
+    EXPECT_LE(std::abs(e.loss - want) / std::abs(want), 1e-5)
+        << "step " << e.step << " at world size " << e.world_size;
+    EXPECT_EQ(e.world_size, e.generation == 2 ? 4 : 2);
   }
   EXPECT_EQ(seen.size(), static_cast<size_t>(kSteps)) << "a step was lost";
   for (const auto& [step, count] : seen) EXPECT_EQ(count, 1) << "step " << step << " repeated";
@@ -827,27 +847,28 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   ASSERT_TRUE(workers_[3].client->PrepareEngine(2, 3, 2).ok()) << "a repeated ask is harmless";
   for (int i : {0, 1}) ASSERT_TRUE(workers_[i].client->PrepareEngine(2, 4, i).ok());
   for (int i : {0, 1, 2, 3}) {
-    const pb::PreparedEngine p =
-        WaitFor(i, [](auto& s) { return s.prepared_engine().ready(); }).prepared_engine();
-    EXPECT_EQ(p.generation(), 2);
-    EXPECT_EQ(p.world_size(), i == 3 ? 3 : 4);
-    EXPECT_EQ(p.error(), "");
-    EXPECT_EQ(StatusOf(i).phase(), i < 2 ? pb::RUNNING : pb::WAITING);
+    const contract::PreparedEngine p = WaitFor(i, [](auto& s) {
+                                         return Or(s.prepared_engine).ready;
+                                       }).prepared_engine.value_or(contract::PreparedEngine{});
+    EXPECT_EQ(p.generation, 2);
+    EXPECT_EQ(p.world_size, i == 3 ? 3 : 4);
+    EXPECT_EQ(p.error, "");
+    EXPECT_EQ(StatusOf(i).phase, i < 2 ? api::WorkerPhase::kRunning : api::WorkerPhase::kWaiting);
   }
-  EXPECT_EQ(StatusOf(0).generation(), 1);
+  EXPECT_EQ(StatusOf(0).generation, 1);
   // Asked for another plan, a new worker keeps its engine: the Regroup re-cuts it.
   ASSERT_TRUE(workers_[3].client->PrepareEngine(2, 4, 3).ok());
-  EXPECT_EQ(StatusOf(3).prepared_engine().world_size(), 4);
-  EXPECT_TRUE(StatusOf(3).prepared_engine().ready());
+  EXPECT_EQ(Or(StatusOf(3).prepared_engine).world_size, 4);
+  EXPECT_TRUE(Or(StatusOf(3).prepared_engine).ready);
 
   // 2 -> 4: the old ranks hold their parts in memory and report them.
   int64_t held = BarrierAll({0, 1}, /*live=*/true);
-  EXPECT_EQ(StatusOf(1).live_checkpoint().step(), held);
+  EXPECT_EQ(Or(StatusOf(1).live_checkpoint).step, held);
   EXPECT_EQ(StoredSteps(), std::set<std::string>{}) << "a live barrier wrote to the store";
   Rendezvous(2, {0, 1, 2, 3}, {0, 1}, held);
-  WaitFor(3, [](auto& s) { return s.generation() == 2 && s.phase() == pb::RUNNING; });
-  WaitFor(0, [](auto& s) { return s.generation() == 2 && s.phase() == pb::RUNNING; });
-  EXPECT_FALSE(StatusOf(0).has_live_checkpoint()) << "kept after the next generation started";
+  WaitFor(3, [](auto& s) { return s.generation == 2 && s.phase == api::WorkerPhase::kRunning; });
+  WaitFor(0, [](auto& s) { return s.generation == 2 && s.phase == api::WorkerPhase::kRunning; });
+  EXPECT_FALSE(StatusOf(0).live_checkpoint.has_value()) << "kept after the next generation started";
   steps.WaitForStep(held + 3);
 
   // 4 -> 2: the staying ranks read ahead what their shards at 2 add; the surplus ranks serve
@@ -855,17 +876,17 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   // Worker 1 is first asked for a plan that then changes: it reads again for the new one.
   ASSERT_TRUE(workers_[1].client->PrepareEngine(3, 3, 1).ok());
   WaitFor(1, [](auto& s) {
-    return s.prepared_engine().world_size() == 3 && s.prepared_engine().ready();
+    return Or(s.prepared_engine).world_size == 3 && Or(s.prepared_engine).ready;
   });
   for (int i : {0, 1}) ASSERT_TRUE(workers_[i].client->PrepareEngine(3, 2, i).ok());
   for (int i : {0, 1})
     WaitFor(i, [](auto& s) {
-      return s.prepared_engine().generation() == 3 && s.prepared_engine().world_size() == 2 &&
-             s.prepared_engine().ready();
+      return Or(s.prepared_engine).generation == 3 && Or(s.prepared_engine).world_size == 2 &&
+             Or(s.prepared_engine).ready;
     });
   held = BarrierAll({0, 1, 2, 3}, /*live=*/true);
   Rendezvous(3, {0, 1}, {0, 1, 2, 3}, held);
-  WaitFor(1, [](auto& s) { return s.generation() == 3 && s.phase() == pb::RUNNING; });
+  WaitFor(1, [](auto& s) { return s.generation == 3 && s.phase == api::WorkerPhase::kRunning; });
   for (int i : {2, 3}) ASSERT_TRUE(workers_[i].client->Shutdown("scale down").ok());
   std::map<int, std::string> log_of;
   for (int i : {2, 3}) {
@@ -918,13 +939,13 @@ TEST_F(WorkerControlTest, LiveRescaleTwoFourTwoThreeReadsStateFromPeersAndLeaves
   EXPECT_TRUE(LogLines(log_of[4], "base weights kept").empty());
   std::map<int64_t, int> seen;
   std::map<int64_t, int> world_of_generation;
-  for (const pb::StepEvent& e : steps.events()) {
-    ++seen[e.step()];
-    world_of_generation[e.generation()] = e.world_size();
-    ASSERT_TRUE(reference.count(e.step()));
-    const double want = reference.at(e.step());
-    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5)
-        << "step " << e.step() << " at world size " << e.world_size();
+  for (const contract::StepEvent& e : steps.events()) {
+    ++seen[e.step];
+    world_of_generation[e.generation] = e.world_size;
+    ASSERT_TRUE(reference.count(e.step));
+    const double want = reference.at(e.step);
+    EXPECT_LE(std::abs(e.loss - want) / std::abs(want), 1e-5)
+        << "step " << e.step << " at world size " << e.world_size;
   }
   EXPECT_EQ(seen.size(), static_cast<size_t>(kSteps)) << "a step was lost";
   for (const auto& [step, count] : seen) EXPECT_EQ(count, 1) << "step " << step << " repeated";
@@ -957,10 +978,10 @@ TEST_F(WorkerControlTest, OneRankRescaledLiveOntoItselfGoesOnAtItsStepWithTheSam
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("\"resumed from peers\""), std::string::npos) << r.err;
   std::map<int64_t, int> seen;
-  for (const pb::StepEvent& e : steps.events()) {
-    ++seen[e.step()];
-    const double want = reference.at(e.step());
-    EXPECT_LE(std::abs(e.loss() - want) / std::abs(want), 1e-5) << "step " << e.step();
+  for (const contract::StepEvent& e : steps.events()) {
+    ++seen[e.step];
+    const double want = reference.at(e.step);
+    EXPECT_LE(std::abs(e.loss - want) / std::abs(want), 1e-5) << "step " << e.step;
   }
   EXPECT_EQ(seen.size(), static_cast<size_t>(kSteps));
   for (const auto& [step, count] : seen) EXPECT_EQ(count, 1) << "step " << step << " repeated";
@@ -979,16 +1000,16 @@ TEST_F(WorkerControlTest, ASupersededGenerationStopsAtOnceAndNeverCommitsBesideI
   fs::remove_all(dir_ + "/ckpt");
   StartWorker(0, {"--drain-seconds", "600"});
   Rendezvous(1, {0});
-  WaitFor(0, [](auto& s) { return s.step() >= 4; });
+  WaitFor(0, [](auto& s) { return s.step >= 4; });
   StartWorker(1);
   Rendezvous(2, {1});  // the replacement, started while generation 1 still trains
-  pb::WorkerStatus superseded = WaitFor(
-      0, [](auto& s) { return s.phase() == pb::FAILED; }, 60s);
-  EXPECT_EQ(superseded.generation(), 1);
-  EXPECT_NE(superseded.last_error().find("superseded: generation 2 of this job has started (the "
-                                         "checkpoint fence); this one stops at step"),
+  contract::WorkerStatus superseded = WaitFor(
+      0, [](auto& s) { return s.phase == api::WorkerPhase::kFailed; }, 60s);
+  EXPECT_EQ(superseded.generation, 1);
+  EXPECT_NE(superseded.last_error.find("superseded: generation 2 of this job has started (the "
+                                       "checkpoint fence); this one stops at step"),
             std::string::npos)
-      << superseded.last_error();
+      << superseded.last_error;
   kill(workers_[0].process->pid(), SIGTERM);
   auto r = workers_[0].process->Wait(120s);  // the drain notice asked it to wait 600 s
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -999,7 +1020,7 @@ TEST_F(WorkerControlTest, ASupersededGenerationStopsAtOnceAndNeverCommitsBesideI
                   .empty());
   EXPECT_TRUE(LogLines(r.err, "checkpoint committed").empty()) << "generation 1 committed";
 
-  WaitFor(1, [&](auto& s) { return s.generation() == 2 && s.step() >= 4; });
+  WaitFor(1, [&](auto& s) { return s.generation == 2 && s.step >= 4; });
   ASSERT_TRUE(workers_[1].client->Shutdown("test done").ok());  // its final checkpoint
   EXPECT_EQ(workers_[1].process->Wait(120s).exit_code, 0);
   std::ifstream fence(dir_ + "/ckpt/fence");
@@ -1023,8 +1044,8 @@ TEST_F(WorkerControlTest, AResumePastACorruptCheckpointSaysWhatItSkippedAndPoint
   fs::remove_all(dir_ + "/ckpt");
   StartWorker(0);
   Rendezvous(1, {0});
-  const pb::WorkerStatus before =
-      WaitFor(0, [](auto& s) { return s.last_checkpoint().step() >= 6; });
+  const contract::WorkerStatus before =
+      WaitFor(0, [](auto& s) { return Or(s.last_checkpoint).step >= 6; });
   kill(workers_[0].process->pid(), SIGKILL);
   workers_[0].process->Wait(30s);
   std::ifstream latest_in(dir_ + "/ckpt/latest");
@@ -1047,15 +1068,16 @@ TEST_F(WorkerControlTest, AResumePastACorruptCheckpointSaysWhatItSkippedAndPoint
   }
   StartWorker(1);
   Rendezvous(2, {1});
-  const pb::WorkerStatus after =
-      WaitFor(1, [](auto& s) { return s.phase() == pb::RUNNING && s.has_resumed_from(); });
-  ASSERT_EQ(after.skipped_checkpoints_size(), 1) << after.ShortDebugString();
-  EXPECT_EQ(after.skipped_checkpoints(0).rfind(newest + ": ", 0), 0u)
-      << after.skipped_checkpoints(0);
-  EXPECT_LT(after.resumed_from().step(), std::stoll(newest.substr(5)));
-  EXPECT_GE(after.resumed_from().step(), before.last_checkpoint().step() - 2);
-  EXPECT_EQ(after.resumed_from().uri().find(newest), std::string::npos);
-  EXPECT_EQ(after.last_checkpoint().step(), after.resumed_from().step())
+  const contract::WorkerStatus after = WaitFor(1, [](auto& s) {
+    return s.phase == api::WorkerPhase::kRunning && s.resumed_from.has_value();
+  });
+  ASSERT_EQ(after.skipped_checkpoints.size(), 1u) << Describe(after);
+  EXPECT_EQ(after.skipped_checkpoints[0].rfind(newest + ": ", 0), 0u)
+      << after.skipped_checkpoints[0];
+  EXPECT_LT(Or(after.resumed_from).step, std::stoll(newest.substr(5)));
+  EXPECT_GE(Or(after.resumed_from).step, Or(before.last_checkpoint).step - 2);
+  EXPECT_EQ(Or(after.resumed_from).uri.find(newest), std::string::npos);
+  EXPECT_EQ(Or(after.last_checkpoint).step, Or(after.resumed_from).step)
       << "the last checkpoint named is what the job holds";
   std::ifstream latest_again(dir_ + "/ckpt/latest");
   std::string now_latest;
@@ -1083,15 +1105,16 @@ TEST_F(WorkerControlTest,
 
   StartWorker(1, {}, "", {"TIDAL_JOB_UID=uid-second"});
   Rendezvous(1, {1});
-  pb::WorkerStatus refused = WaitFor(1, [](auto& s) { return s.phase() == pb::FAILED; });
-  EXPECT_NE(refused.last_error().find("holds the checkpoints of job"), std::string::npos)
-      << refused.last_error();
-  EXPECT_NE(refused.last_error().find("(uid uid-first), not of this job (uid uid-second)"),
+  contract::WorkerStatus refused =
+      WaitFor(1, [](auto& s) { return s.phase == api::WorkerPhase::kFailed; });
+  EXPECT_NE(refused.last_error.find("holds the checkpoints of job"), std::string::npos)
+      << refused.last_error;
+  EXPECT_NE(refused.last_error.find("(uid uid-first), not of this job (uid uid-second)"),
             std::string::npos)
-      << refused.last_error();
-  EXPECT_NE(refused.last_error().find("spec.checkpoint.resumeFrom"), std::string::npos);
-  EXPECT_TRUE(refused.last_error_permanent()) << "a restart cannot fix it: the spec must change";
-  EXPECT_EQ(refused.step(), 0) << "it resumed the other job's step";
+      << refused.last_error;
+  EXPECT_NE(refused.last_error.find("spec.checkpoint.resumeFrom"), std::string::npos);
+  EXPECT_TRUE(refused.last_error_permanent) << "a restart cannot fix it: the spec must change";
+  EXPECT_EQ(refused.step, 0) << "it resumed the other job's step";
   ASSERT_TRUE(workers_[1].client->Shutdown("test done").ok());
   workers_[1].process->Wait(60s);
 
@@ -1106,8 +1129,8 @@ TEST_F(WorkerControlTest,
   ASSERT_EQ(started.size(), 1u) << second.err;
   EXPECT_EQ(started[0]["step"], 4);
   ASSERT_FALSE(steps.events().empty());
-  EXPECT_EQ(steps.events().front().step(), 5) << "the first step trained is the one after 4";
-  EXPECT_EQ(steps.events().back().step(), 8);
+  EXPECT_EQ(steps.events().front().step, 5) << "the first step trained is the one after 4";
+  EXPECT_EQ(steps.events().back().step, 8);
   EXPECT_EQ(StoredSteps(), kept) << "the other job's store was written";
   EXPECT_TRUE(fs::exists(dir_ + "/ckpt-second/step-00000008/manifest.json"));
   std::ifstream owner(dir_ + "/ckpt/owner");
@@ -1164,17 +1187,19 @@ TEST_F(WorkerControlTest, AReadAheadOverItsHostMemoryBudgetIsRefusedNamingItAndT
   steps.WaitForStep(3);
   // 2 -> 1: rank 0's whole base is twice its half, far over 4 KiB.
   ASSERT_TRUE(workers_[0].client->PrepareEngine(2, 1, 0).ok());
-  const pb::PreparedEngine p =
-      WaitFor(0, [](auto& s) { return !s.prepared_engine().error().empty(); }).prepared_engine();
-  EXPECT_FALSE(p.ready());
-  EXPECT_NE(p.error().find("host memory: reading ahead takes"), std::string::npos) << p.error();
-  EXPECT_NE(p.error().find("may take 4096, the cap TIDAL_READ_AHEAD_MAX_BYTES sets"),
+  const contract::PreparedEngine p = WaitFor(0, [](auto& s) {
+                                       return !Or(s.prepared_engine).error.empty();
+                                     }).prepared_engine.value_or(contract::PreparedEngine{});
+  EXPECT_FALSE(p.ready);
+  EXPECT_NE(p.error.find("host memory: reading ahead takes"), std::string::npos) << p.error;
+  EXPECT_NE(p.error.find("may take 4096, the cap TIDAL_READ_AHEAD_MAX_BYTES sets"),
             std::string::npos)
-      << p.error();
-  EXPECT_EQ(StatusOf(0).phase(), pb::RUNNING) << "a refused read ahead stopped training";
+      << p.error;
+  EXPECT_EQ(StatusOf(0).phase, api::WorkerPhase::kRunning)
+      << "a refused read ahead stopped training";
   const int64_t held = BarrierAll({0, 1}, /*live=*/true);
   Rendezvous(2, {0}, {0, 1}, held);
-  WaitFor(0, [](auto& s) { return s.generation() == 2 && s.phase() == pb::RUNNING; });
+  WaitFor(0, [](auto& s) { return s.generation == 2 && s.phase == api::WorkerPhase::kRunning; });
   ASSERT_TRUE(workers_[1].client->Shutdown("scale down").ok());
   EXPECT_EQ(workers_[1].process->Wait(60s).exit_code, 0);
   auto r = workers_[0].process->Wait(300s);
@@ -1199,9 +1224,9 @@ TEST_F(WorkerControlTest, ALiveRescaleWhosePeerIsGoneResumesFromTheStoresNewest)
   Rendezvous(1, {0, 1});
   StepRecorder steps(*workers_[0].client);
   // Well between two store checkpoints (8 and 16).
-  WaitFor(0, [](auto& s) { return s.last_checkpoint().step() >= 8 && s.step() >= 10; });
+  WaitFor(0, [](auto& s) { return Or(s.last_checkpoint).step >= 8 && s.step >= 10; });
   const int64_t held = BarrierAll({0, 1}, /*live=*/true);
-  const int64_t stored = StatusOf(0).last_checkpoint().step();
+  const int64_t stored = Or(StatusOf(0).last_checkpoint).step;
   ASSERT_LT(stored, held) << "the test needs the live checkpoint to be newer than the store's";
   kill(workers_[1].process->pid(), SIGKILL);
   workers_[1].process->Wait(30s);
@@ -1222,7 +1247,7 @@ TEST_F(WorkerControlTest, RanksHeldAtALiveCheckpointWriteAStoreCheckpointOfTheSa
   StartWorker(0);
   StartWorker(1);
   Rendezvous(1, {0, 1});
-  WaitFor(0, [](auto& s) { return s.step() >= 3; });
+  WaitFor(0, [](auto& s) { return s.step >= 3; });
   const int64_t held = BarrierAll({0, 1}, /*live=*/true);
   EXPECT_EQ(StoredSteps(), std::set<std::string>{});
   EXPECT_EQ(BarrierAll({0, 1}, /*live=*/false), held);
@@ -1230,10 +1255,10 @@ TEST_F(WorkerControlTest, RanksHeldAtALiveCheckpointWriteAStoreCheckpointOfTheSa
   std::snprintf(dir, sizeof(dir), "step-%08lld", static_cast<long long>(held));
   EXPECT_TRUE(fs::exists(dir_ + "/ckpt/" + dir + "/manifest.json"));
   for (int i : {0, 1}) {
-    pb::WorkerStatus s = StatusOf(i);
-    EXPECT_EQ(s.phase(), pb::PAUSED);
-    EXPECT_EQ(s.step(), held);
-    EXPECT_EQ(s.last_checkpoint().step(), held);
+    contract::WorkerStatus s = StatusOf(i);
+    EXPECT_EQ(s.phase, api::WorkerPhase::kPaused);
+    EXPECT_EQ(s.step, held);
+    EXPECT_EQ(Or(s.last_checkpoint).step, held);
   }
   for (int i : {0, 1}) ASSERT_TRUE(workers_[i].client->Resume().ok());
   for (int i : {0, 1}) {
@@ -1255,22 +1280,23 @@ TEST_F(WorkerControlTest,
   StartWorker(0);
   StartWorker(1);
   Rendezvous(1, {0, 1});
-  pb::WorkerStatus before = WaitFor(0, [](auto& s) { return s.last_checkpoint().step() >= 6; });
+  contract::WorkerStatus before =
+      WaitFor(0, [](auto& s) { return Or(s.last_checkpoint).step >= 6; });
   kill(workers_[1].process->pid(), SIGKILL);
-  pb::WorkerStatus failed = WaitFor(
-      0, [](auto& s) { return s.phase() == pb::FAILED; }, 90s);
-  EXPECT_FALSE(failed.last_error().empty());
-  EXPECT_FALSE(failed.last_error_permanent()) << "a lost peer is worth a restart";
-  const int64_t newest = failed.last_checkpoint().step();
-  EXPECT_GE(newest, before.last_checkpoint().step());
+  contract::WorkerStatus failed = WaitFor(
+      0, [](auto& s) { return s.phase == api::WorkerPhase::kFailed; }, 90s);
+  EXPECT_FALSE(failed.last_error.empty());
+  EXPECT_FALSE(failed.last_error_permanent) << "a lost peer is worth a restart";
+  const int64_t newest = Or(failed.last_checkpoint).step;
+  EXPECT_GE(newest, Or(before.last_checkpoint).step);
 
   // A generation whose group cannot form (its other rank is the dead one) fails on the kept
   // engine as a fresh join's would, and leaves the engine whole for the next one.
   const std::string store = workers_[0].ip + ":" + std::to_string(FreePort(workers_[0].ip));
   ASSERT_TRUE(workers_[0].client->Rendezvous(2, 2, 0, store, {}, 0, {}, 1).ok());
-  pb::WorkerStatus unformed = WaitFor(
-      0, [](auto& s) { return s.generation() == 2 && s.phase() == pb::FAILED; }, 120s);
-  EXPECT_FALSE(unformed.last_error_permanent()) << unformed.last_error();
+  contract::WorkerStatus unformed = WaitFor(
+      0, [](auto& s) { return s.generation == 2 && s.phase == api::WorkerPhase::kFailed; }, 120s);
+  EXPECT_FALSE(unformed.last_error_permanent) << unformed.last_error;
 
   StepRecorder steps(*workers_[0].client);
   StartWorker(2);
@@ -1302,8 +1328,8 @@ TEST_F(WorkerControlTest, AKilledRankIsRebuiltFromItsBuddysCopyLosingAtMostOneSt
   StepRecorder steps(*workers_[1].client);  // every rank sees the global loss
   // Rank 1 keeps rank 0's part; wait until it holds a copy of a step past the first few.
   WaitFor(1, [](auto& s) {
-    for (const auto& h : s.held_parts())
-      if (h.rank() == 0 && h.step() >= 5) return true;
+    for (const auto& h : s.held_parts)
+      if (h.rank == 0 && h.step >= 5) return true;
     return false;
   });
   kill(workers_[0].process->pid(), SIGKILL);
@@ -1311,25 +1337,25 @@ TEST_F(WorkerControlTest, AKilledRankIsRebuiltFromItsBuddysCopyLosingAtMostOneSt
   std::map<int64_t, std::set<int>> parts;  // step → ranks whose part a survivor holds
   std::map<std::pair<int64_t, int>, int> holder;
   for (int i : {1, 2}) {
-    pb::WorkerStatus s = WaitFor(
-        i, [](auto& s) { return s.phase() == pb::FAILED; }, 90s);
-    for (const auto& h : s.held_parts()) {
-      EXPECT_EQ(h.generation(), 1);
-      EXPECT_EQ(h.world_size(), 3);
-      parts[h.step()].insert(h.rank());
-      holder[{h.step(), h.rank()}] = i;
+    contract::WorkerStatus s = WaitFor(
+        i, [](auto& s) { return s.phase == api::WorkerPhase::kFailed; }, 90s);
+    for (const auto& h : s.held_parts) {
+      EXPECT_EQ(h.generation, 1);
+      EXPECT_EQ(h.world_size, 3);
+      parts[h.step].insert(h.rank);
+      holder[{h.step, h.rank}] = i;
     }
     // Its own part and its ward's, at the two newest copy steps at most.
     std::set<int> ranks;
-    for (const auto& h : s.held_parts()) ranks.insert(h.rank());
-    EXPECT_EQ(ranks, (std::set<int>{i, i - 1})) << s.ShortDebugString();
-    EXPECT_LE(s.held_parts_size(), 4) << s.ShortDebugString();
+    for (const auto& h : s.held_parts) ranks.insert(h.rank);
+    EXPECT_EQ(ranks, (std::set<int>{i, i - 1})) << Describe(s);
+    EXPECT_LE(s.held_parts.size(), 4u) << Describe(s);
   }
   int64_t held = 0;
   for (const auto& [step, ranks] : parts)
     if (ranks.size() == 3) held = step;
   int64_t trained = 0;
-  for (const auto& e : steps.events()) trained = std::max<int64_t>(trained, e.step());
+  for (const auto& e : steps.events()) trained = std::max<int64_t>(trained, e.step);
   ASSERT_GT(held, 0) << "no step with every part held";
   EXPECT_LE(trained - held, 1) << "more than one step to train again";
 
@@ -1337,10 +1363,11 @@ TEST_F(WorkerControlTest, AKilledRankIsRebuiltFromItsBuddysCopyLosingAtMostOneSt
   const std::vector<int> peers = {holder[{held, 0}], holder[{held, 1}], holder[{held, 2}]};
   EXPECT_EQ(peers[0], 1) << "rank 0's part comes from its buddy";
   Rendezvous(2, {1, 2, 3}, peers, held, /*buddies=*/true);
-  const pb::WorkerStatus resumed = WaitFor(
-      1, [](auto& s) { return s.generation() == 2 && s.phase() != pb::JOINING; }, 120s);
-  if (resumed.phase() == pb::FAILED) {  // fail now, and end the step stream with the workers
-    ADD_FAILURE() << "generation 2 failed: " << resumed.last_error();
+  const contract::WorkerStatus resumed = WaitFor(
+      1, [](auto& s) { return s.generation == 2 && s.phase != api::WorkerPhase::kJoining; }, 120s);
+  if (resumed.phase ==
+      api::WorkerPhase::kFailed) {  // fail now, and end the step stream with the workers
+    ADD_FAILURE() << "generation 2 failed: " << resumed.last_error;
     for (Worker& w : workers_)
       if (w.process && w.process->pid() > 0) kill(w.process->pid(), SIGKILL);
     return;
@@ -1364,20 +1391,20 @@ TEST_F(WorkerControlTest, MetricsReportStepsLossAndCheckpointsAndPassPromtool) {
   const int metrics_port = FreePort(ip);
   StartWorker(0, {"--metrics-listen", ip + ":" + std::to_string(metrics_port)});
   Rendezvous(1, {0});
-  WaitFor(0, [](auto& s) { return s.step() >= 3; });
+  WaitFor(0, [](auto& s) { return s.step >= 3; });
   auto checkpoint = workers_[0].client->Checkpoint(/*pause=*/true, 60s);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status().ToString();
-  const pb::WorkerStatus status = StatusOf(0);  // paused: nothing moves while we scrape
-  ASSERT_EQ(status.phase(), pb::PAUSED);
+  const contract::WorkerStatus status = StatusOf(0);  // paused: nothing moves while we scrape
+  ASSERT_EQ(status.phase, api::WorkerPhase::kPaused);
 
   auto text = ScrapeMetrics(ip, metrics_port);
   ASSERT_TRUE(text.ok()) << text.status().ToString();
   EXPECT_EQ(PromtoolCheckMetrics(*text), "") << *text;
   const std::string job = R"(trainingjob="wc")";
-  EXPECT_EQ(MetricValue(*text, "tidal_worker_step", job), status.step());
-  EXPECT_EQ(MetricValue(*text, "tidal_worker_steps_total", job), status.step());
-  EXPECT_EQ(MetricValue(*text, "tidal_worker_step_duration_seconds_count", job), status.step());
-  EXPECT_NEAR(MetricValue(*text, "tidal_worker_loss", job).value_or(-1), status.loss(), 1e-6);
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_step", job), status.step);
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_steps_total", job), status.step);
+  EXPECT_EQ(MetricValue(*text, "tidal_worker_step_duration_seconds_count", job), status.step);
+  EXPECT_NEAR(MetricValue(*text, "tidal_worker_loss", job).value_or(-1), status.loss, 1e-6);
   EXPECT_GT(MetricValue(*text, "tidal_worker_tokens_per_second", job).value_or(0), 0);
   EXPECT_GT(MetricValue(*text, "tidal_worker_learning_rate", job).value_or(0), 0);
   EXPECT_EQ(MetricValue(*text, "tidal_worker_generation", job), 1);

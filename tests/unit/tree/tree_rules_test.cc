@@ -28,32 +28,53 @@ TEST(ArchitectureTest, IncludesCrossNoWallTheWrongWay) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 
-// The check is only worth something if it fails: a copy of the product's sources with one
-// include the wrong way (the engine reaching into the operator's controller).
-TEST(ArchitectureTest, AWrongWayIncludeIsReportedWithItsFileAndLine) {
-  ScratchDir tmp;
-  const fs::path root = tmp.path();
-  for (const char* top :
-       {"api", "common", "contract", "kube", "local", "operator", "proto", "worker"}) {
+// A copy of the product's sources in `root` with `include` appended to `file`; returns the
+// number of the line it went to.
+int PlantInclude(const fs::path& root, const std::string& file, const std::string& include) {
+  for (const char* top : {"api", "common", "contract", "kube", "local", "operator", "worker"}) {
     const fs::path from = fs::path(TIDAL_SOURCE_DIR) / top;
-    if (fs::exists(from)) fs::copy(from, root / top, fs::copy_options::recursive);
+    if (fs::exists(from) && !fs::exists(root / top))
+      fs::copy(from, root / top, fs::copy_options::recursive);
   }
-  const fs::path planted = root / "worker/engine/lr_schedule.h";
-  ASSERT_TRUE(fs::exists(planted));
+  const fs::path planted = root / file;
+  EXPECT_TRUE(fs::exists(planted)) << planted;
   int lines = 0;
   {
     std::ifstream in(planted);
     for (std::string line; std::getline(in, line);) ++lines;
   }
-  std::ofstream(planted, std::ios::app) << "#include \"operator/controller/controller.h\"\n";
-  ASSERT_EQ(CheckLayers(tmp.path()).exit_code, 1);
+  std::ofstream(planted, std::ios::app) << "#include \"" << include << "\"\n";
+  return lines + 1;
+}
+
+// The check is only worth something if it fails: a copy of the product's sources with one
+// include the wrong way (the engine reaching into the operator's controller).
+TEST(ArchitectureTest, AWrongWayIncludeIsReportedWithItsFileAndLine) {
+  ScratchDir tmp;
+  const int line =
+      PlantInclude(tmp.path(), "worker/engine/lr_schedule.h", "operator/controller/controller.h");
   const ProcessResult r = CheckLayers(tmp.path());
-  EXPECT_NE(r.out.find("worker/engine/lr_schedule.h:" + std::to_string(lines + 1) +
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("worker/engine/lr_schedule.h:" + std::to_string(line) +
                        ": #include \"operator/controller/controller.h\" crosses a wall the "
                        "wrong way (worker/engine/ may include"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("1 new"), std::string::npos) << r.out;
+}
+
+// The operator may use the contract's plain types and client, never its protobuf edge.
+TEST(ArchitectureTest, TheOperatorIncludingTheProtobufEdgeOfTheContractIsReported) {
+  ScratchDir tmp;
+  const int line =
+      PlantInclude(tmp.path(), "operator/controller/status_feed.cc", "contract/wire.h");
+  const ProcessResult r = CheckLayers(tmp.path());
+  ASSERT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_NE(r.out.find("operator/controller/status_feed.cc:" + std::to_string(line) +
+                       ": #include \"contract/wire.h\" crosses a wall the wrong way "
+                       "(contract/wire.h is for contract, worker/control/ only)"),
+            std::string::npos)
+      << r.out;
 }
 
 TEST(TestScheduling, EveryMeasuredTestIsATestOfThisBuild) {

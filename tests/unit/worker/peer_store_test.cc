@@ -11,7 +11,7 @@ PeerStore Store(size_t peers) {
   std::vector<std::string> addresses;
   for (size_t i = 0; i < peers; ++i)
     addresses.push_back("127.0.0." + std::to_string(20 + i) + ":1");
-  ClientOptions client;
+  contract::ClientOptions client;
   client.token = "t";
   client.timeout = std::chrono::seconds(2);
   return PeerStore(addresses, client);

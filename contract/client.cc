@@ -1,14 +1,16 @@
-// worker/control/client.cc
-#include "worker/control/client.h"
+// contract/client.cc
+#include "contract/client.h"
 
 #include <grpcpp/grpcpp.h>
 
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 
+#include "contract/wire.h"
 #include "tidal/worker/v1/worker.grpc.pb.h"
 
-namespace tidal::worker {
+namespace tidal::contract {
 namespace {
 
 namespace pb = ::tidal::worker::v1;
@@ -143,13 +145,13 @@ WorkerClient::WorkerClient(ClientOptions options) : impl_(std::make_unique<Impl>
 
 WorkerClient::~WorkerClient() = default;
 
-StatusOr<pb::WorkerStatus> WorkerClient::GetStatus() {
+StatusOr<WorkerStatus> WorkerClient::GetStatus() {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, impl_->options.timeout);
   pb::WorkerStatus out;
   grpc::Status s = impl_->Stub()->GetStatus(&ctx, pb::GetStatusRequest(), &out);
   if (!s.ok()) return FromGrpcStatus(s);
-  return out;
+  return FromWire(out);
 }
 
 Status WorkerClient::PrepareEngine(int64_t generation, int world_size, int rank) {
@@ -184,8 +186,8 @@ Status WorkerClient::Rendezvous(int64_t generation, int world_size, int rank,
   return FromGrpcStatus(impl_->Stub()->Rendezvous(&ctx, req, &out));
 }
 
-StatusOr<pb::CheckpointInfo> WorkerClient::Checkpoint(bool pause, std::chrono::milliseconds timeout,
-                                                      uint64_t barrier_id, bool live) {
+StatusOr<CheckpointInfo> WorkerClient::Checkpoint(bool pause, std::chrono::milliseconds timeout,
+                                                  uint64_t barrier_id, bool live) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, timeout);
   pb::CheckpointRequest req;
@@ -195,7 +197,7 @@ StatusOr<pb::CheckpointInfo> WorkerClient::Checkpoint(bool pause, std::chrono::m
   pb::CheckpointResponse out;
   grpc::Status s = impl_->Stub()->Checkpoint(&ctx, req, &out);
   if (!s.ok()) return FromGrpcStatus(s);
-  return out.checkpoint();
+  return FromWire(out.checkpoint());
 }
 
 StatusOr<int64_t> WorkerClient::Pause(std::chrono::milliseconds timeout, uint64_t barrier_id) {
@@ -251,7 +253,7 @@ StatusOr<uint64_t> WorkerClient::ReadState(const std::string& key, uint64_t offs
 }
 
 Status WorkerClient::WatchSteps(int64_t after_step, std::chrono::milliseconds timeout,
-                                const std::function<bool(const pb::StepEvent&)>& on_event) {
+                                const std::function<bool(const StepEvent&)>& on_event) {
   grpc::ClientContext ctx;
   impl_->Prepare(ctx, timeout);
   pb::WatchStepsRequest req;
@@ -259,7 +261,7 @@ Status WorkerClient::WatchSteps(int64_t after_step, std::chrono::milliseconds ti
   auto reader = impl_->Stub()->WatchSteps(&ctx, req);
   pb::StepEvent event;
   while (reader->Read(&event)) {
-    if (!on_event(event)) {
+    if (!on_event(FromWire(event))) {
       ctx.TryCancel();
       break;
     }
@@ -278,19 +280,29 @@ struct StatusReactor : grpc::ClientReadReactor<pb::WorkerStatus> {
   pb::WatchStatusRequest request;
   pb::WorkerStatus message;
   std::shared_ptr<pb::WorkerControl::Stub> stub;  // kept while the call runs
-  std::function<void(const pb::WorkerStatus&)> on_status;
+  std::function<void(const WorkerStatus&)> on_status;
   std::function<void(const Status&)> on_end;
   mutable std::mutex mu;
   std::condition_variable cv;
   bool done = false;
 
+  // Set by the reader: why the stream ended though the worker did not end it (a status this
+  // build cannot read); only the reactor's own callbacks touch it, one at a time.
+  std::optional<Status> refused;
+
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ends: OnDone follows
-    on_status(message);
+    StatusOr<WorkerStatus> status = FromWire(message);
+    if (!status.ok()) {  // a newer worker's phase: nothing may be decided on it, nor followed
+      refused = status.status();
+      ctx.TryCancel();
+      return;
+    }
+    on_status(*status);
     StartRead(&message);
   }
   void OnDone(const grpc::Status& s) override {
-    on_end(FromGrpcStatus(s));
+    on_end(refused ? *refused : FromGrpcStatus(s));
     std::lock_guard<std::mutex> lock(mu);
     done = true;
     cv.notify_all();
@@ -321,8 +333,7 @@ class GrpcStatusStream : public StatusStream {
 
 std::unique_ptr<StatusStream> WorkerClient::WatchStatus(
     std::chrono::milliseconds min_interval, std::chrono::milliseconds heartbeat,
-    std::function<void(const pb::WorkerStatus&)> on_status,
-    std::function<void(const Status&)> on_end) {
+    std::function<void(const WorkerStatus&)> on_status, std::function<void(const Status&)> on_end) {
   auto* r = new StatusReactor();
   if (!impl_->options.token.empty())
     r->ctx.AddMetadata("authorization", "Bearer " + impl_->options.token);
@@ -337,4 +348,4 @@ std::unique_ptr<StatusStream> WorkerClient::WatchStatus(
   return std::make_unique<GrpcStatusStream>(r);
 }
 
-}  // namespace tidal::worker
+}  // namespace tidal::contract

@@ -1,8 +1,9 @@
-// worker/control/worker_api.h — what the operator asks of one worker (worker.proto's
-// WorkerControl service), as an interface. WorkerClient (client.h) is the gRPC one; the
-// controller gets its workers through a WorkerConnector, so its loop runs against in-process
-// fakes in tests (tests/integration/controller/controller_loop_test.cc) as against real
-// workers. No gRPC here: the messages are the protocol's, the transport is the client's.
+// contract/worker_api.h — what the operator asks of one worker (worker.proto's WorkerControl
+// service), as an interface over plain types (worker_status.h). WorkerClient (client.h) is the
+// gRPC one; the controller gets its workers through a WorkerConnector, so its loop runs against
+// in-process fakes in tests (tests/integration/controller/controller_loop_test.cc) as against
+// real workers. No gRPC and no protobuf here: the messages are the protocol's, the transport is
+// the client's.
 #pragma once
 
 #include <chrono>
@@ -13,13 +14,9 @@
 #include <vector>
 
 #include "common/status.h"
+#include "contract/worker_status.h"
 
-namespace tidal::worker::v1 {
-class WorkerStatus;
-class CheckpointInfo;
-}  // namespace tidal::worker::v1
-
-namespace tidal::worker {
+namespace tidal::contract {
 
 struct ClientOptions {
   std::string address;          // HOST:PORT
@@ -46,7 +43,7 @@ class WorkerApi {
  public:
   virtual ~WorkerApi() = default;
 
-  virtual StatusOr<v1::WorkerStatus> GetStatus() = 0;
+  virtual StatusOr<WorkerStatus> GetStatus() = 0;
   // The engine built ahead of generation `generation` for this rank and world size.
   virtual Status PrepareEngine(int64_t generation, int world_size, int rank) = 0;
   // `state_peers` and `state_step`: the previous generation's live checkpoint; `members` and
@@ -59,8 +56,8 @@ class WorkerApi {
                             int64_t restarts) = 0;
   // `barrier_id`: the barrier the call belongs to (0: unnamed). `live`: kept in the ranks'
   // memory for the next generation, not written to the store.
-  virtual StatusOr<v1::CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,
-                                                  uint64_t barrier_id, bool live) = 0;
+  virtual StatusOr<CheckpointInfo> Checkpoint(bool pause, std::chrono::milliseconds timeout,
+                                              uint64_t barrier_id, bool live) = 0;
   virtual Status Resume() = 0;
   virtual Status Shutdown(const std::string& reason) = 0;
   // `on_status` gets the worker's status at once, then on every change the operator acts on,
@@ -69,11 +66,11 @@ class WorkerApi {
   // inside this call, and must not block.
   virtual std::unique_ptr<StatusStream> WatchStatus(
       std::chrono::milliseconds min_interval, std::chrono::milliseconds heartbeat,
-      std::function<void(const v1::WorkerStatus&)> on_status,
+      std::function<void(const WorkerStatus&)> on_status,
       std::function<void(const Status&)> on_end) = 0;
 };
 
 // How the controller reaches a worker: the gRPC client unless a test says otherwise.
 using WorkerConnector = std::function<std::shared_ptr<WorkerApi>(const ClientOptions&)>;
 
-}  // namespace tidal::worker
+}  // namespace tidal::contract
