@@ -25,8 +25,11 @@ LAYERS = {
     "contract": ["proto", "api", "common"],
     "kube": ["common"],
     "operator/planner": ["api", "common"],
-    "operator/controller": ["operator/planner", "kube", "contract", "api", "common"],
-    "operator": ["operator/controller", "operator/planner", "kube", "contract", "api", "common"],
+    "operator/reconciler": ["operator/planner", "kube", "api", "common"],
+    "operator/controller": ["operator/reconciler", "operator/planner", "kube", "contract", "api",
+                            "common"],
+    "operator": ["operator/controller", "operator/reconciler", "operator/planner", "kube",
+                 "contract", "api", "common"],
     # The local cluster runs the operator in its process (local/main.cc): above the operator.
     "local": ["operator/controller", "kube", "api", "common"],
     "worker/objstore": ["common"],

@@ -29,9 +29,9 @@
 #include "kube/informer.h"
 #include "kube/pod_cache.h"
 #include "kube/workqueue.h"
-#include "operator/controller/reconcile.h"
 #include "operator/controller/status_feed.h"
 #include "operator/controller/worker_calls.h"
+#include "operator/reconciler/reconcile.h"
 
 namespace tidal::controller {
 

@@ -4,10 +4,10 @@
 #include <future>
 
 #include "common/log.h"
-#include "operator/controller/children.h"
 #include "operator/controller/controller_internal.h"
-#include "operator/controller/event_reason.h"
 #include "operator/controller/metrics.h"
+#include "operator/reconciler/children.h"
+#include "operator/reconciler/event_reason.h"
 
 namespace tidal::controller {
 

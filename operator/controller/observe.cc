@@ -8,9 +8,9 @@
 #include "common/log.h"
 #include "contract/client.h"
 #include "kube/meta_time.h"
-#include "operator/controller/children.h"
 #include "operator/controller/controller_internal.h"
 #include "operator/controller/interval_json.h"
+#include "operator/reconciler/children.h"
 
 namespace tidal::controller {
 

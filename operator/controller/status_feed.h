@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "contract/worker_api.h"
-#include "operator/controller/reconcile.h"
+#include "operator/reconciler/reconcile.h"
 
 namespace tidal::controller {
 

@@ -6,9 +6,9 @@
 #include <future>
 
 #include "common/log.h"
-#include "operator/controller/children.h"
 #include "operator/controller/controller_internal.h"
 #include "operator/controller/metrics.h"
+#include "operator/reconciler/children.h"
 
 namespace tidal::controller {
 

@@ -1,6 +1,6 @@
 // The objects a TrainingJob owns, and that `tidal local`'s kubelet would start its worker pods
 // as tidal-worker with the spec, token and address the worker expects.
-#include "operator/controller/children.h"
+#include "operator/reconciler/children.h"
 
 #include <gtest/gtest.h>
 

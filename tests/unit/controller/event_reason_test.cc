@@ -1,7 +1,7 @@
-// The Events' reasons (operator/controller/event_reason.h): one table in code, the same one in
+// The Events' reasons (operator/reconciler/event_reason.h): one table in code, the same one in
 // docs/controller.md, names as Kubernetes writes its own, and a plan's Events carry the type the
 // table gives their reason.
-#include "operator/controller/event_reason.h"
+#include "operator/reconciler/event_reason.h"
 
 #include <gtest/gtest.h>
 

@@ -3,7 +3,7 @@
 // holds: a reconcile's newer write (a drain's checkpoint) is never overwritten by older figures.
 #include <gtest/gtest.h>
 
-#include "operator/controller/reconcile.h"
+#include "operator/reconciler/reconcile.h"
 
 namespace tidal::controller {
 namespace {

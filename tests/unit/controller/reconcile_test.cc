@@ -2,7 +2,7 @@
 // workers answer GetStatus, train, pause at barriers and join generations as tidal-worker
 // does. The status goes through its JSON form between every reconcile — exactly what a new
 // leader would read — so every scenario also shows the protocol carries on from status alone.
-#include "operator/controller/reconcile.h"
+#include "operator/reconciler/reconcile.h"
 
 #include <gtest/gtest.h>
 

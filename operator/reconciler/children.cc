@@ -1,5 +1,5 @@
-// operator/controller/children.cc
-#include "operator/controller/children.h"
+// operator/reconciler/children.cc
+#include "operator/reconciler/children.h"
 
 #include <openssl/rand.h>
 

@@ -1,6 +1,6 @@
-// operator/controller/anomaly_hold.cc — the loss-anomaly rule (spec.anomaly): its condition and
+// operator/reconciler/anomaly_hold.cc — the loss-anomaly rule (spec.anomaly): its condition and
 // Event, and the checkpointed hold until the step is acknowledged.
-#include "operator/controller/decider.h"
+#include "operator/reconciler/decider.h"
 
 namespace tidal::controller::internal {
 

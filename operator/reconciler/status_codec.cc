@@ -1,9 +1,9 @@
-// operator/controller/status_codec.cc — the status subresource to and from JobStatus: read
+// operator/reconciler/status_codec.cc — the status subresource to and from JobStatus: read
 // strictly (a field of the wrong type is an error naming it), written whole.
 #include <cmath>
 #include <type_traits>
 
-#include "operator/controller/decider.h"
+#include "operator/reconciler/decider.h"
 
 namespace tidal::controller {
 

@@ -1,4 +1,4 @@
-// operator/controller/children.h — the objects a TrainingJob owns, built as the controller
+// operator/reconciler/children.h — the objects a TrainingJob owns, built as the controller
 // wants them: the headless Service of its workers, the Secret holding the job token, the
 // ConfigMap holding the spec the workers read, and one Pod per worker slot. Pure functions of
 // the job (no I/O besides the token's randomness), so a reconcile that crashes half way and

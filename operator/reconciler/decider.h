@@ -1,4 +1,4 @@
-// operator/controller/decider.h — the inside of Decide (reconcile.h), private to
+// operator/reconciler/decider.h — the inside of Decide (reconcile.h), private to
 // operator/controller: one pass over one job as a class whose parts live by concern —
 // decide.cc (the pass, the job's life: deletion, suspend, success; its phase; the status it
 // writes), rescale.cc (make-before-break, the barrier, the rendezvous, pod slots),
@@ -18,10 +18,10 @@
 #include <nlohmann/json.hpp>
 
 #include "kube/meta_time.h"
-#include "operator/controller/children.h"
-#include "operator/controller/event_reason.h"
-#include "operator/controller/reconcile.h"
 #include "operator/planner/planner.h"
+#include "operator/reconciler/children.h"
+#include "operator/reconciler/event_reason.h"
+#include "operator/reconciler/reconcile.h"
 
 namespace tidal::controller::internal {
 

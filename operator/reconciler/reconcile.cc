@@ -1,8 +1,8 @@
-// operator/controller/reconcile.cc — Decide (its parts: decider.h), and the small public
+// operator/reconciler/reconcile.cc — Decide (its parts: decider.h), and the small public
 // helpers of reconcile.h.
-#include "operator/controller/reconcile.h"
+#include "operator/reconciler/reconcile.h"
 
-#include "operator/controller/decider.h"
+#include "operator/reconciler/decider.h"
 
 namespace tidal::controller {
 

@@ -1,6 +1,6 @@
-// operator/controller/recovery.cc — failures: who failed and why, restarts with backoff, a job that
+// operator/reconciler/recovery.cc — failures: who failed and why, restarts with backoff, a job that
 // fails, a stall, the survivors going on from their buddy copies, an abandoned replacement.
-#include "operator/controller/decider.h"
+#include "operator/reconciler/decider.h"
 
 namespace tidal::controller::internal {
 

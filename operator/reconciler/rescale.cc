@@ -1,7 +1,7 @@
-// operator/controller/rescale.cc — the make-before-break change of a generation: new pods (their
+// operator/reconciler/rescale.cc — the make-before-break change of a generation: new pods (their
 // slots), engines prepared ahead, the barrier, the rendezvous; scale-down, moves off leaving pods,
 // strays.
-#include "operator/controller/decider.h"
+#include "operator/reconciler/decider.h"
 
 namespace tidal::controller::internal {
 

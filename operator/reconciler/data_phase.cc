@@ -1,6 +1,6 @@
-// operator/controller/data_phase.cc — the data phase (status.data): the prep pod that tokenizes and
+// operator/reconciler/data_phase.cc — the data phase (status.data): the prep pod that tokenizes and
 // checks the spec before any worker starts, its retries, and the pods of earlier attempts.
-#include "operator/controller/decider.h"
+#include "operator/reconciler/decider.h"
 
 namespace tidal::controller::internal {
 

@@ -1,7 +1,7 @@
-// operator/controller/decide.cc — Decider's pass (Run): deletion, an unusable status, an invalid
+// operator/reconciler/decide.cc — Decider's pass (Run): deletion, an unusable status, an invalid
 // spec, terminal phases, suspend, success, failures, the anomaly hold, then a change under way or
 // the planner's count; the phase through the transition table; the status and conditions last.
-#include "operator/controller/decider.h"
+#include "operator/reconciler/decider.h"
 
 namespace tidal::controller::internal {
 

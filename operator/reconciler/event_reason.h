@@ -1,4 +1,4 @@
-// operator/controller/event_reason.h — the reasons of the Events the operator records on a
+// operator/reconciler/event_reason.h — the reasons of the Events the operator records on a
 // TrainingJob (what `kubectl describe` and `kubectl events` show), each with its type: one
 // table, so that a reason is a name the compiler checks and its type (Normal or Warning) is the
 // same wherever it is emitted. docs/controller.md says when each one comes.

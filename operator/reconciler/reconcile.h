@@ -1,4 +1,4 @@
-// operator/controller/reconcile.h — what the controller does next for one TrainingJob, as a
+// operator/reconciler/reconcile.h — what the controller does next for one TrainingJob, as a
 // pure function of what it observes: the job (spec, status, deletion), the children it owns,
 // its worker pods, what each reachable worker reports over gRPC, the cluster's idle GPUs and
 // the time. No I/O: the controller's shell (controller.h) observes, calls Decide, writes the
