@@ -1,6 +1,6 @@
 // tidal-worker as the operator drives it: real worker processes on their own loopback
 // addresses, the real gRPC control API, a real file:// checkpoint store. The operator's side
-// (worker/control/client) is played by the test.
+// (contract/client) is played by the test.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
