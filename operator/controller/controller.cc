@@ -350,7 +350,7 @@ Status TrainingJobController::Reconcile(const std::string& key, PassOutcome* out
   landing->figures.current_gpus = plan.status.current_gpus;
   landing->figures.step = plan.status.step;
   landing->figures.generation = plan.status.generation;
-  landing->figures.loss_anomaly = ConditionTrue(plan.status, "LossAnomaly");
+  landing->figures.loss_anomaly = ConditionTrue(plan.status, ConditionType::kLossAnomaly);
   landing->restarted = plan.status.restarts > observed.status.restarts;
   if (plan.finished_rescale)
     landing->rescale = {

@@ -44,7 +44,7 @@ bool Decider::HeldForAnomaly() {
   if (found) {
     // With action Alert, a rise that goes on past the step already reported is the same one.
     const bool continuing = rule.action != "Pause" && a.step && found->first_step <= *a.step &&
-                            ConditionTrue(st_, "LossAnomaly");
+                            ConditionTrue(st_, ConditionType::kLossAnomaly);
     a.step = found->last_step;
     a.message = found->message;
     a.time = o_.now;
@@ -55,11 +55,12 @@ bool Decider::HeldForAnomaly() {
       message += "; checkpointed and paused: resume with kubectl patch trainingjob " + o_.name +
                  " --type merge -p '{\"spec\":{\"anomaly\":{\"acknowledgedStep\":" +
                  std::to_string(found->last_step) + "}}}'";
-    SetCondition(st_, "LossAnomaly", true, "LossRising", message, o_.now, o_.metadata_generation);
+    SetCondition(st_, ConditionType::kLossAnomaly, true, "LossRising", message, o_.now,
+                 o_.metadata_generation);
     Emit(EventReason::kLossAnomaly, message);
-  } else if (ConditionIs(st_, "LossAnomaly", "LossRising") && !a.paused && a.step &&
+  } else if (ConditionIs(st_, ConditionType::kLossAnomaly, "LossRising") && !a.paused && a.step &&
              a.checked_step >= *a.step + rule.consecutive_steps) {
-    SetCondition(st_, "LossAnomaly", false, "NoLongerRising",
+    SetCondition(st_, ConditionType::kLossAnomaly, false, "NoLongerRising",
                  "no rise since step " + std::to_string(*a.step), o_.now, o_.metadata_generation);
   }
   if (!a.paused) {
@@ -89,8 +90,9 @@ void Decider::ResumeFromAnomaly(const std::string& why) {
     a.paused = false;
     if (a.step) a.step = std::max(*a.step, a.checked_step);
   }
-  if (ConditionIs(st_, "LossAnomaly", "LossRising"))
-    SetCondition(st_, "LossAnomaly", false, "Acknowledged", why, o_.now, o_.metadata_generation);
+  if (ConditionIs(st_, ConditionType::kLossAnomaly, "LossRising"))
+    SetCondition(st_, ConditionType::kLossAnomaly, false, "Acknowledged", why, o_.now,
+                 o_.metadata_generation);
   std::vector<std::string> paused;
   for (const std::string& m : st_.members)
     if (const WorkerReport* r = Report(m); r && r->phase == W::kPaused) paused.push_back(m);

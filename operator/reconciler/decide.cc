@@ -21,8 +21,8 @@ Plan Decider::Run() {
     return Finish();
   }
   spec_ = &*o_.spec;
-  if (ConditionIs(st_, "Ready", "InvalidSpec"))
-    SetCondition(st_, "Ready", false, "SpecAccepted", "the spec is valid", o_.now,
+  if (ConditionIs(st_, ConditionType::kReady, "InvalidSpec"))
+    SetCondition(st_, ConditionType::kReady, false, "SpecAccepted", "the spec is valid", o_.now,
                  o_.metadata_generation);
   RefuseBadReplicas();
   if (st_.phase == Phase::kFailed) RetryAfterSpecEdit();
@@ -133,8 +133,10 @@ void Decider::Hold(const std::string& why) {
       "agrees with them: fix or remove the field (kubectl patch trainingjob " + o_.name +
       " --subresource=status), or delete its worker pods (kubectl delete pods -l " + kJobLabel +
       "=" + JobLabelValue(o_.name) + ") to restart it from its newest checkpoint";
-  if (!ConditionIs(st_, "Ready", "StatusUnreadable")) Emit(EventReason::kStatusUnreadable, why);
-  SetCondition(st_, "Ready", false, "StatusUnreadable", message, o_.now, o_.metadata_generation);
+  if (!ConditionIs(st_, ConditionType::kReady, "StatusUnreadable"))
+    Emit(EventReason::kStatusUnreadable, why);
+  SetCondition(st_, ConditionType::kReady, false, "StatusUnreadable", message, o_.now,
+               o_.metadata_generation);
   plan_.conditions_only = true;
   plan_.requeue_after = std::chrono::minutes(1);  // an edit of the status or pods comes sooner
 }
@@ -147,8 +149,10 @@ bool Decider::ReadyFor(const std::string& name) const {
 
 void Decider::InvalidSpec() {
   const std::string message = o_.spec.status().message();
-  if (!ConditionIs(st_, "Ready", "InvalidSpec")) Emit(EventReason::kInvalidSpec, message);
-  SetCondition(st_, "Ready", false, "InvalidSpec", message, o_.now, o_.metadata_generation);
+  if (!ConditionIs(st_, ConditionType::kReady, "InvalidSpec"))
+    Emit(EventReason::kInvalidSpec, message);
+  SetCondition(st_, ConditionType::kReady, false, "InvalidSpec", message, o_.now,
+               o_.metadata_generation);
   plan_.requeue_after = std::chrono::minutes(5);  // a spec edit triggers a reconcile anyway
 }
 
@@ -165,17 +169,17 @@ void Decider::ResumeStrayPaused() {
 
 void Decider::RefuseBadReplicas() {
   if (o_.refused_replicas.empty()) {
-    if (ConditionIs(st_, "ScaleOverride", "InvalidReplicas"))
-      SetCondition(st_, "ScaleOverride", true, "Resolved",
+    if (ConditionIs(st_, ConditionType::kScaleOverride, "InvalidReplicas"))
+      SetCondition(st_, ConditionType::kScaleOverride, true, "Resolved",
                    "spec.replicas is valid again, or was removed", o_.now, o_.metadata_generation);
     return;
   }
   const std::string message = o_.refused_replicas +
                               " — the override is ignored and the job runs by its schedule and "
                               "range (kubectl scale to an allowed count, or remove spec.replicas)";
-  if (!ConditionIs(st_, "ScaleOverride", "InvalidReplicas"))
+  if (!ConditionIs(st_, ConditionType::kScaleOverride, "InvalidReplicas"))
     Emit(EventReason::kInvalidReplicas, message);
-  SetCondition(st_, "ScaleOverride", false, "InvalidReplicas", message, o_.now,
+  SetCondition(st_, ConditionType::kScaleOverride, false, "InvalidReplicas", message, o_.now,
                o_.metadata_generation);
 }
 
@@ -324,9 +328,9 @@ void Decider::ReportCorruptResume() {
                               " resumed from step " + std::to_string(*r->resumed_from_step) + " (" +
                               r->resumed_from_uri + ")";
   if (r->skipped_checkpoints.empty()) {
-    if (ConditionIs(st_, "CheckpointsIntact", "CorruptSkipped"))
-      SetCondition(st_, "CheckpointsIntact", true, "Intact", resumed + ", the newest", o_.now,
-                   o_.metadata_generation);
+    if (ConditionIs(st_, ConditionType::kCheckpointsIntact, "CorruptSkipped"))
+      SetCondition(st_, ConditionType::kCheckpointsIntact, true, "Intact", resumed + ", the newest",
+                   o_.now, o_.metadata_generation);
     return;
   }
   std::string skipped;
@@ -339,7 +343,7 @@ void Decider::ReportCorruptResume() {
     known |= c.type == "CheckpointsIntact" && c.reason == "CorruptSkipped" && c.message == message;
   if (known) return;
   Emit(EventReason::kCorruptCheckpoint, message);
-  SetCondition(st_, "CheckpointsIntact", false, "CorruptSkipped", message, o_.now,
+  SetCondition(st_, ConditionType::kCheckpointsIntact, false, "CorruptSkipped", message, o_.now,
                o_.metadata_generation);
 }
 
@@ -376,11 +380,12 @@ void Decider::WriteStatus() {
   const bool scaling = st_.rescale && !st_.rescale->recovery;
   const bool recovering = st_.phase == Phase::kRecovering;
   // An abandoned scale-up keeps its condition (and why) until the next rescale starts.
-  if (scaling || (!ConditionIs(st_, "Scaling", "ScaleUpAbandoned") &&
-                  !ConditionIs(st_, "Scaling", "BarrierTimedOut")))
-    SetCondition(st_, "Scaling", scaling, scaling ? StageName(st_.rescale->stage) : "Stable",
+  if (scaling || (!ConditionIs(st_, ConditionType::kScaling, "ScaleUpAbandoned") &&
+                  !ConditionIs(st_, ConditionType::kScaling, "BarrierTimedOut")))
+    SetCondition(st_, ConditionType::kScaling, scaling,
+                 scaling ? StageName(st_.rescale->stage) : "Stable",
                  scaling ? st_.rescale->reason : "no membership change under way", o_.now, gen);
-  SetCondition(st_, "Recovering", recovering, recovering ? "Restarting" : "Healthy",
+  SetCondition(st_, ConditionType::kRecovering, recovering, recovering ? "Restarting" : "Healthy",
                recovering ? "restart " + std::to_string(st_.restarts) + " of " +
                                 std::to_string(o_.spec->restart_policy.max_restarts) +
                                 " after: " + st_.last_failure
@@ -393,30 +398,30 @@ void Decider::WriteStatus() {
   const DataStatus* data = st_.data ? &*st_.data : nullptr;
   if (data) {
     const bool ready = data->phase == "Ready";
-    SetCondition(st_, "DataReady", ready,
+    SetCondition(st_, ConditionType::kDataReady, ready,
                  ready                      ? "Prepared"
                  : data->phase == "Invalid" ? "InvalidSpec"
                                             : data->phase,
                  data->message, o_.now, gen);
   }
   if (data && st_.phase == Phase::kPending && data->phase == "Invalid") {
-    SetCondition(st_, "Ready", false, "InvalidSpec", data->message, o_.now, gen);
-  } else if (o_.reconcile_failing && ConditionIs(st_, "Ready", "ReconcileError")) {
+    SetCondition(st_, ConditionType::kReady, false, "InvalidSpec", data->message, o_.now, gen);
+  } else if (o_.reconcile_failing && ConditionIs(st_, ConditionType::kReady, "ReconcileError")) {
     // Kept until a pass succeeds: a failing job's Ready flipped between the error and its
     // phase with every retry.
   } else if (data && st_.phase == Phase::kPending && data->phase != "Ready") {
-    SetCondition(st_, "Ready", false, "PreparingData", data->message, o_.now, gen);
+    SetCondition(st_, ConditionType::kReady, false, "PreparingData", data->message, o_.now, gen);
   } else {
-    SetCondition(st_, "Ready", running, running ? "Training" : not_ready,
+    SetCondition(st_, ConditionType::kReady, running, running ? "Training" : not_ready,
                  running ? "generation " + std::to_string(st_.generation) + " at " +
                                std::to_string(st_.current_gpus) + " GPUs"
                          : (st_.phase == Phase::kFailed ? st_.failure : "phase " + phase),
                  o_.now, gen);
   }
   // Stalled (absent until a first stall): over once a later generation trains.
-  if (ConditionTrue(st_, "Stalled") && st_.phase == Phase::kRunning && !st_.rescale &&
+  if (ConditionTrue(st_, ConditionType::kStalled) && st_.phase == Phase::kRunning && !st_.rescale &&
       o_.no_progress_for.count() == 0)
-    SetCondition(st_, "Stalled", false, "Training",
+    SetCondition(st_, ConditionType::kStalled, false, "Training",
                  "generation " + std::to_string(st_.generation) + " trains", o_.now, gen);
   // A job that has never trained is not progressing (issue 47: it said True, "Training", while
   // Pending at generation 0); one being restarted or started again after a failure is.
@@ -430,7 +435,7 @@ void Decider::WriteStatus() {
                                       : progressing                     ? "Starting"
                                       : st_.phase == Phase::kPending    ? "NotStarted"
                                                                         : phase;
-  SetCondition(st_, "Progressing", progressing, progress_reason,
+  SetCondition(st_, ConditionType::kProgressing, progressing, progress_reason,
                progressing ? "generation " + std::to_string(st_.generation) + " (" + phase + ")"
                : st_.phase == Phase::kPending
                    ? "no generation has started yet: " +

@@ -62,9 +62,10 @@ T Value(const json& j, const char* key, T fallback) {
 }
 
 // Sets a metav1.Condition, moving lastTransitionTime only when the status changes.
-inline void SetCondition(JobStatus& st, const std::string& type, bool value,
+inline void SetCondition(JobStatus& st, ConditionType condition, bool value,
                          const std::string& reason, const std::string& message,
                          Clock::time_point now, int64_t observed) {
+  const std::string type = ConditionTypeName(condition);
   const std::string status = value ? "True" : "False";
   for (Condition& c : st.conditions) {
     if (c.type != type) continue;
@@ -78,7 +79,8 @@ inline void SetCondition(JobStatus& st, const std::string& type, bool value,
   st.conditions.push_back({type, status, reason, message, now, observed});
 }
 
-inline bool ConditionIs(const JobStatus& st, const std::string& type, const std::string& reason) {
+inline bool ConditionIs(const JobStatus& st, ConditionType condition, const std::string& reason) {
+  const std::string type = ConditionTypeName(condition);
   for (const Condition& c : st.conditions)
     if (c.type == type) return c.reason == reason;
   return false;

@@ -9,15 +9,39 @@ namespace tidal::controller {
 using internal::W;
 using Stage = RescaleState::Stage;
 
-bool ConditionTrue(const JobStatus& st, const std::string& type) {
+const char* ConditionTypeName(ConditionType type) {
+  switch (type) {
+    case ConditionType::kReady:
+      return "Ready";
+    case ConditionType::kProgressing:
+      return "Progressing";
+    case ConditionType::kScaling:
+      return "Scaling";
+    case ConditionType::kRecovering:
+      return "Recovering";
+    case ConditionType::kStalled:
+      return "Stalled";
+    case ConditionType::kDataReady:
+      return "DataReady";
+    case ConditionType::kLossAnomaly:
+      return "LossAnomaly";
+    case ConditionType::kCheckpointsIntact:
+      return "CheckpointsIntact";
+    case ConditionType::kScaleOverride:
+      return "ScaleOverride";
+  }
+  return "Unknown";
+}
+
+bool ConditionTrue(const JobStatus& st, ConditionType type) {
   for (const Condition& c : st.conditions)
-    if (c.type == type) return c.status == "True";
+    if (c.type == ConditionTypeName(type)) return c.status == "True";
   return false;
 }
 
 void MarkReconcileError(JobStatus& status, const std::string& message, Clock::time_point now,
                         int64_t observed_generation) {
-  internal::SetCondition(status, "Ready", false, "ReconcileError", message, now,
+  internal::SetCondition(status, ConditionType::kReady, false, "ReconcileError", message, now,
                          observed_generation);
 }
 

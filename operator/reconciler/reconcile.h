@@ -111,8 +111,23 @@ struct DataStatus {
 };
 
 // One of status.conditions (metav1.Condition).
+// The condition types the operator writes on a TrainingJob (status.conditions[].type), as
+// `kubectl wait --for=condition=…` names them.
+enum class ConditionType {
+  kReady,
+  kProgressing,
+  kScaling,
+  kRecovering,
+  kStalled,
+  kDataReady,
+  kLossAnomaly,
+  kCheckpointsIntact,
+  kScaleOverride,
+};
+const char* ConditionTypeName(ConditionType type);
+
 struct Condition {
-  std::string type;
+  std::string type;    // ConditionTypeName
   std::string status;  // True | False | Unknown
   std::string reason, message;
   Clock::time_point last_transition_time;
@@ -157,7 +172,7 @@ struct JobStatus {
   int64_t observed_generation = 0;
 };
 // Whether the status has the condition `type` with status "True".
-bool ConditionTrue(const JobStatus& status, const std::string& type);
+bool ConditionTrue(const JobStatus& status, ConditionType type);
 // Ready=False, reason ReconcileError: a reconcile of this job failed inside the operator (the
 // operator goes on with every other job and retries this one with backoff).
 void MarkReconcileError(JobStatus& status, const std::string& message, Clock::time_point now,

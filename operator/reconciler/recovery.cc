@@ -134,7 +134,8 @@ bool Decider::FailuresHandled() {
     causes = {stall};
     failed = members;
     survivors.clear();
-    SetCondition(st_, "Stalled", true, "NoProgress", stall, o_.now, o_.metadata_generation);
+    SetCondition(st_, ConditionType::kStalled, true, "NoProgress", stall, o_.now,
+                 o_.metadata_generation);
     Emit(EventReason::kStalled, stall);
   }
   if (!permanent.empty()) {
@@ -305,7 +306,8 @@ void Decider::AbandonBarrier() {
   if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, why);
   if (!held.empty()) Do(Action::Kind::kResume, held, why);
   Emit(EventReason::kBarrierTimedOut, why);
-  SetCondition(st_, "Scaling", false, "BarrierTimedOut", why, o_.now, o_.metadata_generation);
+  SetCondition(st_, ConditionType::kScaling, false, "BarrierTimedOut", why, o_.now,
+               o_.metadata_generation);
   st_.rescale.reset();
   NoChangeUnderWay(why);
   st_.last_membership_change = o_.now;
@@ -321,7 +323,8 @@ void Decider::Abandon(const std::vector<std::string>& waiting) {
       std::to_string(spec_->elastic.scale_up_timeout_seconds) + " s: not ready: " + Join(waiting);
   if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, why);
   Emit(EventReason::kScaleUpAbandoned, why);
-  SetCondition(st_, "Scaling", false, "ScaleUpAbandoned", why, o_.now, o_.metadata_generation);
+  SetCondition(st_, ConditionType::kScaling, false, "ScaleUpAbandoned", why, o_.now,
+               o_.metadata_generation);
   if (!r.recovery) {
     st_.rescale.reset();
     st_.last_membership_change = o_.now;

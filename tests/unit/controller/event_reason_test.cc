@@ -1,6 +1,6 @@
 // The Events' reasons (operator/reconciler/event_reason.h): one table in code, the same one in
 // docs/controller.md, names as Kubernetes writes its own, and a plan's Events carry the type the
-// table gives their reason.
+// table gives their reason. And the condition types (reconcile.h), named once.
 #include "operator/reconciler/event_reason.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 #include <string>
+
+#include "operator/reconciler/reconcile.h"
 
 namespace tidal::controller {
 namespace {
@@ -50,6 +52,20 @@ TEST(EventReasonTest, TheDocsListEveryReasonWithItsType) {
   }
   for (const auto& [name, type] : documented)
     ADD_FAILURE() << "docs/controller.md lists " << name << ", which the operator never emits";
+}
+
+// The condition types (reconcile.h), as `kubectl wait --for=condition=` names them: each its
+// own UpperCamelCase name, none left to the "Unknown" fallback.
+TEST(ConditionTypeTest, EveryConditionTypeHasItsOwnUpperCamelCaseName) {
+  std::set<std::string> names;
+  const std::regex upper_camel("[A-Z][a-z]+([A-Z][a-z]*)*");
+  for (int t = 0; t <= static_cast<int>(ConditionType::kScaleOverride); ++t) {
+    const std::string name = ConditionTypeName(static_cast<ConditionType>(t));
+    EXPECT_NE(name, "Unknown") << t;
+    EXPECT_TRUE(std::regex_match(name, upper_camel)) << name;
+    EXPECT_TRUE(names.insert(name).second) << name << " twice";
+  }
+  EXPECT_EQ(names.count("Ready"), 1u);
 }
 
 }  // namespace
