@@ -263,7 +263,10 @@ TEST_F(InformerIntegration, ATypedPodCacheFedByTheObserveHookFollowsTheServerBef
            Pod("cached-" + std::to_string(i), {{"tidal.dev/rank", std::to_string(i)}},
                {OwnerRef(job, true)}));
   ASSERT_TRUE(WaitUntil([&] { return cache.ByController(job_uid).size() == 3; }));
-  EXPECT_GE(handled.load(), 3);
+  // Each event reaches the cache (the observe hook) first, then the store, then the handlers:
+  // the store may still be applying the last one when the cache has it.
+  ASSERT_TRUE(WaitUntil([&] { return informer.store().ByController(job_uid).size() == 3; }));
+  ASSERT_TRUE(WaitUntil([&] { return handled.load() >= 3; })) << "the handlers saw no pod";
   EXPECT_EQ(missing.load(), 0) << "a handler ran before the cache had the pod";
   const auto cached = cache.Get("default", "cached-1");
   ASSERT_TRUE(cached);
