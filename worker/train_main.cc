@@ -22,6 +22,7 @@
 #include "common/yaml_json.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/data/provider.h"
+#include "worker/engine/failpoints.h"
 #include "worker/engine/job_fit.h"
 #include "worker/engine/memory_plan.h"
 #include "worker/engine/run.h"
@@ -265,6 +266,10 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, stderr);
     return args.status().message() == "help" ? 0 : 2;
   }
+  // The test hooks (worker/engine/failpoints.h), checked whether or not this run reads them: a
+  // misspelt one would run the job without it.
+  if (auto failpoints = tidal::engine::Failpoints::FromProcess(); !failpoints.ok())
+    return Fail(failpoints.status(), "");
   auto job = LoadJob(*args);
   if (!job.ok()) return Fail(job.status(), "");
   if (args->dry_run) {

@@ -179,6 +179,20 @@ TEST(TrainCliTest, WorldSizeThatDoesNotDivideTheGlobalBatchIsRefused) {
   EXPECT_NE(r.err.find("spec.optimization.globalBatchSize"), std::string::npos) << r.err;
 }
 
+// A misspelt test hook (worker/engine/failpoints.h) would run the job without it, and the test
+// around it would pass on nothing: refused, naming the variable.
+TEST(TrainCliTest, AMisspeltTestHookIsRefusedNamingIt) {
+  TempDir dir;
+  auto r = RunProcess({"/usr/bin/env", "TIDAL_TEST_OOM_AT_STPE=3", kTrain, "--config",
+                       dir.File("job.yaml", JobYaml(0, 2))},
+                      120s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.signal, 0) << "crashed: " << r.err;
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("TIDAL_TEST_OOM_AT_STPE: no such test hook"), std::string::npos) << r.err;
+  EXPECT_TRUE(StepLines(r.out).empty()) << "it trained without the hook";
+}
+
 TEST(TrainCliTest, BadFlagsAreRefusedWithUsage) {
   TempDir dir;
   auto r = TrainExpectingFailure({"--config", dir.File("job.yaml", JobYaml(3)), "--nproc", "two"});

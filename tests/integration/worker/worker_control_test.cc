@@ -652,7 +652,9 @@ TEST_F(WorkerControlTest, BadInvocationsExitTwoNamingTheFlagOrField) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("TIDAL_KEEP_ENGINE: expected 0 or 1"), std::string::npos) << r.err;
   for (const auto& [variable, words] : std::vector<std::pair<std::string, std::string>>{
-           {"TIDAL_NUMA_BIND=numa0", "TIDAL_NUMA_BIND: expected auto or off, got \"numa0\""}}) {
+           {"TIDAL_NUMA_BIND=numa0", "TIDAL_NUMA_BIND: expected auto or off, got \"numa0\""},
+           // A misspelt test hook would test nothing (worker/engine/failpoints.h).
+           {"TIDAL_TEST_STALL_AT_STPE=3", "TIDAL_TEST_STALL_AT_STPE: no such test hook"}}) {
     r = RunProcess(
         {"/usr/bin/env", variable, TIDAL_WORKER_BIN, "--spec", spec, "--token-file", token,
          "--listen", "127.0.0.1:0", "--checkpoint-uri", "file://" + dir_ + "/ckpt"},
