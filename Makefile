@@ -18,8 +18,9 @@ $(BUILD_DIR)/build.ninja: CMakeLists.txt | deps
 
 configure: deps $(BUILD_DIR)/build.ninja
 
+# Everything, the benchmarks included (`make test` builds all but them: tools/test.sh).
 build: configure
-	cmake --build $(BUILD_DIR) -j $(JOBS)
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target all benchmarks
 
 # Every test (unit, integration and e2e ctest labels), incremental build first; then every test
 # that needs no LibTorch once more under AddressSanitizer + UBSan (`make sanitize`), whose build
