@@ -75,7 +75,7 @@ CachedPod CachedPodOf(const json& pod, const PodCacheOptions& options) {
       if (!quantity->is_null()) p.gpu_request += WholeQuantity(*quantity).value_or(0);
     }
   const json& status = Child(pod, "status");
-  p.phase = Text(status, "phase", "Pending");
+  p.phase = ParsePodPhase(Text(status, "phase"));
   p.ip = Text(status, "podIP");
   if (const json& conditions = Child(status, "conditions"); conditions.is_array())
     for (const json& c : conditions) {

@@ -33,10 +33,10 @@ struct CachedPod {
   std::optional<std::chrono::system_clock::time_point> deletion_deadline;  // its value
   std::string node_name;                                                   // spec.nodeName
   std::vector<PodToleration> tolerations;                                  // spec.tolerations
-  int64_t gpu_request = 0;  // nvidia.com/gpu of its containers (requests, else limits)
-  std::string phase;        // status.phase: Pending Running Succeeded Failed Unknown
-  std::string ip;           // status.podIP
-  bool ready = false;       // condition Ready=True
+  int64_t gpu_request = 0;              // nvidia.com/gpu of its containers (requests, else limits)
+  PodPhase phase = PodPhase::kPending;  // status.phase
+  std::string ip;                       // status.podIP
+  bool ready = false;                   // condition Ready=True
   // Why it does not run, when it does not: "Unschedulable: 0/3 nodes ...", "Error (exit code
   // 1)", "ImagePullBackOff" (the PodScheduled=False condition, then its container's state).
   std::string not_running_reason;
@@ -44,7 +44,7 @@ struct CachedPod {
 
   std::string Label(const std::string& key) const;
   std::string Annotation(const std::string& key) const;
-  bool Finished() const { return phase == "Succeeded" || phase == "Failed"; }
+  bool Finished() const { return phase == PodPhase::kSucceeded || phase == PodPhase::kFailed; }
   bool operator==(const CachedPod&) const = default;
 };
 

@@ -270,6 +270,30 @@ int64_t Pod::GpuRequest() const {
   return total;
 }
 
+PodPhase ParsePodPhase(std::string_view text) {
+  if (text.empty() || text == "Pending") return PodPhase::kPending;
+  if (text == "Running") return PodPhase::kRunning;
+  if (text == "Succeeded") return PodPhase::kSucceeded;
+  if (text == "Failed") return PodPhase::kFailed;
+  return PodPhase::kUnknown;
+}
+
+const char* PodPhaseName(PodPhase phase) {
+  switch (phase) {
+    case PodPhase::kPending:
+      return "Pending";
+    case PodPhase::kRunning:
+      return "Running";
+    case PodPhase::kSucceeded:
+      return "Succeeded";
+    case PodPhase::kFailed:
+      return "Failed";
+    case PodPhase::kUnknown:
+      return "Unknown";
+  }
+  return "Unknown";
+}
+
 bool Pod::Ready() const { return ConditionTrue(conditions, "Ready"); }
 
 StatusOr<Pod> PodFromJson(const json& object) {
@@ -289,10 +313,12 @@ StatusOr<Pod> PodFromJson(const json& object) {
       });
   TIDAL_RETURN_IF_ERROR(spec.status());
   Fields status(Child(object, "status"), "status");
-  status.String("phase", pod.phase)
+  std::string phase;
+  status.String("phase", phase)
       .String("podIP", pod.pod_ip)
       .String("hostIP", pod.host_ip)
       .String("startTime", pod.start_time);
+  pod.phase = ParsePodPhase(phase);
   ReadConditions(status, "conditions", pod.conditions);
   status.Array("containerStatuses", [&](const json& item, const std::string& path) {
     ContainerStatus cs;

@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -57,6 +58,14 @@ struct ContainerStatus {
   std::optional<int32_t> exit_code;
 };
 
+// status.phase of a Pod. What a newer API server might add, and an absent phase on a pod the
+// kubelet has not reported yet, read as the phases they stand for (ParsePodPhase).
+enum class PodPhase { kPending, kRunning, kSucceeded, kFailed, kUnknown };
+// "" is kPending (a pod no kubelet has reported on); a value this build does not know is
+// kUnknown, as Kubernetes' own "Unknown" (the pod's state cannot be obtained).
+PodPhase ParsePodPhase(std::string_view text);
+const char* PodPhaseName(PodPhase phase);
+
 struct Pod {
   ObjectMeta metadata;
   // spec
@@ -65,7 +74,8 @@ struct Pod {
   std::optional<int64_t> termination_grace_period_seconds;
   std::vector<Container> containers;
   // status
-  std::string phase, pod_ip, host_ip, start_time;
+  PodPhase phase = PodPhase::kPending;
+  std::string pod_ip, host_ip, start_time;
   std::vector<Condition> conditions;
   std::vector<ContainerStatus> container_statuses;
   nlohmann::json raw = nlohmann::json::object();
@@ -73,7 +83,7 @@ struct Pod {
   // The pod's nvidia.com/gpu request (limits stand in for requests, as for extended resources).
   int64_t GpuRequest() const;
   bool Ready() const;  // condition Ready=True
-  bool Finished() const { return phase == "Succeeded" || phase == "Failed"; }
+  bool Finished() const { return phase == PodPhase::kSucceeded || phase == PodPhase::kFailed; }
 };
 
 struct ServicePort {

@@ -19,8 +19,8 @@ Plan TrainingJobController::DecideWithCapacity(Observed& observed) {
   Plan plan = Decide(observed, options_.reconcile);
   if (observed.spec.ok())
     for (const Action& a : plan.actions)
-      if (a.kind == Action::Kind::kCreatePods)
-        for (const std::string& pod : a.pods)
+      if (const auto* create = As<action::CreatePods>(a))
+        for (const std::string& pod : create->pods)
           booked_gpus_[Key(observed.namespace_, pod)] = {observed.spec->elastic.gpus_per_pod,
                                                          observed.now};
   return plan;

@@ -372,7 +372,7 @@ Status TrainingJobController::Reconcile(const std::string& key, PassOutcome* out
     };
     std::string kinds;
     for (const Action& a : plan.actions)
-      kinds += (kinds.empty() ? "" : ",") + std::string(ActionKindName(a.kind));
+      kinds += (kinds.empty() ? "" : ",") + std::string(ActionName(a));
     LogInfo("slow reconcile", {{"job", key},
                                {"generation", plan.status.generation},
                                {"observe_ms", ms(0)},

@@ -93,6 +93,8 @@ class TrainingJobController {
   // What a plan's status, once it is written, makes true in the operator's own accounts: its
   // phase changes logged, the job's metrics, its Events (defined in status_writes.cc).
   struct Landing;
+  // A plan's actions turned into work, one overload per kind (controller_internal.h).
+  class PlanExecutor;
   // Lands it: of a job this operator still follows (a deleted job's pass dropped its series).
   void Land(const Landing& landing, const nlohmann::json& job);
   // Acts on the plan. The status write (when there is one) and the API writes run after the

@@ -5,11 +5,13 @@
 //   observe.cc        what a pass sees: the job, its pods and nodes, the workers' answers
 //   capacity.cc       the GPU capacity index (held, booked, idle) and the decision over it
 //   execute.cc        a plan carried out: API writes in order, worker calls on their threads
+//   plan_executor.cc  each kind of action turned into an API write or a worker call
 //   status_writes.cc  the status write of a pass, what lands with it, the figures' patcher
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,9 +23,11 @@
 
 #include "common/status.h"
 #include "contract/worker_status.h"
+#include "kube/request.h"
 #include "kube/types.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/metrics.h"
+#include "operator/reconciler/children.h"
 
 namespace tidal::controller {
 
@@ -65,6 +69,67 @@ struct TrainingJobController::Landing {
   bool corrupt_resume = false;  // a resume skipped corrupt checkpoints (a CorruptCheckpoint Event)
   std::optional<std::pair<std::string, double>> rescale;  // its kind, the seconds it took
   std::vector<Event> events;
+};
+
+// The visitor over a plan's actions (std::visit(executor, action), in the plan's order):
+// each kind becomes API writes, run in order after the pass (`writes`), or worker calls,
+// started once the status is written (`starts`). An overload returns what stops the plan
+// there: a request that cannot be built, a TLS Secret that cannot be used. A new kind of
+// action (action.h) needs its overload here, or std::visit does not compile.
+class TrainingJobController::PlanExecutor {
+ public:
+  struct Write {
+    const char* action;  // its kind's name, for the log and the error's context
+    std::function<Status()> call;
+  };
+  // `version`: the job's resourceVersion when the writes run (the status write's, once made).
+  PlanExecutor(TrainingJobController& controller, const nlohmann::json& job, const Observed& o,
+               const Plan& plan, WorkerConnections& connections,
+               std::shared_ptr<std::string> version);
+
+  Status operator()(const action::AddFinalizer&) { return Finalizer(/*add=*/true); }
+  Status operator()(const action::RemoveFinalizer&) { return Finalizer(/*add=*/false); }
+  Status operator()(const action::EnsureService&);
+  Status operator()(const action::EnsureTokenSecret&);
+  Status operator()(const action::EnsureSpecConfig&);
+  Status operator()(const action::UpdateSpecConfig&);
+  Status operator()(const action::CreatePods& a);
+  Status operator()(const action::DeletePods& a) { return Delete(a.pods, /*force=*/false); }
+  Status operator()(const action::ForceDeletePods& a) { return Delete(a.pods, /*force=*/true); }
+  Status operator()(const action::CreatePrepPod& a);
+  Status operator()(const action::Barrier& a);
+  Status operator()(const action::Rendezvous& a);
+  Status operator()(const action::PrepareEngine& a);
+  Status operator()(const action::Shutdown& a);
+  Status operator()(const action::Resume& a);
+
+  std::vector<Write> writes;
+  std::vector<std::function<void()>> starts;
+
+ private:
+  Status Finalizer(bool add);
+  Status Delete(const std::vector<std::string>& pods, bool force);
+  // Creates the object; one that is already there is success.
+  std::function<Status()> Create(kube::Resource r, nlohmann::json object) const;
+  std::function<Status()> Call(kube::Request request) const;
+  std::string PodIp(const std::string& pod) const;
+  // The pod's worker client: nullptr when the pod has no IP yet, or (an error in *unusable)
+  // when the job's TLS Secret is unusable.
+  std::shared_ptr<contract::WorkerApi> WorkerOf(const std::string& pod, Status* unusable);
+  // A worker call, started on its own thread (WorkerCalls) once the status is written: once
+  // per pod and `what` while it runs; its failure is logged and, with `wake`, its end
+  // reconciles the job again.
+  void Start(const std::string& pod, const std::string& what, std::function<Status()> call,
+             bool wake);
+
+  TrainingJobController& c_;
+  const nlohmann::json& job_;
+  const Observed& o_;
+  const Plan& plan_;
+  WorkerConnections& connections_;
+  std::shared_ptr<std::string> version_;
+  const JobRef ref_;
+  const std::string token_, job_key_;
 };
 
 namespace shell {

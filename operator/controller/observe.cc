@@ -270,7 +270,7 @@ std::optional<Observed> TrainingJobController::Observe(const json& job,
   std::map<std::string, std::shared_ptr<contract::WorkerApi>> running;
   std::map<std::string, std::shared_ptr<const contract::WorkerStatus>> pushing;
   for (const PodView& p : o.pods) {
-    if (p.phase != "Running" || p.ip.empty() || token.empty()) continue;
+    if (p.phase != kube::PodPhase::kRunning || p.ip.empty() || token.empty()) continue;
     std::shared_ptr<contract::WorkerApi> c =
         ClientFor(connections, p.name, p.ip, token, options_.status_timeout);
     if (!c) {  // its TLS Secret is unusable: no call is made

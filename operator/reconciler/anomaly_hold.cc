@@ -78,7 +78,7 @@ bool Decider::HeldForAnomaly() {
     Move(PhaseEvent::kAnomalyPause, a.message);
   }
   plan_.requeue_after = options_.poll;
-  if (!AllPaused(st_.members)) Barrier(static_cast<uint64_t>(a.step.value_or(0)), "loss anomaly");
+  if (!AllPaused(st_.members)) Barrier(static_cast<uint64_t>(a.step.value_or(0)));
   return true;
 }
 
@@ -96,7 +96,7 @@ void Decider::ResumeFromAnomaly(const std::string& why) {
   std::vector<std::string> paused;
   for (const std::string& m : st_.members)
     if (const WorkerReport* r = Report(m); r && r->phase == W::kPaused) paused.push_back(m);
-  if (!paused.empty()) Do(Action::Kind::kResume, paused, why);
+  if (!paused.empty()) Do(action::Resume{paused});
   if (st_.phase == Phase::kPaused) Move(PhaseEvent::kUnpause, why);
   Emit(EventReason::kResumed, "training goes on: " + why);
   plan_.requeue_after = options_.poll;

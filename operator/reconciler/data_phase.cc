@@ -17,12 +17,12 @@ bool Decider::DataReady() {
     st_.data->key = key;
   }
   DataStatus& d = *st_.data;
-  if (d.phase == "Ready") return true;
-  if (d.phase == "Invalid") {
+  if (d.phase == DataPhase::kReady) return true;
+  if (d.phase == DataPhase::kInvalid) {
     plan_.requeue_after = std::chrono::minutes(5);  // a spec edit triggers a reconcile anyway
     return false;
   }
-  if (d.phase == "Retrying" && d.retry_not_before && o_.now < *d.retry_not_before) {
+  if (d.phase == DataPhase::kRetrying && d.retry_not_before && o_.now < *d.retry_not_before) {
     plan_.requeue_after =
         std::chrono::duration_cast<std::chrono::milliseconds>(*d.retry_not_before - o_.now);
     return false;
@@ -32,22 +32,22 @@ bool Decider::DataReady() {
   for (const PrepPodView& p : o_.prep_pods)
     if (p.name == name && !p.deleting) pod = &p;
   plan_.requeue_after = options_.poll;
-  if (!pod || pod->phase == "Pending" || pod->phase == "Running") {
+  if (!pod || pod->phase == PodPhase::kPending || pod->phase == PodPhase::kRunning) {
     if (!pod) {
       // The prep pod reads the spec from the workers' ConfigMap: it gets this spec first (no
       // worker runs now; a new ConfigMap is created with it in this pass).
-      const bool updating = std::any_of(plan_.actions.begin(), plan_.actions.end(), [](auto& a) {
-        return a.kind == Action::Kind::kUpdateSpecConfig;
-      });
-      if (o_.spec_config_exists && !updating) Do(Action::Kind::kUpdateSpecConfig);
-      Do(Action::Kind::kCreatePrepPod, {name}, "the data phase");
+      const bool updating =
+          std::any_of(plan_.actions.begin(), plan_.actions.end(),
+                      [](const Action& a) { return As<action::UpdateSpecConfig>(a) != nullptr; });
+      if (o_.spec_config_exists && !updating) Do(action::UpdateSpecConfig{});
+      Do(action::CreatePrepPod{name});
     }
     if (d.pod != name)
       Emit(EventReason::kPreparingData, "tidal-prep in pod " + name + ": " +
                                             spec_->train.dataset.uri +
                                             " to a token store, checked against the model");
     if (!d.started) d.started = o_.now;
-    d.phase = "Preparing";
+    d.phase = DataPhase::kPreparing;
     d.pod = name;
     d.message = pod && !pod->reason.empty()
                     ? "pod " + name + ": " + pod->reason
@@ -56,9 +56,9 @@ bool Decider::DataReady() {
   }
   const json result = json::parse(pod->message, nullptr, /*allow_exceptions=*/false);
   const bool answered = result.is_object();
-  if (pod->phase == "Succeeded" && answered && result.contains("store") &&
+  if (pod->phase == PodPhase::kSucceeded && answered && result.contains("store") &&
       result["store"].is_string()) {
-    d.phase = "Ready";
+    d.phase = DataPhase::kReady;
     d.store_uri = result["store"];
     d.samples = Value<int64_t>(result, "samples", 0);
     d.tokens = Value<int64_t>(result, "tokens", 0);
@@ -67,16 +67,16 @@ bool Decider::DataReady() {
     d.message = std::to_string(d.samples) + " samples, " + std::to_string(d.tokens) +
                 " tokens in " + d.store_uri + (d.reused ? " (prepared before)" : "");
     Emit(EventReason::kDataReady, d.message);
-    Do(Action::Kind::kDeletePods, {name}, "the data phase is over");
+    Do(action::DeletePods{{name}});
     return true;
   }
   std::string error = answered ? Value<std::string>(result, "error", "") : "";
   if (error.empty())
-    error = "prep pod " + name + " " + pod->phase +
+    error = "prep pod " + name + " " + kube::PodPhaseName(pod->phase) +
             (pod->reason.empty() ? "" : " (" + pod->reason + ")") +
             (pod->message.empty() ? "" : ": " + pod->message);
   if (answered && Value<bool>(result, "invalidSpec", false)) {
-    d.phase = "Invalid";
+    d.phase = DataPhase::kInvalid;
     d.message = error;
     Emit(EventReason::kInvalidSpec, error);
     plan_.requeue_after = std::chrono::minutes(5);
@@ -84,7 +84,7 @@ bool Decider::DataReady() {
   }
   ++d.failures;
   d.message = error;
-  Do(Action::Kind::kDeletePods, {name}, "retry the data phase");
+  Do(action::DeletePods{{name}});
   const int64_t max_restarts = spec_->restart_policy.max_restarts;
   if (d.failures > max_restarts) {
     Fail("RestartsExhausted", "the data phase failed " + std::to_string(d.failures) +
@@ -94,7 +94,7 @@ bool Decider::DataReady() {
     return false;
   }
   const auto backoff = Backoff(d.failures);
-  d.phase = "Retrying";
+  d.phase = DataPhase::kRetrying;
   d.retry_not_before = o_.now + backoff;
   plan_.requeue_after = backoff;
   Emit(EventReason::kDataPreparationFailed, error + "; retry " + std::to_string(d.failures) +
@@ -106,13 +106,14 @@ bool Decider::DataReady() {
 void Decider::CollectPrepPods() {
   std::set<std::string> deleting;
   for (const Action& a : plan_.actions)
-    if (a.kind == Action::Kind::kDeletePods) deleting.insert(a.pods.begin(), a.pods.end());
+    if (auto* d = As<action::DeletePods>(a)) deleting.insert(d->pods.begin(), d->pods.end());
   std::vector<std::string> stale;
   for (const PrepPodView& p : o_.prep_pods) {
-    const bool current = st_.data && st_.data->phase != "Ready" && st_.data->pod == p.name;
+    const bool current =
+        st_.data && st_.data->phase != DataPhase::kReady && st_.data->pod == p.name;
     if (!current && !p.deleting && !deleting.count(p.name)) stale.push_back(p.name);
   }
-  if (!stale.empty()) Do(Action::Kind::kDeletePods, stale, "not the current data phase");
+  if (!stale.empty()) Do(action::DeletePods{stale});
 }
 
 }  // namespace tidal::controller::internal

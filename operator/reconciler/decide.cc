@@ -144,7 +144,8 @@ void Decider::Hold(const std::string& why) {
 bool Decider::ReadyFor(const std::string& name) const {
   const PodView* pod = Pod(name);
   const WorkerReport* r = Report(name);
-  return pod && pod->phase == "Running" && !pod->deleting && r && r->phase != W::kSucceeded;
+  return pod && pod->phase == PodPhase::kRunning && !pod->deleting && r &&
+         r->phase != W::kSucceeded;
 }
 
 void Decider::InvalidSpec() {
@@ -162,9 +163,8 @@ void Decider::ResumeStrayPaused() {
     if (const WorkerReport* r = Report(m);
         r && r->phase == W::kPaused && r->generation == st_.generation)
       paused.push_back(m);
-  if (!paused.empty())
-    Do(Action::Kind::kResume, paused,
-       "held at a barrier that nothing waits for any more (its rescale was abandoned)");
+  // Held at a barrier that nothing waits for any more (its rescale was abandoned).
+  if (!paused.empty()) Do(action::Resume{paused});
 }
 
 void Decider::RefuseBadReplicas() {
@@ -184,10 +184,10 @@ void Decider::RefuseBadReplicas() {
 }
 
 void Decider::EnsureChildren() {
-  if (!o_.has_finalizer) Do(Action::Kind::kAddFinalizer);
-  if (!o_.service_exists) Do(Action::Kind::kEnsureService);
-  if (!o_.token_exists) Do(Action::Kind::kEnsureTokenSecret);
-  if (!o_.spec_config_exists) Do(Action::Kind::kEnsureSpecConfig);
+  if (!o_.has_finalizer) Do(action::AddFinalizer{});
+  if (!o_.service_exists) Do(action::EnsureService{});
+  if (!o_.token_exists) Do(action::EnsureTokenSecret{});
+  if (!o_.spec_config_exists) Do(action::EnsureSpecConfig{});
 }
 
 bool Decider::Drain(const std::string& why) {
@@ -210,7 +210,7 @@ bool Decider::Drain(const std::string& why) {
       (st_.rescale->stage == Stage::kWaitingForPods && !st_.rescale->recovery);
   const bool training = members_train && !live.empty() && live.size() == st_.members.size();
   if (training && !AllPaused(st_.members)) {
-    Barrier(kEndOfGeneration, why);
+    Barrier(kEndOfGeneration);
     plan_.requeue_after = options_.poll;
     return false;
   }
@@ -218,8 +218,8 @@ bool Decider::Drain(const std::string& why) {
   for (const PodView& p : o_.pods)
     if (!p.deleting) all.push_back(p.name);
   if (!all.empty()) {
-    Do(Action::Kind::kShutdown, all, why);
-    Do(Action::Kind::kDeletePods, all, why);
+    Do(action::Shutdown{all, why});
+    Do(action::DeletePods{all});
   }
   st_.members.clear();
   st_.rescale.reset();
@@ -256,19 +256,19 @@ void Decider::Delete() {
                             std::to_string(options_.barrier_timeout.count()) +
                             " s of the deletion: the workers are stopped without it";
     if (!all.empty()) {
-      Do(Action::Kind::kShutdown, all, why);
-      Do(Action::Kind::kDeletePods, all, why);
+      Do(action::Shutdown{all, why});
+      Do(action::DeletePods{all});
     }
     st_.members.clear();
     st_.rescale.reset();
-    Do(Action::Kind::kRemoveFinalizer);
+    Do(action::RemoveFinalizer{});
     Emit(EventReason::kFinalCheckpointSkipped,
          why + "; the newest checkpoint is " +
              (newest > 0 ? "step " + std::to_string(newest) : std::string("none")) + where);
     return;
   }
   if (!Drain("the job is being deleted: final checkpoint")) return;
-  Do(Action::Kind::kRemoveFinalizer);
+  Do(action::RemoveFinalizer{});
   Emit(EventReason::kFinalCheckpoint,
        "workers checkpointed and stopped; releasing the job" + where);
 }
@@ -296,7 +296,8 @@ bool Decider::Succeeded() {
   if (st_.members.empty()) return false;
   const PodView* rank0 = Pod(st_.members[0]);
   const WorkerReport* r = Report(st_.members[0]);
-  if (!(rank0 && rank0->phase == "Succeeded") && !(r && r->phase == W::kSucceeded)) return false;
+  if (!(rank0 && rank0->phase == PodPhase::kSucceeded) && !(r && r->phase == W::kSucceeded))
+    return false;
   Move(PhaseEvent::kFinished, "rank 0 finished training");
   st_.rescale.reset();
   st_.current_gpus = st_.desired_gpus = 0;  // its workers are done: nothing holds a GPU
@@ -305,19 +306,8 @@ bool Decider::Succeeded() {
   return true;
 }
 
-Action& Decider::Do(Action::Kind kind, std::vector<std::string> pods, std::string reason) {
-  Action a;
-  a.kind = kind;
-  a.pods = std::move(pods);
-  a.reason = std::move(reason);
-  plan_.actions.push_back(std::move(a));
-  return plan_.actions.back();
-}
-
-void Decider::Barrier(uint64_t low, const std::string& why, bool live) {
-  Action& a = Do(Action::Kind::kBarrier, st_.members, why);
-  a.barrier_id = (static_cast<uint64_t>(st_.generation) << 32) | low;
-  a.live = live;
+void Decider::Barrier(uint64_t low, bool live) {
+  Do(action::Barrier{st_.members, (static_cast<uint64_t>(st_.generation) << 32) | low, live});
 }
 
 void Decider::ReportCorruptResume() {
@@ -397,19 +387,19 @@ void Decider::WriteStatus() {
       st_.phase == Phase::kFailed && !st_.failure_reason.empty() ? st_.failure_reason : phase;
   const DataStatus* data = st_.data ? &*st_.data : nullptr;
   if (data) {
-    const bool ready = data->phase == "Ready";
+    const bool ready = data->phase == DataPhase::kReady;
     SetCondition(st_, ConditionType::kDataReady, ready,
-                 ready                      ? "Prepared"
-                 : data->phase == "Invalid" ? "InvalidSpec"
-                                            : data->phase,
+                 ready                                ? "Prepared"
+                 : data->phase == DataPhase::kInvalid ? "InvalidSpec"
+                                                      : DataPhaseName(data->phase),
                  data->message, o_.now, gen);
   }
-  if (data && st_.phase == Phase::kPending && data->phase == "Invalid") {
+  if (data && st_.phase == Phase::kPending && data->phase == DataPhase::kInvalid) {
     SetCondition(st_, ConditionType::kReady, false, "InvalidSpec", data->message, o_.now, gen);
   } else if (o_.reconcile_failing && ConditionIs(st_, ConditionType::kReady, "ReconcileError")) {
     // Kept until a pass succeeds: a failing job's Ready flipped between the error and its
     // phase with every retry.
-  } else if (data && st_.phase == Phase::kPending && data->phase != "Ready") {
+  } else if (data && st_.phase == Phase::kPending && data->phase != DataPhase::kReady) {
     SetCondition(st_, ConditionType::kReady, false, "PreparingData", data->message, o_.now, gen);
   } else {
     SetCondition(st_, ConditionType::kReady, running, running ? "Training" : not_ready,

@@ -30,6 +30,7 @@ using Stage = RescaleState::Stage;
 using PhaseEvent = planner::Event;
 using planner::Phase;
 using W = api::WorkerPhase;
+using kube::PodPhase;
 
 constexpr auto kMaxBackoff = std::chrono::minutes(10);
 constexpr auto kBackoffReset = std::chrono::minutes(10);
@@ -66,7 +67,7 @@ inline void SetCondition(JobStatus& st, ConditionType condition, bool value,
                          const std::string& reason, const std::string& message,
                          Clock::time_point now, int64_t observed) {
   const std::string type = ConditionTypeName(condition);
-  const std::string status = value ? "True" : "False";
+  const ConditionStatus status = value ? ConditionStatus::kTrue : ConditionStatus::kFalse;
   for (Condition& c : st.conditions) {
     if (c.type != type) continue;
     if (c.status != status) c.last_transition_time = now;
@@ -341,13 +342,16 @@ class Decider {
   void CollectStrays();
 
   // --- output ---------------------------------------------------------------------------
-  // Appends an action; the caller fills in the kind-specific fields through the reference.
-  Action& Do(Action::Kind kind, std::vector<std::string> pods = {}, std::string reason = "");
-  // Checkpoint{pause} on every member, named (Action::barrier_id) so that a call reaching a
+  // Appends an action to the plan (action.h: one type per kind).
+  template <class A>
+  void Do(A action) {
+    plan_.actions.emplace_back(std::move(action));
+  }
+  // Checkpoint{pause} on every member, named (action::Barrier::id) so that a call reaching a
   // rank already in the barrier, or a re-send once it is over, joins it instead of asking for
   // another.
   static constexpr uint64_t kEndOfGeneration = 0xFFFFFFFFu;
-  void Barrier(uint64_t low, const std::string& why, bool live = false);
+  void Barrier(uint64_t low, bool live = false);
   void Emit(EventReason reason, const std::string& message) {
     plan_.events.push_back({EventTypeOf(reason), EventReasonName(reason), message});
   }

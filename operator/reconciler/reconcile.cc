@@ -7,6 +7,7 @@
 namespace tidal::controller {
 
 using internal::W;
+using kube::PodPhase;
 using Stage = RescaleState::Stage;
 
 const char* ConditionTypeName(ConditionType type) {
@@ -35,7 +36,7 @@ const char* ConditionTypeName(ConditionType type) {
 
 bool ConditionTrue(const JobStatus& st, ConditionType type) {
   for (const Condition& c : st.conditions)
-    if (c.type == ConditionTypeName(type)) return c.status == "True";
+    if (c.type == ConditionTypeName(type)) return c.status == ConditionStatus::kTrue;
   return false;
 }
 
@@ -45,38 +46,35 @@ void MarkReconcileError(JobStatus& status, const std::string& message, Clock::ti
                          observed_generation);
 }
 
-const char* ActionKindName(Action::Kind kind) {
-  switch (kind) {
-    case Action::Kind::kAddFinalizer:
-      return "AddFinalizer";
-    case Action::Kind::kRemoveFinalizer:
-      return "RemoveFinalizer";
-    case Action::Kind::kEnsureService:
-      return "EnsureService";
-    case Action::Kind::kEnsureTokenSecret:
-      return "EnsureTokenSecret";
-    case Action::Kind::kEnsureSpecConfig:
-      return "EnsureSpecConfig";
-    case Action::Kind::kUpdateSpecConfig:
-      return "UpdateSpecConfig";
-    case Action::Kind::kCreatePods:
-      return "CreatePods";
-    case Action::Kind::kForceDeletePods:
-      return "ForceDeletePods";
-    case Action::Kind::kDeletePods:
-      return "DeletePods";
-    case Action::Kind::kBarrier:
-      return "Barrier";
-    case Action::Kind::kRendezvous:
-      return "Rendezvous";
-    case Action::Kind::kShutdown:
-      return "Shutdown";
-    case Action::Kind::kResume:
-      return "Resume";
-    case Action::Kind::kCreatePrepPod:
-      return "CreatePrepPod";
-    case Action::Kind::kPrepareEngine:
-      return "PrepareEngine";
+const char* DataPhaseName(DataPhase phase) {
+  switch (phase) {
+    case DataPhase::kPreparing:
+      return "Preparing";
+    case DataPhase::kReady:
+      return "Ready";
+    case DataPhase::kInvalid:
+      return "Invalid";
+    case DataPhase::kRetrying:
+      return "Retrying";
+  }
+  return "Unknown";
+}
+
+StatusOr<DataPhase> DataPhaseFromName(const std::string& name) {
+  for (DataPhase p :
+       {DataPhase::kPreparing, DataPhase::kReady, DataPhase::kInvalid, DataPhase::kRetrying})
+    if (name == DataPhaseName(p)) return p;
+  return InvalidArgument("one of Preparing, Ready, Invalid, Retrying");
+}
+
+const char* ConditionStatusName(ConditionStatus status) {
+  switch (status) {
+    case ConditionStatus::kTrue:
+      return "True";
+    case ConditionStatus::kFalse:
+      return "False";
+    case ConditionStatus::kUnknown:
+      return "Unknown";
   }
   return "Unknown";
 }
@@ -97,7 +95,7 @@ std::chrono::seconds ProgressClock::Observe(const std::vector<PodView>& pods,
                                             const std::map<std::string, WorkerReport>& reports,
                                             std::chrono::steady_clock::time_point now) {
   size_t running = 0;
-  for (const PodView& p : pods) running += p.phase == "Running" && !p.deleting;
+  for (const PodView& p : pods) running += p.phase == PodPhase::kRunning && !p.deleting;
   bool training = running > 0 && reports.size() == running;
   int64_t generation = -1, step = -1;
   for (const auto& [pod, r] : reports) {

@@ -43,9 +43,11 @@
 #include "api/training_job.h"
 #include "api/worker_phase.h"
 #include "common/status.h"
+#include "kube/types.h"
 #include "operator/planner/anomaly.h"
 #include "operator/planner/buddy.h"
 #include "operator/planner/lifecycle.h"
+#include "operator/reconciler/action.h"
 
 namespace tidal::controller {
 
@@ -98,10 +100,20 @@ struct AnomalyStatus {
 // when the uri names a store) and checks the spec against the model (tokenizer, maxSeqLen,
 // LoRA rank). Its outcome comes back as its termination message. Workers are created only
 // after it, told the store (TIDAL_DATASET_STORE).
+enum class DataPhase {
+  kPreparing,  // its prep pod runs
+  kReady,      // the token store is there: workers may start
+  kInvalid,    // the spec must change (tidal-prep refused it)
+  kRetrying,   // its prep pod failed for another reason: another after a backoff
+};
+const char* DataPhaseName(DataPhase phase);
+// "one of Preparing, Ready, Invalid, Retrying" when `name` is none of them.
+StatusOr<DataPhase> DataPhaseFromName(const std::string& name);
+
 struct DataStatus {
-  std::string key;    // DataKey of the spec it was run for
-  std::string phase;  // Preparing | Ready | Invalid (the spec must change) | Retrying
-  std::string pod;    // the prep pod
+  std::string key;  // DataKey of the spec it was run for
+  DataPhase phase = DataPhase::kPreparing;
+  std::string pod;  // the prep pod
   std::string store_uri;
   int64_t samples = 0, tokens = 0;
   bool reused = false;   // the store existed already
@@ -126,9 +138,13 @@ enum class ConditionType {
 };
 const char* ConditionTypeName(ConditionType type);
 
+// metav1.ConditionStatus.
+enum class ConditionStatus { kTrue, kFalse, kUnknown };
+const char* ConditionStatusName(ConditionStatus status);
+
 struct Condition {
-  std::string type;    // ConditionTypeName
-  std::string status;  // True | False | Unknown
+  std::string type;  // ConditionTypeName
+  ConditionStatus status = ConditionStatus::kUnknown;
   std::string reason, message;
   Clock::time_point last_transition_time;
   int64_t observed_generation = 0;
@@ -245,7 +261,7 @@ struct WorkerReport {
 struct PodView {
   std::string name;
   int slot = 0;
-  std::string phase;  // Pending Running Succeeded Failed
+  kube::PodPhase phase = kube::PodPhase::kPending;
   bool ready = false;
   bool deleting = false;
   std::string ip;
@@ -263,7 +279,7 @@ struct PodView {
 // The prep pod of the data phase (label tidal.dev/role=prep), apart from the workers.
 struct PrepPodView {
   std::string name;
-  std::string phase;  // Pending Running Succeeded Failed
+  kube::PodPhase phase = kube::PodPhase::kPending;
   bool deleting = false;
   std::string message;  // the container's termination message (tidal-prep --result)
   std::string reason;   // why it is not running, as for a worker
@@ -316,49 +332,6 @@ class ProgressClock {
  private:
   int64_t generation_ = -1, step_ = -1;
   std::chrono::steady_clock::time_point since_;
-};
-
-struct Action {
-  enum class Kind {
-    kAddFinalizer,
-    kRemoveFinalizer,
-    kEnsureService,
-    kEnsureTokenSecret,
-    kEnsureSpecConfig,
-    kUpdateSpecConfig,  // the workers' copy of the spec, rewritten while no worker runs
-    kCreatePods,        // slots, generation, group size
-    kDeletePods,        // pods
-    kForceDeletePods,   // pods: deleted with grace 0, without waiting for their kubelet
-    kBarrier,     // Checkpoint{pause} on pods (a rescale's barrier, live; the anomaly rule's pause)
-    kRendezvous,  // generation, pods in rank order, store on the first one's IP
-    kShutdown,    // pods
-    kResume,      // pods held by a pause (the anomaly rule's)
-    kCreatePrepPod,  // pods[0]: the data phase's pod (status.data.key)
-    kPrepareEngine,  // pods, each its rank (ranks) of world_size in generation
-  };
-  Kind kind = Kind::kEnsureService;
-  std::vector<std::string> pods;     // for kRendezvous: every member, in rank order
-  std::vector<std::string> targets;  // kRendezvous: the members to call (not there yet)
-  std::vector<int> slots;
-  int64_t generation = 0;
-  // kBarrier: the barrier's name (worker.proto), the same on every call and every re-send of
-  // it: the generation in the high 32 bits; the low ones the anomaly's step for a pause, all
-  // ones for the barrier that ends the generation (rescale, suspend, deletion).
-  uint64_t barrier_id = 0;
-  bool live = false;  // kBarrier: a live checkpoint, kept in the ranks' memory
-  // kRendezvous: where the new generation resumes from (RescaleState::state_peers, in rank
-  // order); none: the store.
-  std::vector<std::string> state_peers;
-  int64_t state_step = 0;
-  // kRendezvous: per rank, the rank whose buddy copy it keeps (planner::BuddyWards).
-  std::vector<int> wards;
-  // kRendezvous: the job's restarts so far (status.restarts), for the workers' automatic
-  // checkpoint interval.
-  int64_t restarts = 0;
-  // kPrepareEngine: per pod, the rank planned for it, of world_size.
-  std::vector<int> ranks;
-  int world_size = 0;
-  std::string reason;
 };
 
 struct Event {
@@ -418,7 +391,6 @@ void ObserveStatus(const nlohmann::json& raw, Observed& o);
 
 Plan Decide(const Observed& observed, const ReconcileOptions& options = {});
 
-const char* ActionKindName(Action::Kind kind);
 const char* StageName(RescaleState::Stage stage);
 
 }  // namespace tidal::controller

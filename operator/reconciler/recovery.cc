@@ -7,7 +7,7 @@ namespace tidal::controller::internal {
 Decider::Failure Decider::FailureOf(const std::string& name, int64_t generation) const {
   const PodView* pod = Pod(name);
   if (!pod) return {"pod " + name + " is gone", true};
-  if (pod->phase == "Failed")
+  if (pod->phase == PodPhase::kFailed)
     return {"pod " + name + " failed" + (pod->reason.empty() ? "" : ": " + pod->reason), true};
   if (pod->deleting && !Serves(name, generation))
     return {"pod " + name + " is being deleted", true};
@@ -24,7 +24,7 @@ Decider::Failure Decider::FailureOf(const std::string& name, int64_t generation)
     return {};
   }
   auto since = o_.unreachable_since.find(name);
-  if (pod->phase != "Running" || since == o_.unreachable_since.end() ||
+  if (pod->phase != PodPhase::kRunning || since == o_.unreachable_since.end() ||
       o_.now - since->second <= options_.unreachable_after)
     return {};
   const std::string seconds = std::to_string(options_.unreachable_after.count());
@@ -55,7 +55,7 @@ void Decider::ForceDeleteStuck() {
   const std::string why = where +
                           ": still terminating after the grace period on a node whose kubelet "
                           "does not answer; deleted without waiting for it";
-  Do(Action::Kind::kForceDeletePods, stuck, why);
+  Do(action::ForceDeletePods{stuck});
   Emit(EventReason::kForceDeleted, why);
 }
 
@@ -116,7 +116,7 @@ bool Decider::FailuresHandled() {
   if (!causes.empty() || !lost_causes.empty())
     for (auto it = survivors.begin(); it != survivors.end();) {
       const PodView* pod = Pod(*it);
-      if (Report(*it) || (pod && pod->phase != "Running")) {
+      if (Report(*it) || (pod && pod->phase != PodPhase::kRunning)) {
         ++it;
         continue;
       }
@@ -144,8 +144,8 @@ bool Decider::FailuresHandled() {
   }
   // A scale-up still waiting for its pods gives up first; recovery comes before growth.
   if (st_.rescale && st_.rescale->stage == Stage::kWaitingForPods && !st_.rescale->new_pods.empty())
-    Do(Action::Kind::kDeletePods, st_.rescale->new_pods, "recovery first");
-  if (!failed.empty()) Do(Action::Kind::kDeletePods, failed, Join(causes));
+    Do(action::DeletePods{st_.rescale->new_pods});
+  if (!failed.empty()) Do(action::DeletePods{failed});
   const std::string cause = Join(causes);
   if (st_.phase == Phase::kRecovering && st_.rescale &&
       st_.rescale->stage == Stage::kWaitingForPods) {
@@ -211,8 +211,8 @@ void Decider::Fail(const std::string& reason, const std::string& failure) {
   for (const PodView& p : o_.pods)
     if (!p.deleting) all.push_back(p.name);
   if (!all.empty()) {
-    Do(Action::Kind::kShutdown, all, "the job failed");
-    Do(Action::Kind::kDeletePods, all, "the job failed");
+    Do(action::Shutdown{all, "the job failed"});
+    Do(action::DeletePods{all});
   }
   st_.members.clear();
   st_.current_gpus = st_.desired_gpus = 0;
@@ -240,7 +240,7 @@ void Decider::RetryAfterSpecEdit() {
   st_.restart_streak = 0;
   // The workers read the spec from a ConfigMap written once, so that every rank of every
   // generation trains on the same one; no worker runs now, so the edit reaches them all.
-  Do(Action::Kind::kUpdateSpecConfig);
+  Do(action::UpdateSpecConfig{});
 }
 
 planner::BuddyRecovery Decider::BuddyPlan(const std::vector<std::string>& members,
@@ -303,8 +303,8 @@ void Decider::AbandonBarrier() {
       " s (a step that does not end, or a rank that does not answer): " + r.reason +
       " is abandoned" + (r.new_pods.empty() ? "" : " and its new pods deleted") +
       "; the job trains on as it was";
-  if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, why);
-  if (!held.empty()) Do(Action::Kind::kResume, held, why);
+  if (!r.new_pods.empty()) Do(action::DeletePods{r.new_pods});
+  if (!held.empty()) Do(action::Resume{held});
   Emit(EventReason::kBarrierTimedOut, why);
   SetCondition(st_, ConditionType::kScaling, false, "BarrierTimedOut", why, o_.now,
                o_.metadata_generation);
@@ -321,7 +321,7 @@ void Decider::Abandon(const std::vector<std::string>& waiting) {
   const std::string why =
       std::string(r.recovery ? "replacement" : "scale-up") + " pods abandoned after " +
       std::to_string(spec_->elastic.scale_up_timeout_seconds) + " s: not ready: " + Join(waiting);
-  if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, why);
+  if (!r.new_pods.empty()) Do(action::DeletePods{r.new_pods});
   Emit(EventReason::kScaleUpAbandoned, why);
   SetCondition(st_, ConditionType::kScaling, false, "ScaleUpAbandoned", why, o_.now,
                o_.metadata_generation);

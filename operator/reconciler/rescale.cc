@@ -61,9 +61,7 @@ void Decider::StartGeneration(bool recovery) {
   st_.rescale = r;
   st_.restart_not_before.reset();
   if (!slots.empty()) {
-    Action& a = Do(Action::Kind::kCreatePods, created, r.reason);
-    a.slots = slots;
-    a.generation = r.target_generation;
+    Do(action::CreatePods{created, slots, r.target_generation});
     Emit(EventReason::kCreatingWorkers,
          std::to_string(slots.size()) + " worker pod(s) for generation " +
              std::to_string(r.target_generation) + " (" + r.reason + ")");
@@ -107,9 +105,7 @@ void Decider::MaybeRescale() {
   r.members = st_.members;
   const std::vector<int> slots = AddNewPods(r, want_pods - static_cast<int64_t>(r.members.size()));
   st_.rescale = r;
-  Action& a = Do(Action::Kind::kCreatePods, r.new_pods, r.reason);
-  a.slots = slots;
-  a.generation = r.target_generation;
+  Do(action::CreatePods{r.new_pods, slots, r.target_generation});
   Emit(EventReason::kScalingUp,
        r.reason + "; creating " + std::to_string(slots.size()) + " pod(s), training goes on");
 }
@@ -168,8 +164,10 @@ std::vector<int> Decider::FillSlots(std::vector<std::string>& members,
                                     bool adopt) const {
   std::set<std::string> deleted;
   for (const Action& a : plan_.actions)
-    if (a.kind == Action::Kind::kDeletePods || a.kind == Action::Kind::kForceDeletePods)
-      deleted.insert(a.pods.begin(), a.pods.end());
+    if (auto* d = As<action::DeletePods>(a))
+      deleted.insert(d->pods.begin(), d->pods.end());
+    else if (auto* f = As<action::ForceDeletePods>(a))
+      deleted.insert(f->pods.begin(), f->pods.end());
   std::set<int> held;  // slots of the job's pods, whatever their names
   for (const PodView& p : o_.pods) held.insert(p.slot);
   std::vector<int> slots;
@@ -178,8 +176,8 @@ std::vector<int> Decider::FillSlots(std::vector<std::string>& members,
     if (std::find(members.begin(), members.end(), name) != members.end()) continue;
     if (deleted.count(name)) continue;
     if (const PodView* existing = Pod(name)) {
-      const bool going =
-          existing->deleting || existing->phase == "Failed" || existing->phase == "Succeeded";
+      const bool going = existing->deleting || existing->phase == PodPhase::kFailed ||
+                         existing->phase == PodPhase::kSucceeded;
       if (adopt && !going) members.push_back(name);
       continue;
     }
@@ -206,7 +204,7 @@ bool Decider::LeavingMembersStopAScaleUp() {
   const RescaleState& r = *st_.rescale;
   if (r.stage != Stage::kWaitingForPods || r.recovery || r.drain || LeavingMembers().empty())
     return false;
-  if (!r.new_pods.empty()) Do(Action::Kind::kDeletePods, r.new_pods, "a member must leave first");
+  if (!r.new_pods.empty()) Do(action::DeletePods{r.new_pods});
   Emit(r.new_pods.empty() ? EventReason::kScaleDownCancelled : EventReason::kScaleUpCancelled,
        "a member must leave first: " + r.reason);
   return true;
@@ -261,9 +259,7 @@ bool Decider::MoveOffLeavingMembers() {
   r.reason = why + ": " + std::to_string(r.new_pods.size()) +
              " replacement pod(s) first, then a live rescale off the leaving pod(s)";
   st_.rescale = r;
-  Action& a = Do(Action::Kind::kCreatePods, r.new_pods, r.reason);
-  a.slots = slots;
-  a.generation = r.target_generation;
+  Do(action::CreatePods{r.new_pods, slots, r.target_generation});
   Emit(EventReason::kMovingOff, r.reason + "; training goes on meanwhile");
   plan_.requeue_after = options_.poll;
   return true;
@@ -302,9 +298,7 @@ void Decider::Advance() {
           slots.push_back(std::atoi(p.c_str() + prefix.size()));
         }
       if (!missing.empty()) {
-        Action& a = Do(Action::Kind::kCreatePods, missing, r.reason);
-        a.slots = slots;
-        a.generation = r.target_generation;
+        Do(action::CreatePods{missing, slots, r.target_generation});
       }
       bool ready = true, all_running = true;
       std::vector<std::string> waiting;
@@ -315,9 +309,10 @@ void Decider::Advance() {
         if (!ReadyFor(m)) {
           ready = false;
           const PodView* p = Pod(m);
-          all_running = all_running && p && p->phase == "Running";
+          all_running = all_running && p && p->phase == PodPhase::kRunning;
           std::string why =
-              p ? p->phase + (p->reason.empty() ? "" : ": " + p->reason) : "not created yet";
+              p ? kube::PodPhaseName(p->phase) + (p->reason.empty() ? "" : ": " + p->reason)
+                : "not created yet";
           if (auto e = o_.unreachable_error.find(m); p && e != o_.unreachable_error.end())
             why += "; worker does not answer: " + e->second;
           waiting.push_back(m + " (" + why + ")");
@@ -325,7 +320,7 @@ void Decider::Advance() {
       }
       r.waiting_for = Join(waiting);
       for (const std::string& p : r.new_pods)
-        if (const PodView* pod = Pod(p); pod && pod->phase == "Failed") {
+        if (const PodView* pod = Pod(p); pod && pod->phase == PodPhase::kFailed) {
           Abandon({p + " (Failed" + (pod->reason.empty() ? "" : ": " + pod->reason) + ")"});
           return;
         }
@@ -362,7 +357,7 @@ void Decider::Advance() {
         return;
       }
       if (!AllPaused(st_.members, /*live_ok=*/true)) {
-        Barrier(kEndOfGeneration, r.reason, /*live=*/true);
+        Barrier(kEndOfGeneration, /*live=*/true);
         // The shell runs the barrier calls off the reconcile (they return once every rank
         // holds, or one fails) and the first to end wakes the job: the Rendezvous goes out
         // then, not a poll later. The poll is the safety net.
@@ -411,11 +406,13 @@ bool Decider::EnginesPrepared(RescaleState& r) {
   if (r.members.empty() || r.drain) return true;
   const auto soon = std::min(options_.poll, kWorkerStartPoll);
   if (!r.prepare_asked) {
-    Action& a = Do(Action::Kind::kPrepareEngine, r.members, r.reason);
-    a.generation = r.target_generation;
+    action::PrepareEngine a{.pods = r.members,
+                            .ranks = {},
+                            .world_size = static_cast<int>(r.members.size()),
+                            .generation = r.target_generation};
     for (size_t rank = 0; rank < r.members.size(); ++rank)
       a.ranks.push_back(static_cast<int>(rank));
-    a.world_size = static_cast<int>(r.members.size());
+    Do(std::move(a));
     r.prepare_asked = o_.now;
     r.waiting_for = Join(r.members, " (preparing)");
     Emit(EventReason::kPreparingEngines,
@@ -473,8 +470,8 @@ void Decider::Rendezvous() {
                                        std::to_string(st_.current_gpus) + " GPUs: " + r.reason);
   }
   if (!surplus.empty() && r.state_peers.empty()) {
-    Do(Action::Kind::kShutdown, surplus, r.reason);
-    Do(Action::Kind::kDeletePods, surplus, r.reason);
+    Do(action::Shutdown{surplus, r.reason});
+    Do(action::DeletePods{surplus});
   }
   std::vector<std::string> pending, joining;
   for (const std::string& m : r.members) {
@@ -486,18 +483,18 @@ void Decider::Rendezvous() {
   }
   if (!pending.empty() || (!r.state_peers.empty() && !joining.empty())) {
     if (!pending.empty()) {
-      Action& a = Do(Action::Kind::kRendezvous, r.members, r.reason);
-      a.targets = pending;
-      a.generation = r.target_generation;
-      a.state_peers = r.state_peers;
-      a.state_step = r.state_step;
-      a.restarts = st_.restarts;
       std::vector<std::string> nodes;
       for (const std::string& m : r.members) {
         const PodView* p = Pod(m);
         nodes.push_back(p ? p->node : "");
       }
-      a.wards = planner::BuddyWards(nodes);
+      Do(action::Rendezvous{.pods = r.members,
+                            .targets = pending,
+                            .generation = r.target_generation,
+                            .state_peers = r.state_peers,
+                            .state_step = r.state_step,
+                            .wards = planner::BuddyWards(nodes),
+                            .restarts = st_.restarts});
     }
     // Members reading their state from their peers' memory are done in tens of milliseconds.
     plan_.requeue_after =
@@ -505,8 +502,8 @@ void Decider::Rendezvous() {
     return;
   }
   if (!surplus.empty() && !r.state_peers.empty()) {
-    Do(Action::Kind::kShutdown, surplus, r.reason);
-    Do(Action::Kind::kDeletePods, surplus, r.reason);
+    Do(action::Shutdown{surplus, r.reason});
+    Do(action::DeletePods{surplus});
   }
   const bool recovery = st_.phase == Phase::kRecovering;
   const int64_t from_memory_step = r.state_peers.empty() ? 0 : r.state_step;
@@ -543,10 +540,10 @@ void Decider::CollectStrays() {
     known.insert(st_.rescale->state_peers.begin(), st_.rescale->state_peers.end());
   }
   for (const Action& a : plan_.actions)
-    if (a.kind == Action::Kind::kDeletePods) known.insert(a.pods.begin(), a.pods.end());
+    if (auto* d = As<action::DeletePods>(a)) known.insert(d->pods.begin(), d->pods.end());
   std::vector<std::string> strays, leaving;
   for (const PodView& p : o_.pods)
-    if (!known.count(p.name) && !p.deleting && p.phase != "Succeeded")
+    if (!known.count(p.name) && !p.deleting && p.phase != PodPhase::kSucceeded)
       strays.push_back(p.name);
     else if (!known.count(p.name) && p.deleting && Report(p.name) &&
              Report(p.name)->phase != W::kSucceeded)
@@ -554,13 +551,11 @@ void Decider::CollectStrays() {
   // A pod moved off that still answers (its Shutdown was lost with a crashed leader) waits in
   // its grace period for one: it is sent again, so that its deletion ends now.
   if (!leaving.empty())
-    Do(Action::Kind::kShutdown, leaving,
-       "moved off: not a member of generation " + std::to_string(st_.generation));
+    Do(action::Shutdown{leaving,
+                        "moved off: not a member of generation " + std::to_string(st_.generation)});
   if (strays.empty()) return;
-  Do(Action::Kind::kShutdown, strays,
-     "not a member of generation " + std::to_string(st_.generation));
-  Do(Action::Kind::kDeletePods, strays,
-     "not a member of generation " + std::to_string(st_.generation));
+  Do(action::Shutdown{strays, "not a member of generation " + std::to_string(st_.generation)});
+  Do(action::DeletePods{strays});
 }
 
 }  // namespace tidal::controller::internal

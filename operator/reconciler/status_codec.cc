@@ -138,7 +138,11 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     const std::string in_d = "status.data.";
     DataStatus data;
     data.key = in.Get<std::string>(*d, in_d, "key", "");
-    data.phase = in.Get<std::string>(*d, in_d, "phase", "");
+    const std::string phase = in.Get<std::string>(*d, in_d, "phase", "");
+    if (auto read = DataPhaseFromName(phase); read.ok())
+      data.phase = *read;
+    else
+      in.Fail(in_d + "phase", read.status().message(), d->value("phase", json()));
     data.pod = in.Get<std::string>(*d, in_d, "pod", "");
     data.store_uri = in.Get<std::string>(*d, in_d, "storeUri", "");
     data.samples = in.Get<int64_t>(*d, in_d, "samples", 0);
@@ -204,7 +208,7 @@ json ToJson(const std::vector<Condition>& conditions) {
   json out = json::array();
   for (const Condition& c : conditions)
     out.push_back({{"type", c.type},
-                   {"status", c.status},
+                   {"status", ConditionStatusName(c.status)},
                    {"reason", c.reason},
                    {"message", c.message},
                    {"lastTransitionTime", kube::FormatTime(c.last_transition_time)},
@@ -230,9 +234,15 @@ StatusOr<std::vector<Condition>> ConditionsFromJson(const json& j) {
     Condition read;
     read.type = in.Get<std::string>(c, at, "type", "");
     if (read.type.empty() && in.error.empty()) in.Fail(at + "type", "a condition type", c);
-    read.status = in.Get<std::string>(c, at, "status", "");
-    if (read.status != "True" && read.status != "False" && read.status != "Unknown" &&
-        in.error.empty())
+    const std::string status = in.Get<std::string>(c, at, "status", "");
+    bool known = false;
+    for (ConditionStatus s :
+         {ConditionStatus::kTrue, ConditionStatus::kFalse, ConditionStatus::kUnknown})
+      if (status == ConditionStatusName(s)) {
+        read.status = s;
+        known = true;
+      }
+    if (!known && in.error.empty())
       in.Fail(at + "status", "True, False or Unknown", c.value("status", json()));
     read.reason = in.Get<std::string>(c, at, "reason", "");
     read.message = in.Get<std::string>(c, at, "message", "");
@@ -282,7 +292,7 @@ json ToJson(const JobStatus& st, const std::string& label_selector) {
   }
   if (st.data) {
     const DataStatus& d = *st.data;
-    json& out = j["data"] = {{"key", d.key},          {"phase", d.phase},
+    json& out = j["data"] = {{"key", d.key},          {"phase", DataPhaseName(d.phase)},
                              {"pod", d.pod},          {"storeUri", d.store_uri},
                              {"samples", d.samples},  {"tokens", d.tokens},
                              {"reused", d.reused},    {"message", d.message},

@@ -271,7 +271,7 @@ TEST_F(InformerIntegration, ATypedPodCacheFedByTheObserveHookFollowsTheServerBef
   const auto cached = cache.Get("default", "cached-1");
   ASSERT_TRUE(cached);
   EXPECT_EQ(cached->Label("tidal.dev/rank"), "1");
-  EXPECT_EQ(cached->phase, "Pending");
+  EXPECT_EQ(cached->phase, kube::PodPhase::kPending);
   // The store holds what KeepIdentity keeps, and its owner index still works.
   ObjectPtr stub = informer.store().Get("default", "cached-1");
   ASSERT_TRUE(stub);

@@ -21,6 +21,7 @@ namespace {
 using nlohmann::json;
 using namespace std::chrono_literals;
 using W = api::WorkerPhase;
+using kube::PodPhase;
 
 json Spec(const std::string& extra = "") {
   json spec = json::parse(R"({
@@ -56,7 +57,7 @@ class Sim {
     }
     if (pending_barrier_ && --pending_barrier_passes_ <= 0) {  // the barrier calls end
       releasing_barrier_ = true;
-      Apply(*pending_barrier_);
+      On(*pending_barrier_);
       releasing_barrier_ = false;
       pending_barrier_.reset();
     }
@@ -79,7 +80,7 @@ class Sim {
     for (const auto& [name, pod] : pods_) o.pods.push_back(pod);
     for (const auto& [name, pod] : prep_pods_) o.prep_pods.push_back(pod);
     for (const auto& [name, r] : reports_)
-      if (pods_.count(name) && pods_[name].phase == "Running" && !silent_.count(name))
+      if (pods_.count(name) && pods_[name].phase == PodPhase::kRunning && !silent_.count(name))
         o.reports[name] = r;
     for (const auto& [name, since] : silent_)
       if (pods_.count(name)) o.unreachable_since[name] = since;
@@ -163,12 +164,12 @@ class Sim {
   enum class Prepare { kLoads, kRefuses, kFails };
   Prepare prepare_ = Prepare::kLoads;
   int prepare_passes_ = 1;
-  std::vector<Action> prepare_asks_;
+  std::vector<action::PrepareEngine> prepare_asks_;
   std::vector<std::string> barriers_while_loading_;  // workers loading when a barrier came
   // The barrier's calls run off the reconcile (the shell's WorkerCalls): the ranks hold this
   // many passes after it is first sent. 0: at once.
   int barrier_passes_ = 0;
-  std::optional<Action> pending_barrier_;
+  std::optional<action::Barrier> pending_barrier_;
   int pending_barrier_passes_ = 0;
   bool releasing_barrier_ = false;
   int barrier_resends_ = 0;            // the same barrier sent again while its calls ran
@@ -208,184 +209,171 @@ class Sim {
 
  private:
   void Apply(const Action& a) {
-    switch (a.kind) {
-      case Action::Kind::kAddFinalizer:
-        finalizer_ = true;
-        break;
-      case Action::Kind::kRemoveFinalizer:
-        finalizer_ = false;
-        break;
-      case Action::Kind::kEnsureService:
-        service_ = true;
-        break;
-      case Action::Kind::kEnsureTokenSecret:
-        token_ = true;
-        break;
-      case Action::Kind::kEnsureSpecConfig:
-        config_ = true;
-        break;
-      case Action::Kind::kUpdateSpecConfig:
-        EXPECT_TRUE(pods_.empty()) << "the spec ConfigMap changed under running workers";
-        ++config_updates_;
-        break;
-      case Action::Kind::kCreatePods:
-        ASSERT_EQ(a.pods.size(), a.slots.size());
-        for (size_t i = 0; i < a.pods.size(); ++i) {
-          ASSERT_FALSE(pods_.count(a.pods[i])) << a.pods[i] << " created twice";
-          PodView p;
-          p.name = a.pods[i];
-          p.slot = a.slots[i];
-          p.created_for_generation = a.generation;
-          p.phase = pods_stay_pending_ ? "Pending" : "Running";
-          p.reason = pods_stay_pending_ ? "Unschedulable" : "";
-          p.ip = "127.0.0." + std::to_string(10 + a.slots[i]);
-          if (node_of_) p.node = node_of_(a.slots[i]);
-          pods_[p.name] = p;
-          reports_[p.name] = WorkerReport{.phase = W::kWaiting};
-        }
-        break;
-      case Action::Kind::kCreatePrepPod: {
-        ASSERT_EQ(a.pods.size(), 1u);
-        ASSERT_FALSE(prep_pods_.count(a.pods[0])) << a.pods[0] << " created twice";
-        const auto [phase, message] = prep_outcome_(static_cast<int>(prep_pods_created_.size()));
-        prep_pods_created_.push_back(a.pods[0]);
-        prep_pods_[a.pods[0]] = PrepPodView{.name = a.pods[0], .phase = phase, .message = message};
-        break;
+    std::visit([this](const auto& kind) { On(kind); }, a);
+  }
+  void On(const action::AddFinalizer&) { finalizer_ = true; }
+  void On(const action::RemoveFinalizer&) { finalizer_ = false; }
+  void On(const action::EnsureService&) { service_ = true; }
+  void On(const action::EnsureTokenSecret&) { token_ = true; }
+  void On(const action::EnsureSpecConfig&) { config_ = true; }
+  void On(const action::UpdateSpecConfig&) {
+    EXPECT_TRUE(pods_.empty()) << "the spec ConfigMap changed under running workers";
+    ++config_updates_;
+  }
+  void On(const action::CreatePods& a) {
+    ASSERT_EQ(a.pods.size(), a.slots.size());
+    for (size_t i = 0; i < a.pods.size(); ++i) {
+      ASSERT_FALSE(pods_.count(a.pods[i])) << a.pods[i] << " created twice";
+      PodView p;
+      p.name = a.pods[i];
+      p.slot = a.slots[i];
+      p.created_for_generation = a.generation;
+      p.phase = pods_stay_pending_ ? PodPhase::kPending : PodPhase::kRunning;
+      p.reason = pods_stay_pending_ ? "Unschedulable" : "";
+      p.ip = "127.0.0." + std::to_string(10 + a.slots[i]);
+      if (node_of_) p.node = node_of_(a.slots[i]);
+      pods_[p.name] = p;
+      reports_[p.name] = WorkerReport{.phase = W::kWaiting};
+    }
+  }
+  void On(const action::CreatePrepPod& a) {
+    ASSERT_FALSE(prep_pods_.count(a.pod)) << a.pod << " created twice";
+    const auto [phase, message] = prep_outcome_(static_cast<int>(prep_pods_created_.size()));
+    prep_pods_created_.push_back(a.pod);
+    prep_pods_[a.pod] =
+        PrepPodView{.name = a.pod, .phase = kube::ParsePodPhase(phase), .message = message};
+  }
+  void On(const action::DeletePods& a) {
+    for (const std::string& p : a.pods) {
+      if (prep_pods_.erase(p)) continue;
+      reports_.erase(p);  // SIGTERM: the worker stops answering
+      if (linger_ > 0 && pods_.count(p)) {
+        pods_[p].deleting = true;
+        if (!pods_[p].deletion_deadline) pods_[p].deletion_deadline = now_ + 120s;  // grace
+        lingering_.try_emplace(p, linger_);
+      } else {
+        pods_.erase(p);
       }
-      case Action::Kind::kDeletePods:
-        for (const std::string& p : a.pods) {
-          if (prep_pods_.erase(p)) continue;
-          reports_.erase(p);  // SIGTERM: the worker stops answering
-          if (linger_ > 0 && pods_.count(p)) {
-            pods_[p].deleting = true;
-            if (!pods_[p].deletion_deadline) pods_[p].deletion_deadline = now_ + 120s;  // grace
-            lingering_.try_emplace(p, linger_);
-          } else {
-            pods_.erase(p);
-          }
-        }
-        break;
-      case Action::Kind::kForceDeletePods:
-        for (const std::string& p : a.pods) {
-          force_deleted_.push_back(p);
-          pods_.erase(p);
-          lingering_.erase(p);
-          reports_.erase(p);
-        }
-        break;
-      case Action::Kind::kBarrier: {
-        if (barrier_passes_ > 0 && !releasing_barrier_) {
-          // The shell starts the calls and returns (WorkerCalls): the ranks reach the barrier
-          // some passes later. A barrier sent again meanwhile starts no new call.
-          if (pending_barrier_ && pending_barrier_->barrier_id == a.barrier_id) {
-            ++barrier_resends_;
-          } else {
-            pending_barrier_ = a;
-            pending_barrier_passes_ = barrier_passes_;
-          }
-          break;
-        }
-        for (const auto& [name, r] : reports_)  // the job pauses only once nothing loads
-          if (r.prepared && r.prepared->generation > r.generation && !r.prepared->ready &&
-              r.prepared->error.empty())
-            barriers_while_loading_.push_back(name);
-        // Named for the workers (worker.proto): this generation's, never an older barrier's.
-        EXPECT_EQ(a.barrier_id >> 32, static_cast<uint64_t>(status().generation));
-        EXPECT_GE(a.barrier_id, last_barrier_id_) << "a barrier named below an earlier one";
-        last_barrier_id_ = a.barrier_id;
-        int64_t step = 0;
-        for (const std::string& p : a.pods)
-          if (reports_.count(p)) step = std::max(step, reports_[p].step);
-        for (const std::string& p : a.pods) {
-          if (!reports_.count(p)) continue;
-          WorkerReport& r = reports_[p];
-          if (r.phase == W::kRunning) {
-            r.phase = W::kPaused;
-            r.step = step;
-          } else if (r.phase != W::kPaused) {
-            continue;
-          }
-          // A live barrier keeps the state in the ranks' memory; else (ranks held at a live
-          // checkpoint too) it goes to the store.
-          if (a.live) {
-            r.live_step = r.step;
-          } else {
-            r.checkpoint_step = r.step;
-            r.checkpoint_uri = "file:///ckpt/step-" + std::to_string(r.step);
-            checkpoint_ = std::max(checkpoint_, r.step);
-          }
-        }
-        break;
+    }
+  }
+  void On(const action::ForceDeletePods& a) {
+    for (const std::string& p : a.pods) {
+      force_deleted_.push_back(p);
+      pods_.erase(p);
+      lingering_.erase(p);
+      reports_.erase(p);
+    }
+  }
+  void On(const action::Barrier& a) {
+    if (barrier_passes_ > 0 && !releasing_barrier_) {
+      // The shell starts the calls and returns (WorkerCalls): the ranks reach the barrier
+      // some passes later. A barrier sent again meanwhile starts no new call.
+      if (pending_barrier_ && pending_barrier_->id == a.id) {
+        ++barrier_resends_;
+      } else {
+        pending_barrier_ = a;
+        pending_barrier_passes_ = barrier_passes_;
       }
-      case Action::Kind::kRendezvous:
-        members_of_[a.generation] = a.pods;
-        {  // every rank keeps exactly one rank's copy, never its own (beyond one rank)
-          EXPECT_EQ(a.wards.size(), a.pods.size());
-          std::set<int> wards(a.wards.begin(), a.wards.end());
-          EXPECT_EQ(wards.size(), a.wards.size());
-          for (size_t rank = 0; rank < a.wards.size() && a.wards.size() > 1; ++rank) {
-            EXPECT_NE(a.wards[rank], static_cast<int>(rank));
-            ward_of_[a.pods[rank]] = a.wards[rank];
-          }
-        }
-        for (const std::string& p : a.targets) {
-          auto rank = std::find(a.pods.begin(), a.pods.end(), p) - a.pods.begin();
-          ASSERT_LT(static_cast<size_t>(rank), a.pods.size()) << "target outside the members";
-          WorkerReport& r = reports_[p];
-          if (r.prepared && r.prepared->ready &&
-              (r.prepared->rank != rank || r.prepared->world_size != std::ssize(a.pods)))
-            ++prepared_for_another_rank_;
-          r.generation = a.generation;
-          r.rank = static_cast<int>(rank);
-          r.world_size = static_cast<int>(a.pods.size());
-          if (a.state_peers.empty()) {
-            r.phase = W::kRunning;
-            r.step = checkpoint_;  // resumes from the newest checkpoint
-            r.held.clear();
-            ++resumed_from_store_;
-            last_resumed_step_ = r.step;
-          } else {
-            r.phase = W::kJoining;  // reads from the peers until the next reconcile's Train
-            joining_since_[p] = passes_;
-            reading_from_ = a.state_peers;
-            reading_step_ = a.state_step;
-          }
-        }
-        break;
-      case Action::Kind::kShutdown:
-        for (const std::string& p : a.pods) {
-          if (!joining_since_.empty() &&
-              std::find(reading_from_.begin(), reading_from_.end(), p) != reading_from_.end())
-            ADD_FAILURE() << p << " was shut down while the new generation read its state";
-          shutdown_.push_back(p);
-          reports_.erase(p);
-        }
-        break;
-      case Action::Kind::kResume:
-        for (const std::string& p : a.pods)
-          if (reports_.count(p) && reports_[p].phase == W::kPaused) reports_[p].phase = W::kRunning;
-        break;
-      case Action::Kind::kPrepareEngine:
-        ASSERT_EQ(a.pods.size(), a.ranks.size());
-        prepare_asks_.push_back(a);
-        for (size_t i = 0; i < a.pods.size(); ++i) {
-          if (!reports_.count(a.pods[i]) || prepare_ == Prepare::kRefuses) continue;
-          WorkerReport& r = reports_[a.pods[i]];
-          EXPECT_LT(r.generation, a.generation) << a.pods[i] << " asked to prepare for the past";
-          const WorkerReport::Prepared plan{a.generation, a.ranks[i], a.world_size, false, ""};
-          if (r.prepared && r.prepared->generation == plan.generation &&
-              r.prepared->rank == plan.rank && r.prepared->world_size == plan.world_size)
-            continue;                             // a repeated ask
-          if (r.generation == 0 && r.prepared) {  // a new worker's engine: re-cut at the Regroup
-            r.prepared = WorkerReport::Prepared{plan.generation, plan.rank, plan.world_size,
-                                                r.prepared->ready, r.prepared->error};
-            continue;
-          }
-          r.prepared = plan;
-          if (prepare_ == Prepare::kFails) r.prepared->error = "spec.model.uri: not found";
-          preparing_since_[a.pods[i]] = passes_;
-        }
-        break;
+      return;
+    }
+    for (const auto& [name, r] : reports_)  // the job pauses only once nothing loads
+      if (r.prepared && r.prepared->generation > r.generation && !r.prepared->ready &&
+          r.prepared->error.empty())
+        barriers_while_loading_.push_back(name);
+    // Named for the workers (worker.proto): this generation's, never an older barrier's.
+    EXPECT_EQ(a.id >> 32, static_cast<uint64_t>(status().generation));
+    EXPECT_GE(a.id, last_barrier_id_) << "a barrier named below an earlier one";
+    last_barrier_id_ = a.id;
+    int64_t step = 0;
+    for (const std::string& p : a.pods)
+      if (reports_.count(p)) step = std::max(step, reports_[p].step);
+    for (const std::string& p : a.pods) {
+      if (!reports_.count(p)) continue;
+      WorkerReport& r = reports_[p];
+      if (r.phase == W::kRunning) {
+        r.phase = W::kPaused;
+        r.step = step;
+      } else if (r.phase != W::kPaused) {
+        continue;
+      }
+      // A live barrier keeps the state in the ranks' memory; else (ranks held at a live
+      // checkpoint too) it goes to the store.
+      if (a.live) {
+        r.live_step = r.step;
+      } else {
+        r.checkpoint_step = r.step;
+        r.checkpoint_uri = "file:///ckpt/step-" + std::to_string(r.step);
+        checkpoint_ = std::max(checkpoint_, r.step);
+      }
+    }
+  }
+  void On(const action::Rendezvous& a) {
+    members_of_[a.generation] = a.pods;
+    {  // every rank keeps exactly one rank's copy, never its own (beyond one rank)
+      EXPECT_EQ(a.wards.size(), a.pods.size());
+      std::set<int> wards(a.wards.begin(), a.wards.end());
+      EXPECT_EQ(wards.size(), a.wards.size());
+      for (size_t rank = 0; rank < a.wards.size() && a.wards.size() > 1; ++rank) {
+        EXPECT_NE(a.wards[rank], static_cast<int>(rank));
+        ward_of_[a.pods[rank]] = a.wards[rank];
+      }
+    }
+    for (const std::string& p : a.targets) {
+      auto rank = std::find(a.pods.begin(), a.pods.end(), p) - a.pods.begin();
+      ASSERT_LT(static_cast<size_t>(rank), a.pods.size()) << "target outside the members";
+      WorkerReport& r = reports_[p];
+      if (r.prepared && r.prepared->ready &&
+          (r.prepared->rank != rank || r.prepared->world_size != std::ssize(a.pods)))
+        ++prepared_for_another_rank_;
+      r.generation = a.generation;
+      r.rank = static_cast<int>(rank);
+      r.world_size = static_cast<int>(a.pods.size());
+      if (a.state_peers.empty()) {
+        r.phase = W::kRunning;
+        r.step = checkpoint_;  // resumes from the newest checkpoint
+        r.held.clear();
+        ++resumed_from_store_;
+        last_resumed_step_ = r.step;
+      } else {
+        r.phase = W::kJoining;  // reads from the peers until the next reconcile's Train
+        joining_since_[p] = passes_;
+        reading_from_ = a.state_peers;
+        reading_step_ = a.state_step;
+      }
+    }
+  }
+  void On(const action::Shutdown& a) {
+    for (const std::string& p : a.pods) {
+      if (!joining_since_.empty() &&
+          std::find(reading_from_.begin(), reading_from_.end(), p) != reading_from_.end())
+        ADD_FAILURE() << p << " was shut down while the new generation read its state";
+      shutdown_.push_back(p);
+      reports_.erase(p);
+    }
+  }
+  void On(const action::Resume& a) {
+    for (const std::string& p : a.pods)
+      if (reports_.count(p) && reports_[p].phase == W::kPaused) reports_[p].phase = W::kRunning;
+  }
+  void On(const action::PrepareEngine& a) {
+    ASSERT_EQ(a.pods.size(), a.ranks.size());
+    prepare_asks_.push_back(a);
+    for (size_t i = 0; i < a.pods.size(); ++i) {
+      if (!reports_.count(a.pods[i]) || prepare_ == Prepare::kRefuses) continue;
+      WorkerReport& r = reports_[a.pods[i]];
+      EXPECT_LT(r.generation, a.generation) << a.pods[i] << " asked to prepare for the past";
+      const WorkerReport::Prepared plan{a.generation, a.ranks[i], a.world_size, false, ""};
+      if (r.prepared && r.prepared->generation == plan.generation &&
+          r.prepared->rank == plan.rank && r.prepared->world_size == plan.world_size)
+        continue;                             // a repeated ask
+      if (r.generation == 0 && r.prepared) {  // a new worker's engine: re-cut at the Regroup
+        r.prepared = WorkerReport::Prepared{plan.generation, plan.rank, plan.world_size,
+                                            r.prepared->ready, r.prepared->error};
+        continue;
+      }
+      r.prepared = plan;
+      if (prepare_ == Prepare::kFails) r.prepared->error = "spec.model.uri: not found";
+      preparing_since_[a.pods[i]] = passes_;
     }
   }
   void Train() {
@@ -425,12 +413,12 @@ class Sim {
     // A member that died ends its generation on every peer (gloo sees the closed pairs).
     std::set<int64_t> broken;
     for (const auto& [name, r] : reports_)
-      if (!pods_.count(name) || pods_[name].phase == "Failed") broken.insert(r.generation);
+      if (!pods_.count(name) || pods_[name].phase == PodPhase::kFailed) broken.insert(r.generation);
     // So does a member that is gone or failed, for any generation it was rendezvoused into (a
     // rescale's next one included, before the status names it): its process group cannot form.
     for (const auto& [generation, members] : members_of_)
       for (const std::string& m : members)
-        if (!pods_.count(m) || pods_[m].phase == "Failed") broken.insert(generation);
+        if (!pods_.count(m) || pods_[m].phase == PodPhase::kFailed) broken.insert(generation);
     for (auto& [name, r] : reports_)
       if (r.phase == W::kRunning && broken.count(r.generation)) {
         r.phase = W::kFailed;
@@ -491,7 +479,7 @@ class Sim {
 std::string ConditionOf(const JobStatus& st, const std::string& type, const char* field) {
   for (const Condition& c : st.conditions)
     if (c.type == type)
-      return std::string(field) == "status"   ? c.status
+      return std::string(field) == "status"   ? ConditionStatusName(c.status)
              : std::string(field) == "reason" ? c.reason
                                               : c.message;
   return "";
@@ -531,13 +519,13 @@ TEST(Reconcile, ANewJobCreatesItsChildrenAndMinGpusWorkersThenRendezvousAsGenera
   Sim sim(Spec());
   Plan first = sim.Reconcile();
   std::vector<std::string> kinds;
-  for (const Action& a : first.actions) kinds.push_back(ActionKindName(a.kind));
+  for (const Action& a : first.actions) kinds.push_back(ActionName(a));
   EXPECT_EQ(kinds, (std::vector<std::string>{"AddFinalizer", "EnsureService", "EnsureTokenSecret",
                                              "EnsureSpecConfig", "CreatePrepPod"}));
   EXPECT_EQ(sim.phase(), "Pending");
   // The data phase is over: its pod goes, the workers come, told the store.
   kinds.clear();
-  for (const Action& a : sim.Reconcile().actions) kinds.push_back(ActionKindName(a.kind));
+  for (const Action& a : sim.Reconcile().actions) kinds.push_back(ActionName(a));
   EXPECT_EQ(kinds, (std::vector<std::string>{"DeletePods", "CreatePods"}));
   EXPECT_EQ(sim.status().data->store_uri, "file:///data/.tidal-tokens/0123abcd");
   sim.Until([&] { return sim.phase() == "Running"; });
@@ -595,9 +583,9 @@ TEST(Reconcile, AWorkerThatStopsAnsweringIsReplacedAndItsPodNeverTakenBack) {
       << "the silent pod is a member of the generation that replaces it";
   bool created = false;
   for (const Action& a : plan.actions)
-    if (a.kind == Action::Kind::kCreatePods) {
+    if (const auto* create = As<action::CreatePods>(a)) {
       created = true;
-      EXPECT_EQ(std::count(a.pods.begin(), a.pods.end(), "job-worker-1"), 0)
+      EXPECT_EQ(std::count(create->pods.begin(), create->pods.end(), "job-worker-1"), 0)
           << "a pod created under the name of one this pass deletes";
     }
   EXPECT_TRUE(created) << "no backoff: the replacement is created at once";
@@ -663,7 +651,7 @@ TEST(Reconcile, AJobThatHasNeverStartedIsNotProgressingUntilItsFirstGenerationSt
   EXPECT_EQ(ConditionOf(sim.status(), "Progressing", "status"), "False");
   EXPECT_EQ(ConditionOf(sim.status(), "Progressing", "reason"), "NotStarted");
   const std::string prep = sim.prep_pods_created_.at(0);
-  sim.prep_pods_[prep].phase = "Succeeded";
+  sim.prep_pods_[prep].phase = PodPhase::kSucceeded;
   sim.prep_pods_[prep].message =
       R"({"store": "s3://data/.tidal-tokens/feed", "samples": 500, "tokens": 1234, "reused": true})";
   sim.Until([&] { return sim.phase() == "Running"; });
@@ -726,7 +714,7 @@ TEST(Reconcile, ABarrierNotReachedInTimeAbandonsTheRescaleAndReleasesItsNewPods)
   const Plan plan = sim.Reconcile();
   bool resumed = false;
   for (const Action& a : plan.actions)
-    resumed |= a.kind == Action::Kind::kResume && a.pods == sim.status().members;
+    if (const auto* resume = As<action::Resume>(a)) resumed |= resume->pods == sim.status().members;
   EXPECT_TRUE(resumed) << "ranks held at an abandoned barrier stay paused";
 }
 
@@ -779,7 +767,7 @@ TEST(Reconcile, AStartThatFailsBeforeTheFirstStepIsTriedAgainNotRecovered) {
   Sim sim(Spec(R"({"restartPolicy": {"backoffSeconds": 0}})"));
   sim.pods_stay_pending_ = true;
   sim.Until([&] { return sim.pods_.size() == 2u; });
-  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
   sim.pods_["job-worker-1"].reason = "ImagePullBackOff";
   sim.Reconcile();
   const JobStatus st = sim.status();
@@ -835,9 +823,9 @@ TEST(Reconcile, EveryStatusFieldTheOperatorWritesIsOneTheCrdSchemaAccepts) {
   st.last_failure = "x";
   st.last_failure_time = t;
   st.anomaly = AnomalyStatus{"rule", 12, 11, "rising", t, true};
-  st.data = DataStatus{"k", "Ready", "p", "file:///s", 1, 2, true, "m", 0, t, t};
-  st.conditions = {{"CheckpointsIntact", "False", "CorruptSkipped", "m", t, 1},
-                   {"ScaleOverride", "False", "InvalidReplicas", "m", t, 1}};
+  st.data = DataStatus{"k", DataPhase::kReady, "p", "file:///s", 1, 2, true, "m", 0, t, t};
+  st.conditions = {{"CheckpointsIntact", ConditionStatus::kFalse, "CorruptSkipped", "m", t, 1},
+                   {"ScaleOverride", ConditionStatus::kFalse, "InvalidReplicas", "m", t, 1}};
   st.observed_generation = 2;
   json job = {{"apiVersion", "tidal.dev/v1alpha1"},
               {"kind", "TrainingJob"},
@@ -853,7 +841,7 @@ TEST(Reconcile, EveryStatusFieldTheOperatorWritesIsOneTheCrdSchemaAccepts) {
 TEST(Reconcile, ASucceededJobShowsNoGpusHeldOrWanted) {
   Sim sim(Spec());
   sim.Until([&] { return sim.phase() == "Running"; });
-  sim.pods_["job-worker-0"].phase = "Succeeded";
+  sim.pods_["job-worker-0"].phase = PodPhase::kSucceeded;
   sim.Reconcile();
   sim.Reconcile();
   EXPECT_EQ(sim.phase(), "Succeeded");
@@ -880,7 +868,7 @@ TEST(Reconcile, AGenerationFailedWithAMemberThatDoesNotAnswerReplacesThatOneOnly
   const JobStatus st = sim.status();
   ASSERT_TRUE(st.rescale);
   EXPECT_EQ(st.rescale->members, Names({0})) << "the silent member taken as a survivor";
-  sim.pods_["job-worker-1"].phase = "Failed";  // the kubelet catches up
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;  // the kubelet catches up
   sim.silent_.clear();
   sim.Until([&] { return sim.phase() == "Running" && sim.status().generation > generation; });
   EXPECT_EQ(sim.status().restarts, 1) << "the pod's failure counted as a second restart";
@@ -895,14 +883,14 @@ TEST(Reconcile, ABarrierWhoseCallsEndPassesLaterHoldsTheRendezvousUntilEveryRank
   sim.Until([&] { return sim.phase() == "Running"; });
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Until([&] { return sim.pending_barrier_.has_value(); });
-  const uint64_t id = sim.pending_barrier_->barrier_id;
+  const uint64_t id = sim.pending_barrier_->id;
   for (int i = 0; i < 2; ++i) {
     const Plan plan = sim.Reconcile();
     EXPECT_EQ(sim.phase(), "Scaling");
     EXPECT_EQ(sim.status().generation, 1);
     for (const Action& a : plan.actions) {
-      EXPECT_NE(a.kind, Action::Kind::kRendezvous) << "a rendezvous before every rank held";
-      if (a.kind == Action::Kind::kBarrier) EXPECT_EQ(a.barrier_id, id) << "renamed";
+      EXPECT_FALSE(As<action::Rendezvous>(a)) << "a rendezvous before every rank held";
+      if (const auto* barrier = As<action::Barrier>(a)) EXPECT_EQ(barrier->id, id) << "renamed";
     }
     EXPECT_LE(plan.requeue_after, std::chrono::seconds(2)) << "the poll is the safety net";
   }
@@ -956,7 +944,7 @@ TEST(Reconcile, AScaleUpLoadsTheNewEnginesAtTheirPlannedRanksWhileTheJobTrainsTh
   sim.Until([&] { return sim.phase() == "Running"; });
   sim.SetSpec(Spec(R"({"replicas": 4})"));
   sim.Until([&] { return !sim.prepare_asks_.empty(); });
-  const Action ask = sim.prepare_asks_.front();
+  const action::PrepareEngine ask = sim.prepare_asks_.front();
   // Every member of the next generation: the new ones load their engines, the current ones the
   // base weights their new shards add.
   EXPECT_EQ(ask.pods, Names({0, 1, 2, 3}));
@@ -1108,7 +1096,7 @@ TEST(Reconcile, AWorkerKilledWhileALiveScaleUpReadsItsStateRecoversFromTheStore)
     const int64_t stored = sim.store_newest();
     ASSERT_GT(stored, 0);
     ASSERT_LE(stored, held);
-    sim.pods_[dead].phase = "Failed";
+    sim.pods_[dead].phase = PodPhase::kFailed;
     sim.Until([&] { return sim.phase() == "Recovering"; });
     EXPECT_EQ(sim.status().restarts, 1);
     // The live rescale is over; a recovery takes its place, reading nothing from memory.
@@ -1166,7 +1154,7 @@ TEST(Reconcile, ALostWorkerIsRebuiltFromTheSurvivorsBuddyCopiesAndTheStoreIsNotR
   const int from_store = sim.resumed_from_store_;
   const int from_peers = sim.resumed_from_peers_;
   const int64_t generation = sim.status().generation;
-  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
   sim.Until([&] { return sim.status().generation == generation + 1 && !sim.status().rescale; }, 6);
   EXPECT_EQ(sim.status().current_gpus, 2) << "the survivors did not go on alone";
   EXPECT_TRUE(sim.HasEvent("RecoveringFromMemory"));
@@ -1195,7 +1183,7 @@ TEST(Reconcile, TheGpuLostToARecoveryComesBackWithoutWaitingForTheCooldown) {
   sim.SetSpec(slow);
   sim.now_ += 600s;  // the start's own cooldown is over
   sim.Reconcile();
-  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
   sim.Until([&] { return sim.status().current_gpus == 2 && !sim.status().rescale; }, 6);
   sim.Until(
       [&] {
@@ -1362,7 +1350,7 @@ TEST(Reconcile, WithoutBuddyCopiesALostWorkerWaitsForTheBackoffAndResumesFromThe
   sim.buddies_ = false;
   for (auto& [name, r] : sim.reports_) r.held.clear();
   const int from_store = sim.resumed_from_store_;
-  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
   sim.Until([&] { return sim.phase() == "Recovering"; });
   for (int i = 0; i < 5; ++i) sim.Reconcile();
   EXPECT_EQ(sim.phase(), "Recovering") << "recovered before the backoff";
@@ -1382,8 +1370,8 @@ TEST(Reconcile, AWorkerLostWithTheRankKeepingItsCopyRecoversFromTheStoreAndSaysS
   const std::string keeper = KeeperOf(sim, "job-worker-1");
   ASSERT_FALSE(keeper.empty());
   const int from_store = sim.resumed_from_store_;
-  sim.pods_["job-worker-1"].phase = "Failed";
-  sim.pods_[keeper].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
+  sim.pods_[keeper].phase = PodPhase::kFailed;
   sim.Until([&] { return sim.phase() == "Recovering"; });
   sim.now_ += 10s;
   sim.Until([&] { return sim.phase() == "Running" && !sim.status().rescale; });
@@ -1402,7 +1390,7 @@ TEST(Reconcile, ALeaderDyingDuringABuddyRecoveryLosesNoStepAndNeverRunsTwoGenera
     const int64_t trained = RunThreeRanksWithBuddies(sim);
     const int from_store = sim.resumed_from_store_;
     sim.lose_actions_every_ = every;
-    sim.pods_["job-worker-2"].phase = "Failed";
+    sim.pods_["job-worker-2"].phase = PodPhase::kFailed;
     sim.Until([&] { return sim.phase() == "Recovering"; });
     sim.now_ += 10s;
     sim.Until([&] { return sim.phase() == "Running" && !sim.status().rescale; }, 80);
@@ -1420,12 +1408,12 @@ TEST(Reconcile, ALeaderDyingDuringABuddyRecoveryLosesNoStepAndNeverRunsTwoGenera
 TEST(Reconcile, AKeeperDyingWhileTheNewGenerationReadsFallsBackToTheStore) {
   Sim sim(Spec(kThreeRanks));
   const int64_t trained = RunThreeRanksWithBuddies(sim);
-  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
   sim.Until([&] { return sim.phase() == "Recovering"; });
   sim.now_ += 10s;
   sim.Until([&] { return sim.AtRendezvous() && !sim.status().rescale->state_peers.empty(); });
   const std::string keeper = sim.status().rescale->state_peers[1];
-  sim.pods_[keeper].phase = "Failed";
+  sim.pods_[keeper].phase = PodPhase::kFailed;
   sim.now_ += 60s;  // past any backoff
   sim.Until([&] { return sim.phase() == "Running" && !sim.status().rescale; }, 80);
   EXPECT_EQ(sim.status().restarts, 2);
@@ -1483,12 +1471,12 @@ TEST(Reconcile, ARecoveryWhoseReplacementStaysPendingGoesOnWithTheSurvivorsWhenA
                    "replicas": 4})"));
   sim.Until([&] { return sim.status().current_gpus == 4 && sim.phase() == "Running"; });
   sim.pods_stay_pending_ = true;
-  sim.pods_["job-worker-2"].phase = "Failed";
+  sim.pods_["job-worker-2"].phase = PodPhase::kFailed;
   sim.Reconcile();
   EXPECT_EQ(sim.phase(), "Recovering");
   sim.now_ += 10s;
   for (int i = 0; i < 5; ++i) sim.Reconcile();
-  EXPECT_EQ(sim.pods_["job-worker-2"].phase, "Pending");
+  EXPECT_EQ(sim.pods_["job-worker-2"].phase, PodPhase::kPending);
   sim.now_ += 60s;
   sim.Until([&] { return sim.phase() == "Running"; });
   EXPECT_EQ(sim.status().members, Names({0, 1, 3}));
@@ -1663,9 +1651,9 @@ TEST(Reconcile, TheRecoveryBackoffDoublesWithinAStreakAndStartsAgainAfterTenQuie
 TEST(Reconcile, FailuresThatFollowOneAnotherInOneRecoveryCountAsOneRestart) {
   Sim sim(Spec());
   sim.Until([&] { return sim.phase() == "Running"; });
-  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
   sim.Reconcile();
-  sim.pods_["job-worker-0"].phase = "Failed";  // the rest of the generation goes down
+  sim.pods_["job-worker-0"].phase = PodPhase::kFailed;  // the rest of the generation goes down
   sim.Reconcile();
   EXPECT_EQ(sim.status().restarts, 1);
   sim.now_ += 10s;
@@ -1692,7 +1680,7 @@ TEST(Reconcile, BeyondMaxRestartsTheJobFailsWithTheCauseAndItsPodsGo) {
   Sim sim(Spec());
   for (int restart = 1; restart <= 3; ++restart) {
     sim.Until([&] { return sim.phase() == "Running"; }, 200);
-    sim.pods_["job-worker-1"].phase = "Failed";
+    sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
     sim.pods_["job-worker-1"].reason = "exit code 137";
     sim.Reconcile();
     sim.now_ += std::chrono::seconds(10 << (restart - 1));
@@ -1753,7 +1741,7 @@ TEST(Reconcile, AWorkerThatCannotUseTheSpecFailsTheJobNamingTheFieldUntilTheSpec
 TEST(Reconcile, ARecoveringJobShowsTheCauseOfItsLastRestart) {
   Sim sim(Spec());
   sim.Until([&] { return sim.phase() == "Running"; });
-  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
   sim.pods_["job-worker-1"].reason = "Error (exit code 1)";
   sim.Reconcile();
   EXPECT_EQ(sim.phase(), "Recovering");
@@ -1802,7 +1790,7 @@ TEST(Reconcile, SuspendCheckpointsAndRemovesTheWorkersAndUnsuspendStartsANewGene
   sim.SetSpec(Spec(R"({"suspend": true})"));
   Plan plan = sim.Reconcile();
   ASSERT_FALSE(plan.actions.empty());
-  EXPECT_EQ(ActionKindName(plan.actions.back().kind), std::string("Barrier"));
+  EXPECT_EQ(ActionName(plan.actions.back()), std::string("Barrier"));
   sim.Until([&] { return sim.phase() == "Suspended"; });
   EXPECT_TRUE(sim.pods_.empty());
   EXPECT_TRUE(sim.HasEvent("Suspended"));
@@ -1929,7 +1917,7 @@ TEST(Reconcile, AJobBeingDeletedIsTerminatingUntilItsFinalizerGoes) {
 TEST(Reconcile, AResumeOfAJobThatOnceRecoveredIsPendingAndMeasuredAsAResume) {
   Sim sim(Spec());
   sim.Until([&] { return sim.phase() == "Running"; });
-  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
   sim.Reconcile();
   sim.now_ += 10s;
   sim.Until([&] { return sim.phase() == "Running" && sim.status().restarts == 1; });
@@ -1959,7 +1947,7 @@ TEST(Reconcile, AnInvalidSpecSetsReadyFalseInvalidSpecAndCreatesNothing) {
   for (const Condition& c : sim.status().conditions)
     if (c.type == "Ready") {
       found = true;
-      EXPECT_EQ(c.status, "False");
+      EXPECT_EQ(c.status, ConditionStatus::kFalse);
       EXPECT_EQ(c.reason, "InvalidSpec");
       EXPECT_NE(c.message.find("spec.optimization.globalBatchSize"), std::string::npos)
           << c.message;
@@ -1989,7 +1977,7 @@ TEST(Reconcile, NoWorkerIsCreatedUntilTheDataPhaseHasPreparedTheStore) {
   EXPECT_EQ(ConditionOf(sim.status(), "DataReady", "status"), "False");
   EXPECT_EQ(std::count(sim.events_.begin(), sim.events_.end(), "PreparingData"), 1);
 
-  sim.prep_pods_[prep].phase = "Succeeded";
+  sim.prep_pods_[prep].phase = PodPhase::kSucceeded;
   sim.prep_pods_[prep].message =
       R"({"store": "s3://data/.tidal-tokens/feed", "samples": 500000, "tokens": 123456789,
           "reused": true})";
@@ -1998,7 +1986,7 @@ TEST(Reconcile, NoWorkerIsCreatedUntilTheDataPhaseHasPreparedTheStore) {
   EXPECT_EQ(sim.pods_.size(), 2u);
   const JobStatus st = sim.status();
   ASSERT_TRUE(st.data);
-  EXPECT_EQ(st.data->phase, "Ready");
+  EXPECT_EQ(st.data->phase, DataPhase::kReady);
   EXPECT_EQ(st.data->store_uri, "s3://data/.tidal-tokens/feed");
   EXPECT_EQ(st.data->samples, 500000);
   EXPECT_EQ(st.data->tokens, 123456789);
@@ -2007,7 +1995,7 @@ TEST(Reconcile, NoWorkerIsCreatedUntilTheDataPhaseHasPreparedTheStore) {
   EXPECT_TRUE(sim.HasEvent("DataReady"));
   sim.Until([&] { return sim.phase() == "Running"; });
   // A recovery that replaces every worker does not prepare again.
-  for (const std::string& m : sim.status().members) sim.pods_[m].phase = "Failed";
+  for (const std::string& m : sim.status().members) sim.pods_[m].phase = PodPhase::kFailed;
   sim.now_ += 1h;
   sim.Until([&] { return sim.phase() == "Running" && sim.status().restarts == 1; });
   EXPECT_EQ(sim.prep_pods_created_.size(), 1u);
@@ -2067,7 +2055,7 @@ TEST(Reconcile, AFailingDataPhaseIsRetriedWithBackoffThenFailsTheJob) {
   sim.Reconcile();  // sees the failure: retry 1 in 10 s
   JobStatus st = sim.status();
   ASSERT_TRUE(st.data);
-  EXPECT_EQ(st.data->phase, "Retrying");
+  EXPECT_EQ(st.data->phase, DataPhase::kRetrying);
   EXPECT_EQ(st.data->failures, 1);
   EXPECT_NE(st.data->message.find("Segmentation fault"), std::string::npos) << st.data->message;
   EXPECT_TRUE(sim.HasEvent("DataPreparationFailed"));
@@ -2086,7 +2074,7 @@ TEST(Reconcile, AFailingDataPhaseIsRetriedWithBackoffThenFailsTheJob) {
 TEST(Reconcile, RankZeroSucceedingMakesTheJobSucceeded) {
   Sim sim(Spec());
   sim.Until([&] { return sim.phase() == "Running"; });
-  sim.pods_["job-worker-0"].phase = "Succeeded";
+  sim.pods_["job-worker-0"].phase = PodPhase::kSucceeded;
   sim.Reconcile();
   EXPECT_EQ(sim.phase(), "Succeeded");
   EXPECT_TRUE(sim.HasEvent("Succeeded"));
@@ -2168,6 +2156,10 @@ TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDe
       {{{"conditions", {{{"status", "True"}}}}}, "status.conditions[0].type: expected"},
       {{{"conditions", {{{"type", "Ready"}, {"status", "True"}, {"observedGeneration", "2"}}}}},
        "status.conditions[0].observedGeneration: expected an integer"},
+      {{{"data", {{"key", "k"}, {"phase", "Done"}}}},
+       R"(status.data.phase: expected one of Preparing, Ready, Invalid, Retrying, got "Done")"},
+      {{{"data", {{"key", "k"}}}},
+       "status.data.phase: expected one of Preparing, Ready, Invalid, Retrying, got null"},
       {{{"anomaly", {{"paused", 1}}}}, "status.anomaly.paused: expected a boolean"},
       {{{"loss", "low"}}, "status.loss: expected a number"},
       {{{"checkpointInterval", 240}}, "status.checkpointInterval: expected an object"},
@@ -2221,7 +2213,7 @@ TEST(Reconcile, AStatusThatDoesNotReadHoldsTheJobAndIsLeftAsItIs) {
   sim.expect_unreadable_status_ = true;
   for (int i = 0; i < 5; ++i) {
     Plan plan = sim.Reconcile();
-    EXPECT_TRUE(plan.actions.empty()) << ActionKindName(plan.actions[0].kind);
+    EXPECT_TRUE(plan.actions.empty()) << ActionName(plan.actions[0]);
     EXPECT_TRUE(plan.conditions_only);
   }
   EXPECT_EQ(sim.status_json()["generation"], "one");
@@ -2259,7 +2251,7 @@ TEST(Reconcile, AStatusBehindItsWorkersHoldsTheJobUntilTheirPodsAreDeleted) {
   sim.mutable_status_json() = json::object();
   for (int i = 0; i < 5; ++i) {
     Plan plan = sim.Reconcile();
-    EXPECT_TRUE(plan.actions.empty()) << ActionKindName(plan.actions[0].kind);
+    EXPECT_TRUE(plan.actions.empty()) << ActionName(plan.actions[0]);
   }
   EXPECT_EQ(ConditionOf(sim.status(), "Ready", "reason"), "StatusUnreadable");
   EXPECT_NE(ConditionOf(sim.status(), "Ready", "message")
@@ -2380,7 +2372,7 @@ TEST(Reconcile, AWorkerDyingWhileTheJobIsPausedIsRecoveredAndTheJobHeldAgain) {
   sim.Until([&] { return sim.phase() == "Paused"; }, 80);
   sim.Until([&] { return sim.reports_["job-worker-0"].phase == W::kPaused; });
   const int64_t generation = sim.status().generation;
-  sim.pods_["job-worker-1"].phase = "Failed";
+  sim.pods_["job-worker-1"].phase = PodPhase::kFailed;
   sim.Reconcile();
   EXPECT_EQ(sim.phase(), "Recovering");
   EXPECT_EQ(sim.status().restarts, 1);

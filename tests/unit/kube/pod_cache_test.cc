@@ -63,7 +63,7 @@ TEST(PodCacheTest, ACachedPodHoldsWhatTheControllerReadsTyped) {
   ASSERT_EQ(p.tolerations.size(), 1u);
   EXPECT_EQ(p.tolerations[0], (PodToleration{"spot", "Exists", "", "NoExecute", 30}));
   EXPECT_EQ(p.gpu_request, 3) << "limits of one container, requests of the other";
-  EXPECT_EQ(p.phase, "Failed");
+  EXPECT_EQ(p.phase, PodPhase::kFailed);
   EXPECT_TRUE(p.Finished());
   EXPECT_EQ(p.ip, "10.0.0.9");
   EXPECT_FALSE(p.ready);
@@ -94,7 +94,7 @@ TEST(PodCacheTest, WhyAPodDoesNotRunComesFromTheSchedulerOrItsContainer) {
   const CachedPod odd = CachedPodOf(json::parse(R"({"metadata": {"name": 5, "labels": []},
       "spec": {"containers": "none", "tolerations": {}}, "status": {"phase": 1}})"));
   EXPECT_EQ(odd.name, "");
-  EXPECT_EQ(odd.phase, "Pending");
+  EXPECT_EQ(odd.phase, PodPhase::kPending);
   EXPECT_EQ(odd.gpu_request, 0);
 }
 
@@ -140,8 +140,8 @@ TEST(PodCacheTest, EventsAddReplaceAndRemovePodsAndTheirControllerIndex) {
   moved["status"]["phase"] = "Running";
   const auto updated = cache.Apply(ObjectEvent::kModified, moved);
   ASSERT_TRUE(updated);
-  EXPECT_EQ(updated->phase, "Running");
-  EXPECT_EQ(cache.Get("ml", "b")->phase, "Running");
+  EXPECT_EQ(updated->phase, PodPhase::kRunning);
+  EXPECT_EQ(cache.Get("ml", "b")->phase, PodPhase::kRunning);
   EXPECT_EQ(cache.ByController("job-1").size(), 1u);
   EXPECT_EQ(cache.ByController("job-2").size(), 2u);
   // A deletion carries only metadata when a relist finds it: that is enough.

@@ -40,6 +40,7 @@ TEST(TypesTest, PodReadsWhatTheOperatorUsesAndRoundTripsEverythingElse) {
   auto pod = PodFromJson(WorkerPod());
   ASSERT_TRUE(pod.ok()) << pod.status().message();
   EXPECT_EQ(pod->node_name, "gpu-1");
+  EXPECT_EQ(pod->phase, PodPhase::kRunning);
   EXPECT_EQ(pod->termination_grace_period_seconds, 60);
   ASSERT_EQ(pod->containers.size(), 1u);
   EXPECT_EQ(pod->containers[0].ports[0].container_port, 50051);
@@ -183,6 +184,15 @@ TEST(TypesTest, CrdAndStatus) {
   EXPECT_EQ(status->code, 422);
   ASSERT_EQ(status->causes.size(), 1u);
   EXPECT_EQ(status->causes[0].field, "spec.x");
+}
+
+TEST(TypesTest, APodPhaseReadsAsItsEnumAndOneThisBuildDoesNotKnowIsUnknown) {
+  EXPECT_EQ(ParsePodPhase(""), PodPhase::kPending);  // no kubelet has reported on it
+  for (PodPhase p : {PodPhase::kPending, PodPhase::kRunning, PodPhase::kSucceeded,
+                     PodPhase::kFailed, PodPhase::kUnknown})
+    EXPECT_EQ(ParsePodPhase(PodPhaseName(p)), p) << PodPhaseName(p);
+  EXPECT_EQ(ParsePodPhase("Hibernating"), PodPhase::kUnknown);
+  EXPECT_EQ(ParsePodPhase("running"), PodPhase::kUnknown);  // the API's values are case-sensitive
 }
 
 }  // namespace
