@@ -1,7 +1,8 @@
-// api/spec_section.h — reads one object of a resource spec into typed values, collecting
-// every problem with its field path ("spec.lora.rank: must be >= 1, got 0") and refusing
-// unknown keys (a typo such as `learningrate` must not silently fall back to a default). Used
-// by the engine's and the operator's spec parsing.
+// api/spec_section.h — reads one object of a resource spec into typed values (the types and
+// their names are common/json_reader.h's), collecting every problem with its field path
+// ("spec.lora.rank: must be >= 1, got 0") and refusing unknown keys (a typo such as
+// `learningrate` must not silently fall back to a default). Used by the engine's and the
+// operator's spec parsing.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "common/json_reader.h"
 
 namespace tidal::spec {
 
@@ -71,20 +74,21 @@ class Section {
   }
   void String(const std::string& key, std::string& out) {
     if (const nlohmann::json* v = Field(key)) {
-      if (v->is_string())
+      if (json_read::Fits<std::string>(*v))
         out = v->get<std::string>();
       else
-        Error(key, "expected a string, got " + TypeName(*v));
+        Error(key, std::string("expected ") + json_read::Expected<std::string>() + ", got " +
+                       TypeName(*v));
     }
   }
   void Int(const std::string& key, int64_t& out) {
     if (const nlohmann::json* v = Field(key)) {
       if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX})
         Error(key, "expected an integer below 2^63, got " + Dump(*v));
-      else if (v->is_number_integer())
+      else if (json_read::Fits<int64_t>(*v))
         out = v->get<int64_t>();
       else
-        Error(key, "expected an integer, got " + Dump(*v));
+        Error(key, std::string("expected ") + json_read::Expected<int64_t>() + ", got " + Dump(*v));
     }
   }
   // An integer, or the string "auto" (an int-or-string field): `is_auto` says which, and
@@ -99,18 +103,18 @@ class Section {
   }
   void Number(const std::string& key, double& out) {
     if (const nlohmann::json* v = Field(key)) {
-      if (v->is_number())
+      if (json_read::Fits<double>(*v))
         out = v->get<double>();
       else
-        Error(key, "expected a number, got " + Dump(*v));
+        Error(key, std::string("expected ") + json_read::Expected<double>() + ", got " + Dump(*v));
     }
   }
   void Bool(const std::string& key, bool& out) {
     if (const nlohmann::json* v = Field(key)) {
-      if (v->is_boolean())
+      if (json_read::Fits<bool>(*v))
         out = v->get<bool>();
       else
-        Error(key, "expected true or false, got " + Dump(*v));
+        Error(key, std::string("expected ") + json_read::Expected<bool>() + ", got " + Dump(*v));
     }
   }
   void Seed(const std::string& key, uint64_t& out) {

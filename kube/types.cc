@@ -6,106 +6,72 @@
 #include <limits>
 
 #include "common/base64.h"
+#include "common/json_reader.h"
 
 namespace tidal::kube {
 namespace {
 
 using nlohmann::json;
 
-// Reads typed fields out of one JSON object, remembering the first error with its field path.
+// Reads typed fields out of one JSON object, remembering the first error with its field path:
+// a fluent view of it for JsonReader (common/json_reader.h), which does the reading.
 class Fields {
  public:
   Fields(const json& object, std::string path) : object_(object), path_(std::move(path)) {
     if (!object_.is_object() && !object_.is_null())
-      Fail(path_.empty() ? "object" : path_, "expected an object");
+      in_.Fail(path_.empty() ? "object" : path_, "an object", object_);
   }
-  const Status& status() const { return status_; }
-  std::string Path(const std::string& key) const { return path_.empty() ? key : path_ + "." + key; }
+  const Status& status() const { return in_.status(); }
+  std::string Path(const std::string& key) const { return json_read::FieldPath(path_, key); }
 
-  Fields& String(const char* key, std::string& out) {
-    if (const json* v = Find(key)) {
-      if (v->is_string())
-        out = v->get<std::string>();
-      else
-        Fail(Path(key), "expected a string");
-    }
-    return *this;
-  }
-  Fields& Bool(const char* key, bool& out) {
-    if (const json* v = Find(key)) {
-      if (v->is_boolean())
-        out = v->get<bool>();
-      else
-        Fail(Path(key), "expected true or false");
-    }
-    return *this;
-  }
+  Fields& String(const char* key, std::string& out) { return Read(key, out); }
+  Fields& Bool(const char* key, bool& out) { return Read(key, out); }
   template <typename Int>
   Fields& Integer(const char* key, Int& out) {
-    if (const json* v = Find(key)) {
-      if (v->is_number_integer() && v->get<int64_t>() >= std::numeric_limits<Int>::min() &&
-          v->get<int64_t>() <= std::numeric_limits<Int>::max())
-        out = static_cast<Int>(v->get<int64_t>());
-      else
-        Fail(Path(key), "expected an integer");
-    }
-    return *this;
+    return Read(key, out);
   }
   Fields& OptionalInt64(const char* key, std::optional<int64_t>& out) {
-    int64_t v = 0;
-    if (Find(key)) {
-      Integer(key, v);
-      if (status_.ok()) out = v;
+    if (JsonReader::Find(object_, key)) {
+      const int64_t v = in_.Get<int64_t>(object_, path_, key, 0);
+      if (in_.ok()) out = v;
     }
     return *this;
   }
   Fields& Strings(const char* key, std::vector<std::string>& out) {
-    return Array(key, [&](const json& item, const std::string& path) {
-      if (item.is_string())
-        out.push_back(item.get<std::string>());
-      else
-        Fail(path, "expected a string");
-    });
+    for (std::string& s : in_.Strings(object_, path_, key)) out.push_back(std::move(s));
+    return *this;
   }
+  // Label-like maps; a number stands for its text (resource quantities may be numbers).
   Fields& StringMap(const char* key, std::map<std::string, std::string>& out) {
-    if (const json* v = Find(key)) {
-      if (!v->is_object()) return Fail(Path(key), "expected an object of strings");
+    if (const json* v = in_.Object(object_, path_, key))
       for (const auto& [k, item] : v->items()) {
         if (item.is_string())
           out[k] = item.get<std::string>();
-        else if (item.is_number_integer())  // quantities may be numbers
+        else if (item.is_number_integer())
           out[k] = item.dump();
         else
-          Fail(Path(key) + "." + k, "expected a string");
+          in_.Fail(Path(key) + "." + k, "a string", item);
       }
-    }
     return *this;
   }
   Fields& Array(const char* key, const std::function<void(const json&, const std::string&)>& each) {
-    if (const json* v = Find(key)) {
-      if (!v->is_array()) return Fail(Path(key), "expected a list");
-      for (size_t i = 0; i < v->size(); ++i)
-        if (status_.ok()) each((*v)[i], Path(key) + "[" + std::to_string(i) + "]");
-    }
+    if (const json* v = in_.Array(object_, path_, key))
+      for (size_t i = 0; i < v->size() && in_.ok(); ++i)
+        each((*v)[i], Path(key) + "[" + std::to_string(i) + "]");
     return *this;
   }
-  Fields& Fail(const std::string& path, const std::string& what) {
-    if (status_.ok()) status_ = InvalidArgument(path + ": " + what);
-    return *this;
-  }
-  void Absorb(const Status& s) {
-    if (status_.ok() && !s.ok()) status_ = s;
-  }
+  void Absorb(const Status& s) { in_.Absorb(s); }
 
  private:
-  const json* Find(const char* key) const {
-    if (!object_.is_object()) return nullptr;
-    auto it = object_.find(key);
-    return it == object_.end() || it->is_null() ? nullptr : &*it;
+  template <typename T>
+  Fields& Read(const char* key, T& out) {
+    out = in_.Get<T>(object_, path_, key, out);
+    return *this;
   }
+
   const json& object_;
   std::string path_;
-  Status status_;
+  JsonReader in_;
 };
 
 const json& Child(const json& object, const char* key) {

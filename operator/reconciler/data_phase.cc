@@ -1,5 +1,6 @@
 // operator/reconciler/data_phase.cc — the data phase (status.data): the prep pod that tokenizes and
 // checks the spec before any worker starts, its retries, and the pods of earlier attempts.
+#include "common/json_reader.h"
 #include "operator/reconciler/decider.h"
 
 namespace tidal::controller::internal {
@@ -54,15 +55,23 @@ bool Decider::DataReady() {
                     : "tokenizing in pod " + name + " (kubectl logs " + name + " for progress)";
     return false;
   }
+  // tidal-prep's result (`--result`, its termination message), read strictly: a field of the
+  // wrong type makes the attempt a failure that says which, never a store taken on trust.
   const json result = json::parse(pod->message, nullptr, /*allow_exceptions=*/false);
   const bool answered = result.is_object();
-  if (pod->phase == PodPhase::kSucceeded && answered && result.contains("store") &&
-      result["store"].is_string()) {
+  JsonReader in;
+  const std::string store = in.Get<std::string>(result, "result", "store", "");
+  const int64_t samples = in.Get<int64_t>(result, "result", "samples", 0);
+  const int64_t tokens = in.Get<int64_t>(result, "result", "tokens", 0);
+  const bool reused = in.Get<bool>(result, "result", "reused", false);
+  std::string error = in.Get<std::string>(result, "result", "error", "");
+  const bool invalid_spec = in.Get<bool>(result, "result", "invalidSpec", false);
+  if (pod->phase == PodPhase::kSucceeded && answered && in.ok() && !store.empty()) {
     d.phase = DataPhase::kReady;
-    d.store_uri = result["store"];
-    d.samples = Value<int64_t>(result, "samples", 0);
-    d.tokens = Value<int64_t>(result, "tokens", 0);
-    d.reused = Value<bool>(result, "reused", false);
+    d.store_uri = store;
+    d.samples = samples;
+    d.tokens = tokens;
+    d.reused = reused;
     d.retry_not_before.reset();
     d.message = std::to_string(d.samples) + " samples, " + std::to_string(d.tokens) +
                 " tokens in " + d.store_uri + (d.reused ? " (prepared before)" : "");
@@ -70,12 +79,12 @@ bool Decider::DataReady() {
     Do(action::DeletePods{{name}});
     return true;
   }
-  std::string error = answered ? Value<std::string>(result, "error", "") : "";
+  if (!in.ok()) error = "prep pod " + name + ": " + in.status().message();
   if (error.empty())
     error = "prep pod " + name + " " + kube::PodPhaseName(pod->phase) +
             (pod->reason.empty() ? "" : " (" + pod->reason + ")") +
             (pod->message.empty() ? "" : ": " + pod->message);
-  if (answered && Value<bool>(result, "invalidSpec", false)) {
+  if (answered && in.ok() && invalid_spec) {
     d.phase = DataPhase::kInvalid;
     d.message = error;
     Emit(EventReason::kInvalidSpec, error);

@@ -51,17 +51,6 @@ inline std::string Join(const std::vector<std::string>& items, const std::string
   return out;
 }
 
-template <typename T>
-T Value(const json& j, const char* key, T fallback) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    return fallback;
-  }
-}
-
 // Sets a metav1.Condition, moving lastTransitionTime only when the status changes.
 inline void SetCondition(JobStatus& st, ConditionType condition, bool value,
                          const std::string& reason, const std::string& message,

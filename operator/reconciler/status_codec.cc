@@ -3,6 +3,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "common/json_reader.h"
 #include "operator/reconciler/decider.h"
 
 namespace tidal::controller {
@@ -13,76 +14,19 @@ using Stage = RescaleState::Stage;
 
 namespace {
 
-// Reads the status subresource strictly: an absent field takes its default (a status written
-// by an older operator), a present one of the wrong type is an error naming it. A status the
-// operator cannot read is never replaced by defaults: the controller would forget the
-// generation and members of workers that still run.
-class StatusReader {
- public:
-  template <typename T>
-  T Get(const json& j, const std::string& path, const char* key, T fallback) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return fallback;
-    const json& v = *it;
-    bool fits = false;
-    if constexpr (std::is_same_v<T, bool>)
-      fits = v.is_boolean();
-    else if constexpr (std::is_same_v<T, std::string>)
-      fits = v.is_string();
-    else if constexpr (std::is_integral_v<T>)
-      fits = v.is_number_integer();
-    else
-      fits = v.is_number();
-    if (fits) return v.get<T>();
-    const char* expected = std::is_same_v<T, bool>          ? "a boolean"
-                           : std::is_same_v<T, std::string> ? "a string"
-                           : std::is_integral_v<T>          ? "an integer"
-                                                            : "a number";
-    Fail(path + key, expected, v);
-    return fallback;
-  }
-  std::optional<Clock::time_point> Time(const json& j, const std::string& path, const char* key) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return std::nullopt;
-    if (it->is_string())
-      if (auto t = kube::ParseRfc3339(it->get<std::string>()); t.ok()) return *t;
-    Fail(path + key, "an RFC 3339 time", *it);
-    return std::nullopt;
-  }
-  std::vector<std::string> Strings(const json& j, const std::string& path, const char* key) {
-    std::vector<std::string> out;
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return out;
-    if (!it->is_array()) {
-      Fail(path + key, "a list of strings", *it);
-      return out;
-    }
-    for (const json& item : *it) {
-      if (!item.is_string()) {
-        Fail(path + key, "a list of strings", *it);
-        return {};
-      }
-      out.push_back(item.get<std::string>());
-    }
-    return out;
-  }
-  // The object at `key`, or null when absent; an error when it is something else.
-  const json* Object(const json& j, const std::string& path, const char* key) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return nullptr;
-    if (it->is_object()) return &*it;
-    Fail(path + key, "an object", *it);
-    return nullptr;
-  }
-  void Fail(const std::string& field, const std::string& expected, const json& got) {
-    if (error.empty()) {
-      std::string shown = got.dump();
-      if (shown.size() > 80) shown = shown.substr(0, 77) + "...";
-      error = field + ": expected " + expected + ", got " + shown;
-    }
-  }
-  std::string error;  // the first field that does not read
-};
+// Reads the status subresource strictly (common/json_reader.h): an absent field takes its
+// default (a status written by an older operator), a present one of the wrong type is an error
+// naming it. A status the operator cannot read is never replaced by defaults: the controller
+// would forget the generation and members of workers that still run.
+std::optional<Clock::time_point> Time(JsonReader& in, const json& j, std::string_view path,
+                                      const char* key) {
+  const json* v = JsonReader::Find(j, key);
+  if (!v) return std::nullopt;
+  if (v->is_string())
+    if (auto t = kube::ParseRfc3339(v->get<std::string>()); t.ok()) return *t;
+  in.Fail(json_read::FieldPath(path, key), "an RFC 3339 time", *v);
+  return std::nullopt;
+}
 
 }  // namespace
 
@@ -90,59 +34,60 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
   JobStatus st;
   if (j.is_null()) return st;
   if (!j.is_object()) return InvalidArgument("status: expected an object, got " + j.dump());
-  StatusReader in;
-  const std::string at = "status.";
+  JsonReader in;
+  const std::string at = "status";
   const std::string phase = in.Get<std::string>(j, at, "phase", "Pending");
   if (auto read = planner::PhaseFromName(phase); read.ok())
     st.phase = *read;
   else
-    in.Fail(at + "phase", "one of " + planner::PhaseNames(), phase);
+    in.Fail(json_read::FieldPath(at, "phase"), "one of " + planner::PhaseNames(), phase);
   st.generation = in.Get<int64_t>(j, at, "generation", 0);
   st.members = in.Strings(j, at, "members");
   st.restarts = in.Get<int64_t>(j, at, "restarts", 0);
   // A status from before the streak was kept: its restarts were all one streak.
   st.restart_streak = in.Get<int64_t>(j, at, "restartStreak", st.restarts);
-  st.restart_not_before = in.Time(j, at, "restartNotBefore");
-  st.last_membership_change = in.Time(j, at, "lastMembershipChange");
-  st.scale_up_not_before = in.Time(j, at, "scaleUpNotBefore");
+  st.restart_not_before = Time(in, j, at, "restartNotBefore");
+  st.last_membership_change = Time(in, j, at, "lastMembershipChange");
+  st.scale_up_not_before = Time(in, j, at, "scaleUpNotBefore");
   st.step = in.Get<int64_t>(j, at, "step", 0);
   st.loss = in.Get<double>(j, at, "loss", 0);
   st.tokens_per_second = in.Get<double>(j, at, "tokensPerSecond", 0);
   if (const json* c = in.Object(j, at, "lastCheckpoint")) st.last_checkpoint = *c;
   if (const json* c = in.Object(j, at, "checkpointInterval")) st.checkpoint_interval = *c;
   if (const json* g = in.Object(j, at, "gpus")) {
-    st.desired_gpus = in.Get<int64_t>(*g, "status.gpus.", "desired", 0);
-    st.current_gpus = in.Get<int64_t>(*g, "status.gpus.", "current", 0);
-    st.gpus_reason = in.Get<std::string>(*g, "status.gpus.", "reason", "");
+    st.desired_gpus = in.Get<int64_t>(*g, "status.gpus", "desired", 0);
+    st.current_gpus = in.Get<int64_t>(*g, "status.gpus", "current", 0);
+    st.gpus_reason = in.Get<std::string>(*g, "status.gpus", "reason", "");
   }
   st.failure = in.Get<std::string>(j, at, "failure", "");
   st.failure_reason = in.Get<std::string>(j, at, "failureReason", "");
   st.failed_spec_generation = in.Get<int64_t>(j, at, "failedSpecGeneration", 0);
   if (const json* f = in.Object(j, at, "lastFailure")) {
-    st.last_failure = in.Get<std::string>(*f, "status.lastFailure.", "message", "");
-    st.last_failure_time = in.Time(*f, "status.lastFailure.", "time");
+    st.last_failure = in.Get<std::string>(*f, "status.lastFailure", "message", "");
+    st.last_failure_time = Time(in, *f, "status.lastFailure", "time");
   }
   if (const json* a = in.Object(j, at, "anomaly")) {
-    const std::string in_a = "status.anomaly.";
+    const std::string in_a = "status.anomaly";
     AnomalyStatus an;
     an.rule = in.Get<std::string>(*a, in_a, "rule", "");
     an.checked_step = in.Get<int64_t>(*a, in_a, "checkedStep", 0);
     if (a->contains("step") && !(*a)["step"].is_null())
       an.step = in.Get<int64_t>(*a, in_a, "step", 0);
     an.message = in.Get<std::string>(*a, in_a, "message", "");
-    an.time = in.Time(*a, in_a, "time");
+    an.time = Time(in, *a, in_a, "time");
     an.paused = in.Get<bool>(*a, in_a, "paused", false);
     st.anomaly = an;
   }
   if (const json* d = in.Object(j, at, "data")) {
-    const std::string in_d = "status.data.";
+    const std::string in_d = "status.data";
     DataStatus data;
     data.key = in.Get<std::string>(*d, in_d, "key", "");
     const std::string phase = in.Get<std::string>(*d, in_d, "phase", "");
     if (auto read = DataPhaseFromName(phase); read.ok())
       data.phase = *read;
     else
-      in.Fail(in_d + "phase", read.status().message(), d->value("phase", json()));
+      in.Fail(json_read::FieldPath(in_d, "phase"), read.status().message(),
+              d->value("phase", json()));
     data.pod = in.Get<std::string>(*d, in_d, "pod", "");
     data.store_uri = in.Get<std::string>(*d, in_d, "storeUri", "");
     data.samples = in.Get<int64_t>(*d, in_d, "samples", 0);
@@ -150,19 +95,19 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     data.reused = in.Get<bool>(*d, in_d, "reused", false);
     data.message = in.Get<std::string>(*d, in_d, "message", "");
     data.failures = in.Get<int64_t>(*d, in_d, "failures", 0);
-    data.started = in.Time(*d, in_d, "started");
-    data.retry_not_before = in.Time(*d, in_d, "retryNotBefore");
+    data.started = Time(in, *d, in_d, "started");
+    data.retry_not_before = Time(in, *d, in_d, "retryNotBefore");
     st.data = data;
   }
   if (auto c = j.find("conditions"); c != j.end() && !c->is_null()) {
     if (auto read = ConditionsFromJson(*c); read.ok())
       st.conditions = std::move(*read);
-    else if (in.error.empty())
-      in.error = read.status().message();
+    else
+      in.Absorb(read.status());
   }
   st.observed_generation = in.Get<int64_t>(j, at, "observedGeneration", 0);
   if (const json* r = in.Object(j, at, "rescale")) {
-    const std::string in_r = "status.rescale.";
+    const std::string in_r = "status.rescale";
     RescaleState rs;
     const std::string stage = in.Get<std::string>(*r, in_r, "stage", "");
     if (stage == "WaitingForPods")
@@ -171,7 +116,7 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
       rs.stage = Stage::kBarrier;
     else if (stage == "Rendezvous")
       rs.stage = Stage::kRendezvous;
-    else if (in.error.empty())
+    else if (in.ok())
       return InvalidArgument("status.rescale.stage: unknown \"" + stage + "\"");
     rs.target_generation = in.Get<int64_t>(*r, in_r, "targetGeneration", 0);
     rs.members = in.Strings(*r, in_r, "members");
@@ -179,15 +124,15 @@ StatusOr<JobStatus> JobStatusFromJson(const json& j) {
     rs.reason = in.Get<std::string>(*r, in_r, "reason", "");
     rs.recovery = in.Get<bool>(*r, in_r, "recovery", false);
     rs.drain = in.Get<bool>(*r, in_r, "drain", false);
-    rs.started = in.Time(*r, in_r, "started").value_or(Clock::time_point{});
+    rs.started = Time(in, *r, in_r, "started").value_or(Clock::time_point{});
     rs.waiting_for = in.Get<std::string>(*r, in_r, "waitingFor", "");
     rs.state_peers = in.Strings(*r, in_r, "statePeers");
     rs.state_step = in.Get<int64_t>(*r, in_r, "stateStep", 0);
-    rs.prepare_asked = in.Time(*r, in_r, "prepareAsked");
-    rs.barrier_started = in.Time(*r, in_r, "barrierStarted");
+    rs.prepare_asked = Time(in, *r, in_r, "prepareAsked");
+    rs.barrier_started = Time(in, *r, in_r, "barrierStarted");
     st.rescale = rs;
   }
-  if (!in.error.empty()) return InvalidArgument(in.error);
+  if (!in.ok()) return in.status();
   return st;
 }
 
@@ -219,21 +164,22 @@ json ToJson(const std::vector<Condition>& conditions) {
 StatusOr<std::vector<Condition>> ConditionsFromJson(const json& j) {
   std::vector<Condition> out;
   if (j.is_null()) return out;
-  StatusReader in;
+  JsonReader in;
   if (!j.is_array()) {
     in.Fail("status.conditions", "a list", j);
-    return InvalidArgument(in.error);
+    return in.status();
   }
-  for (size_t i = 0; i < j.size() && in.error.empty(); ++i) {
-    const std::string at = "status.conditions[" + std::to_string(i) + "].";
+  for (size_t i = 0; i < j.size() && in.ok(); ++i) {
+    const std::string at = "status.conditions[" + std::to_string(i) + "]";
     const json& c = j[i];
     if (!c.is_object()) {
-      in.Fail(at.substr(0, at.size() - 1), "an object", c);
+      in.Fail(at, "an object", c);
       break;
     }
     Condition read;
     read.type = in.Get<std::string>(c, at, "type", "");
-    if (read.type.empty() && in.error.empty()) in.Fail(at + "type", "a condition type", c);
+    if (read.type.empty() && in.ok())
+      in.Fail(json_read::FieldPath(at, "type"), "a condition type", c);
     const std::string status = in.Get<std::string>(c, at, "status", "");
     bool known = false;
     for (ConditionStatus s :
@@ -242,15 +188,16 @@ StatusOr<std::vector<Condition>> ConditionsFromJson(const json& j) {
         read.status = s;
         known = true;
       }
-    if (!known && in.error.empty())
-      in.Fail(at + "status", "True, False or Unknown", c.value("status", json()));
+    if (!known && in.ok())
+      in.Fail(json_read::FieldPath(at, "status"), "True, False or Unknown",
+              c.value("status", json()));
     read.reason = in.Get<std::string>(c, at, "reason", "");
     read.message = in.Get<std::string>(c, at, "message", "");
-    read.last_transition_time = in.Time(c, at, "lastTransitionTime").value_or(Clock::time_point{});
+    read.last_transition_time = Time(in, c, at, "lastTransitionTime").value_or(Clock::time_point{});
     read.observed_generation = in.Get<int64_t>(c, at, "observedGeneration", 0);
     out.push_back(std::move(read));
   }
-  if (!in.error.empty()) return InvalidArgument(in.error);
+  if (!in.ok()) return in.status();
   return out;
 }
 

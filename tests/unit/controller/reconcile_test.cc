@@ -2071,6 +2071,26 @@ TEST(Reconcile, AFailingDataPhaseIsRetriedWithBackoffThenFailsTheJob) {
   EXPECT_TRUE(sim.prep_pods_.empty());
 }
 
+// A result tidal-prep did not write as it should (a field of the wrong type) is not taken on
+// trust: the attempt failed, saying which field, and is retried.
+TEST(Reconcile, APrepResultWithAFieldOfTheWrongTypeIsAFailedAttemptNamingTheField) {
+  Sim sim(Spec());
+  sim.prep_outcome_ = [](int) {
+    return std::pair<std::string, std::string>(
+        "Succeeded", R"({"store": "file:///s/0", "samples": "40", "tokens": 900})");
+  };
+  sim.Reconcile();
+  sim.Reconcile();
+  const JobStatus st = sim.status();
+  ASSERT_TRUE(st.data);
+  EXPECT_EQ(st.data->phase, DataPhase::kRetrying);
+  EXPECT_EQ(st.data->store_uri, "");
+  EXPECT_NE(st.data->message.find(R"(result.samples: expected an integer, got "40")"),
+            std::string::npos)
+      << st.data->message;
+  EXPECT_TRUE(sim.pods_.empty()) << "workers created on a result that does not read";
+}
+
 TEST(Reconcile, RankZeroSucceedingMakesTheJobSucceeded) {
   Sim sim(Spec());
   sim.Until([&] { return sim.phase() == "Running"; });
@@ -2149,7 +2169,7 @@ TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDe
        R"(status.restartNotBefore: expected an RFC 3339 time, got "yesterday")"},
       {{{"rescale", "Barrier"}}, "status.rescale: expected an object"},
       {{{"rescale", {{"stage", "Barrier"}, {"recovery", "no"}}}},
-       "status.rescale.recovery: expected a boolean"},
+       "status.rescale.recovery: expected true or false"},
       {{{"conditions", json::object()}}, "status.conditions: expected a list"},
       {{{"conditions", {{{"type", "Ready"}, {"status", "Yes"}}}}},
        R"(status.conditions[0].status: expected True, False or Unknown, got "Yes")"},
@@ -2160,7 +2180,7 @@ TEST(Reconcile, StatusFieldsOfTheWrongTypeAreErrorsNamingTheFieldAndAbsentOnesDe
        R"(status.data.phase: expected one of Preparing, Ready, Invalid, Retrying, got "Done")"},
       {{{"data", {{"key", "k"}}}},
        "status.data.phase: expected one of Preparing, Ready, Invalid, Retrying, got null"},
-      {{{"anomaly", {{"paused", 1}}}}, "status.anomaly.paused: expected a boolean"},
+      {{{"anomaly", {{"paused", 1}}}}, "status.anomaly.paused: expected true or false"},
       {{{"loss", "low"}}, "status.loss: expected a number"},
       {{{"checkpointInterval", 240}}, "status.checkpointInterval: expected an object"},
       {json::array(), "status: expected an object"},

@@ -64,18 +64,23 @@ TEST(TypesTest, WrongTypesAreRefusedNamingTheField) {
   json pod = WorkerPod();
   pod["spec"]["containers"][0]["ports"][0]["containerPort"] = "50051";
   EXPECT_EQ(PodFromJson(pod).status().message(),
-            "spec.containers[0].ports[0].containerPort: expected an integer");
+            R"(spec.containers[0].ports[0].containerPort: expected an integer, got "50051")");
   pod = WorkerPod();
   pod["spec"]["containers"] = json::object();
-  EXPECT_EQ(PodFromJson(pod).status().message(), "spec.containers: expected a list");
+  EXPECT_EQ(PodFromJson(pod).status().message(), "spec.containers: expected a list, got {}");
   pod = WorkerPod();
   pod["status"]["containerStatuses"][0]["ready"] = "yes";
   EXPECT_EQ(PodFromJson(pod).status().message(),
-            "status.containerStatuses[0].ready: expected true or false");
+            R"(status.containerStatuses[0].ready: expected true or false, got "yes")");
   EXPECT_FALSE(SecretFromJson({{"data", {{"k", "not base64!"}}}}).ok());
   EXPECT_EQ(SecretFromJson({{"data", {{"k", "not base64!"}}}}).status().message(),
             "data.k: expected base64");
   EXPECT_FALSE(NodeFromJson({{"spec", {{"unschedulable", 1}}}}).ok());
+  // An integer beyond its field's type is refused, not wrapped.
+  pod = WorkerPod();
+  pod["spec"]["containers"][0]["ports"][0]["containerPort"] = 4294967297;
+  EXPECT_EQ(PodFromJson(pod).status().message(),
+            "spec.containers[0].ports[0].containerPort: expected an integer, got 4294967297");
 }
 
 TEST(TypesTest, SecretCarriesDecodedBytesAndWritesBase64) {
