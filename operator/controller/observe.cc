@@ -23,7 +23,7 @@ namespace shell {
 
 bool NodeSilent(const kube::Node& node) {
   for (const kube::Condition& c : node.conditions)
-    if (c.type == ConditionTypeName(ConditionType::kReady)) return c.status != "True";
+    if (c.type == "Ready") return c.status != "True";  // the Node's own condition, not a job's
   return false;
 }
 

@@ -31,7 +31,6 @@ StatusOr<torch::ScalarType> ComputeDtype(const std::string& precision, torch::De
 constexpr double kInitialLossScale = 65536.0;
 constexpr int64_t kLossScaleWindow = 1000;
 // microBatchSize auto grows by this factor (at least one row) per step that leaves room.
-constexpr double kAutoGrowth = 1.2;
 
 // Below the least micro-batch size this process ran out of memory at (0: never), for every
 // trainer it builds: a generation that failed on it (ZeRO-3, several ranks) may be followed by
@@ -316,7 +315,7 @@ StatusOr<StepRecord> Trainer::Step() try {
   // that every rank agrees on is run again smaller.
   if (!auto_agreed_) TIDAL_RETURN_IF_ERROR(AgreeAutoMicroBatch());
   for (;;) {
-    auto_micro_.size = std::clamp<int64_t>(auto_micro_.size, 1, MaxAutoMicroBatch());
+    auto_micro_.Clamp(AutoMicroBatchRows());
     bool out_of_memory = false;
     auto record = RunStep(auto_micro_.size, /*per_row=*/true, &out_of_memory);
     if (!out_of_memory) return record;
@@ -324,11 +323,8 @@ StatusOr<StepRecord> Trainer::Step() try {
     if (failed == 1)
       return Unavailable("out of memory at micro-batch size 1 (step " + std::to_string(step_ + 1) +
                          "): " + record.status().message());
-    auto_micro_.cap = failed - 1;
+    auto_micro_.ShrinkAfterOutOfMemory(failed);
     LowerProcessOutOfMemoryCap(auto_micro_.cap);
-    auto_micro_.size = std::max<int64_t>(
-        1, static_cast<int64_t>(std::floor(static_cast<double>(failed) / kAutoGrowth)));
-    if (auto_micro_.size == failed) auto_micro_.size = failed - 1;
     LogWarn("out of memory: the step runs again at a smaller micro-batch",
             {{"step", step_ + 1},
              {"from", failed},
@@ -347,8 +343,7 @@ StatusOr<StepRecord> Trainer::Step() try {
 // has its checkpoint's), so that every rank runs the same micro-batches.
 Status Trainer::AgreeAutoMicroBatch() {
   auto_agreed_ = true;
-  if (const int64_t oom_cap = ProcessOutOfMemoryCap().load(); oom_cap > 0)
-    auto_micro_.cap = auto_micro_.cap > 0 ? std::min(auto_micro_.cap, oom_cap) : oom_cap;
+  auto_micro_.CapAt(ProcessOutOfMemoryCap().load());
   if (comm_->world_size() == 1) return OkStatus();
   // The cap as a size (none: no bound), so that the least of each is the answer.
   constexpr int64_t kNoCap = std::numeric_limits<int64_t>::max();
@@ -357,24 +352,14 @@ Status Trainer::AgreeAutoMicroBatch() {
   auto all = torch::empty({2 * comm_->world_size()}, mine.options());
   TIDAL_RETURN_IF_ERROR(comm_->AllGather(mine, all));
   auto least = std::get<0>(all.view({comm_->world_size(), 2}).min(0)).cpu();
-  auto_micro_.size = least[0].item<int64_t>();
-  const int64_t cap = least[1].item<int64_t>();
-  auto_micro_.cap = cap == kNoCap ? 0 : cap;
+  auto_micro_.Agree(least[0].item<int64_t>(), least[1].item<int64_t>(), kNoCap);
   return OkStatus();
 }
 
-int64_t Trainer::MaxAutoMicroBatch() const {
+int64_t Trainer::AutoMicroBatchRows() const {
   // Under gradient compression a pass holds one group's rows at most.
   const int64_t groups = std::max<int64_t>(1, params_->local_groups());
-  const int64_t rows = accumulation_ / groups;
-  return auto_micro_.cap > 0 ? std::min(rows, auto_micro_.cap) : rows;
-}
-
-// ×1.2, and at least one more: the teams' DynamicBatcher's step.
-int64_t Trainer::NextAutoMicroBatch() const {
-  const auto grown =
-      static_cast<int64_t>(std::floor(static_cast<double>(auto_micro_.size) * kAutoGrowth));
-  return std::min(std::max(grown, auto_micro_.size + 1), MaxAutoMicroBatch());
+  return accumulation_ / groups;
 }
 
 // What a step does, in order: plan its passes, read ahead, run each pass (forward, backward,
@@ -566,7 +551,7 @@ Status Trainer::SettleOutOfMemory(StepTally& tally, std::string* failure) {
   } else if (!failure->empty() && comm_->world_size() > 1) {
     // ZeRO-3 gathers parameters inside the forward pass: the other ranks wait in a collective
     // this rank cannot rejoin, so the generation fails (and the next starts smaller).
-    auto_micro_.cap = std::max<int64_t>(1, tally.micro - 1);
+    auto_micro_.cap = std::max<int64_t>(1, tally.micro - 1);  // the next generation's bound
     LowerProcessOutOfMemoryCap(auto_micro_.cap);
     return Unavailable("out of memory at micro-batch size " + std::to_string(tally.micro) +
                        " under ZeRO stage 3 with other ranks (their collectives cannot be "
@@ -595,15 +580,13 @@ StatusOr<StepRecord> Trainer::ReduceStepFigures(StepTally& tally,
   int64_t peak_bytes = -1, next_micro = micro;
   if (tally.per_row && meter_) {
     peak_bytes = meter_->Peak();
-    next_micro = NextAutoMicroBatch();
+    next_micro = auto_micro_.Next(AutoMicroBatchRows());
     const double target = static_cast<double>(meter_->limit()) * opt.memory_target_percent / 100;
-    const double per_micro_row = static_cast<double>(peak_bytes - tally.base_bytes) / micro;
-    const double predicted =
-        static_cast<double>(tally.base_bytes) + per_micro_row * static_cast<double>(next_micro);
-    const bool blocked = next_micro <= micro || predicted > target;
-    const bool over = micro > 1 && static_cast<double>(peak_bytes) > target;
-    stats = torch::cat(
-        {stats, torch::tensor({blocked ? 1.0 : 0.0, over ? 1.0 : 0.0}, stats.options())});
+    const auto verdict =
+        AutoMicroBatch::Judge(micro, next_micro, tally.base_bytes, peak_bytes, target);
+    stats =
+        torch::cat({stats, torch::tensor({verdict.blocked ? 1.0 : 0.0, verdict.over ? 1.0 : 0.0},
+                                         stats.options())});
   }
   TIDAL_RETURN_IF_ERROR(comm_->AllReduceSum(stats));
   if (!partitioned) stats[1].copy_(norm_sq_local);
@@ -612,15 +595,7 @@ StatusOr<StepRecord> Trainer::ReduceStepFigures(StepTally& tally,
   if (tally.per_row && meter_) {
     const int64_t n = stats.size(0);
     const bool blocked = stats[n - 2].item<double>() > 0, over = stats[n - 1].item<double>() > 0;
-    std::string reason;
-    if (over) {
-      auto_micro_.cap = micro - 1;
-      auto_micro_.size = std::max<int64_t>(1, micro - 1);
-      reason = "peak over the memory target";
-    } else if (!blocked) {
-      auto_micro_.size = next_micro;
-      reason = "peak scaled to the next size stays under the memory target";
-    }
+    const std::string reason = auto_micro_.After(micro, next_micro, blocked, over);
     if (!reason.empty() && comm_->rank() == 0)
       LogInfo("micro-batch size", {{"step", step_ + 1},
                                    {"from", micro},

@@ -13,6 +13,7 @@
 
 #include "api/train_config.h"
 #include "common/status.h"
+#include "worker/engine/auto_micro_batch.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/data.h"
 #include "worker/engine/lr_schedule.h"
@@ -72,10 +73,6 @@ class Trainer {
   // micro-batch 1 (each row the dropout masks and loss weight it has alone), so the curve does
   // not depend on the sizes chosen.
   StatusOr<StepRecord> Step();
-  struct AutoMicroBatch {
-    int64_t size = 1;  // what the next step runs at (every rank the same)
-    int64_t cap = 0;   // the largest allowed after an out-of-memory or a peak over the target
-  };
   const AutoMicroBatch& auto_micro_batch() const { return auto_micro_; }
   int64_t step() const { return step_; }
   int64_t max_steps() const { return max_steps_; }
@@ -138,9 +135,8 @@ class Trainer {
   StatusOr<StepRecord> ReduceStepFigures(StepTally& tally,
                                          const std::vector<TrainableSlice>& slices);
   void ApplyUpdate(StepRecord& record, std::vector<TrainableSlice>& slices);
-  int64_t MaxAutoMicroBatch() const;  // the rows per rank (per group), or the cap
+  int64_t AutoMicroBatchRows() const;  // the rows a pass may hold: per rank (per group)
   Status AgreeAutoMicroBatch();
-  int64_t NextAutoMicroBatch() const;  // the size a growth goes to
 
   TrainConfig config_;
   std::unique_ptr<Comm> comm_;
