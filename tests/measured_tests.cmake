@@ -10,7 +10,7 @@
 # TestScheduling.EveryMeasuredTestIsATestOfThisBuild fails on a name that is no test.
 # (70 tests, 36 of them at 1.3 cores or more.)
 set(TIDAL_MEASURED_TESTS
-  "ChaosTest.EachFaultKindOnceInASeededOrderBreaksNoInvariant 175 1.25"
+  "ChaosTest.EachFaultKindOnceInASeededOrderBreaksNoInvariant 145 1.25"
   "OperatorTest.TheCapacityGateHoldsAJobAtMinAndAPendingScaleUpIsAbandoned 65 1.52"
   "DrainTest.KubectlDeletePodAndKubectlDrainMoveTheJobOffLiveLosingNoStep 49 1.41"
   "OperatorFailoverTest.KillingTheLeaderMidRescaleLetsTheNextOneFinishItWithoutASecondGeneration 44 1.45"

@@ -27,7 +27,7 @@ TEST(ChaosTest, EachFaultKindOnceInASeededOrderBreaksNoInvariant) {
                               ("tidal-chaos-" + std::to_string(::getpid()) + ".json"))
                                  .string();
   ProcessResult r = RunProcess({TIDAL_CHAOS_BIN, "--seed", "1", "--duration", "60", "--mean-gap",
-                                "4", "--each-once", "true", "--json", report},
+                                "3", "--each-once", "true", "--json", report},
                                1100s);
   std::cout << r.out;
   EXPECT_EQ(r.exit_code, 0) << (r.err.size() > 4000 ? r.err.substr(r.err.size() - 4000) : r.err);
