@@ -394,10 +394,45 @@ StatusOr<std::string> SaveToPeers(Trainer& trainer, objstore::MemoryStore& memor
   return memory.uri() + "/" + StepDirectory(trainer.step());
 }
 
+namespace {
+
+// What a rank holds before a resume's first attempt: its generation's initial state (every
+// generation's trainer starts at step 0 with the initial adapter weights, Trainer::
+// StartGeneration). A load that fails on one rank may have been read whole by the others, or
+// in part by that one; when no checkpoint is left to try, every rank goes back to this, so that
+// the generation starts at step 0 as a new job does, never from a mix of steps.
+struct InitialState {
+  nlohmann::json trainer;
+  std::vector<std::pair<int64_t, torch::Tensor>> held;  // block → its held trainable range
+};
+
+StatusOr<InitialState> CaptureInitialState(Trainer& trainer) {
+  InitialState initial;
+  initial.trainer = trainer.StateJson();
+  for (const TrainableBlockLayout& b : trainer.parameters().TrainableLayout()) {
+    TIDAL_ASSIGN_OR_RETURN(torch::Tensor held,
+                           trainer.parameters().TrainableRange(b.block, b.held_lo, b.held_hi));
+    initial.held.emplace_back(b.block, std::move(held));
+  }
+  return initial;
+}
+
+Status RestoreInitialState(Trainer& trainer, const InitialState& initial) {
+  for (const auto& [block, held] : initial.held)
+    TIDAL_RETURN_IF_ERROR(trainer.parameters().SetTrainableHeld(block, held));
+  TIDAL_RETURN_IF_ERROR(trainer.RestoreState(initial.trainer));
+  trainer.optimizer().Reset();
+  trainer.parameters().ClearResiduals();
+  return OkStatus();
+}
+
+}  // namespace
+
 StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo, ResumeReport* report) {
   engine::Comm& comm = trainer.comm();
   std::set<int64_t> bad;
   std::vector<std::string> corrupt;
+  std::optional<InitialState> initial;  // taken before the first load
   for (int attempt = 0; attempt < 8; ++attempt) {
     std::vector<int64_t> chosen{-1};
     std::optional<CheckpointKind> kind;
@@ -410,8 +445,24 @@ StatusOr<int64_t> ResumeFromNewest(Trainer& trainer, Repository& repo, ResumeRep
     }
     TIDAL_RETURN_IF_ERROR(comm.BroadcastHost(chosen, 0));
     const int64_t step = chosen[0];
-    if (step < 0) return NotFound("no usable checkpoint in " + repo.store().uri());
-    Status loaded = LoadStep(trainer, repo, step);
+    if (step < 0) {
+      if (initial) {  // a load was tried: the ranks hold what each read of it
+        TIDAL_RETURN_IF_ERROR(RestoreInitialState(trainer, *initial));
+        if (comm.rank() == 0)
+          Logger::Get().Log("warn", "no usable checkpoint left: starting over from step 0",
+                            {{"store", repo.store().uri()}, {"skipped_corrupt", corrupt}});
+      }
+      return NotFound("no usable checkpoint in " + repo.store().uri());
+    }
+    Status loaded;
+    if (!initial) {  // a failure here is agreed on as a failed load is
+      StatusOr<InitialState> taken = CaptureInitialState(trainer);
+      if (taken.ok())
+        initial = std::move(*taken);
+      else
+        loaded = taken.status();
+    }
+    if (loaded.ok()) loaded = LoadStep(trainer, repo, step);
     Status agreed = AgreeOk(comm, loaded, "resuming from step " + std::to_string(step));
     if (agreed.ok()) {
       if (comm.rank() == 0)
