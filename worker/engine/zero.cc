@@ -1,10 +1,9 @@
 // worker/engine/zero.cc — ShardedParameters: the parameters sharded by ZeRO stage, a step's
 // forward (stage 3 gathering each block), its gradients reduced into the shards, the update's
-// hand-off and the gathered copies. Compression: zero_compression.cc; loading: zero_load.cc.
+// hand-off and the gathered copies. Compression: compression_hook.cc; loading: zero_load.cc.
 #include "worker/engine/zero.h"
 
 #include <algorithm>
-#include <limits>
 #include <set>
 #include <stdexcept>
 
@@ -123,29 +122,46 @@ ShardedParameters::ShardedParameters(const DecoderModel& model, Comm& comm, Shar
       block->grad_sum =
           torch::zeros({options_.stage >= 2 ? t.padded / world : t.padded},
                        torch::TensorOptions().device(options_.device).dtype(torch::kFloat64));
-    if (options_.compression_groups > 0 && !sharded && t.numel > 0) {
-      if (t.numel > std::numeric_limits<int32_t>::max())
-        throw std::invalid_argument("gradient compression: block " +
-                                    std::to_string(blocks_.size()) + " has " +
-                                    std::to_string(t.numel) +
-                                    " trainable elements, more than the 2^31 its indices address");
-      block->group_sum = torch::zeros({t.padded}, block->grad_sum.options());
-      for (int64_t g = 0; g < local_groups(); ++g)
-        block->residual.push_back(torch::zeros({t.numel}, t.data.options()));
-      block->next_residual.resize(block->residual.size());
-      block->sent.resize(block->residual.size());
-      for (size_t k = 0; k < t.param_index.size(); ++k)
-        block->k += TopKCount(spec.params[t.param_index[k]].numel(), options_.compression_ratio);
-      const size_t b = blocks_.size();
-      for (size_t k = 0; k < block->leaves.size(); ++k)
-        block->leaves[k].register_hook(
-            [this, b, k](const torch::Tensor& grad) { return OnLeafGradient(b, k, grad); });
-    }
     blocks_.push_back(std::move(block));
+  }
+  if (options_.compression_groups > 0 && !sharded) {
+    std::vector<GradientCompressionHook::Bucketed> flats;
+    for (const auto& block : blocks_)
+      flats.push_back({block->trainable.offset, block->trainable.numel, block->trainable.padded,
+                       block->grad_sum});
+    compression_ = std::make_unique<GradientCompressionHook>(
+        comm_,
+        GradientCompressionHook::Options{options_.stage, options_.compression_groups,
+                                         options_.compression_ratio},
+        std::move(flats), &traffic_);
+    GradientCompressionHook* hook = compression_.get();
+    for (size_t b = 0; b < blocks_.size(); ++b)
+      for (size_t k = 0; k < blocks_[b]->leaves.size(); ++k)
+        blocks_[b]->leaves[k].register_hook([hook, b, k](const torch::Tensor& grad) {
+          hook->OnLeafGradient(b, k, grad);
+          return torch::Tensor();  // autograd's own accumulation goes on, and is dropped
+        });
   }
 }
 
-ShardedParameters::~ShardedParameters() { (void)StopExchange(/*abort=*/true); }
+ShardedParameters::~ShardedParameters() = default;
+
+void ShardedParameters::BeginStep(bool compress, double loss_scale, bool overlap) {
+  traffic_ = {};
+  if (compression_) compression_->BeginStep(compress, loss_scale, overlap);
+}
+
+StatusOr<torch::Tensor> ShardedParameters::Residual(int64_t block, int64_t group) const {
+  if (!compression_)
+    return NotFound("block " + std::to_string(block) + " has no compression residual");
+  return compression_->Residual(block, group);
+}
+
+Status ShardedParameters::SetResidual(int64_t block, int64_t group, const torch::Tensor& values) {
+  if (!compression_)
+    return NotFound("block " + std::to_string(block) + " has no compression residual");
+  return compression_->SetResidual(block, group, values);
+}
 
 StatusOr<torch::Tensor> ShardedParameters::GatherFlat(const Flat& flat, torch::ScalarType dtype) {
   if (options_.stage < 3) return flat.data.to(dtype);
@@ -225,15 +241,12 @@ StatusOr<torch::Tensor> ShardedParameters::Forward(const ForwardContext& ctx) {
 Status ShardedParameters::AfterMicroBatchBackward() {
   if (options_.stage == 3) return OkStatus();  // backward added to grad_sum already
   torch::NoGradGuard no_grad;
-  if (compressing_) {
-    // The hooks took this micro-batch's gradient into group_sum; what autograd accumulated in
-    // the flat is dropped. A block the hooks did not complete (a leaf without a gradient in
-    // this micro-batch) is compressed here.
-    for (size_t b = 0; b < blocks_.size(); ++b) {
-      if (blocks_[b]->trainable.numel == 0) continue;
-      blocks_[b]->grad.zero_();
-      if (last_of_group_) CompressBlock(b, group_);
-    }
+  if (compressing()) {
+    // The hook took this micro-batch's gradient; what autograd accumulated in the flat is
+    // dropped.
+    for (auto& block : blocks_)
+      if (block->trainable.numel > 0) block->grad.zero_();
+    compression_->AfterMicroBatch();
     return OkStatus();
   }
   for (auto& block : blocks_) {
@@ -315,23 +328,16 @@ Status ShardedParameters::SetTrainableHeld(int64_t block, const torch::Tensor& v
 StatusOr<std::vector<TrainableSlice>> ShardedParameters::ReduceGradients() {
   torch::NoGradGuard no_grad;
   const int64_t world = comm_.world_size(), rank = comm_.rank();
-  if (compressing_) {  // the exchanges still in flight finish; they filled grad_sum
-    const auto start = std::chrono::steady_clock::now();
-    for (size_t b = 0; b < blocks_.size(); ++b)
-      if (blocks_[b]->trainable.numel > 0 && blocks_[b]->compressed_group < local_groups() - 1)
-        return Internal("gradient compression: block " + std::to_string(b) +
-                        " reached the step's reduction with groups left uncompressed");
-    TIDAL_RETURN_IF_ERROR(StopExchange(/*abort=*/false));
-    traffic_.exchange_wait_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  const bool compressed = compressing();
+  // The exchanges still in flight finish; they filled grad_sum.
+  if (compressed) TIDAL_RETURN_IF_ERROR(compression_->AwaitExchanges());
   std::vector<TrainableSlice> slices;
   for (size_t b = 0; b < blocks_.size(); ++b) {
     Flat& flat = blocks_[b]->trainable;
     if (flat.numel == 0) continue;
     torch::Tensor param = flat.data.detach();
     torch::Tensor sum = blocks_[b]->grad_sum;  // fp64
-    if (world > 1 && compressing_) {
+    if (world > 1 && compressed) {
       const int64_t slice = flat.padded / world;
       if (options_.stage == 1) sum = sum.narrow(0, rank * slice, slice);
       if (options_.stage >= 1) param = param.narrow(0, rank * slice, slice);
@@ -365,12 +371,9 @@ StatusOr<std::vector<TrainableSlice>> ShardedParameters::ReduceGradients() {
 
 void ShardedParameters::DiscardGradients() {
   torch::NoGradGuard no_grad;
-  (void)StopExchange(/*abort=*/true);  // nothing was exchanged: the caller agreed before
-  compressing_ = false;
+  if (compression_) compression_->Discard();
   for (auto& block : blocks_) {
     if (block->trainable.numel == 0) continue;
-    if (block->group_sum.defined()) block->group_sum.zero_();
-    for (torch::Tensor& r : block->next_residual) r = torch::Tensor();
     if (block->grad.defined()) block->grad.zero_();
     if (options_.stage == 3) block->trainable.data.mutable_grad() = torch::Tensor();
     block->grad_sum.zero_();
@@ -380,15 +383,10 @@ void ShardedParameters::DiscardGradients() {
 Status ShardedParameters::FinishStep(bool keep_residuals) {
   torch::NoGradGuard no_grad;
   const int64_t world = comm_.world_size(), rank = comm_.rank();
+  if (compression_) compression_->EndStep(keep_residuals);
   for (auto& block : blocks_) {
     Flat& flat = block->trainable;
     if (flat.numel == 0) continue;
-    if (compressing_) {
-      if (keep_residuals) block->residual.swap(block->next_residual);
-      for (torch::Tensor& r : block->next_residual) r = torch::Tensor();
-      block->message = torch::Tensor();
-      for (SparseGradient& sent : block->sent) sent = {};
-    }
     if (world > 1 && (options_.stage == 1 || options_.stage == 2)) {
       auto full = flat.data.detach();
       const int64_t slice = flat.padded / world;
@@ -398,7 +396,6 @@ Status ShardedParameters::FinishStep(bool keep_residuals) {
     if (options_.stage == 3) flat.data.mutable_grad() = torch::Tensor();
     block->grad_sum.zero_();
   }
-  compressing_ = false;
   return OkStatus();
 }
 

@@ -25,6 +25,7 @@
 
 #include "common/status.h"
 #include "worker/engine/comm.h"
+#include "worker/engine/compression_hook.h"
 #include "worker/engine/model.h"
 
 namespace tidal::engine {
@@ -37,7 +38,7 @@ struct ShardingOptions {
   // front: a kept engine's next generation, whose old shards are freed as the new ones fill,
   // so the two never coexist beyond one block.
   bool allocate_frozen_in_load = false;
-  // Top-k gradient compression with error feedback (worker/engine/compression.h), stages 0-2:
+  // Top-k gradient compression with error feedback (GradientCompressionHook), stages 0-2:
   // the job's compression groups (a multiple of the world size, each rank holding its share of
   // them; 0: off) and the share of each block's gradient entries a group sends.
   int64_t compression_groups = 0;
@@ -189,39 +190,32 @@ class ShardedParameters {
   // residuals are those it started with.
   Status FinishStep(bool keep_residuals = true);
 
-  // Gradient compression (options().compression_groups > 0). Before a step's first
-  // micro-batch: whether it compresses (a dense warm-up step does not: the plain reduction),
-  // the loss scale its gradients carry (residuals and messages are kept unscaled), and whether a
-  // block's exchange may start as soon as its gradient is complete, in the backward of this
-  // rank's last micro-batch (`overlap`); false: not before ReduceGradients (the caller then
-  // runs collectives of its own between micro-batches). Under compression each micro-batch
-  // belongs to one of this rank's groups (SetMicroBatchGroup, before its backward: its index
-  // among this rank's and whether it is the group's last); a group's gradient is compressed once
-  // its last micro-batch's backward has reached the block (a gradient hook), and the block's
-  // messages of every group of this rank go out in one all-gather, on a thread of its own, in
-  // the same block order on every rank. The result is Σ over all groups of what each sent, the
-  // same at every world size dividing the groups.
+  // Gradient compression (options().compression_groups > 0 below stage 3): the hook the
+  // trainable leaves' gradients go to, which fills the blocks' step gradients
+  // (GradientCompressionHook says how a step drives it). BeginStep starts every step (`compress`
+  // false, or no hook: the plain reduction); SetMicroBatchGroup before each micro-batch's
+  // backward under compression.
   void BeginStep(bool compress, double loss_scale, bool overlap);
-  void SetMicroBatchGroup(int64_t group, bool last);
-  bool compressing() const { return compressing_; }
-  // This step's gradient traffic so far: the bytes this rank handed to gradient collectives
-  // (dense or compressed), the time spent selecting, and the time ReduceGradients waited for the
-  // exchanges still in flight (the part of them backward did not hide).
-  struct GradientTraffic {
-    int64_t payload_bytes = 0;
-    double compress_seconds = 0;
-    double exchange_wait_seconds = 0;
-  };
+  void SetMicroBatchGroup(int64_t group, bool last) {
+    if (compression_) compression_->SetMicroBatchGroup(group, last);
+  }
+  bool compressing() const { return compression_ && compression_->active(); }
+  using GradientTraffic = engine::GradientTraffic;
+  // This step's gradient traffic so far (dense or compressed).
   const GradientTraffic& traffic() const { return traffic_; }
   // Residuals, for checkpoints: this rank's groups are [first_group(), first_group() +
   // local_groups()) of compression_groups(); block b's residual of group g is fp32 [the
   // trainable flat's elements].
   int64_t compression_groups() const { return options_.compression_groups; }
-  int64_t local_groups() const;
+  int64_t local_groups() const {
+    return options_.compression_groups > 0 ? options_.compression_groups / comm_.world_size() : 0;
+  }
   int64_t first_group() const { return comm_.rank() * local_groups(); }
   StatusOr<torch::Tensor> Residual(int64_t block, int64_t group) const;
   // Every residual of this rank back to zero (a resume from a checkpoint without them).
-  void ClearResiduals();
+  void ClearResiduals() {
+    if (compression_) compression_->ClearResiduals();
+  }
   Status SetResidual(int64_t block, int64_t group, const torch::Tensor& values);
 
   // Whether the squared gradient norms of this rank's slices must be summed over ranks.
@@ -259,17 +253,7 @@ class ShardedParameters {
  private:
   struct Flat;
   struct Block;
-  struct Exchange;
   friend struct GatheredBlockFunction;
-
-  // Gradient compression: the hook on leaf k of block b, a group's selection for a block, the
-  // exchange thread's loop over the blocks, and its end (joined; `abort` stops it first).
-  torch::Tensor OnLeafGradient(size_t b, size_t k, const torch::Tensor& grad);
-  void CompressBlock(size_t b, int64_t group);
-  void ExchangeLoop();
-  Status ExchangeBlock(size_t b);
-  Status StopExchange(bool abort);
-  StatusOr<Block*> CompressedBlock(int64_t block, int64_t group) const;
 
   StatusOr<std::vector<std::pair<std::string, torch::Tensor>>> Gather(bool trainable_only);
   int64_t HeldSize(const Flat& flat, bool trainable) const;
@@ -286,15 +270,10 @@ class ShardedParameters {
   Comm& comm_;
   ShardingOptions options_;
   std::vector<std::unique_ptr<Block>> blocks_;
-  ForwardContext ctx_;  // the micro-batch in flight; stage-3 backward recomputes with it
-  // Gradient compression, for the step in flight.
-  bool compressing_ = false;
-  bool overlap_ = false;
-  double scale_ = 1.0;
-  int64_t group_ = 0;
-  bool last_of_group_ = false;
-  GradientTraffic traffic_;
-  std::unique_ptr<Exchange> exchange_;
+  ForwardContext ctx_;       // the micro-batch in flight; stage-3 backward recomputes with it
+  GradientTraffic traffic_;  // this step's
+  // After blocks_: destroyed (its exchange stopped) before the gradients it writes.
+  std::unique_ptr<GradientCompressionHook> compression_;
 };
 
 }  // namespace tidal::engine

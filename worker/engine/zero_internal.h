@@ -1,15 +1,11 @@
 // worker/engine/zero_internal.h — ShardedParameters' own records, shared by its files and
-// nothing else: zero.cc (the parameters, the step's forward, gradients and update),
-// zero_compression.cc (gradient compression and its exchange thread), zero_load.cc (loading
-// the shards, and reading ahead what the next generation's shards need).
+// nothing else: zero.cc (the parameters, the step's forward, gradients and update) and
+// zero_load.cc (loading the shards, and reading ahead what the next generation's shards need).
+// Gradient compression is a hook of its own (compression_hook.h).
 #pragma once
 
-#include <condition_variable>
-#include <mutex>
-#include <thread>
 #include <vector>
 
-#include "worker/engine/compression.h"
 #include "worker/engine/zero.h"
 
 namespace tidal::engine {
@@ -38,31 +34,6 @@ struct ShardedParameters::Block {
   // fp32 is the same whatever order the micro-batches and the collective add them in. The
   // curve of a job that rescales is then the curve of one that never did, step for step.
   torch::Tensor grad_sum;
-  // Gradient compression (stages 0-2). The local gradient of the group in flight, summed in
-  // fp64 over its micro-batches straight from the leaves' gradient hooks ([padded], scaled as
-  // the loss is); per group of this rank, the residual (fp32 [numel], unscaled), the one this
-  // step leaves (committed by FinishStep) and what the group sends; the entries a group sends;
-  // the last group compressed in this step (-1: none) and the leaves whose gradient arrived in
-  // the micro-batch under way.
-  torch::Tensor group_sum;
-  std::vector<torch::Tensor> residual, next_residual;
-  std::vector<SparseGradient> sent;
-  torch::Tensor message;  // every group's `sent`, packed (PackSparse)
-  int64_t k = 0;
-  int64_t compressed_group = -1;
-  size_t arrived = 0;
-};
-
-// The thread that all-gathers each block's messages once they are packed, in descending block
-// order (the order backward completes them, and the same on every rank).
-struct ShardedParameters::Exchange {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<char> ready;  // per block: its message is packed
-  bool open = false;        // exchanges may start
-  bool abort = false;
-  Status status;
-  std::thread thread;
 };
 
 }  // namespace tidal::engine

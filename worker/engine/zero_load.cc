@@ -259,7 +259,7 @@ std::vector<KeptBaseWeights::Segment> ShardedParameters::FrozenShards() const {
 }
 
 KeptBaseWeights ShardedParameters::ReleaseBaseWeights() {
-  (void)StopExchange(/*abort=*/true);
+  compression_.reset();  // its exchange stopped: these parameters are not stepped again
   KeptBaseWeights kept;
   for (KeptBaseWeights::Segment& shard : FrozenShards())
     kept.blocks.push_back({shard.lo, std::move(shard.data), {}});
