@@ -8,6 +8,8 @@
 namespace tidal::controller {
 
 using nlohmann::json;
+using reconciler::As;
+using reconciler::Decide;
 using shell::Key;
 using shell::NodeNotice;
 using shell::NodeSilent;

@@ -16,6 +16,13 @@
 namespace tidal::controller {
 
 using nlohmann::json;
+using reconciler::ConditionTrue;
+using reconciler::JobStatusFromJson;
+using reconciler::kCreatedForGenerationAnnotation;
+using reconciler::kRoleLabel;
+using reconciler::kSlotLabel;
+using reconciler::MarkReconcileError;
+using reconciler::OnlyFiguresChanged;
 using shell::Key;
 using shell::ResourceVersion;
 using shell::RetryMeetsAgain;

@@ -43,7 +43,7 @@ struct ControllerOptions {
   std::string default_checkpoint_root;
   // The decision's options; its barrier_timeout is also how long one Checkpoint barrier call
   // waits for its worker.
-  ReconcileOptions reconcile;
+  reconciler::ReconcileOptions reconcile;
   std::chrono::milliseconds status_timeout{std::chrono::seconds(3)};  // GetStatus per worker
   // Reconciles running at once (never two of one job: the queue hands a key to one worker).
   // A pass mostly waits on the API server and the workers, so more than the cores helps.
@@ -82,14 +82,16 @@ class TrainingJobController {
  private:
   void MarkReconcileFailed(const std::string& key, const Status& error);
   // None while answers a decision needs are still out (their arrival wakes the job).
-  std::optional<Observed> Observe(const nlohmann::json& job, WorkerConnections& connections);
+  std::optional<reconciler::Observed> Observe(const nlohmann::json& job,
+                                              WorkerConnections& connections);
   // The request that writes the plan's status onto `job`; none when the status already
   // matches (or, `pushed`: the workers push their figures, Observed::pushed, and only those
   // differ, which the patcher writes).
-  StatusOr<std::optional<kube::Request>> StatusWrite(const nlohmann::json& job, const Plan& plan,
+  StatusOr<std::optional<kube::Request>> StatusWrite(const nlohmann::json& job,
+                                                     const reconciler::Plan& plan,
                                                      bool pushed = false);
   // StatusWrite, made now: the job as written (or unchanged).
-  StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const Plan& plan);
+  StatusOr<nlohmann::json> WriteStatus(const nlohmann::json& job, const reconciler::Plan& plan);
   // What a plan's status, once it is written, makes true in the operator's own accounts: its
   // phase changes logged, the job's metrics, its Events (defined in status_writes.cc).
   struct Landing;
@@ -101,9 +103,10 @@ class TrainingJobController {
   // pass, in that order, on api_writes_; the worker calls start once the status is written (a
   // worker never goes where the status does not say it went), and `landing` is landed then.
   // `wrote`: set when it started writes (a later pass sees their end).
-  Status Execute(const nlohmann::json& job, const Observed& observed, const Plan& plan,
-                 WorkerConnections& connections, std::optional<kube::Request> status_write,
-                 std::shared_ptr<const Landing> landing, bool* wrote);
+  Status Execute(const nlohmann::json& job, const reconciler::Observed& observed,
+                 const reconciler::Plan& plan, WorkerConnections& connections,
+                 std::optional<kube::Request> status_write, std::shared_ptr<const Landing> landing,
+                 bool* wrote);
   // Allocatable nvidia.com/gpu of schedulable nodes minus what bound, unfinished pods request,
   // minus what pods this controller decided to create (and the cache does not show yet)
   // will. Under capacity_mu_.
@@ -111,7 +114,7 @@ class TrainingJobController {
   int64_t IdleGpus(const nlohmann::json& tolerations);
   // Observes the capacity, decides and books the GPUs of the pods the plan creates, as one
   // step: two jobs reconciled at once cannot both plan for the same idle GPUs.
-  Plan DecideWithCapacity(Observed& observed);
+  reconciler::Plan DecideWithCapacity(reconciler::Observed& observed);
   // nullptr when the job's TLS Secret cannot be used (connections.tls_unusable says why).
   std::shared_ptr<contract::WorkerApi> ClientFor(WorkerConnections& connections,
                                                  const std::string& pod, const std::string& ip,
@@ -181,14 +184,14 @@ class TrainingJobController {
     // Since when each silent worker has not answered, on the monotonic clock: a step of the
     // wall clock (NTP, a VM resumed) neither declares a worker lost nor forgives one.
     std::map<std::string, std::chrono::steady_clock::time_point> unreachable_since;
-    std::set<std::string> answered;  // pods whose worker has answered at least once
-    ProgressClock progress;          // the stall detector's input
+    std::set<std::string> answered;      // pods whose worker has answered at least once
+    reconciler::ProgressClock progress;  // the stall detector's input
     std::map<std::string, std::string> unreachable_error;  // the last one logged
     // spec.worker.tlsSecretName's ca.crt ("": plaintext), the name the workers' certificate
     // holds, and when the Secret was read (it is read again every few minutes: rotation).
     std::string tls_secret, tls_ca, tls_server_name;
     std::string tls_unusable;  // why the named Secret cannot be used ("" when it can)
-    Clock::time_point tls_read;
+    reconciler::Clock::time_point tls_read;
     // The pod of the job's rank 0 while the job is steady (Plan::steady): the one followed,
     // and the one kept connected ("": every running worker is followed). A steady job holds
     // one connection instead of one per pod.
@@ -212,15 +215,15 @@ class TrainingJobController {
   };
   // After a pass: follows rank 0 alone (and lets the other clients go) when `plan` finds the
   // job steady, else every running worker.
-  void FollowWorkers(const std::string& key, const Observed& observed, const Plan& plan,
-                     WorkerConnections& connections);
+  void FollowWorkers(const std::string& key, const reconciler::Observed& observed,
+                     const reconciler::Plan& plan, WorkerConnections& connections);
   // Reads the job's TLS Secret into `connections` when it is named and not read lately.
-  void RefreshTls(WorkerConnections& connections, const Observed& observed);
+  void RefreshTls(WorkerConnections& connections, const reconciler::Observed& observed);
   // GPUs of pods a plan creates, by "namespace/pod", until the pod cache shows the pod bound
   // to a node (then it counts as requested) or a minute passes (its creation failed).
   struct Booking {
     int64_t gpus = 0;
-    Clock::time_point at;
+    reconciler::Clock::time_point at;
   };
   std::mutex capacity_mu_;
   std::map<std::string, Booking> booked_gpus_;

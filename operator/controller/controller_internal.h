@@ -27,9 +27,28 @@
 #include "kube/types.h"
 #include "operator/controller/controller.h"
 #include "operator/controller/metrics.h"
+#include "operator/reconciler/action.h"
 #include "operator/reconciler/children.h"
+#include "operator/reconciler/event_reason.h"
+#include "operator/reconciler/reconcile.h"
 
 namespace tidal::controller {
+
+// The reconciler's vocabulary (operator/reconciler, namespace tidal::reconciler), which the
+// shell's files carry out: what a pass observes, the plan it gets back and its actions.
+namespace action = reconciler::action;
+using reconciler::Action;
+using reconciler::ActionName;
+using reconciler::Clock;
+using reconciler::ConditionType;
+using reconciler::Event;
+using reconciler::EventReason;
+using reconciler::EventReasonName;
+using reconciler::JobRef;
+using reconciler::Observed;
+using reconciler::PhaseChange;
+using reconciler::Plan;
+using reconciler::PodView;
 
 // The asks a pass that decided nothing waits for (Observe): the last to end wakes the job, so
 // that ten members answering one after another run one pass, not ten. One reference is the

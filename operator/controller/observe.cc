@@ -15,6 +15,20 @@
 namespace tidal::controller {
 
 using nlohmann::json;
+using reconciler::kControlPort;
+using reconciler::kCreatedForGenerationAnnotation;
+using reconciler::kFinalizer;
+using reconciler::kPrepRole;
+using reconciler::kRoleLabel;
+using reconciler::kSlotLabel;
+using reconciler::kTokenKey;
+using reconciler::ObserveStatus;
+using reconciler::PrepPodView;
+using reconciler::ServiceName;
+using reconciler::SpecConfigMapName;
+using reconciler::TokenSecretName;
+using reconciler::WorkerReport;
+using reconciler::WorkerTlsServerName;
 using shell::Key;
 using shell::NodeNotice;
 using shell::NodeSilent;

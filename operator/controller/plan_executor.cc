@@ -10,6 +10,20 @@
 namespace tidal::controller {
 
 using nlohmann::json;
+using reconciler::DataPhase;
+using reconciler::DefaultCheckpointUri;
+using reconciler::HeadlessService;
+using reconciler::kControlPort;
+using reconciler::kFinalizer;
+using reconciler::NewToken;
+using reconciler::PrepPod;
+using reconciler::SpecConfigMap;
+using reconciler::SpecConfigMapName;
+using reconciler::StorePort;
+using reconciler::TokenSecret;
+using reconciler::TokenSecretName;
+using reconciler::WorkerPod;
+using reconciler::WorkerPodOptions;
 
 TrainingJobController::PlanExecutor::PlanExecutor(TrainingJobController& controller,
                                                   const json& job, const Observed& o,

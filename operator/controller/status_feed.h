@@ -30,7 +30,8 @@ class StatusFeed {
     std::chrono::milliseconds initial_backoff{500};
     std::chrono::milliseconds max_backoff{std::chrono::seconds(30)};
   };
-  using Figures = StepFigures;  // of a job: its rank 0's, at the newest generation it reports
+  using Figures =
+      reconciler::StepFigures;  // of a job: its rank 0's, at the newest generation it reports
 
   // `wake(job)`: an actionable change of one of the job's workers, or a stream that ended.
   // Runs on gRPC's threads: it must not block.

@@ -13,6 +13,11 @@
 namespace tidal::controller {
 
 using nlohmann::json;
+using reconciler::FiguresPatch;
+using reconciler::JobLabelValue;
+using reconciler::kJobLabel;
+using reconciler::ToJson;
+using reconciler::WithoutFigures;
 using shell::ResourceVersion;
 
 void TrainingJobController::PatchFigures() {

@@ -10,7 +10,7 @@
 #include <variant>
 #include <vector>
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 
 namespace action {
 
@@ -137,4 +137,4 @@ struct Overloaded : F... {
 template <class... F>
 Overloaded(F...) -> Overloaded<F...>;
 
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

@@ -2,7 +2,7 @@
 // Event, and the checkpointed hold until the step is acknowledged.
 #include "operator/reconciler/decider.h"
 
-namespace tidal::controller::internal {
+namespace tidal::reconciler::internal {
 
 bool Decider::HeldForAnomaly() {
   if (!spec_->anomaly) {
@@ -102,4 +102,4 @@ void Decider::ResumeFromAnomaly(const std::string& why) {
   plan_.requeue_after = options_.poll;
 }
 
-}  // namespace tidal::controller::internal
+}  // namespace tidal::reconciler::internal

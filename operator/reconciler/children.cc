@@ -9,7 +9,7 @@
 
 #include "common/base64.h"
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 namespace {
 
 using nlohmann::json;
@@ -289,4 +289,4 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
   return {{"apiVersion", "v1"}, {"kind", "Pod"}, {"metadata", meta}, {"spec", pod_spec}};
 }
 
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

@@ -13,7 +13,7 @@
 #include "api/training_job.h"
 #include "common/status.h"
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 
 inline constexpr const char* kJobLabel = "tidal.dev/job";
 inline constexpr const char* kSlotLabel = "tidal.dev/slot";
@@ -113,4 +113,4 @@ nlohmann::json PrepPod(const JobRef& job, const api::TrainingJobSpec& spec, cons
 nlohmann::json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
                          const WorkerPodOptions& options);
 
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

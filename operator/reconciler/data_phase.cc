@@ -3,7 +3,7 @@
 #include "common/json_reader.h"
 #include "operator/reconciler/decider.h"
 
-namespace tidal::controller::internal {
+namespace tidal::reconciler::internal {
 
 bool Decider::DataReady() {
   const std::string key = DataKey(o_.raw_spec);
@@ -125,4 +125,4 @@ void Decider::CollectPrepPods() {
   if (!stale.empty()) Do(action::DeletePods{stale});
 }
 
-}  // namespace tidal::controller::internal
+}  // namespace tidal::reconciler::internal

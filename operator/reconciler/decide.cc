@@ -3,7 +3,7 @@
 // the planner's count; the phase through the transition table; the status and conditions last.
 #include "operator/reconciler/decider.h"
 
-namespace tidal::controller::internal {
+namespace tidal::reconciler::internal {
 
 Plan Decider::Run() {
   ForceDeleteStuck();
@@ -434,4 +434,4 @@ void Decider::WriteStatus() {
                o_.now, gen);
 }
 
-}  // namespace tidal::controller::internal
+}  // namespace tidal::reconciler::internal

@@ -23,7 +23,7 @@
 #include "operator/reconciler/event_reason.h"
 #include "operator/reconciler/reconcile.h"
 
-namespace tidal::controller::internal {
+namespace tidal::reconciler::internal {
 
 using nlohmann::json;
 using Stage = RescaleState::Stage;
@@ -360,4 +360,4 @@ class Decider {
   std::map<std::string, const PodView*> pods_;
 };
 
-}  // namespace tidal::controller::internal
+}  // namespace tidal::reconciler::internal

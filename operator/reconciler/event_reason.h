@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <iterator>
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 
 enum class EventReason {
   kBarrierTimedOut,
@@ -119,4 +119,4 @@ inline const char* EventTypeOf(EventReason reason) {
   return kEventReasons[static_cast<size_t>(reason)].warning ? "Warning" : "Normal";
 }
 
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

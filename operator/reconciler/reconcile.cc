@@ -4,7 +4,7 @@
 
 #include "operator/reconciler/decider.h"
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 
 using internal::W;
 using kube::PodPhase;
@@ -116,4 +116,4 @@ Plan Decide(const Observed& observed, const ReconcileOptions& options) {
   return internal::Decider(observed, options).Run();
 }
 
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

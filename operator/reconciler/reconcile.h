@@ -49,7 +49,7 @@
 #include "operator/planner/lifecycle.h"
 #include "operator/reconciler/action.h"
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 
 using Clock = std::chrono::system_clock;
 
@@ -393,4 +393,4 @@ Plan Decide(const Observed& observed, const ReconcileOptions& options = {});
 
 const char* StageName(RescaleState::Stage stage);
 
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

@@ -2,7 +2,7 @@
 // fails, a stall, the survivors going on from their buddy copies, an abandoned replacement.
 #include "operator/reconciler/decider.h"
 
-namespace tidal::controller::internal {
+namespace tidal::reconciler::internal {
 
 Decider::Failure Decider::FailureOf(const std::string& name, int64_t generation) const {
   const PodView* pod = Pod(name);
@@ -353,4 +353,4 @@ void Decider::Abandon(const std::vector<std::string>& waiting) {
   StartGeneration(/*recovery=*/true);  // records the wait
 }
 
-}  // namespace tidal::controller::internal
+}  // namespace tidal::reconciler::internal

@@ -3,7 +3,7 @@
 // strays.
 #include "operator/reconciler/decider.h"
 
-namespace tidal::controller::internal {
+namespace tidal::reconciler::internal {
 
 void Decider::StartGeneration(bool recovery) {
   // A job that never trained a step is started again, not recovered (issue 47: its retry was
@@ -558,4 +558,4 @@ void Decider::CollectStrays() {
   Do(action::DeletePods{strays});
 }
 
-}  // namespace tidal::controller::internal
+}  // namespace tidal::reconciler::internal

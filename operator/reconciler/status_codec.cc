@@ -6,7 +6,7 @@
 #include "common/json_reader.h"
 #include "operator/reconciler/decider.h"
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 
 using internal::Phase;
 using nlohmann::json;
@@ -347,4 +347,4 @@ std::optional<json> FiguresPatch(const json& cached_job, const StepFigures& f,
   return patch;
 }
 
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

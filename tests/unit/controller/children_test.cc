@@ -12,7 +12,7 @@
 #include "common/base64.h"
 #include "local/pod_spec.h"
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 namespace {
 
 using nlohmann::json;
@@ -340,4 +340,4 @@ TEST(Children, WorkerPodsAreToldTheDataPhasesStore) {
 }
 
 }  // namespace
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

@@ -14,7 +14,7 @@
 
 #include "operator/reconciler/reconcile.h"
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 namespace {
 
 TEST(EventReasonTest, EveryReasonHasOneUpperCamelCaseNameAndAType) {
@@ -69,4 +69,4 @@ TEST(ConditionTypeTest, EveryConditionTypeHasItsOwnUpperCamelCaseName) {
 }
 
 }  // namespace
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

@@ -5,7 +5,7 @@
 
 #include "operator/reconciler/reconcile.h"
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 namespace {
 
 using nlohmann::json;
@@ -164,4 +164,4 @@ TEST(FiguresPatch, OnlyAChangeOfTheFiguresIsAnUpdateThatAsksForNoReconcile) {
 }
 
 }  // namespace
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler

@@ -15,7 +15,7 @@
 #include "common/yaml_json.h"
 #include "local/schema.h"
 
-namespace tidal::controller {
+namespace tidal::reconciler {
 namespace {
 
 using nlohmann::json;
@@ -2407,4 +2407,4 @@ TEST(Reconcile, AWorkerDyingWhileTheJobIsPausedIsRecoveredAndTheJobHeldAgain) {
 }
 
 }  // namespace
-}  // namespace tidal::controller
+}  // namespace tidal::reconciler
