@@ -111,6 +111,16 @@ class TrainResumeTest : public ::testing::Test {
     fs::copy(ref_dir_ + "/ref", to, fs::copy_options::recursive);
     return to;
   }
+  // One bit of the byte 16 from the end of `file` flipped: a shard's data, which its checksum
+  // then refuses.
+  static void FlipAByteNearTheEnd(const std::string& file) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-16, std::ios::end);
+    char c = 0;
+    f.get(c);
+    f.seekp(-16, std::ios::end);
+    f.put(static_cast<char>(c ^ 0x20));
+  }
   static void ExpectSameLosses(const TrainRun& resumed, int64_t from, int64_t to) {
     ASSERT_EQ(resumed.result.exit_code, 0) << resumed.result.err;
     ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(to - from + 1)) << resumed.result.err;
@@ -176,15 +186,7 @@ TEST_F(TrainResumeTest, TornAndCorruptCheckpointsFallBackToThePreviousOne) {
   // Step 30 with one flipped byte in a shard's data: the read fails its checksum, every rank
   // falls back to 15, and the warning names the checkpoint.
   std::string corrupt = CopyAll("corrupt");
-  std::string shard = corrupt + "/step-00000030/shard-00002-of-00003.safetensors";
-  {
-    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-16, std::ios::end);
-    char c = 0;
-    f.get(c);
-    f.seekp(-16, std::ios::end);
-    f.put(static_cast<char>(c ^ 0x20));
-  }
+  FlipAByteNearTheEnd(corrupt + "/step-00000030/shard-00002-of-00003.safetensors");
   TrainRun from_corrupt = Train(2, corrupt);
   ExpectSameLosses(from_corrupt, 16, 30);
   EXPECT_NE(from_corrupt.result.err.find("checksum mismatch"), std::string::npos)
@@ -200,15 +202,7 @@ TEST_F(TrainResumeTest, TornAndCorruptCheckpointsFallBackToThePreviousOne) {
 TEST_F(TrainResumeTest, TheOnlyCheckpointCorruptOnOneRankStartsEveryRankOverFromStepZero) {
   std::string only = CopyWithStep15("only");
   std::ofstream(only + "/latest") << "step-00000015\n";
-  {
-    std::fstream f(only + "/step-00000015/shard-00003-of-00003.safetensors",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(-16, std::ios::end);
-    char c = 0;
-    f.get(c);
-    f.seekp(-16, std::ios::end);
-    f.put(static_cast<char>(c ^ 0x20));
-  }
+  FlipAByteNearTheEnd(only + "/step-00000015/shard-00003-of-00003.safetensors");
   TrainRun run = Train(2, only);
   ExpectSameLosses(run, 1, 30);
   EXPECT_NE(run.result.err.find("checksum mismatch"), std::string::npos) << run.result.err;
