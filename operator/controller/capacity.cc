@@ -49,13 +49,11 @@ int64_t TrainingJobController::IdleGpus(const json& tolerations) {
   if (!closed.empty())
     for (const auto& [key, held] : held_gpus_)
       if (closed.count(held.node)) requested -= held.gpus;
+  // Bookings end with their pod's events (CountPod); one whose pod never showed up (its
+  // creation failed) ends after a minute.
   const auto now = Clock::now();
   for (auto it = booked_gpus_.begin(); it != booked_gpus_.end();) {
-    const auto slash = it->first.find('/');
-    std::shared_ptr<const kube::CachedPod> pod =
-        pod_cache_.Get(it->first.substr(0, slash), it->first.substr(slash + 1));
-    const bool counted = pod && (!pod->node_name.empty() || pod->Finished());
-    if (counted || now - it->second.at > std::chrono::minutes(1)) {
+    if (now - it->second.at > std::chrono::minutes(1)) {
       it = booked_gpus_.erase(it);
     } else {
       requested += it->second.gpus;
@@ -73,6 +71,10 @@ void TrainingJobController::CountPod(const std::string& key, const kube::CachedP
     node = pod->node_name;
   }
   std::lock_guard<std::mutex> lock(capacity_mu_);
+  // A booked pod bound to a node now counts as held; one finished or deleted before it was
+  // bound (an abandoned scale-up's) holds nothing: either way its booking ends here, in the
+  // same step, so its GPUs are never counted twice nor idle for a moment too early.
+  if (!pod || !pod->node_name.empty() || pod->Finished()) booked_gpus_.erase(key);
   auto it = held_gpus_.find(key);
   held_total_ += gpus - (it == held_gpus_.end() ? 0 : it->second.gpus);
   if (gpus > 0)

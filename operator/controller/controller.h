@@ -219,8 +219,9 @@ class TrainingJobController {
                      const reconciler::Plan& plan, WorkerConnections& connections);
   // Reads the job's TLS Secret into `connections` when it is named and not read lately.
   void RefreshTls(WorkerConnections& connections, const reconciler::Observed& observed);
-  // GPUs of pods a plan creates, by "namespace/pod", until the pod cache shows the pod bound
-  // to a node (then it counts as requested) or a minute passes (its creation failed).
+  // GPUs of pods a plan creates, by "namespace/pod", until the pods informer shows the pod
+  // bound to a node (then it counts as requested), finished or deleted (an abandoned
+  // scale-up's), or a minute passes (its creation failed).
   struct Booking {
     int64_t gpus = 0;
     reconciler::Clock::time_point at;

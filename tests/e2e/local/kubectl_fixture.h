@@ -10,7 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iomanip>
+#include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,6 +30,7 @@ inline const std::string kFixtures = TIDAL_SOURCE_DIR "/tests/fixtures/local";
 class KubectlTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    test_start_ = std::chrono::steady_clock::now();
     dir_ = fs::temp_directory_path() /
            ("tidal-e2e-" + std::to_string(::getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -120,12 +124,19 @@ class KubectlTest : public ::testing::Test {
     args.insert(args.begin(), "get");
     args.push_back("-o");
     args.push_back("jsonpath=" + jsonpath);
-    auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + timeout;
     std::string out;
     while (true) {
       ProcessResult r = Kubectl(args);
       out = r.exit_code == 0 ? r.out : "<error: " + r.err + ">";
-      if (done(out) || std::chrono::steady_clock::now() > deadline) return out;
+      if (done(out) || std::chrono::steady_clock::now() > deadline) {
+        // Where a test's time goes (ctest shows it for a failed test, or with -V).
+        std::cout << "[wait " << ElapsedSeconds(start) << " s, test at "
+                  << ElapsedSeconds(test_start_) << " s] " << ::testing::PrintToString(args)
+                  << " -> " << out.substr(0, 80) << std::endl;
+        return out;
+      }
       std::this_thread::sleep_for(poll);
       poll = std::min(poll * 2, std::max(poll, max_poll));
     }
@@ -153,6 +164,15 @@ class KubectlTest : public ::testing::Test {
               std::string::npos);
   }
 
+  static std::string ElapsedSeconds(std::chrono::steady_clock::time_point since) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - since);
+    std::ostringstream s;
+    s << std::fixed << std::setprecision(1) << ms.count() / 1000.0;
+    return s.str();
+  }
+
+  std::chrono::steady_clock::time_point test_start_;
   fs::path dir_;
   bool with_operator_ = false;  // set in the constructor of fixtures that test the operator
   std::unique_ptr<Process> cluster_;

@@ -98,6 +98,8 @@ class OperatorTest : public KubectlTest {
                          std::to_string(steps)},
                         300s);
     EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::cout << "[reference run of " << steps << " steps done, test at "
+              << ElapsedSeconds(test_start_) << " s]" << std::endl;
     std::map<int64_t, double> losses;
     std::istringstream in(r.out);
     std::string line;

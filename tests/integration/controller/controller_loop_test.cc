@@ -647,6 +647,63 @@ TEST_F(ControllerLoopTest, ASteadyJobWhoseRankZeroPushesAFailedGenerationRecover
       << "rank 0's pushed failure did not recover the job: " << Status("pushed").dump();
 }
 
+// The GPUs a scale-up books for its new pods are released when those pods go: after an
+// abandoned scale-up (its pods never bound, then deleted) the job grows as soon as the GPUs it
+// waited for are free, not a minute later when the booking would have expired (issue 48: the
+// capacity gate's e2e test waited 50 s for nothing).
+TEST_F(ControllerLoopTest, AnAbandonedScaleUpsDeletedPodsBookNoGpus) {
+  // 6 of the node's 8 GPUs held by a pod that is not the job's.
+  const json hog = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", "hog"}}},
+      {"spec",
+       {{"containers", json::array({{{"name", "hog"},
+                                     {"image", "tidal-sleeping-worker"},
+                                     {"resources", {{"limits", {{"nvidia.com/gpu", "6"}}}}}}})}}}};
+  auto created = client_->Call(*kube::CreateRequest(kube::Resource::Pods(), "default", hog));
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  Apply("grows", 2,
+        {{"optimization", {{"globalBatchSize", 16}}},
+         {"elastic",
+          {{"maxGPUs", 8}, {"scaleUpTimeoutSeconds", 1}, {"requireIdleCapacity", false}}}});
+  ASSERT_TRUE(WaitStatus("grows", [](const json& s) {
+    return Phase(s) == "Running" && Int(s, "generation") == 1;
+  })) << Status("grows").dump();
+  // To 8 without the idle-capacity rule: 6 new pods that cannot be scheduled, given up after 1 s.
+  auto patch = [&](const json& spec) {
+    auto patched = client_->Call(*kube::MergePatchRequest(kube::Resource::TrainingJobs(), "default",
+                                                          "grows", {{"spec", spec}}));
+    ASSERT_TRUE(patched.ok()) << patched.status().ToString();
+  };
+  patch({{"replicas", 8}});
+  // (Its start, under the same 1 s, may have been abandoned and retried too: "replacement pods".)
+  ASSERT_TRUE(WaitStatus("grows", [&](const json& s) {
+    for (const json& c : s.value("conditions", json::array()))
+      if (c.value("type", "") == "Scaling")
+        return c.value("reason", "") == "ScaleUpAbandoned" &&
+               c.value("message", "").rfind("scale-up pods abandoned", 0) == 0;
+    return false;
+  })) << Status("grows").dump();
+  patch({{"elastic", {{"requireIdleCapacity", true}}}});
+  ASSERT_TRUE(WaitStatus("grows",
+                         [](const json& s) {
+                           const json gpus = s.value("gpus", json::object());
+                           return gpus.value("reason", "").find("capacity: 0 idle GPUs") !=
+                                  std::string::npos;
+                         }))
+      << "the hog's GPUs are not counted: " << Status("grows").dump();
+  EXPECT_EQ(Int(Status("grows"), "generation"), 1) << Status("grows").dump();
+
+  auto deleted = client_->Call(*kube::DeleteRequest(kube::Resource::Pods(), "default", "hog"));
+  ASSERT_TRUE(deleted.ok()) << deleted.status().ToString();
+  // Well within the minute a booking of the abandoned pods would last.
+  EXPECT_TRUE(WaitStatus(
+      "grows",
+      [](const json& s) { return s.value("gpus", json::object()).value("current", 0) == 8; }, 30s))
+      << "the freed GPUs were not seen as idle: " << Status("grows").dump();
+}
+
 // Workers that have not answered yet — still starting, their GetStatus unanswered — hold no
 // pass: with the one reconcile worker, another job is reconciled to Running meanwhile. Their
 // first answers, when they come, wake their job, which then starts.
