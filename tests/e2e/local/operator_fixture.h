@@ -13,6 +13,7 @@
 
 #include "tests/e2e/local/kubectl_fixture.h"
 #include "tests/integration/metrics_scrape.h"
+#include "tests/integration/reference_run.h"
 
 namespace tidal::testing {
 
@@ -93,20 +94,17 @@ class OperatorTest : public KubectlTest {
     }
     return out;
   }
+  // The length of the jobs whose curve is held to the reference: long enough to still train
+  // after two rescales, a kill or a drain, and one length so that they share one reference.
+  static constexpr int kReferenceSteps = 150;
+  // The losses of an uninterrupted 2-rank run of `manifest` (made once per build and spec).
   std::map<int64_t, double> ReferenceLosses(const std::string& manifest, int steps) {
-    auto r = RunProcess({TIDAL_TRAIN_BIN, "--config", manifest, "--nproc", "2", "--max-steps",
-                         std::to_string(steps)},
-                        300s);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    std::cout << "[reference run of " << steps << " steps done, test at "
+    std::string err;
+    auto losses =
+        ReferenceRunLosses(TIDAL_TEST_CACHE_DIR, TIDAL_TRAIN_BIN, manifest, 2, steps, &err);
+    EXPECT_FALSE(losses.empty()) << "the reference run failed: " << err;
+    std::cout << "[reference run of " << steps << " steps ready, test at "
               << ElapsedSeconds(test_start_) << " s]" << std::endl;
-    std::map<int64_t, double> losses;
-    std::istringstream in(r.out);
-    std::string line;
-    while (std::getline(in, line)) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("step")) losses[j["step"]] = j["loss"];
-    }
     return losses;
   }
   // Rank 0's log holds every step of the reference run exactly once, each with its loss to

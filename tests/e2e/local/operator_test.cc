@@ -29,7 +29,7 @@ namespace {
 TEST_F(OperatorTest, KubectlScaleResizesARunningJobWithoutChangingItsLossCurve) {
   // Enough steps to still be training after two rescales: on torch 2.11's LibTorch a tiny step
   // takes a fraction of what it did on 1.13, and 30 were over before the scale-up finished.
-  constexpr int kSteps = 150;
+  constexpr int kSteps = kReferenceSteps;
   const std::string manifest = JobYaml("elastic", kSteps);
   const auto reference = ReferenceLosses(manifest, kSteps);
   ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
@@ -184,7 +184,7 @@ TEST_F(OperatorTest, ARawChatDatasetIsPreparedInADataPhaseBeforeAnyWorkerAndTrai
 // step is trained again, every loss is the uninterrupted run's, and nothing is read from the
 // store (checkpoints every 5 steps are there to be read).
 TEST_F(OperatorTest, KillNineOfAWorkerIsRebuiltFromItsBuddysCopyLosingAtMostOneStep) {
-  constexpr int kSteps = 120;
+  constexpr int kSteps = kReferenceSteps;
   // The reference from the same spec without spec.replicas (a field of the operator's only).
   const auto reference = ReferenceLosses(JobYaml("faulty", kSteps), kSteps);
   const std::string manifest =
@@ -323,7 +323,7 @@ class DrainTest : public OperatorTest {
 // uninterrupted run's loss to 1e-5), the store never read; drain evicts through the Eviction API
 // and returns once the pods are gone.
 TEST_F(DrainTest, KubectlDeletePodAndKubectlDrainMoveTheJobOffLiveLosingNoStep) {
-  constexpr int kSteps = 200;
+  constexpr int kSteps = kReferenceSteps;
   const auto reference = ReferenceLosses(JobYaml("moving", kSteps), kSteps);
   ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
   Ok({"apply", "-f",
@@ -934,7 +934,7 @@ TEST_F(OperatorFailoverTest,
        KillingTheLeaderMidRescaleLetsTheNextOneFinishItWithoutASecondGeneration) {
   // Still training when the standby takes over, ~7 s later with the 6 s lease (300 steps were
   // needed under the 15 s default, 80 of them over by the takeover on torch 2.11's LibTorch).
-  constexpr int kSteps = 150;
+  constexpr int kSteps = kReferenceSteps;
   auto first = StartOperator("operator-a");
   auto crd = WaitFor(
       {"crd", "trainingjobs.tidal.dev"}, "{.metadata.name}",

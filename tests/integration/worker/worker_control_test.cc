@@ -30,6 +30,7 @@
 #include "contract/client.h"
 #include "tests/integration/metrics_scrape.h"
 #include "tests/integration/process.h"
+#include "tests/integration/reference_run.h"
 #include "tidal/worker/v1/worker.grpc.pb.h"
 
 namespace tidal::testing {
@@ -227,19 +228,13 @@ class WorkerControlTest : public ::testing::Test {
     return s;
   }
 
-  // The losses of an unresized run of the same spec: tidal-train at `nproc` ranks.
+  // The losses of an unresized run of the same spec: tidal-train at `nproc` ranks (made once
+  // per build and spec).
   std::map<int64_t, double> ReferenceLosses(int steps, int nproc = 2) {
-    auto result = RunProcess({TIDAL_TRAIN_BIN, "--config", dir_ + "/job.yaml", "--nproc",
-                              std::to_string(nproc), "--max-steps", std::to_string(steps)},
-                             300s);
-    EXPECT_EQ(result.exit_code, 0) << result.err;
-    std::map<int64_t, double> losses;
-    std::istringstream in(result.out);
-    std::string line;
-    while (std::getline(in, line)) {
-      auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("step")) losses[j["step"]] = j["loss"];
-    }
+    std::string err;
+    auto losses = ReferenceRunLosses(TIDAL_TEST_CACHE_DIR, TIDAL_TRAIN_BIN, dir_ + "/job.yaml",
+                                     nproc, steps, &err);
+    EXPECT_FALSE(losses.empty()) << "the reference run failed: " << err;
     return losses;
   }
 
