@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,9 @@ int Usage(const char* why, bool help = false) {
                "               127.0.0.1:0, a free port: written to DIR/operator-metrics-port)\n"
                "  --audit-log PATH  append each API request to PATH as an audit.k8s.io/v1 Event\n"
                "  --keep-logs  keep every container run's output, after its pod is gone too,\n"
-               "               under DIR/logs-archive/<namespace>/<pod>/\n");
+               "               under DIR/logs-archive/<namespace>/<pod>/\n"
+               "  --worker-unreachable-seconds S  the operator's --worker-unreachable-timeout\n"
+               "               (default 30)\n");
   return help ? 0 : 2;
 }
 
@@ -62,6 +65,7 @@ int RunLocal(int argc, char** argv) {
   tidal::local::ClusterOptions options;
   bool run_operator = true;
   std::string metrics_address = "127.0.0.1:0";
+  std::optional<std::chrono::seconds> unreachable_after;
   for (int i = 0; i < argc; ++i) {
     std::string flag = argv[i];
     if (IsHelp(flag)) return Usage(nullptr, /*help=*/true);
@@ -100,6 +104,11 @@ int RunLocal(int argc, char** argv) {
       int ms = 0;
       if (!ParseInt(value, ms) || ms < 0) return Usage("--crash-backoff-ms: expected >= 0");
       options.crash_backoff = std::chrono::milliseconds(ms);
+    } else if (flag == "--worker-unreachable-seconds") {
+      int seconds = 0;
+      if (!ParseInt(value, seconds) || seconds < 1)
+        return Usage("--worker-unreachable-seconds: expected a positive number of seconds");
+      unreachable_after = std::chrono::seconds(seconds);
     } else if (flag == "--history") {  // for tests: watch window in changes
       int n = 0;
       if (!ParseInt(value, n) || n < 1) return Usage("--history: expected > 0");
@@ -133,6 +142,7 @@ int RunLocal(int argc, char** argv) {
     m.controller.default_checkpoint_root =
         "file://" + std::filesystem::absolute(options.data_dir).string() + "/checkpoints";
     m.metrics_address = metrics_address;
+    if (unreachable_after) m.controller.reconcile.unreachable_after = *unreachable_after;
     auto started = tidal::controller::Manager::Start(std::move(m));
     if (!started.ok()) {
       std::fprintf(stderr, "tidal local: the operator: %s\n", started.status().message().c_str());

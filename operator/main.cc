@@ -53,7 +53,10 @@ int Usage(const char* why, bool help = false) {
                "  --leader-elect-renew-deadline D  how long the leader retries a renewal before\n"
                "                     it stops leading (default 10s)\n"
                "  --leader-elect-retry-period D  between tries to take or renew the lease\n"
-               "                     (default 2s); durations as 500ms, 4s, 1m\n");
+               "                     (default 2s); durations as 500ms, 4s, 1m\n"
+               "  --worker-unreachable-timeout D  a running worker that does not answer the\n"
+               "                     operator for this long counts as failed and is replaced\n"
+               "                     (default 30s; whole seconds, as 10s or 2m)\n");
   return help ? 0 : 2;
 }
 
@@ -141,6 +144,15 @@ int RunOperator(int argc, char** argv) {
       (flag == "--leader-elect-lease-duration"   ? m.lease_duration
        : flag == "--leader-elect-renew-deadline" ? m.renew_deadline
                                                  : m.retry_period) = d;
+    } else if (flag == "--worker-unreachable-timeout") {
+      std::chrono::milliseconds d{};
+      if (!ParseDuration(value, d) || d.count() % 1000 != 0)
+        return Usage((flag +
+                      ": expected a positive whole number of seconds such as 30s or 2m, got \"" +
+                      value + "\"")
+                         .c_str());
+      m.controller.reconcile.unreachable_after =
+          std::chrono::duration_cast<std::chrono::seconds>(d);
     } else {
       return Usage(("unknown flag " + flag).c_str());
     }

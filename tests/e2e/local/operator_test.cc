@@ -445,7 +445,10 @@ TEST_F(OperatorTest, AWorkerThatAnswersButMakesNoProgressIsFoundStalledAndReplac
 // Two nodes of 2 GPUs: one can be lost while the other carries the job.
 class LostNodeTest : public OperatorTest {
  protected:
-  std::vector<std::string> ExtraClusterArgs() override { return {"--nodes", "2", "--gpus", "2"}; }
+  // A silent worker is replaced after 5 s, not the default 30: what the test shows is the same.
+  std::vector<std::string> ExtraClusterArgs() override {
+    return {"--nodes", "2", "--gpus", "2", "--worker-unreachable-seconds", "5"};
+  }
   std::string NodeReady(const std::string& node) {
     return Ok(
         {"get", "node", node, "-o", R"(jsonpath={.status.conditions[?(@.type=="Ready")].status})"});
@@ -474,7 +477,8 @@ TEST_F(LostNodeTest, APodStuckTerminatingOnALostNodeIsForceDeletedAndTheJobCanSu
   EXPECT_NE(Ok({"get", "node", node, "-o", "jsonpath={.spec.taints[*].key}"})
                 .find("node.kubernetes.io/unreachable"),
             std::string::npos);
-  // Silent for 30 s: replaced, and the job trains on the node that is left.
+  // Silent for 5 s (--worker-unreachable-seconds): replaced, and the job trains on the node
+  // that is left.
   WaitInt(
       "lost", "{.status.restarts}", [](int64_t n) { return n >= 1; }, 120s);
   const int64_t step = Int("lost", "{.status.step}");
@@ -1160,6 +1164,10 @@ TEST(OperatorCli, BadInvocationsExitTwoNamingTheFlagOrTheKubeconfig) {
        "--leader-elect-lease-duration (5000ms) must exceed --leader-elect-renew-deadline (5000ms)"},
       {{"--leader-elect-renew-deadline", "2s"},
        "must exceed 1.2 x --leader-elect-retry-period (2000ms)"},
+      {{"--worker-unreachable-timeout", "1500ms"},
+       "--worker-unreachable-timeout: expected a positive whole number of seconds such as 30s or "
+       "2m, got \"1500ms\""},
+      {{"--worker-unreachable-timeout=0s"}, "--worker-unreachable-timeout: expected a positive"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {TIDAL_BIN, "operator"};
@@ -1167,6 +1175,25 @@ TEST(OperatorCli, BadInvocationsExitTwoNamingTheFlagOrTheKubeconfig) {
     ProcessResult r = RunProcess(argv, 30s);
     EXPECT_EQ(r.exit_code, 2) << c.words << ": " << r.err;
     EXPECT_NE(r.err.find(c.words), std::string::npos) << r.err;
+  }
+}
+
+// `tidal local`'s own flags: a bad value exits 2 naming the flag, before anything starts.
+TEST(LocalCli, BadInvocationsExitTwoNamingTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--bogus", "1"}, "unknown flag --bogus"},
+      {{"--nodes", "0"}, "--nodes: expected a positive integer"},
+      {{"--gpus", "x"}, "--gpus: expected a non-negative integer"},
+      {{"--worker-unreachable-seconds", "0"},
+       "--worker-unreachable-seconds: expected a positive number of seconds"},
+      {{"--worker-unreachable-seconds"}, "missing value for --worker-unreachable-seconds"},
+  };
+  for (const auto& [args, words] : cases) {
+    std::vector<std::string> argv = {TIDAL_BIN, "local"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    ProcessResult r = RunProcess(argv, 30s);
+    EXPECT_EQ(r.exit_code, 2) << words << ": " << r.err;
+    EXPECT_NE(r.err.find(words), std::string::npos) << r.err;
   }
 }
 
