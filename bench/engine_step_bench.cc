@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/temp_dir.h"
+#include "tests/test_paths.h"
 #include "worker/checkpoint/trainer_checkpoint.h"
 #include "worker/data/provider.h"
 #include "worker/engine/comm.h"

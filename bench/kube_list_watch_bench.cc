@@ -22,6 +22,7 @@
 #include "kube/config.h"
 #include "kube/watcher.h"
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 
 using namespace tidal;
 using Clock = std::chrono::steady_clock;

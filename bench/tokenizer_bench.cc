@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/test_paths.h"
 #include "worker/data/tokenizer.h"
 
 namespace {
@@ -240,9 +241,10 @@ int main(int argc, char** argv) {
     const Result ours = TimeOurs(*tokenizer, corpus);
 
     const fs::path hf_path = dir / "hf.json";
-    const std::string command = "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false '" TIDAL_PYTHON
-                                "' '" TIDAL_SOURCE_DIR "/tests/hf/tokenizer_oracle.py' bench '" +
-                                file + "' '" + docs_path.string() + "' '" + hf_path.string() + "'";
+    const std::string command = "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false '" +
+                                std::string(TIDAL_PYTHON) + "' '" + std::string(TIDAL_SOURCE_DIR) +
+                                "/tests/hf/tokenizer_oracle.py' bench '" + file + "' '" +
+                                docs_path.string() + "' '" + hf_path.string() + "'";
     if (std::system(command.c_str()) != 0) {
       std::fprintf(stderr, "the HF baseline failed: %s\n", command.c_str());
       return 1;

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/train_run.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {

@@ -12,6 +12,7 @@
 
 #include "common/yaml_json.h"
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {
@@ -19,7 +20,7 @@ namespace {
 using namespace std::chrono_literals;
 using nlohmann::json;
 
-const std::string kChart = TIDAL_SOURCE_DIR "/charts/tidal";
+const std::string kChart = std::string(TIDAL_SOURCE_DIR) + "/charts/tidal";
 
 std::string ReadAll(const std::string& path) {
   std::ifstream in(path);
@@ -200,7 +201,7 @@ TEST(HelmChart, ShipsTheCrdTheRulesAndTheDashboardFromTheirOneSource) {
   ProcessResult crds = Helm({"show", "crds", kChart});
   ASSERT_EQ(crds.exit_code, 0) << crds.err;
   auto shown = ParseYaml(crds.out);
-  auto source = ReadYamlFile(TIDAL_SOURCE_DIR "/crds/tidal.dev_trainingjobs.yaml");
+  auto source = ReadYamlFile(std::string(TIDAL_SOURCE_DIR) + "/crds/tidal.dev_trainingjobs.yaml");
   ASSERT_TRUE(shown.ok() && source.ok());
   EXPECT_EQ(*shown, *source);
 
@@ -214,9 +215,10 @@ TEST(HelmChart, ShipsTheCrdTheRulesAndTheDashboardFromTheirOneSource) {
           objects["ConfigMap/tidal-dashboard"]["data"]["tidal-dashboard.json"].get<std::string>()),
       json::parse(dashboard));
   // deploy/ links to the same files for users without the chart.
-  EXPECT_EQ(ReadAll(TIDAL_SOURCE_DIR "/deploy/prometheus/tidal-rules.yaml"),
+  EXPECT_EQ(ReadAll(std::string(TIDAL_SOURCE_DIR) + "/deploy/prometheus/tidal-rules.yaml"),
             ReadAll(kChart + "/files/tidal-rules.yaml"));
-  EXPECT_EQ(ReadAll(TIDAL_SOURCE_DIR "/deploy/grafana/tidal-dashboard.json"), dashboard);
+  EXPECT_EQ(ReadAll(std::string(TIDAL_SOURCE_DIR) + "/deploy/grafana/tidal-dashboard.json"),
+            dashboard);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "tests/integration/process.h"
 #include "tests/integration/run_cache.h"
+#include "tests/test_paths.h"
 #include "tests/unit/engine/test_util.h"
 #include "worker/checkpoint/repository.h"
 #include "worker/engine/comm.h"

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 #include "tests/unit/engine/test_util.h"
 #include "worker/checkpoint/peft_export.h"
 #include "worker/engine/comm.h"
@@ -192,23 +193,22 @@ TEST_P(FamilyTest, TrainsTheSameAtOneAndTwoRanksAndItsExportsLoadInTransformersA
   const torch::Tensor expected = testing::Logits(params, model, tokens);
   ASSERT_TRUE(WriteSafetensors(dir_ + "/tokens.safetensors", {{"tokens", tokens}}, {}).ok());
 
-  const std::string script = std::string(TIDAL_SOURCE_DIR) + "/tests/hf/export_logits.py";
-  ProcessResult peft = RunProcess({TIDAL_PYTHON, script, "adapter", dir_ + "/base", adapter_dir,
-                                   dir_ + "/tokens.safetensors", dir_ + "/peft.safetensors"},
-                                  300s);
-  ASSERT_EQ(peft.exit_code, 0) << peft.out << peft.err;
-  auto peft_logits = SafetensorsFile::Open(dir_ + "/peft.safetensors");
-  ASSERT_TRUE(peft_logits.ok());
-  EXPECT_TRUE(Close(*(*peft_logits)->Read("logits", torch::kFloat32), expected));
-
   ProcessResult merged = RunProcess(
       {TIDAL_EXPORT_BIN, "--merge", "--checkpoint", dir_ + "/ckpt-2", "--out", dir_ + "/merged"},
       120s);
   ASSERT_EQ(merged.exit_code, 0) << merged.err;
-  ProcessResult hf_merged = RunProcess({TIDAL_PYTHON, script, "merged", dir_ + "/merged",
-                                        dir_ + "/tokens.safetensors", dir_ + "/merged.safetensors"},
-                                       300s);
-  ASSERT_EQ(hf_merged.exit_code, 0) << hf_merged.out << hf_merged.err;
+  // PEFT's adapter on transformers' base, and transformers' load of the merged model: one
+  // process, the libraries loaded once.
+  const std::string script = std::string(TIDAL_SOURCE_DIR) + "/tests/hf/export_logits.py";
+  ProcessResult libraries =
+      RunProcess({TIDAL_PYTHON, script, "adapter", dir_ + "/base", adapter_dir,
+                  dir_ + "/tokens.safetensors", dir_ + "/peft.safetensors", "--", "merged",
+                  dir_ + "/merged", dir_ + "/tokens.safetensors", dir_ + "/merged.safetensors"},
+                 300s);
+  ASSERT_EQ(libraries.exit_code, 0) << libraries.out << libraries.err;
+  auto peft_logits = SafetensorsFile::Open(dir_ + "/peft.safetensors");
+  ASSERT_TRUE(peft_logits.ok());
+  EXPECT_TRUE(Close(*(*peft_logits)->Read("logits", torch::kFloat32), expected));
   auto merged_logits = SafetensorsFile::Open(dir_ + "/merged.safetensors");
   ASSERT_TRUE(merged_logits.ok());
   EXPECT_TRUE(Close(*(*merged_logits)->Read("logits", torch::kFloat32), expected));

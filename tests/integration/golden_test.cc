@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 #include "tests/unit/engine/test_util.h"
 #include "worker/engine/comm.h"
 #include "worker/engine/hf_checkpoint.h"

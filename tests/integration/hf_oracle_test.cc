@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 #include "tests/unit/engine/test_util.h"
 #include "worker/checkpoint/peft_export.h"
 #include "worker/engine/comm.h"

@@ -14,6 +14,7 @@
 #include "common/http/client.h"
 #include "common/status.h"
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 

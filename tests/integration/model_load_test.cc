@@ -14,6 +14,7 @@
 
 #include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 #include "tests/unit/engine/test_util.h"
 #include "worker/data/provider.h"
 #include "worker/engine/comm.h"

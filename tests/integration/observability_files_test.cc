@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {
@@ -126,8 +127,9 @@ TEST(DemoPlot, DrawsAPngOfLossAndGpusFromAScrapedTimeline) {
          "10 44 4.0 2 4 2\n12 57 3.9 2 2 3\n";
   }
   std::remove((dir + "/plot.png").c_str());
-  ProcessResult r = RunProcess(
-      {TIDAL_SOURCE_DIR "/tools/plot-demo.sh", dir + "/timeline.tsv", dir + "/plot.png"}, 60s);
+  ProcessResult r = RunProcess({std::string(TIDAL_SOURCE_DIR) + "/tools/plot-demo.sh",
+                                dir + "/timeline.tsv", dir + "/plot.png"},
+                               60s);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ifstream png(dir + "/plot.png", std::ios::binary);
   char magic[8] = {};
@@ -142,8 +144,8 @@ TEST(DemoPlot, DrawsAPngOfLossAndGpusFromAScrapedTimeline) {
 TEST(DemoPlot, AnEmptyTimelineIsAClearError) {
   const std::string empty = ::testing::TempDir() + "/empty-timeline.tsv";
   std::ofstream(empty).close();
-  ProcessResult r =
-      RunProcess({TIDAL_SOURCE_DIR "/tools/plot-demo.sh", empty, empty + ".png"}, 60s);
+  ProcessResult r = RunProcess(
+      {std::string(TIDAL_SOURCE_DIR) + "/tools/plot-demo.sh", empty, empty + ".png"}, 60s);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("is empty"), std::string::npos) << r.err;
 }

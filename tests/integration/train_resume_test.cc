@@ -18,6 +18,7 @@
 #include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/process.h"
 #include "tests/integration/run_cache.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {

@@ -82,6 +82,7 @@
 #include "tests/integration/objstore/fault_proxy.h"
 #include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 #include "worker/objstore/object_store.h"
 
 namespace tidal::chaos {

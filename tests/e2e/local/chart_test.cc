@@ -10,13 +10,14 @@
 #include <set>
 
 #include "tests/e2e/local/operator_fixture.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {
 
 using nlohmann::json;
 
-const std::string kChart = TIDAL_SOURCE_DIR "/charts/tidal";
+const std::string kChart = std::string(TIDAL_SOURCE_DIR) + "/charts/tidal";
 const std::string kNs = "tidal-system";
 
 class ChartTest : public OperatorTest {
@@ -93,7 +94,8 @@ TEST_F(ChartTest, HelmInstallsTheChartAndKubectlShowsWhatItCreated) {
 }
 
 TEST_F(ChartTest, KubectlApplyKustomizeInstallsTheSameObjectsWithoutHelm) {
-  const std::string out = Ok({"apply", "-k", TIDAL_SOURCE_DIR "/deploy/kustomize/base"});
+  const std::string out =
+      Ok({"apply", "-k", std::string(TIDAL_SOURCE_DIR) + "/deploy/kustomize/base"});
   for (const char* want : {"namespace/tidal-system created",
                            "customresourcedefinition.apiextensions.k8s.io/trainingjobs.tidal.dev",
                            "serviceaccount/tidal created", "deployment.apps/tidal created",
@@ -104,7 +106,8 @@ TEST_F(ChartTest, KubectlApplyKustomizeInstallsTheSameObjectsWithoutHelm) {
             R"(["operator","--metrics-address=:8080"])");
   EXPECT_EQ(Kubectl({"get", "tj"}).exit_code, 0);  // the CRD serves
   // A second apply changes nothing.
-  EXPECT_EQ(Ok({"apply", "-k", TIDAL_SOURCE_DIR "/deploy/kustomize/base"}).find("configured"),
+  EXPECT_EQ(Ok({"apply", "-k", std::string(TIDAL_SOURCE_DIR) + "/deploy/kustomize/base"})
+                .find("configured"),
             std::string::npos);
 }
 

@@ -19,13 +19,14 @@
 #include <vector>
 
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-inline const std::string kFixtures = TIDAL_SOURCE_DIR "/tests/fixtures/local";
+inline const std::string kFixtures = std::string(TIDAL_SOURCE_DIR) + "/tests/fixtures/local";
 
 class KubectlTest : public ::testing::Test {
  protected:

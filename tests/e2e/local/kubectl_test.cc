@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "tests/e2e/local/kubectl_fixture.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {

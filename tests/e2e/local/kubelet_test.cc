@@ -10,6 +10,7 @@
 #include <set>
 
 #include "tests/e2e/local/kubectl_fixture.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {

@@ -11,13 +11,14 @@
 
 #include "common/http/client.h"
 #include "tests/e2e/local/operator_fixture.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {
 
 using nlohmann::json;
 
-const std::string kCharts = TIDAL_SOURCE_DIR "/charts/tidal/files";
+const std::string kCharts = std::string(TIDAL_SOURCE_DIR) + "/charts/tidal/files";
 
 int FreePort() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);

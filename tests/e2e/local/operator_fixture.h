@@ -14,6 +14,7 @@
 #include "tests/e2e/local/kubectl_fixture.h"
 #include "tests/integration/metrics_scrape.h"
 #include "tests/integration/reference_run.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 

@@ -20,6 +20,7 @@
 #include "api/checkpoint_interval.h"
 #include "common/http/pki.h"
 #include "tests/e2e/local/operator_fixture.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {
@@ -1006,7 +1007,7 @@ TEST_F(OperatorFailoverTest, APoisonSpecIsRefusedAndAStoredOneStopsNeitherTheOpe
   EXPECT_NE(refused.err.find("spec.elastic.maxGPUs"), std::string::npos) << refused.err;
 
   // A CRD without the bound, as a cluster holds whose CRD predates it.
-  std::ifstream in(TIDAL_SOURCE_DIR "/crds/tidal.dev_trainingjobs.yaml");
+  std::ifstream in(std::string(TIDAL_SOURCE_DIR) + "/crds/tidal.dev_trainingjobs.yaml");
   std::string crd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const std::string bounded = "maxGPUs: {type: integer, minimum: 1, maximum: 65536,";
   const size_t at = crd.find(bounded);
@@ -1059,9 +1060,10 @@ class ShiftedClockTest : public OperatorFailoverTest {
   }
   std::unique_ptr<Process> StartShiftedOperator() {
     SetOffset(0);
-    return StartOperator("operator", "env LD_PRELOAD=" LIBFAKETIME " FAKETIME_TIMESTAMP_FILE=" +
-                                         (dir_ / "faketime").string() +
-                                         " FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1");
+    return StartOperator("operator",
+                         "env LD_PRELOAD=" + std::string(LIBFAKETIME) +
+                             " FAKETIME_TIMESTAMP_FILE=" + (dir_ / "faketime").string() +
+                             " FAKETIME_NO_CACHE=1 FAKETIME_DONT_FAKE_MONOTONIC=1");
   }
   // Now on the operator's wall clock.
   int64_t OperatorNow() const {

@@ -6,12 +6,13 @@
 #include <regex>
 
 #include "tests/e2e/local/kubectl_fixture.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {
 
-const std::string kCrd = TIDAL_SOURCE_DIR "/crds/tidal.dev_trainingjobs.yaml";
-const std::string kJob = TIDAL_SOURCE_DIR "/examples/training-job.yaml";
+const std::string kCrd = std::string(TIDAL_SOURCE_DIR) + "/crds/tidal.dev_trainingjobs.yaml";
+const std::string kJob = std::string(TIDAL_SOURCE_DIR) + "/examples/training-job.yaml";
 
 TEST_F(KubectlTest, TrainingJobCrdInstallsAndJobsGetDefaultsColumnsAndScale) {
   EXPECT_EQ(Ok({"apply", "-f", kCrd}),

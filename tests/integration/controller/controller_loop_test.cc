@@ -29,6 +29,7 @@
 #include "kube/request.h"
 #include "local/cluster.h"
 #include "operator/controller/manager.h"
+#include "tests/test_paths.h"
 
 namespace tidal::controller {
 namespace {
@@ -284,8 +285,8 @@ class ControllerLoopTest : public ::testing::Test {
     std::ofstream(stubborn) << "#!/bin/sh\ntrap '' TERM\nexec sleep 600\n";
     std::filesystem::permissions(stubborn, std::filesystem::perms::owner_all);
     const std::string path = std::getenv("PATH") ? std::getenv("PATH") : "";
-    if (path.rfind(TIDAL_WORKER_BIN_DIR ":", 0) != 0)
-      ::setenv("PATH", (TIDAL_WORKER_BIN_DIR ":" + path).c_str(), 1);
+    if (path.rfind(std::string(TIDAL_WORKER_BIN_DIR) + ":", 0) != 0)
+      ::setenv("PATH", (std::string(TIDAL_WORKER_BIN_DIR) + ":" + path).c_str(), 1);
     local::ClusterOptions c;
     c.data_dir = (dir_ / "cluster").string();
     c.port = 0;

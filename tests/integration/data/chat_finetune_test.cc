@@ -14,6 +14,7 @@
 #include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/process.h"
 #include "tests/temp_dir.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/test_paths.h"
 #include "worker/data/chat_template.h"
 
 namespace tidal::data {

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/test_paths.h"
 #include "worker/data/tokenizer.h"
 #include "worker/data/tokenizer_internal.h"
 
@@ -198,9 +199,9 @@ fs::path TempDir() {
 }
 
 int RunPython(const std::string& arguments) {
-  const std::string command = "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false '" TIDAL_PYTHON
-                              "' '" TIDAL_SOURCE_DIR "/tests/hf/tokenizer_oracle.py' " +
-                              arguments;
+  const std::string command = "RAYON_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false '" +
+                              std::string(TIDAL_PYTHON) + "' '" + std::string(TIDAL_SOURCE_DIR) +
+                              "/tests/hf/tokenizer_oracle.py' " + arguments;
   return std::system(command.c_str());
 }
 

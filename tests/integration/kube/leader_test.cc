@@ -11,6 +11,7 @@
 
 #include "kube/leader.h"
 #include "tests/integration/kube/local_cluster.h"
+#include "tests/test_paths.h"
 
 namespace tidal::kube {
 namespace {

@@ -18,6 +18,7 @@
 #include "kube/config.h"
 #include "kube/request.h"
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 
 namespace tidal::kube {
 

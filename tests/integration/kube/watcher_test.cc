@@ -1,6 +1,7 @@
 // The client's watcher against a real `tidal local`: it survives kill -9 of the server without
 // losing or duplicating an event, and relists correctly (emitting the difference) after 410.
 #include "kube/watcher.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>

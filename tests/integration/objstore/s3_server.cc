@@ -1,5 +1,6 @@
 // tests/integration/objstore/s3_server.cc
 #include "tests/integration/objstore/s3_server.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

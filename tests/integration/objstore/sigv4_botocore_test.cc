@@ -12,6 +12,7 @@
 #include "common/base64.h"
 #include "tests/integration/objstore/s3_server.h"
 #include "tests/integration/process.h"
+#include "tests/test_paths.h"
 #include "worker/objstore/s3_request.h"
 
 namespace tidal::testing {

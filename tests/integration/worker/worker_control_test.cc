@@ -31,6 +31,7 @@
 #include "tests/integration/metrics_scrape.h"
 #include "tests/integration/process.h"
 #include "tests/integration/reference_run.h"
+#include "tests/test_paths.h"
 #include "tidal/worker/v1/worker.grpc.pb.h"
 
 namespace tidal::testing {

@@ -15,6 +15,7 @@
 #include "api/training_job.h"
 #include "common/yaml_json.h"
 #include "local/schema.h"
+#include "tests/test_paths.h"
 
 namespace tidal {
 namespace {

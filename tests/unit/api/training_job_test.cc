@@ -2,6 +2,7 @@
 // rules and the checks beyond them (time zone, cron, URIs, Secret names), each violation named
 // by its field path and all of them reported together; and the cron expressions themselves.
 #include "api/training_job.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 

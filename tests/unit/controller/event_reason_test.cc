@@ -2,6 +2,7 @@
 // docs/controller.md, names as Kubernetes writes its own, and a plan's Events carry the type the
 // table gives their reason. And the condition types (reconcile.h), named once.
 #include "operator/reconciler/event_reason.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 
@@ -29,7 +30,7 @@ TEST(EventReasonTest, EveryReasonHasOneUpperCamelCaseNameAndAType) {
 }
 
 TEST(EventReasonTest, TheDocsListEveryReasonWithItsType) {
-  std::ifstream in(TIDAL_SOURCE_DIR "/docs/controller.md");
+  std::ifstream in(std::string(TIDAL_SOURCE_DIR) + "/docs/controller.md");
   ASSERT_TRUE(in) << "docs/controller.md";
   std::stringstream text;
   text << in.rdbuf();

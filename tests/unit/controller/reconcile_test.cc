@@ -3,6 +3,7 @@
 // does. The status goes through its JSON form between every reconcile — exactly what a new
 // leader would read — so every scenario also shows the protocol carries on from status alone.
 #include "operator/reconciler/reconcile.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 

@@ -2,6 +2,7 @@
 // from PyPI): what trains in each format, every kind of bad input, re-runs that do nothing,
 // and the provider's tokenizer-versus-model refusals.
 #include "worker/data/prep.h"
+#include "tests/test_paths.h"
 
 #include <filesystem>
 #include <fstream>

@@ -9,6 +9,7 @@
 
 #include "api/train_config.h"
 #include "tests/temp_dir.h"
+#include "tests/test_paths.h"
 #include "worker/data/provider.h"
 #include "worker/engine/model.h"
 #include "worker/engine/zero.h"

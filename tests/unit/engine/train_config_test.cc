@@ -1,6 +1,7 @@
 // The spec as the engine reads it: defaults, whole-TrainingJob input, and a clear message
 // naming the field for each kind of bad input.
 #include "api/train_config.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,7 @@
 // The protobuf bodies real clients send (captured from kubectl and helm, see
 // tests/fixtures/local/protobuf/README.md) decode to the JSON the API would have received.
 #include "local/protobuf.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 
@@ -13,7 +14,8 @@ namespace tidal::local {
 namespace {
 
 std::string Fixture(const std::string& name) {
-  std::ifstream in(TIDAL_SOURCE_DIR "/tests/fixtures/local/protobuf/" + name, std::ios::binary);
+  std::ifstream in(std::string(TIDAL_SOURCE_DIR) + "/tests/fixtures/local/protobuf/" + name,
+                   std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   EXPECT_FALSE(ss.str().empty()) << name;

@@ -1,5 +1,6 @@
 // CRD → served kinds, discovery documents, and Table printing helpers.
 #include "local/registry.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +12,9 @@ namespace {
 
 using nlohmann::json;
 
-json Crd() { return *ReadYamlFile(TIDAL_SOURCE_DIR "/tests/fixtures/local/widget-crd.yaml"); }
+json Crd() {
+  return *ReadYamlFile(std::string(TIDAL_SOURCE_DIR) + "/tests/fixtures/local/widget-crd.yaml");
+}
 
 TEST(Registry, CrdDeclaresItsKindWithSubresourcesAndColumns) {
   auto resources = Registry::ResourcesOfCrd(Crd());

@@ -1,6 +1,7 @@
 // The SigV4 signer against the AWS signing test suite (tests/fixtures/sigv4, from aws-c-auth)
 // and against the documented rules where S3 differs from other services.
 #include "worker/objstore/sigv4.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 

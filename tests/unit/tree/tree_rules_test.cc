@@ -12,6 +12,7 @@
 
 #include "tests/integration/process.h"
 #include "tests/temp_dir.h"
+#include "tests/test_paths.h"
 
 namespace tidal::testing {
 namespace {
@@ -20,7 +21,9 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
 ProcessResult CheckLayers(const std::string& root) {
-  return RunProcess({TIDAL_PYTHON, TIDAL_SOURCE_DIR "/tools/check_layers.py", "--root", root}, 60s);
+  return RunProcess(
+      {TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tools/check_layers.py", "--root", root},
+      60s);
 }
 
 TEST(ArchitectureTest, IncludesCrossNoWallTheWrongWay) {
@@ -81,10 +84,10 @@ TEST(TestScheduling, EveryMeasuredTestIsATestOfThisBuild) {
 #ifndef TIDAL_ALL_TESTS_BUILT
   GTEST_SKIP() << "this build leaves LibTorch's tests out; the ordinary build checks the list";
 #endif
-  const ProcessResult r =
-      RunProcess({TIDAL_PYTHON, TIDAL_SOURCE_DIR "/tests/check_measured_tests.py", CTEST_BIN,
-                  TIDAL_SOURCE_DIR "/tests/measured_tests.cmake", TIDAL_BUILD_DIR},
-                 60s);
+  const ProcessResult r = RunProcess(
+      {TIDAL_PYTHON, std::string(TIDAL_SOURCE_DIR) + "/tests/check_measured_tests.py", CTEST_BIN,
+       std::string(TIDAL_SOURCE_DIR) + "/tests/measured_tests.cmake", TIDAL_BUILD_DIR},
+      60s);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
 }
 

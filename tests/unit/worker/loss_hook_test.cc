@@ -1,6 +1,7 @@
 // The worker's reported-loss test hook (worker/control/loss_hook.h) and its GPU monitor
 // (gpu_monitor.h) where there is no NVML: what each yields, and each bad hook refused by name.
 #include "worker/control/loss_hook.h"
+#include "tests/test_paths.h"
 
 #include <gtest/gtest.h>
 
