@@ -3,12 +3,16 @@
 //   which); on the tree, and on a copy of it with one wrong-way include planted, which it must
 //   report by file and line;
 // - tests/check_measured_tests.py: every test tests/measured_tests.cmake names exists in this
-//   build with the COST and PROCESSORS the list gives it.
+//   build with the COST and PROCESSORS the list gives it;
+// and one read by the test itself: no compile command carries a path of the checkout.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/integration/process.h"
 #include "tests/temp_dir.h"
@@ -78,6 +82,26 @@ TEST(ArchitectureTest, TheOperatorIncludingTheProtobufEdgeOfTheContractIsReporte
                        "(contract/wire.h is for contract, worker/control/ only)"),
             std::string::npos)
       << r.out;
+}
+
+// A path of the checkout on a compile command (-DTIDAL_SOURCE_DIR="/the/clone" was one) makes
+// that source a ccache miss in every new clone of the same commit, which is what CI builds:
+// ~80 test sources did, 490 CPU-s of a "warm" build (issue 48). Such paths go to the sources
+// tidal_test_paths generates (CMakeLists.txt, tests/test_paths.h).
+TEST(BuildRules, NoCompileCommandDefinesAPathOfTheCheckout) {
+  std::ifstream in(std::string(TIDAL_BUILD_DIR) + "/compile_commands.json");
+  ASSERT_TRUE(in) << "no compile_commands.json in " << TIDAL_BUILD_DIR;
+  const nlohmann::json commands = nlohmann::json::parse(in, nullptr, false);
+  ASSERT_TRUE(commands.is_array()) << "compile_commands.json does not parse";
+  std::string found;
+  for (const nlohmann::json& c : commands) {
+    std::istringstream words(c.value("command", ""));
+    for (std::string word; words >> word;)
+      if (word.rfind("-D", 0) == 0 && word.find(TIDAL_SOURCE_DIR) != std::string::npos)
+        found += c.value("file", "") + ": " + word + "\n";
+  }
+  EXPECT_GT(commands.size(), 100u);
+  EXPECT_EQ(found, "");
 }
 
 TEST(TestScheduling, EveryMeasuredTestIsATestOfThisBuild) {
