@@ -482,6 +482,10 @@ TEST_F(LostNodeTest, APodStuckTerminatingOnALostNodeIsForceDeletedAndTheJobCanSu
   // that is left.
   WaitInt(
       "lost", "{.status.restarts}", [](int64_t n) { return n >= 1; }, 120s);
+  // Said so, with the timeout it was given.
+  const std::string said =
+      Ok({"get", "events", "-o", R"(jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end})"});
+  EXPECT_NE(said.find("has not answered for 5 s"), std::string::npos) << said;
   const int64_t step = Int("lost", "{.status.step}");
   WaitInt(
       "lost", "{.status.step}", [&](int64_t s) { return s > step; }, 180s);
