@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -102,6 +103,26 @@ TEST(BuildRules, NoCompileCommandDefinesAPathOfTheCheckout) {
   }
   EXPECT_GT(commands.size(), 100u);
   EXPECT_EQ(found, "");
+}
+
+// Each precompiled header of a ccache build has its inputs' checksum beside it
+// (tools/ccache-launch.sh), which ccache hashes instead of the .gch, whose bytes differ from one
+// build to the next: without it, a new clone's sources that use the header miss the cache.
+TEST(BuildRules, EveryPrecompiledHeaderHasTheChecksumCcacheHashes) {
+  std::ifstream rules(std::string(TIDAL_BUILD_DIR) + "/CMakeFiles/rules.ninja");
+  std::string text((std::istreambuf_iterator<char>(rules)), std::istreambuf_iterator<char>());
+  if (text.find("tools/ccache-launch.sh") == std::string::npos)
+    GTEST_SKIP() << "this build compiles without tools/ccache-launch.sh (no ccache, or not Ninja)";
+  int headers = 0;
+  std::string without;
+  for (const auto& entry : fs::recursive_directory_iterator(TIDAL_BUILD_DIR)) {
+    if (entry.path().extension() != ".gch") continue;
+    ++headers;
+    if (!fs::exists(entry.path().string() + ".sum")) without += entry.path().string() + "\n";
+  }
+  // clang's headers (.pch, the sanitizer build) are the same bytes each build already.
+  if (headers == 0) GTEST_SKIP() << "no GCC precompiled header in " << TIDAL_BUILD_DIR;
+  EXPECT_EQ(without, "");
 }
 
 TEST(TestScheduling, EveryMeasuredTestIsATestOfThisBuild) {
