@@ -34,6 +34,10 @@ inline constexpr int64_t kMaxLoraRank = 8192;
 // Optimizer steps, and every step count of a spec (warmup, checkpoint intervals,
 // acknowledgedStep).
 inline constexpr int64_t kMaxSteps = 1'000'000'000;
+// spec.elastic.priority: the range of a user's PriorityClass value (larger ones are the system's).
+inline constexpr int64_t kMaxPriority = 1'000'000'000;
+// spec.elastic.weight: a share of the headroom among jobs of one priority.
+inline constexpr int64_t kMaxWeight = 1000;
 // Every duration in seconds (cooldown, scale-up timeout, restart backoff): one week.
 inline constexpr int64_t kMaxSeconds = 7 * 24 * 3600;
 // The adaptive warmup's window of steps.

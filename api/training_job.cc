@@ -52,11 +52,15 @@ void ReadElastic(const json& spec, ElasticSpec& e, std::vector<std::string>& err
   s.Bool("requireIdleCapacity", e.require_idle_capacity);
   s.Int("cooldownSeconds", e.cooldown_seconds);
   s.Int("scaleUpTimeoutSeconds", e.scale_up_timeout_seconds);
+  s.Int("priority", e.priority);
+  s.Int("weight", e.weight);
   s.InRange("minGPUs", e.min_gpus, 1, spec::kMaxGpus);
   s.InRange("maxGPUs", e.max_gpus, 1, spec::kMaxGpus);
   s.InRange("gpusPerPod", e.gpus_per_pod, 1, spec::kMaxGpusPerPod);
   s.InRange("cooldownSeconds", e.cooldown_seconds, 0, spec::kMaxSeconds);
   s.InRange("scaleUpTimeoutSeconds", e.scale_up_timeout_seconds, 1, spec::kMaxSeconds);
+  s.InRange("priority", e.priority, -spec::kMaxPriority, spec::kMaxPriority);
+  s.InRange("weight", e.weight, 1, spec::kMaxWeight);
   try {
     (void)date::locate_zone(e.time_zone);
   } catch (const std::exception&) {

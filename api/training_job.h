@@ -34,6 +34,8 @@ struct ElasticSpec {
   int64_t cooldown_seconds = 300;
   int64_t scale_up_timeout_seconds = 600;
   std::vector<ScheduleWindow> schedule;
+  // Sharing the cluster's GPUs with other jobs and workloads (operator/planner/share.h).
+  int64_t priority = 0, weight = 1;
 };
 
 struct CheckpointSpec {

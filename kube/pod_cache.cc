@@ -67,6 +67,9 @@ CachedPod CachedPodOf(const json& pod, const PodCacheOptions& options) {
   const json& spec = Child(pod, "spec");
   p.node_name = Text(spec, "nodeName");
   p.tolerations = TolerationsOf(Child(spec, "tolerations"));
+  // Set by the API server's Priority admission from spec.priorityClassName.
+  if (const json& priority = Child(spec, "priority"); priority.is_number_integer())
+    p.priority = priority.get<int64_t>();
   if (const json& containers = Child(spec, "containers"); containers.is_array())
     for (const json& c : containers) {
       const json& resources = Child(c, "resources");

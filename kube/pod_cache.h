@@ -34,6 +34,7 @@ struct CachedPod {
   std::string node_name;                                                   // spec.nodeName
   std::vector<PodToleration> tolerations;                                  // spec.tolerations
   int64_t gpu_request = 0;              // nvidia.com/gpu of its containers (requests, else limits)
+  int64_t priority = 0;                 // spec.priority (its PriorityClass's value)
   PodPhase phase = PodPhase::kPending;  // status.phase
   std::string ip;                       // status.podIP
   bool ready = false;                   // condition Ready=True

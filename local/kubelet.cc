@@ -13,6 +13,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <cerrno>
 #include <cstring>
@@ -243,16 +244,30 @@ void ProcessKubelet::Pass() {
   }
   for (const auto& [uid, runtime] : pods_) ips_in_use_.insert(runtime->ip);
   std::set<std::string> seen;
+  // As kube-scheduler's queue: the pods waiting for a node are bound highest priority first
+  // (spec.priority, which the API server's Priority admission set), the older first among equals.
+  std::vector<const json*> waiting;
+  for (const ObjectPtr& p : pods)
+    if (StringField(Field(*p, "spec"), "nodeName").empty() &&
+        !Field(*p, "metadata").contains("deletionTimestamp"))
+      waiting.push_back(p.get());
+  auto priority = [](const json& pod) {
+    const json& v = Field(Field(pod, "spec"), "priority");
+    return v.is_number_integer() ? v.get<int64_t>() : int64_t{0};
+  };
+  std::stable_sort(waiting.begin(), waiting.end(), [&](const json* a, const json* b) {
+    if (priority(*a) != priority(*b)) return priority(*a) > priority(*b);
+    return StringField(Field(*a, "metadata"), "creationTimestamp") <
+           StringField(Field(*b, "metadata"), "creationTimestamp");
+  });
+  for (const json* pod : waiting) Bind(*pod, schedulable, usage);
   for (const ObjectPtr& p : pods) {
     const json& pod = *p;
     std::string uid = StringField(Field(pod, "metadata"), "uid");
     seen.insert(uid);
     std::string node = StringField(Field(pod, "spec"), "nodeName");
+    if (node.empty()) continue;  // bound above, or waiting
     bool deleting = Field(pod, "metadata").contains("deletionTimestamp");
-    if (node.empty()) {
-      if (!deleting) Bind(pod, schedulable, usage);
-      continue;
-    }
     if (!nodes.count(node)) continue;
     if (!deleting)
       for (const NodeInfo& n : schedulable)

@@ -197,6 +197,51 @@ std::optional<ApiError> ObjectWriter::Admit(const ResourceInfo& r, const std::st
   return std::nullopt;
 }
 
+// The Priority admission plugin (plugin/pkg/admission/priority): a new pod's spec.priority is
+// its PriorityClass's value (spec.priorityClassName), else the globalDefault class's, else 0;
+// a class that does not exist is refused, and so is a priority given that differs from it.
+std::optional<ApiError> ObjectWriter::AdmitPriority(const ResourceInfo& r, const std::string& name,
+                                                    json& pod) {
+  if (!pod.contains("spec") || !pod["spec"].is_object()) return std::nullopt;
+  json& spec = pod["spec"];
+  const std::optional<ResourceInfo> classes =
+      registry_.Find("scheduling.k8s.io", "v1", "priorityclasses");
+  const std::string class_name = StringField(spec, "priorityClassName");
+  int64_t value = 0;
+  std::string from;
+  auto value_of = [](const json& c) {
+    return c.contains("value") && c["value"].is_number_integer() ? c["value"].get<int64_t>() : 0;
+  };
+  if (!class_name.empty()) {
+    ObjectPtr c = classes ? store_.Get(Key(*classes, "", class_name)) : nullptr;
+    if (!c)
+      return ApiError{403, "Forbidden",
+                      r.plural + " \"" + name + "\" is forbidden: no PriorityClass with name " +
+                          class_name + " was found",
+                      Details(r, name)};
+    value = value_of(*c);
+    from = class_name;
+  } else if (classes) {
+    for (const ObjectPtr& c : store_.List(classes->storage_resource(), ""))
+      if (c->value("globalDefault", false)) {
+        value = value_of(*c);
+        from = MetaString(*c, "name");
+        spec["priorityClassName"] = from;
+        break;
+      }
+  }
+  if (spec.contains("priority") && !spec["priority"].is_null() && spec["priority"] != value)
+    return ApiError{403, "Forbidden",
+                    r.plural + " \"" + name + "\" is forbidden: the integer value of priority (" +
+                        spec["priority"].dump() +
+                        ") must not be provided in pod spec; priority admission controller "
+                        "computed " +
+                        std::to_string(value) + " from the given PriorityClass name",
+                    Details(r, name)};
+  spec["priority"] = value;
+  return std::nullopt;
+}
+
 ApiResult ObjectWriter::Create(const ResourceInfo& r, const std::string& ns, json body,
                                const WriteOptions& options) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
@@ -251,6 +296,8 @@ ApiResult ObjectWriter::CreateLocked(const ResourceInfo& r, const std::string& n
   }
   ApiResult result;
   if (auto error = Admit(r, name, body, options, result.warnings)) return ApiResult::Error(*error);
+  if (r.kind == "Pod")
+    if (auto error = AdmitPriority(r, name, body)) return ApiResult::Error(*error);
   json& m = body["metadata"];
   m["uid"] = NewUid();
   m["creationTimestamp"] = NowRfc3339();

@@ -83,6 +83,8 @@ class ObjectWriter {
   ApiResult Remove(const ResourceInfo& r, const std::string& ns, const std::string& name,
                    const std::string& propagation);
   std::optional<ResourceInfo> ResourceOf(const ObjectKey& key) const;
+  std::optional<ApiError> AdmitPriority(const ResourceInfo& r, const std::string& name,
+                                        nlohmann::json& pod);
   ObjectKey Key(const ResourceInfo& r, const std::string& ns, const std::string& name) const {
     return {r.storage_resource(), r.namespaced ? ns : "", name};
   }

@@ -56,7 +56,10 @@ int Usage(const char* why, bool help = false) {
                "                     (default 2s); durations as 500ms, 4s, 1m\n"
                "  --worker-unreachable-timeout D  a running worker that does not answer the\n"
                "                     operator for this long counts as failed and is replaced\n"
-               "                     (default 30s; whole seconds, as 10s or 2m)\n");
+               "                     (default 30s; whole seconds, as 10s or 2m)\n"
+               "  --yield-to-priority N  jobs shrink above their minimum for a Pending GPU pod\n"
+               "                     of another workload whose priority is at least N and at\n"
+               "                     least theirs (default: any pod of a higher priority)\n");
   return help ? 0 : 2;
 }
 
@@ -153,6 +156,18 @@ int RunOperator(int argc, char** argv) {
                          .c_str());
       m.controller.reconcile.unreachable_after =
           std::chrono::duration_cast<std::chrono::seconds>(d);
+    } else if (flag == "--yield-to-priority") {
+      const std::string text = value;
+      char* end = nullptr;
+      errno = 0;
+      const long long n = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || errno == ERANGE || n < -2'000'000'000 ||
+          n > 2'000'000'000)
+        return Usage((flag +
+                      ": expected a priority, an integer in [-2000000000, 2000000000], got \"" +
+                      text + "\"")
+                         .c_str());
+      m.controller.yield_to_priority = n;
     } else {
       return Usage(("unknown flag " + flag).c_str());
     }

@@ -15,6 +15,7 @@ using shell::NodeNotice;
 using shell::NodeSilent;
 
 Plan TrainingJobController::DecideWithCapacity(Observed& observed) {
+  observed.share = shares_.Get(Key(observed.namespace_, observed.name));
   std::lock_guard<std::mutex> lock(capacity_mu_);
   observed.idle_gpus =
       IdleGpus(observed.spec.ok() ? observed.spec->worker.tolerations : json::array());

@@ -56,7 +56,9 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
       recorder_(recorder),
       options_(std::move(options)),
       pod_cache_(PodCacheOptions()),
-      feed_(StatusFeed::Options{}, [this](const std::string& job) { queue_.Add(job); }) {
+      feed_(StatusFeed::Options{}, [this](const std::string& job) { queue_.Add(job); }),
+      shares_([this](const std::string& job) { queue_.Add(job); }, options_.yield_to_priority,
+              [] { return reconciler::Clock::now(); }) {
   auto informer = [&](kube::Resource r, const std::string& selector, bool every_namespace = false) {
     kube::InformerOptions o;
     o.resource = r;
@@ -74,7 +76,10 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
         std::shared_ptr<const kube::CachedPod> before;
         std::shared_ptr<const kube::CachedPod> cached = pod_cache_.Apply(type, pod, &before);
         const json& md = pod.value("metadata", json::object());
-        CountPod(Key(md.value("namespace", ""), md.value("name", "")), cached.get());
+        const std::string pod_key = Key(md.value("namespace", ""), md.value("name", ""));
+        CountPod(pod_key, cached.get());
+        // Another workload's pod: what it holds or waits for is shared around (ShareIndex).
+        if (OwnerJobKey(pod).empty()) shares_.SetOtherPod(pod_key, cached.get());
         // An update wakes the pod's job only where it changed what the controller reads of a
         // pod (kube::CachedPod): a kubelet's status write that moves a timestamp asks for no
         // pass — which, over a steady job, connects to every peer again (a predicate, as
@@ -127,7 +132,10 @@ void TrainingJobController::RememberOwnWrite(const std::string& key, const std::
 
 Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
   auto enqueue_job = [this](const kube::ObjectPtr& o) {
-    queue_.Add(Key((*o)["metadata"].value("namespace", ""), (*o)["metadata"].value("name", "")));
+    const std::string key =
+        Key((*o)["metadata"].value("namespace", ""), (*o)["metadata"].value("name", ""));
+    shares_.SetJob(key, o.get());
+    queue_.Add(key);
   };
   // An update that only moved the step's figures in status (the patcher's, or a reconcile's
   // of a steady job) asks for nothing: as controller-runtime's predicates filter events.
@@ -141,11 +149,25 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
          // would skip: a failing job's status flipped between its plan's and the error's,
          // each write waking the next failing pass at once).
          const bool own = ForgetOwnWrite(*o);
+         const json& md = (*o)["metadata"];
+         shares_.SetJob(Key(md.value("namespace", ""), md.value("name", "")), o.get());
          if (!own && !OnlyFiguresChanged(*before, *o)) enqueue_job(o);
        },
-       [this, enqueue_job](const kube::ObjectPtr& o) {
+       [this](const kube::ObjectPtr& o) {
          ForgetOwnWrite(*o);
-         enqueue_job(o);
+         const json& md = (*o)["metadata"];
+         const std::string key = Key(md.value("namespace", ""), md.value("name", ""));
+         shares_.SetJob(key, nullptr);
+         queue_.Add(key);
+       }}));
+  // A node's GPUs and whether it takes pods: the shares' total.
+  auto node = [this](const kube::ObjectPtr& o) {
+    shares_.SetNode((*o)["metadata"].value("name", ""), o.get());
+  };
+  TIDAL_RETURN_IF_ERROR(nodes_->AddEventHandler(
+      {node, [node](const kube::ObjectPtr&, const kube::ObjectPtr& o) { node(o); },
+       [this](const kube::ObjectPtr& o) {
+         shares_.SetNode((*o)["metadata"].value("name", ""), nullptr);
        }}));
   auto owner = [this](const kube::ObjectPtr& o) { EnqueueOwner(o); };
   for (kube::Informer* inf : {services_.get(), secrets_.get(), configs_.get()})

@@ -29,6 +29,7 @@
 #include "kube/informer.h"
 #include "kube/pod_cache.h"
 #include "kube/workqueue.h"
+#include "operator/controller/share_index.h"
 #include "operator/controller/status_feed.h"
 #include "operator/controller/worker_calls.h"
 #include "operator/reconciler/reconcile.h"
@@ -51,6 +52,9 @@ struct ControllerOptions {
   OperatorMetrics* metrics = nullptr;  // not owned; none recorded when null
   // How a worker is reached: empty, over gRPC (contract::WorkerClient). Tests give fakes.
   contract::WorkerConnector connect;
+  // Sharing (planner/share.h): a Pending GPU pod of another workload is yielded to by the jobs
+  // of a lower priority (none), or also of its own where its priority is at least this.
+  std::optional<int64_t> yield_to_priority;
 };
 
 class TrainingJobController {
@@ -150,6 +154,8 @@ class TrainingJobController {
   kube::WorkQueue queue_;
   // The workers' pushed status (after queue_, which its wake-ups use; closed before it).
   StatusFeed feed_;
+  // The cluster's GPU shares, kept from the informers' events (after queue_, which it wakes).
+  ShareIndex shares_;
   // Writes the step figures the workers push into status (at most once a second per job),
   // between reconciles: a steady job needs none.
   void PatchFigures();

@@ -106,26 +106,56 @@ bool WindowOpen(const api::ScheduleWindow& window, const std::string& tz, Clock:
   return !end || *start > *end;
 }
 
-Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
-                     const Capacity& capacity, Clock::time_point now) {
+namespace {
+
+// The count the job's override or open window asks for, in its range; `reason` says which rule.
+int64_t Target(const api::TrainingJobSpec& spec, Clock::time_point now, std::string& reason,
+               bool& manual) {
   const api::ElasticSpec& e = spec.elastic;
-  Decision d;
   int64_t target = e.min_gpus;
-  bool manual = false;
+  manual = false;
   if (spec.replicas) {
     target = *spec.replicas;
     manual = true;
-    d.reason = "manual override (spec.replicas " + std::to_string(*spec.replicas) + ")";
+    reason = "manual override (spec.replicas " + std::to_string(*spec.replicas) + ")";
   } else {
     const api::ScheduleWindow* best = nullptr;
     for (const api::ScheduleWindow& w : e.schedule)
       if (WindowOpen(w, e.time_zone, now) && (!best || w.gpus > best->gpus)) best = &w;
     if (best) {
       target = best->gpus;
-      d.reason = "schedule window " + best->name;
+      reason = "schedule window " + best->name;
     } else {
-      d.reason = e.schedule.empty() ? "minGPUs (no schedule)" : "minGPUs (outside every window)";
+      reason = e.schedule.empty() ? "minGPUs (no schedule)" : "minGPUs (outside every window)";
     }
+  }
+  return std::clamp(target, e.min_gpus, e.max_gpus);
+}
+
+// The largest count the job can run at, at or below `limit` (never below minGPUs).
+int64_t Runnable(const api::TrainingJobSpec& spec, const std::vector<int64_t>& allowed,
+                 int64_t limit) {
+  int64_t best = spec.elastic.min_gpus;
+  for (int64_t n : allowed)
+    if (n <= limit) best = std::max(best, n);
+  return best;
+}
+
+}  // namespace
+
+int64_t WantedGpus(const api::TrainingJobSpec& spec, Clock::time_point now) {
+  std::string reason;
+  bool manual = false;
+  return Runnable(spec, spec.AllowedGpuCounts(), Target(spec, now, reason, manual));
+}
+
+Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
+                     const Capacity& capacity, Clock::time_point now) {
+  const api::ElasticSpec& e = spec.elastic;
+  Decision d;
+  bool manual = false;
+  int64_t target = Target(spec, now, d.reason, manual);
+  if (!manual) {
     auto sooner = [&d](std::optional<Clock::time_point> t) {
       if (t && (!d.revisit || *t < *d.revisit)) d.revisit = t;
     };
@@ -134,16 +164,24 @@ Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
       sooner(NextOccurrence(w.end_cron, e.time_zone, now));
     }
   }
-  target = std::clamp(target, e.min_gpus, e.max_gpus);
-  // The largest count the job can run at, at or below `limit` (never below minGPUs).
   const std::vector<int64_t> allowed = spec.AllowedGpuCounts();
-  auto runnable = [&](int64_t limit) {
-    int64_t best = e.min_gpus;
-    for (int64_t n : allowed)
-      if (n <= limit) best = std::max(best, n);
-    return best;
-  };
+  auto runnable = [&](int64_t limit) { return Runnable(spec, allowed, limit); };
   d.wanted = runnable(target);
+
+  // The cluster's share (share.h): a job not admitted waits; one above its share comes down to
+  // it, and grows no further than it where it waits for idle GPUs.
+  const Share* share = capacity.share ? &*capacity.share : nullptr;
+  if (share && !share->admitted && state.current_gpus == 0) {
+    d.desired = 0;
+    d.waiting = true;
+    d.reason = share->reason;
+    return d;
+  }
+  if (share && share->admitted && (share->shared || share->urgent) && share->gpus < target &&
+      (e.require_idle_capacity || share->gpus < state.current_gpus)) {
+    target = std::max(share->gpus, e.min_gpus);
+    d.reason += "; " + share->reason;
+  }
 
   int64_t gated = target;
   if (e.require_idle_capacity && target > state.current_gpus) {
@@ -160,7 +198,10 @@ Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
     d.reason += "; " + std::to_string(target) + " rounded down to " + std::to_string(d.desired) +
                 " (gpusPerPod and the global batch)";
 
-  if (!manual && state.current_gpus > 0 && d.desired != state.current_gpus && state.last_change) {
+  // A shrink that a stronger claim waits for (share.h's urgent) does not wait for the cooldown.
+  const bool urgent = share && share->urgent && d.desired < state.current_gpus;
+  if (!manual && !urgent && state.current_gpus > 0 && d.desired != state.current_gpus &&
+      state.last_change) {
     const auto since = std::chrono::duration_cast<std::chrono::seconds>(now - *state.last_change);
     if (since.count() < e.cooldown_seconds) {
       d.reason = "cooldown: " + std::to_string(d.desired) + " wanted (" + d.reason +

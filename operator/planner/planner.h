@@ -17,6 +17,7 @@
 #include <string>
 
 #include "api/training_job.h"
+#include "operator/planner/share.h"
 
 namespace tidal::planner {
 
@@ -38,6 +39,11 @@ std::optional<Clock::time_point> NextOccurrence(const api::CronExpr& cron, const
 
 struct Capacity {
   int64_t idle_gpus = 0;  // allocatable nvidia.com/gpu on eligible nodes minus other pods' requests
+  // The job's share of the cluster (ShareGpus; none: not shared, as in tests of one job). It
+  // bounds the target; not admitted, the job waits with no pod; a shrink below what it holds
+  // is made at once when `urgent`, else after the cooldown. With requireIdleCapacity false it
+  // bounds only shrinks: the job asks the scheduler for the rest.
+  std::optional<Share> share;
 };
 
 struct Decision {
@@ -54,6 +60,8 @@ struct Decision {
   // The capacity gate held the count below what the schedule wants: GPUs freed elsewhere
   // change the answer, and nothing announces them to this job.
   bool capacity_limited = false;
+  // Its share does not admit it (its minimum does not fit): desired is 0, no pod is made.
+  bool waiting = false;
 };
 
 struct JobState {
@@ -63,5 +71,9 @@ struct JobState {
 
 Decision DesiredGpus(const api::TrainingJobSpec& spec, const JobState& state,
                      const Capacity& capacity, Clock::time_point now);
+// What the job wants at `now` before capacity, share and cooldown (Decision::wanted): its
+// override or open window, in its range, at a count its batch allows. Unlike DesiredGpus it looks
+// for no next window change: cheap enough to ask of every job whenever shares are computed.
+int64_t WantedGpus(const api::TrainingJobSpec& spec, Clock::time_point now);
 
 }  // namespace tidal::planner

@@ -120,6 +120,11 @@ std::map<std::string, Share> ShareGpus(const ShareInput& in) {
             stronger || (other->priority > j->priority && alloc[other->key] > other->current);
       s.urgent = stronger;
     }
+    int64_t alone = j->min_gpus;
+    for (int64_t n : j->allowed)
+      if (n <= std::max(j->wanted, j->min_gpus) && n <= in.gpus - claimed_by_pods(j->priority))
+        alone = std::max(alone, n);
+    s.shared = s.gpus < alone;
     s.reason = "share " + std::to_string(s.gpus) + " of " + Gpus(in.gpus) + " (priority " +
                std::to_string(j->priority) + ", weight " + std::to_string(j->weight) + ")";
     if (s.gpus >= std::max(j->wanted, j->min_gpus)) continue;

@@ -69,6 +69,10 @@ struct Share {
   // job's minimum, a pod it yields to, a job of a higher priority): the shrink is made at once,
   // without the job's cooldown. A shrink that only evens out jobs of one priority waits it out.
   bool urgent = false;
+  // Below what it would get alone with the pods it yields to (the largest count it can run at
+  // within what it wants and the GPUs there are): other jobs take part of what it could use.
+  // Where not, the share says nothing the capacity gate does not already say.
+  bool shared = false;
   std::string reason;  // for status.gpus.reason: "share 2 of 4 GPUs (...)" or "waiting: ..."
 };
 

@@ -49,6 +49,7 @@ enum class EventReason {
   kSuspended,
   kTokenSecretRecreated,
   kUnsuspended,
+  kWaitingForGpus,
   kWorkerFailed,
 };
 
@@ -98,6 +99,7 @@ inline constexpr EventReasonInfo kEventReasons[] = {
     {EventReason::kSuspended, "Suspended", false},
     {EventReason::kTokenSecretRecreated, "TokenSecretRecreated", true},
     {EventReason::kUnsuspended, "Unsuspended", false},
+    {EventReason::kWaitingForGpus, "WaitingForGpus", false},
     {EventReason::kWorkerFailed, "WorkerFailed", true},
 };
 

@@ -47,6 +47,7 @@
 #include "operator/planner/anomaly.h"
 #include "operator/planner/buddy.h"
 #include "operator/planner/lifecycle.h"
+#include "operator/planner/share.h"
 #include "operator/reconciler/action.h"
 
 namespace tidal::reconciler {
@@ -317,6 +318,9 @@ struct Observed {
   // while the job is steady: then only its rank 0 (Plan::steady).
   bool pushed = false;
   int64_t idle_gpus = 0;  // the capacity gate's input
+  // The job's share of the cluster's GPUs among every job and the pods it yields to
+  // (planner/share.h); none where the shell shares nothing (a job it does not index yet).
+  std::optional<planner::Share> share;
   Clock::time_point now;
 };
 

@@ -40,9 +40,16 @@ void Decider::StartGeneration(bool recovery) {
     return;
   }
   const int64_t held = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
-  const auto decision = planner::DesiredGpus(*spec_, {held, std::nullopt}, {o_.idle_gpus}, o_.now);
+  const auto decision =
+      planner::DesiredGpus(*spec_, {held, std::nullopt}, {o_.idle_gpus, o_.share}, o_.now);
   st_.desired_gpus = decision.wanted;
   st_.gpus_reason = decision.reason;
+  if (decision.waiting) {  // its minimum does not fit its share: no pod holds a GPU for it
+    if (o_.status.gpus_reason != decision.reason)
+      Emit(EventReason::kWaitingForGpus, decision.reason);
+    plan_.requeue_after = options_.poll;  // a change of the shares wakes it sooner
+    return;
+  }
   int64_t want_pods = decision.desired / GpusPerPod();
   std::vector<std::string> members = st_.members;
   if (static_cast<int64_t>(members.size()) > want_pods) members.resize(want_pods);
@@ -71,8 +78,8 @@ void Decider::StartGeneration(bool recovery) {
 
 void Decider::MaybeRescale() {
   const int64_t held = static_cast<int64_t>(st_.members.size()) * GpusPerPod();
-  const auto decision =
-      planner::DesiredGpus(*spec_, {held, st_.last_membership_change}, {o_.idle_gpus}, o_.now);
+  const auto decision = planner::DesiredGpus(*spec_, {held, st_.last_membership_change},
+                                             {o_.idle_gpus, o_.share}, o_.now);
   st_.desired_gpus = decision.wanted;
   st_.gpus_reason = decision.reason;
   NoChangeUnderWay("no membership change under way");

@@ -1174,6 +1174,10 @@ TEST(OperatorCli, BadInvocationsExitTwoNamingTheFlagOrTheKubeconfig) {
        "--worker-unreachable-timeout: expected a positive whole number of seconds such as 30s or "
        "2m, got \"1500ms\""},
       {{"--worker-unreachable-timeout=0s"}, "--worker-unreachable-timeout: expected a positive"},
+      {{"--yield-to-priority", "high"},
+       "--yield-to-priority: expected a priority, an integer in [-2000000000, 2000000000], got "
+       "\"high\""},
+      {{"--yield-to-priority=3000000000"}, "--yield-to-priority: expected a priority"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {TIDAL_BIN, "operator"};

@@ -454,6 +454,15 @@ class ControllerLoopTest : public ::testing::Test {
     return it != status.end() && it->is_number_integer() ? it->get<int64_t>() : -1;
   }
   static std::string Phase(const json& status) { return status.value("phase", ""); }
+  // status.gpus.<field> (null when absent).
+  static json Gpus(const json& status, const char* field) {
+    const json gpus = status.value("gpus", json::object());
+    return gpus.is_object() ? gpus.value(field, json()) : json();
+  }
+  static std::string GpusReason(const json& status) {
+    const json r = Gpus(status, "reason");
+    return r.is_string() ? r.get<std::string>() : "";
+  }
 
   std::filesystem::path dir_;
   std::unique_ptr<local::LocalCluster> cluster_;
@@ -708,6 +717,108 @@ TEST_F(ControllerLoopTest, AnAbandonedScaleUpsDeletedPodsBookNoGpus) {
 // Workers that have not answered yet — still starting, their GetStatus unanswered — hold no
 // pass: with the one reconcile worker, another job is reconciled to Running meanwhile. Their
 // first answers, when they come, wake their job, which then starts.
+// Issue 50: w1 holds all 8 GPUs when w2 arrives. w2's minimum is met by shrinking w1 at once —
+// inside w1's hour of cooldown, since a job waits below its minimum — and the two end at equal
+// shares (equal weights), w2 growing into what w1 gave back. No pod of w2 waits bound for GPUs.
+TEST_F(ControllerLoopTest, ANewJobsMinimumIsMetByShrinkingARunningJobAndTheyEndAtEqualShares) {
+  const json all_day = {{"optimization", {{"globalBatchSize", 16}}},
+                        {"elastic",
+                         {{"minGPUs", 2},
+                          {"maxGPUs", 8},
+                          {"schedule", json::array({{{"name", "all-day"},
+                                                     {"start", "0 0 * * *"},
+                                                     {"end", "59 23 * * *"},
+                                                     {"gpus", 8}}})}}}};
+  json w1 = all_day;
+  w1["elastic"]["cooldownSeconds"] = 3600;
+  Apply("w1", 2, w1);
+  ASSERT_TRUE(WaitStatus("w1", [](const json& s) {
+    return Phase(s) == "Running" && Gpus(s, "current") == 8 && !s.contains("rescale");
+  })) << Status("w1").dump();
+  Apply("w2", 2, all_day);
+  ASSERT_TRUE(WaitStatus(
+      "w2", [](const json& s) { return Phase(s) == "Running" && Gpus(s, "current") == 4; }))
+      << "w1: " << Status("w1").dump() << "\nw2: " << Status("w2").dump();
+  const json s1 = Status("w1");
+  EXPECT_EQ(Gpus(s1, "current"), 4) << s1.dump();
+  EXPECT_NE(GpusReason(s1).find("share 4 of 8 GPUs"), std::string::npos) << s1.dump();
+  EXPECT_NE(GpusReason(s1).find("default/w2"), std::string::npos) << s1.dump();
+}
+
+// Issue 50: a Pending pod of another workload with a higher priority (its PriorityClass's, set
+// by the API server's Priority admission) gets the GPUs it asks for from a job's headroom: the
+// job shrinks within seconds, by just enough, and the pod runs while the job trains on. A pod
+// naming no PriorityClass that exists is refused.
+TEST_F(ControllerLoopTest, AHigherPriorityPodGetsItsGpusFromAJobAboveItsMinimum) {
+  auto serving = client_->Call(
+      *kube::CreateRequest(kube::Resource{"scheduling.k8s.io", "v1", "priorityclasses", false}, "",
+                           {{"apiVersion", "scheduling.k8s.io/v1"},
+                            {"kind", "PriorityClass"},
+                            {"metadata", {{"name", "serving"}}},
+                            {"value", 1000}}));
+  ASSERT_TRUE(serving.ok()) << serving.status().ToString();
+  Apply("train", 2,
+        {{"optimization", {{"globalBatchSize", 16}}},
+         {"elastic",
+          {{"minGPUs", 2},
+           {"maxGPUs", 8},
+           {"cooldownSeconds", 3600},
+           {"schedule", json::array({{{"name", "all-day"},
+                                      {"start", "0 0 * * *"},
+                                      {"end", "59 23 * * *"},
+                                      {"gpus", 8}}})}}}});
+  ASSERT_TRUE(WaitStatus("train", [](const json& s) {
+    return Phase(s) == "Running" && Gpus(s, "current") == 8 && !s.contains("rescale");
+  })) << Status("train").dump();
+  auto pod = [](const std::string& name, const std::string& priority_class) {
+    return json{{"apiVersion", "v1"},
+                {"kind", "Pod"},
+                {"metadata", {{"name", name}}},
+                {"spec",
+                 {{"priorityClassName", priority_class},
+                  {"containers",
+                   json::array({{{"name", "llm"},
+                                 {"image", "tidal-sleeping-worker"},
+                                 {"resources", {{"limits", {{"nvidia.com/gpu", "3"}}}}}}})}}}};
+  };
+  auto refused =
+      client_->Call(*kube::CreateRequest(kube::Resource::Pods(), "default", pod("x", "nope")));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("no PriorityClass with name nope was found"),
+            std::string::npos)
+      << refused.status().ToString();
+  const auto asked = std::chrono::steady_clock::now();
+  auto created = client_->Call(
+      *kube::CreateRequest(kube::Resource::Pods(), "default", pod("llm-0", "serving")));
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_EQ((*created)["spec"].value("priority", 0), 1000);
+  bool runs = false;
+  while (!runs && std::chrono::steady_clock::now() - asked < 60s) {
+    auto got = client_->Call(*kube::GetRequest(kube::Resource::Pods(), "default", "llm-0"));
+    runs = got.ok() && got->value("status", json::object()).value("phase", "") == "Running";
+    if (!runs) std::this_thread::sleep_for(50ms);
+  }
+  ASSERT_TRUE(runs) << Status("train").dump();
+  std::printf("[the pod ran %.1f s after it was created]\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - asked).count());
+  const json s = Status("train");
+  // 8 - 3 = 5 GPUs left; the largest count a global batch of 16 splits into at or below 5 is 4.
+  EXPECT_EQ(Gpus(s, "current"), 4) << s.dump();
+  EXPECT_EQ(Phase(s), "Running") << s.dump();
+  // Why it shrank, in its Event (status.gpus.reason says it only while the pod waits).
+  std::string said;
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (said.empty() && std::chrono::steady_clock::now() < deadline) {
+    auto events = client_->Call(*kube::ListRequest(kube::Resource::Events(), "default", {}));
+    ASSERT_TRUE(events.ok());
+    for (const json& e : (*events)["items"])
+      if (e.value("reason", "") == "ScalingDown") said = e.value("message", "");
+    if (said.empty()) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_NE(said.find("scale 8 -> 4 GPUs"), std::string::npos) << said;
+  EXPECT_NE(said.find("yielding to default/llm-0 (priority 1000)"), std::string::npos) << said;
+}
+
 TEST_F(ControllerLoopTest, WorkersThatHaveNotAnsweredYetHoldNoPassAndTheirFirstAnswersWakeTheJob) {
   {
     std::lock_guard<std::mutex> lock(mu_);

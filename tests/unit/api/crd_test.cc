@@ -243,6 +243,8 @@ TEST(CrdTest, EveryIntegerFieldHasAMaximumRefusedOnePastItByTheSchemaAndTheOpera
       {"spec.optimization.maxSteps", spec::kMaxSteps},
       {"spec.optimization.warmup.window", spec::kMaxWarmupWindow},
       {"spec.elastic.cooldownSeconds", spec::kMaxSeconds},
+      {"spec.elastic.priority", spec::kMaxPriority},
+      {"spec.elastic.weight", spec::kMaxWeight},
       {"spec.restartPolicy.backoffSeconds", spec::kMaxSeconds},
       {"spec.restartPolicy.maxRestarts", spec::kMaxRestarts},
       {"spec.checkpoint.keep", spec::kMaxKeep},

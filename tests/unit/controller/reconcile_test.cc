@@ -87,6 +87,7 @@ class Sim {
       if (pods_.count(name)) o.unreachable_since[name] = since;
     o.unreachable_error = unreachable_error_;
     o.idle_gpus = idle_gpus_;
+    o.share = share_;
     o.pushed = pushed_;
     o.now = now_;
     // The shell's monotonic clock: as far from its start as the wall clock, unless a test
@@ -149,6 +150,9 @@ class Sim {
   bool HasEvent(const std::string& reason) const {
     return std::find(events_.begin(), events_.end(), reason) != events_.end();
   }
+  int64_t CountEvents(const std::string& reason) const {
+    return std::count(events_.begin(), events_.end(), reason);
+  }
   std::map<std::string, PodView> pods_;
   std::map<std::string, WorkerReport> reports_;
   // The data phase: a prep pod ends, as soon as it is created, as this says (phase, message).
@@ -195,7 +199,8 @@ class Sim {
   bool deleting_ = false, finalizer_ = false;
   std::optional<Clock::time_point> deletion_started_;  // the job's deletionTimestamp
   int64_t idle_gpus_ = 8;
-  bool pushed_ = false;  // the workers push their status (Observed::pushed)
+  std::optional<planner::Share> share_;  // the cluster's share (none: not shared)
+  bool pushed_ = false;                  // the workers push their status (Observed::pushed)
   Clock::time_point now_ = Clock::time_point{} + std::chrono::hours(24 * 365 * 50);
   const Clock::time_point start_ = now_;
   std::vector<std::string> events_;
@@ -539,6 +544,49 @@ TEST(Reconcile, ANewJobCreatesItsChildrenAndMinGpusWorkersThenRendezvousAsGenera
   sim.Reconcile();
   EXPECT_GT(sim.status().step, 0);
   EXPECT_EQ(sim.status_json()["gpus"]["summary"], "2/2");
+}
+
+// Issue 50: a job whose minimum does not fit its share of the cluster makes no pod (none binds
+// to hold GPUs it cannot use) and says who holds them, once; admitted, it starts at once. A
+// running job whose share drops below what it holds for a stronger claim shrinks without
+// waiting for its cooldown.
+TEST(Reconcile, AJobItsShareDoesNotAdmitWaitsWithNoPodAndARunningOneGivesBackAtOnce) {
+  Sim sim(Spec(R"({"elastic": {"cooldownSeconds": 3600, "schedule": [{"name": "all-day",
+                   "start": "0 0 * * *", "end": "59 23 * * *", "gpus": 4}]}})"));
+  planner::Share waiting;
+  waiting.reason =
+      "waiting: minGPUs 2, 0 GPUs of 4 not held by the minimum of a running or "
+      "older job";
+  sim.share_ = waiting;
+  sim.Reconcile();  // the data phase
+  sim.Reconcile();
+  for (int i = 0; i < 3; ++i) {
+    Plan plan = sim.Reconcile();
+    for (const Action& a : plan.actions)
+      EXPECT_NE(ActionName(a), std::string("CreatePods")) << "a pod for a job that waits";
+  }
+  EXPECT_EQ(sim.phase(), "Pending");
+  EXPECT_EQ(sim.pods_.size(), 0u);
+  EXPECT_EQ(sim.status().gpus_reason, waiting.reason);
+  EXPECT_EQ(sim.CountEvents("WaitingForGpus"), 1) << "once, not every pass";
+
+  planner::Share admitted;
+  admitted.admitted = true;
+  admitted.gpus = 4;
+  admitted.reason = "share 4 of 4 GPUs (priority 0, weight 1)";
+  sim.share_ = admitted;
+  sim.Until([&] { return sim.phase() == "Running" && sim.status().current_gpus == 4; });
+
+  // Another job's minimum waits for 2 of these: an urgent shrink, inside the hour's cooldown.
+  planner::Share yield = admitted;
+  yield.gpus = 2;
+  yield.urgent = yield.shared = true;
+  yield.reason = "share 2 of 4 GPUs (priority 0, weight 1); shared with ns/other 2";
+  sim.share_ = yield;
+  sim.Until([&] { return sim.status().current_gpus == 2 && !sim.status().rescale; });
+  EXPECT_TRUE(sim.HasEvent("ScalingDown"));
+  EXPECT_NE(sim.status().gpus_reason.find("shared with ns/other"), std::string::npos)
+      << sim.status().gpus_reason;
 }
 
 TEST(Reconcile, ScaleUpIsMakeBeforeBreakAndScaleDownShutsTheSurplusRanks) {

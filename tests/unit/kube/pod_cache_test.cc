@@ -25,7 +25,7 @@ json WorkerPod(const std::string& name, const std::string& owner_uid) {
          "uid": ")" + owner_uid +
                      R"(", "controller": true, "blockOwnerDeletion": true}],
       "deletionTimestamp": "2026-11-27T10:00:30Z", "managedFields": [{"manager": "x"}]},
-    "spec": {"nodeName": "gpu-1",
+    "spec": {"nodeName": "gpu-1", "priority": 1000,
       "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoExecute",
                        "tolerationSeconds": 30}],
       "containers": [{"name": "worker", "image": "w",
@@ -63,6 +63,7 @@ TEST(PodCacheTest, ACachedPodHoldsWhatTheControllerReadsTyped) {
   ASSERT_EQ(p.tolerations.size(), 1u);
   EXPECT_EQ(p.tolerations[0], (PodToleration{"spot", "Exists", "", "NoExecute", 30}));
   EXPECT_EQ(p.gpu_request, 3) << "limits of one container, requests of the other";
+  EXPECT_EQ(p.priority, 1000);
   EXPECT_EQ(p.phase, PodPhase::kFailed);
   EXPECT_TRUE(p.Finished());
   EXPECT_EQ(p.ip, "10.0.0.9");

@@ -129,6 +129,52 @@ TEST(DesiredGpusTest, ManualOverrideBeatsTheScheduleAndTheCooldownNotCapacity) {
   EXPECT_EQ(DesiredGpus(spec, {2, day - seconds(10)}, {0}, day).desired, 4);
 }
 
+// The cluster's share (share.h) in the decision: it bounds the target, keeps a job it does not
+// admit waiting with no GPU, and lets an urgent shrink skip the cooldown.
+TEST(DesiredGpusTest, TheShareBoundsTheCountAndAnUrgentShrinkSkipsTheCooldown) {
+  const auto night = Utc(2026_y / 11 / 23, 15, 0);  // the window wants 4
+  auto share = [](int64_t gpus, bool urgent) {
+    Share s;
+    s.gpus = gpus;
+    s.admitted = gpus > 0;
+    s.urgent = urgent;
+    s.shared = true;
+    s.reason = gpus > 0 ? "share " + std::to_string(gpus) + " of 4 GPUs" : "waiting: minGPUs 2";
+    return s;
+  };
+  Decision d = DesiredGpus(Spec(), {0, std::nullopt}, {4, share(0, false)}, night);
+  EXPECT_TRUE(d.waiting);
+  EXPECT_EQ(d.desired, 0);
+  EXPECT_EQ(d.wanted, 4) << "what it wants is still shown";
+  EXPECT_EQ(d.reason, "waiting: minGPUs 2");
+
+  d = DesiredGpus(Spec(), {2, night - hours(1)}, {4, share(2, false)}, night);
+  EXPECT_EQ(d.desired, 2) << "held at its share with GPUs idle";
+  EXPECT_NE(d.reason.find("schedule window night; share 2 of 4 GPUs"), std::string::npos)
+      << d.reason;
+
+  // Just changed, at 4, its share 2: an urgent shrink now, an evening out after the cooldown.
+  const JobState just_grown{4, night - seconds(10)};
+  EXPECT_EQ(DesiredGpus(Spec(), just_grown, {0, share(2, true)}, night).desired, 2);
+  d = DesiredGpus(Spec(), just_grown, {0, share(2, false)}, night);
+  EXPECT_EQ(d.desired, 4);
+  EXPECT_NE(d.reason.find("cooldown: 2 wanted"), std::string::npos) << d.reason;
+
+  // A share no other job takes part in leaves the count to the capacity gate.
+  Share alone = share(2, false);
+  alone.shared = false;
+  d = DesiredGpus(Spec(), {2, night - hours(1)}, {0, alone}, night);
+  EXPECT_EQ(d.desired, 2);
+  EXPECT_NE(d.reason.find("capacity: 0 idle GPUs, 4 wanted"), std::string::npos) << d.reason;
+  EXPECT_EQ(d.reason.find("share"), std::string::npos) << d.reason;
+
+  // requireIdleCapacity false: the share bounds shrinks only, the rest is asked of the scheduler.
+  auto forced = Spec();
+  forced.elastic.require_idle_capacity = false;
+  EXPECT_EQ(DesiredGpus(forced, {2, night - hours(1)}, {0, share(2, false)}, night).desired, 4);
+  EXPECT_EQ(DesiredGpus(forced, {4, night - hours(1)}, {0, share(2, true)}, night).desired, 2);
+}
+
 TEST(WindowTest, TheNextOccurrenceIsTheFirstMatchingLocalMinuteAfterNowAcrossMonthsAndDst) {
   const auto at22 = *api::ParseCron("0 22 * * *");
   // Shanghai 22:00 is 14:00 UTC; at that very instant the next one is a day later.

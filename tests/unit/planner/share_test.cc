@@ -144,6 +144,12 @@ TEST(ShareGpus, ANewJobsMinimumIsMetByShrinkingAJobAboveItsOwnAtOnce) {
   EXPECT_EQ(s.at("team/w1").gpus, 2);
   EXPECT_EQ(s.at("team/w2").gpus, 2);
   EXPECT_TRUE(s.at("team/w1").urgent) << "a job waits below its minimum: no cooldown";
+  EXPECT_TRUE(s.at("team/w1").shared);
+  // Alone, a job's share is what the GPUs allow: nothing the capacity gate does not say.
+  in.jobs.pop_back();
+  in.gpus = 3;
+  EXPECT_EQ(Shares(in).at("team/w1").gpus, 3);
+  EXPECT_FALSE(Shares(in).at("team/w1").shared);
 }
 
 TEST(ShareGpus, EveningOutJobsOfOnePriorityIsNoUrgentShrink) {
