@@ -54,6 +54,7 @@ void ReadElastic(const json& spec, ElasticSpec& e, std::vector<std::string>& err
   s.Int("scaleUpTimeoutSeconds", e.scale_up_timeout_seconds);
   s.Int("priority", e.priority);
   s.Int("weight", e.weight);
+  s.String("priorityClassName", e.priority_class_name);
   s.InRange("minGPUs", e.min_gpus, 1, spec::kMaxGpus);
   s.InRange("maxGPUs", e.max_gpus, 1, spec::kMaxGpus);
   s.InRange("gpusPerPod", e.gpus_per_pod, 1, spec::kMaxGpusPerPod);
@@ -61,6 +62,17 @@ void ReadElastic(const json& spec, ElasticSpec& e, std::vector<std::string>& err
   s.InRange("scaleUpTimeoutSeconds", e.scale_up_timeout_seconds, 1, spec::kMaxSeconds);
   s.InRange("priority", e.priority, -spec::kMaxPriority, spec::kMaxPriority);
   s.InRange("weight", e.weight, 1, spec::kMaxWeight);
+  if (!e.priority_class_name.empty()) {
+    static const std::regex kSubdomain(
+        "^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$");
+    if (e.priority_class_name.size() > 253 || !std::regex_match(e.priority_class_name, kSubdomain))
+      s.Error("priorityClassName",
+              "expected a PriorityClass name (a lowercase DNS subdomain), got \"" +
+                  e.priority_class_name + "\"");
+    else if (e.priority != 0)
+      s.Error("priorityClassName", "set priority or priorityClassName, not both (priority " +
+                                       std::to_string(e.priority) + ")");
+  }
   try {
     (void)date::locate_zone(e.time_zone);
   } catch (const std::exception&) {

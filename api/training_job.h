@@ -36,6 +36,9 @@ struct ElasticSpec {
   std::vector<ScheduleWindow> schedule;
   // Sharing the cluster's GPUs with other jobs and workloads (operator/planner/share.h).
   int64_t priority = 0, weight = 1;
+  // A PriorityClass instead of `priority`: the job's priority is its value, and the worker pods
+  // carry it, so that kube-scheduler's preemption ranks them as the sharing does.
+  std::string priority_class_name;
 };
 
 struct CheckpointSpec {

@@ -31,6 +31,9 @@ struct Resource {
   static Resource Events() { return {"", "v1", "events", true}; }
   static Resource Nodes() { return {"", "v1", "nodes", false}; }
   static Resource Leases() { return {"coordination.k8s.io", "v1", "leases", true}; }
+  static Resource PriorityClasses() {
+    return {"scheduling.k8s.io", "v1", "priorityclasses", false};
+  }
   static Resource CustomResourceDefinitions() {
     return {"apiextensions.k8s.io", "v1", "customresourcedefinitions", false};
   }

@@ -58,7 +58,7 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
       pod_cache_(PodCacheOptions()),
       feed_(StatusFeed::Options{}, [this](const std::string& job) { queue_.Add(job); }),
       shares_([this](const std::string& job) { queue_.Add(job); }, options_.yield_to_priority,
-              [] { return reconciler::Clock::now(); }) {
+              [] { return reconciler::Clock::now(); }, options_.metrics) {
   auto informer = [&](kube::Resource r, const std::string& selector, bool every_namespace = false) {
     kube::InformerOptions o;
     o.resource = r;
@@ -70,6 +70,12 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
         r.plural == kube::Resource::ConfigMaps().plural)
       o.transform = kube::KeepIdentity;
     if (r.plural == kube::Resource::Secrets().plural) o.transform = kube::KeepIdentityAndData;
+    if (r.plural == kube::Resource::PriorityClasses().plural)
+      o.transform = [](json& object) {
+        json value = object.value("value", json());
+        kube::KeepIdentity(object);
+        object["value"] = std::move(value);
+      };
     if (r.plural == kube::Resource::Pods().plural) {
       o.transform = kube::KeepIdentity;
       o.observe = [this](kube::ObjectEvent::Type type, const json& pod) {
@@ -100,6 +106,8 @@ TrainingJobController::TrainingJobController(kube::KubeClient& client,
   secrets_ = informer(kube::Resource::Secrets(), ours);
   configs_ = informer(kube::Resource::ConfigMaps(), ours);
   nodes_ = informer(kube::Resource::Nodes(), "");
+  // PriorityClasses, for the jobs that name one: their names and values only.
+  priority_classes_ = informer(kube::Resource::PriorityClasses(), "");
 }
 
 TrainingJobController::~TrainingJobController() { Stop(); }
@@ -164,6 +172,18 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
   auto node = [this](const kube::ObjectPtr& o) {
     shares_.SetNode((*o)["metadata"].value("name", ""), o.get());
   };
+  auto priority_class = [this](const kube::ObjectPtr& o) {
+    const json& value = o->value("value", json());
+    shares_.SetPriorityClass(
+        (*o)["metadata"].value("name", ""),
+        value.is_number_integer() ? std::optional<int64_t>(value.get<int64_t>()) : std::nullopt);
+  };
+  TIDAL_RETURN_IF_ERROR(priority_classes_->AddEventHandler(
+      {priority_class,
+       [priority_class](const kube::ObjectPtr&, const kube::ObjectPtr& o) { priority_class(o); },
+       [this](const kube::ObjectPtr& o) {
+         shares_.SetPriorityClass((*o)["metadata"].value("name", ""), std::nullopt);
+       }}));
   TIDAL_RETURN_IF_ERROR(nodes_->AddEventHandler(
       {node, [node](const kube::ObjectPtr&, const kube::ObjectPtr& o) { node(o); },
        [this](const kube::ObjectPtr& o) {
@@ -175,11 +195,11 @@ Status TrainingJobController::Start(std::chrono::milliseconds sync_timeout) {
         {owner, [owner](const kube::ObjectPtr&, const kube::ObjectPtr& o) { owner(o); }, owner}));
   // A pod's update wakes its job from the observe hook, where what changed is known.
   TIDAL_RETURN_IF_ERROR(pods_->AddEventHandler({owner, nullptr, owner}));
-  for (kube::Informer* inf :
-       {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
+  for (kube::Informer* inf : {jobs_.get(), pods_.get(), services_.get(), secrets_.get(),
+                              configs_.get(), nodes_.get(), priority_classes_.get()})
     TIDAL_RETURN_IF_ERROR(inf->Start());
-  for (kube::Informer* inf :
-       {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
+  for (kube::Informer* inf : {jobs_.get(), pods_.get(), services_.get(), secrets_.get(),
+                              configs_.get(), nodes_.get(), priority_classes_.get()})
     if (!inf->WaitForSync(sync_timeout))
       return DeadlineExceeded("informer caches did not sync within the timeout");
   started_ = true;
@@ -201,8 +221,8 @@ void TrainingJobController::Stop() {
   for (std::thread& w : workers_)
     if (w.joinable()) w.join();
   workers_.clear();
-  for (auto* inf :
-       {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(), nodes_.get()})
+  for (auto* inf : {jobs_.get(), pods_.get(), services_.get(), secrets_.get(), configs_.get(),
+                    nodes_.get(), priority_classes_.get()})
     if (inf) inf->Stop();
 }
 
@@ -380,6 +400,7 @@ Status TrainingJobController::Reconcile(const std::string& key, PassOutcome* out
   landing->figures.step = plan.status.step;
   landing->figures.generation = plan.status.generation;
   landing->figures.loss_anomaly = ConditionTrue(plan.status, ConditionType::kLossAnomaly);
+  landing->figures.share_gpus = observed.share ? observed.share->gpus : -1;
   landing->restarted = plan.status.restarts > observed.status.restarts;
   if (plan.finished_rescale)
     landing->rescale = {

@@ -150,7 +150,8 @@ class TrainingJobController {
   ControllerOptions options_;
   // Before the informers: the pods informer's observe hook fills it.
   kube::PodCache pod_cache_;
-  std::unique_ptr<kube::Informer> jobs_, pods_, services_, secrets_, configs_, nodes_;
+  std::unique_ptr<kube::Informer> jobs_, pods_, services_, secrets_, configs_, nodes_,
+      priority_classes_;
   kube::WorkQueue queue_;
   // The workers' pushed status (after queue_, which its wake-ups use; closed before it).
   StatusFeed feed_;

@@ -93,7 +93,25 @@ OperatorMetrics::OperatorMetrics()
                   .Help("1 while this operator process holds the leader lease and "
                         "reconciles, else 0.")
                   .Register(*registry_)
-                  .Add({})) {
+                  .Add({})),
+      gpus_share_(prometheus::BuildGauge()
+                      .Name("tidal_trainingjob_gpus_share")
+                      .Help("A TrainingJob's share of the cluster's GPUs among every job and the "
+                            "Pending pods it yields to (0: its minimum does not fit, it waits).")
+                      .Register(*registry_)),
+      cluster_gpus_(prometheus::BuildGauge()
+                        .Name("tidal_cluster_gpus")
+                        .Help("The cluster's GPUs as the sharing sees them, by state: shared "
+                              "(what TrainingJobs share: Ready, schedulable nodes less what "
+                              "other workloads' bound pods hold), given (the jobs' shares), "
+                              "asked_by_others (what Pending pods of other workloads ask for).")
+                        .Register(*registry_)),
+      give_back_(prometheus::BuildHistogram()
+                     .Name("tidal_cluster_give_back_seconds")
+                     .Help("Time from a Pending GPU pod that TrainingJobs yield to being seen to "
+                           "it being bound to a node, in seconds.")
+                     .Register(*registry_)
+                     .Add({}, metrics::ExponentialBuckets(0.1, 1.5, 20))) {
   // Buckets from 1 ms to ~25 s by factors of 1.5 for a pass (it calls every worker; fine enough
   // for p50/p99 estimates), 0.5 s to ~68 min for a
   // rescale (pods starting, a checkpoint barrier, resharded resume).
@@ -137,6 +155,7 @@ void OperatorMetrics::SetJob(const std::string& ns, const std::string& name,
     series.step = &job_step_.Add(labels);
     series.generation = &job_generation_.Add(labels);
     series.anomaly = &loss_anomaly_.Add(labels);
+    series.share = &gpus_share_.Add(labels);
     // Every phase a job can be in has a series (0 when not), so a query never sees one vanish.
     for (planner::Phase p : planner::AllPhases()) {
       const char* phase = planner::PhaseName(p);
@@ -154,6 +173,7 @@ void OperatorMetrics::SetJob(const std::string& ns, const std::string& name,
   series.step->Set(static_cast<double>(job.step));
   series.generation->Set(static_cast<double>(job.generation));
   series.anomaly->Set(job.loss_anomaly ? 1 : 0);
+  series.share->Set(static_cast<double>(std::max<int64_t>(job.share_gpus, 0)));
   if (job.loss_anomaly && !series.loss_anomaly) loss_anomalies_.Add(labels).Increment();
   series.loss_anomaly = job.loss_anomaly;
   for (const auto& [phase, gauge] : series.phase_series) gauge->Set(phase == job.phase ? 1 : 0);
@@ -179,6 +199,7 @@ void OperatorMetrics::ForgetJob(const std::string& ns, const std::string& name) 
   job_step_.Remove(series.step);
   job_generation_.Remove(series.generation);
   loss_anomaly_.Remove(series.anomaly);
+  gpus_share_.Remove(series.share);
   for (const auto& [phase, gauge] : series.phase_series) job_phase_.Remove(gauge);
   jobs_by_key_.erase(it);
   const prometheus::Labels labels{{"namespace", ns}, {"trainingjob", name}};
@@ -238,5 +259,13 @@ void OperatorMetrics::CountApiError(const std::string& verb, int code) {
 }
 
 void OperatorMetrics::SetLeader(bool leading) { leader_.Set(leading ? 1 : 0); }
+
+void OperatorMetrics::SetClusterGpus(int64_t shared, int64_t given, int64_t asked_by_others) {
+  cluster_gpus_.Add({{"state", "shared"}}).Set(static_cast<double>(shared));
+  cluster_gpus_.Add({{"state", "given"}}).Set(static_cast<double>(given));
+  cluster_gpus_.Add({{"state", "asked_by_others"}}).Set(static_cast<double>(asked_by_others));
+}
+
+void OperatorMetrics::ObserveGiveBack(double seconds) { give_back_.Observe(seconds); }
 
 }  // namespace tidal::controller

@@ -35,6 +35,7 @@ class OperatorMetrics {
     int64_t desired_gpus = 0, current_gpus = 0;
     int64_t step = 0, generation = 0;
     bool loss_anomaly = false;  // the LossAnomaly condition is True
+    int64_t share_gpus = -1;    // its share of the cluster's GPUs (-1: not shared)
   };
   void SetJob(const std::string& ns, const std::string& name, const JobFigures& job);
   void ForgetJob(const std::string& ns, const std::string& name);
@@ -55,6 +56,11 @@ class OperatorMetrics {
   // made them to the end of the last, queueing included; `ok`: they all landed.
   void ObservePlanWrites(double seconds, bool ok);
   void SetLeader(bool leading);
+  // The cluster's GPUs as the sharing sees them: the GPUs jobs share, those given to jobs as
+  // their shares, and those Pending pods of other workloads ask for.
+  void SetClusterGpus(int64_t shared, int64_t given, int64_t asked_by_others);
+  // A Pending GPU pod some job yields to was bound to a node this long after it was first seen.
+  void ObserveGiveBack(double seconds);
 
  private:
   struct JobSeries {
@@ -65,6 +71,7 @@ class OperatorMetrics {
     prometheus::Gauge* step = nullptr;
     prometheus::Gauge* generation = nullptr;
     prometheus::Gauge* anomaly = nullptr;
+    prometheus::Gauge* share = nullptr;
     std::map<std::string, prometheus::Gauge*> phase_series;  // every phase: 1 for the current
   };
   void RecountPhases();  // under mu_
@@ -95,6 +102,9 @@ class OperatorMetrics {
   std::mutex api_mu_;
   std::map<std::string, prometheus::Histogram*> api_by_verb_;  // guarded by api_mu_
   prometheus::Gauge& leader_;
+  prometheus::Family<prometheus::Gauge>& gpus_share_;
+  prometheus::Family<prometheus::Gauge>& cluster_gpus_;
+  prometheus::Histogram& give_back_;
 
   std::mutex mu_;
   std::map<std::pair<std::string, std::string>, JobSeries> jobs_by_key_;

@@ -4,6 +4,7 @@
 #include "common/log.h"
 #include "kube/meta_time.h"
 #include "kube/types.h"
+#include "operator/controller/metrics.h"
 #include "operator/planner/planner.h"
 
 namespace tidal::controller {
@@ -12,8 +13,11 @@ using nlohmann::json;
 
 ShareIndex::ShareIndex(std::function<void(const std::string&)> wake,
                        std::optional<int64_t> yield_to_priority,
-                       std::function<Clock::time_point()> now)
-    : wake_(std::move(wake)), yield_to_priority_(yield_to_priority), now_(std::move(now)) {}
+                       std::function<Clock::time_point()> now, OperatorMetrics* metrics)
+    : wake_(std::move(wake)),
+      yield_to_priority_(yield_to_priority),
+      now_(std::move(now)),
+      metrics_(metrics) {}
 
 void ShareIndex::SetJob(const std::string& key, const json* job) {
   {
@@ -63,6 +67,13 @@ void ShareIndex::SetOtherPod(const std::string& key, const kube::CachedPod* pod)
     std::optional<OtherPod> now;
     if (pod && pod->gpu_request > 0 && !pod->Finished() && !pod->deleting)
       now = OtherPod{pod->gpu_request, pod->priority, pod->node_name};
+    // A pod the jobs yielded to, now bound: how long the GPUs took to come back.
+    if (auto since = yielded_since_.find(key);
+        since != yielded_since_.end() && (!now || !now->node.empty())) {
+      if (now && metrics_)
+        metrics_->ObserveGiveBack(std::chrono::duration<double>(now_() - since->second).count());
+      yielded_since_.erase(since);
+    }
     auto it = others_.find(key);
     if (!now) {
       if (it == others_.end()) return;
@@ -92,6 +103,21 @@ void ShareIndex::SetNode(const std::string& name, const json* object) {
       if (it != nodes_.end() && it->second.gpus == now->gpus && it->second.open == now->open)
         return;
       nodes_[name] = *now;
+    }
+  }
+  Recompute();
+}
+
+void ShareIndex::SetPriorityClass(const std::string& name, std::optional<int64_t> value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = priority_classes_.find(name);
+    if (!value) {
+      if (it == priority_classes_.end()) return;
+      priority_classes_.erase(it);
+    } else {
+      if (it != priority_classes_.end() && it->second == *value) return;
+      priority_classes_[name] = *value;
     }
   }
   Recompute();
@@ -140,6 +166,9 @@ std::vector<std::string> ShareIndex::RecomputeLocked() {
     planner::ShareJob s;
     s.key = key;
     s.priority = j.spec->elastic.priority;
+    // A PriorityClass not (yet) there counts as priority 0; its pods are refused until it is.
+    if (const std::string& c = j.spec->elastic.priority_class_name; !c.empty())
+      s.priority = priority_classes_.count(c) ? priority_classes_.at(c) : 0;
     s.weight = j.spec->elastic.weight;
     s.created = j.created;
     s.min_gpus = j.spec->elastic.min_gpus;
@@ -149,6 +178,16 @@ std::vector<std::string> ShareIndex::RecomputeLocked() {
     in.jobs.push_back(std::move(s));
   }
   std::map<std::string, planner::Share> shares = planner::ShareGpus(in);
+  int64_t given = 0, asked = 0;
+  for (const auto& [key, s] : shares) given += s.gpus;
+  for (const planner::WaitingPod& p : in.waiting) {
+    asked += p.gpus;
+    bool yielded = false;
+    for (const planner::ShareJob& j : in.jobs)
+      yielded = yielded || planner::Yields(j.priority, p.priority, in.yield_to_priority);
+    if (yielded) yielded_since_.try_emplace(p.key, now);
+  }
+  if (metrics_) metrics_->SetClusterGpus(in.gpus, given, asked);
   std::vector<std::string> changed;
   for (const auto& [key, s] : shares) {
     auto before = shares_.find(key);

@@ -22,12 +22,16 @@
 
 namespace tidal::controller {
 
+class OperatorMetrics;
+
 class ShareIndex {
  public:
   using Clock = std::chrono::system_clock;
   // `wake(job)`: the job's share changed. Called without the index's lock held.
+  // `metrics` (may be null): the cluster's GPUs and the give-back times are recorded there.
   ShareIndex(std::function<void(const std::string& job)> wake,
-             std::optional<int64_t> yield_to_priority, std::function<Clock::time_point()> now);
+             std::optional<int64_t> yield_to_priority, std::function<Clock::time_point()> now,
+             OperatorMetrics* metrics = nullptr);
 
   // A TrainingJob as its informer caches it now; null: deleted.
   void SetJob(const std::string& key, const nlohmann::json* job);
@@ -35,6 +39,8 @@ class ShareIndex {
   void SetOtherPod(const std::string& key, const kube::CachedPod* pod);
   // A node as its informer caches it now; null: gone.
   void SetNode(const std::string& name, const nlohmann::json* node);
+  // A PriorityClass's value (none: deleted): the priority of the jobs that name it.
+  void SetPriorityClass(const std::string& name, std::optional<int64_t> value);
 
   // The job's share (none: not indexed — deleted, finished, or an invalid spec), computed
   // again first when older than a second.
@@ -63,12 +69,16 @@ class ShareIndex {
   const std::function<void(const std::string&)> wake_;
   const std::optional<int64_t> yield_to_priority_;
   const std::function<Clock::time_point()> now_;
+  OperatorMetrics* const metrics_;
   std::mutex mu_;
   std::map<std::string, Job> jobs_;
   std::map<std::string, Node> nodes_;
   std::map<std::string, OtherPod> others_;
+  std::map<std::string, int64_t> priority_classes_;  // value by name
   std::map<std::string, planner::Share> shares_;
   Clock::time_point computed_{};
+  // Pending pods of other workloads some job yields to, since when (the give-back's start).
+  std::map<std::string, Clock::time_point> yielded_since_;
 };
 
 }  // namespace tidal::controller

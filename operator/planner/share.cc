@@ -22,6 +22,25 @@ int64_t NextStep(const ShareJob& j, int64_t now, int64_t cap) {
   return 0;
 }
 
+// Up to three other jobs of at least `j`'s priority that were given GPUs, in the order the
+// rules serve them: "ns/a 4 (priority 0, weight 1)", "... minimum 2" for one at its minimum.
+std::string Holders(const ShareJob& j, const std::vector<const ShareJob*>& order,
+                    std::map<std::string, int64_t>& alloc) {
+  std::string out;
+  int listed = 0;
+  for (const ShareJob* other : order) {
+    if (other == &j || other->priority < j.priority || alloc[other->key] == 0 || listed == 3)
+      continue;
+    out += std::string(listed++ ? ", " : "") + other->key + " " +
+           std::to_string(alloc[other->key]) + " (priority " + std::to_string(other->priority) +
+           (alloc[other->key] == other->min_gpus
+                ? ", its minimum"
+                : ", weight " + std::to_string(other->weight)) +
+           ")";
+  }
+  return out;
+}
+
 }  // namespace
 
 std::map<std::string, Share> ShareGpus(const ShareInput& in) {
@@ -112,7 +131,11 @@ std::map<std::string, Share> ShareGpus(const ShareInput& in) {
   for (const ShareJob* j : order) {
     Share& s = out[j->key];
     s.gpus = alloc[j->key];
-    if (!s.admitted) continue;
+    if (!s.admitted) {
+      const std::string holders = Holders(*j, order, alloc);
+      if (!holders.empty()) s.reason += " (held by " + holders + ")";
+      continue;
+    }
     if (s.gpus < j->current) {
       bool stronger = !waiting_minimum.empty() || claimed_by_pods(j->priority) > 0;
       for (const ShareJob* other : order)
@@ -128,17 +151,8 @@ std::map<std::string, Share> ShareGpus(const ShareInput& in) {
     s.reason = "share " + std::to_string(s.gpus) + " of " + Gpus(in.gpus) + " (priority " +
                std::to_string(j->priority) + ", weight " + std::to_string(j->weight) + ")";
     if (s.gpus >= std::max(j->wanted, j->min_gpus)) continue;
-    std::string held;
-    int listed = 0;
-    for (const ShareJob* other : order) {
-      if (other == j || other->priority < j->priority) continue;
-      const int64_t above = alloc[other->key] - other->min_gpus;
-      if (above <= 0 || listed == 3) continue;
-      held += std::string(listed++ ? ", " : "") + other->key + " " +
-              std::to_string(alloc[other->key]) + " (priority " + std::to_string(other->priority) +
-              ", weight " + std::to_string(other->weight) + ")";
-    }
-    if (!held.empty()) s.reason += "; shared with " + held;
+    const std::string others = Holders(*j, order, alloc);
+    if (!others.empty()) s.reason += "; shared with " + others;
     if (claimed_by_pods(j->priority) > 0) {
       std::string pods;
       int n = 0;

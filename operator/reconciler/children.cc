@@ -273,6 +273,8 @@ json WorkerPod(const JobRef& job, const api::TrainingJobSpec& spec,
   if (spec.worker.node_selector.is_object() && !spec.worker.node_selector.empty())
     pod_spec["nodeSelector"] = spec.worker.node_selector;
   AddTolerations(spec, pod_spec);
+  if (!spec.elastic.priority_class_name.empty())
+    pod_spec["priorityClassName"] = spec.elastic.priority_class_name;
   // Pack: each pod prefers the hosts that already run the job's pods (kube-scheduler's
   // InterPodAffinity score, the heaviest weight), so that a job's ranks share as few nodes as
   // its GPUs allow and its ring's neighbours talk over NVLink more than over the network. A

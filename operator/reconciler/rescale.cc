@@ -44,10 +44,19 @@ void Decider::StartGeneration(bool recovery) {
       planner::DesiredGpus(*spec_, {held, std::nullopt}, {o_.idle_gpus, o_.share}, o_.now);
   st_.desired_gpus = decision.wanted;
   st_.gpus_reason = decision.reason;
-  if (decision.waiting) {  // its minimum does not fit its share: no pod holds a GPU for it
-    if (o_.status.gpus_reason != decision.reason)
-      Emit(EventReason::kWaitingForGpus, decision.reason);
-    plan_.requeue_after = options_.poll;  // a change of the shares wakes it sooner
+  // No idle holding: a job that waits for its minimum makes no pod, none bound holding GPUs it
+  // cannot use — its share does not admit it, or (on a shared cluster, for its first
+  // generation) the GPUs of its minimum are not idle yet: others are still giving them back.
+  const bool gang_wait = !decision.waiting && !recovery && o_.share &&
+                         spec_->elastic.require_idle_capacity &&
+                         o_.idle_gpus < spec_->elastic.min_gpus;
+  if (decision.waiting || gang_wait) {
+    if (gang_wait)
+      st_.gpus_reason = "waiting for its minGPUs " + std::to_string(spec_->elastic.min_gpus) +
+                        " to be idle: " + decision.reason;
+    if (o_.status.gpus_reason != st_.gpus_reason)
+      Emit(EventReason::kWaitingForGpus, st_.gpus_reason);
+    plan_.requeue_after = options_.poll;  // a change of the shares or the GPUs wakes it sooner
     return;
   }
   int64_t want_pods = decision.desired / GpusPerPod();

@@ -22,7 +22,7 @@ TEST_F(KubectlTest, TrainingJobCrdInstallsAndJobsGetDefaultsColumnsAndScale) {
   EXPECT_TRUE(std::regex_search(table, std::regex("NAME +PHASE +GPUS +STEP +LOSS +LAST-CKPT +AGE")))
       << table;
   const std::string wide = Ok({"get", "tj", "-o", "wide"});
-  EXPECT_TRUE(std::regex_search(wide, std::regex("LAST-CKPT +AGE +REASON"))) << wide;
+  EXPECT_TRUE(std::regex_search(wide, std::regex("LAST-CKPT +AGE +REASON +GPU-REASON"))) << wide;
   EXPECT_NE(Ok({"get", "all"}).find("trainingjob.tidal.dev/tiny-lora"), std::string::npos)
       << "category all";
   EXPECT_EQ(Ok({"get", "tj", "tiny-lora", "-o", "jsonpath={.spec.elastic.cooldownSeconds}"}),

@@ -819,6 +819,46 @@ TEST_F(ControllerLoopTest, AHigherPriorityPodGetsItsGpusFromAJobAboveItsMinimum)
   EXPECT_NE(said.find("yielding to default/llm-0 (priority 1000)"), std::string::npos) << said;
 }
 
+// A job that names a PriorityClass ranks at its value: at -10 it yields to a plain pod (priority
+// 0, no class) asking for GPUs, which a job of the default priority would not; its worker pods
+// carry the class, so the API server gave them its value too.
+TEST_F(ControllerLoopTest, AJobNamingALowPriorityClassYieldsToAPlainPod) {
+  auto low = client_->Call(*kube::CreateRequest(kube::Resource::PriorityClasses(), "",
+                                                {{"apiVersion", "scheduling.k8s.io/v1"},
+                                                 {"kind", "PriorityClass"},
+                                                 {"metadata", {{"name", "research-low"}}},
+                                                 {"value", -10}}));
+  ASSERT_TRUE(low.ok()) << low.status().ToString();
+  Apply("low", 2,
+        {{"optimization", {{"globalBatchSize", 16}}},
+         {"elastic",
+          {{"minGPUs", 2},
+           {"maxGPUs", 8},
+           {"priorityClassName", "research-low"},
+           {"schedule", json::array({{{"name", "all-day"},
+                                      {"start", "0 0 * * *"},
+                                      {"end", "59 23 * * *"},
+                                      {"gpus", 8}}})}}}});
+  ASSERT_TRUE(WaitStatus("low", [](const json& s) {
+    return Phase(s) == "Running" && Gpus(s, "current") == 8 && !s.contains("rescale");
+  })) << Status("low").dump();
+  auto worker = client_->Call(*kube::GetRequest(kube::Resource::Pods(), "default", "low-worker-0"));
+  ASSERT_TRUE(worker.ok()) << worker.status().ToString();
+  EXPECT_EQ((*worker)["spec"].value("priorityClassName", ""), "research-low");
+  EXPECT_EQ((*worker)["spec"].value("priority", 0), -10);
+  const json plain = {
+      {"apiVersion", "v1"},
+      {"kind", "Pod"},
+      {"metadata", {{"name", "plain"}}},
+      {"spec",
+       {{"containers", json::array({{{"name", "p"},
+                                     {"image", "tidal-sleeping-worker"},
+                                     {"resources", {{"limits", {{"nvidia.com/gpu", "2"}}}}}}})}}}};
+  ASSERT_TRUE(client_->Call(*kube::CreateRequest(kube::Resource::Pods(), "default", plain)).ok());
+  ASSERT_TRUE(WaitStatus("low", [](const json& s) { return Gpus(s, "current") == 4; }))
+      << Status("low").dump();
+}
+
 TEST_F(ControllerLoopTest, WorkersThatHaveNotAnsweredYetHoldNoPassAndTheirFirstAnswersWakeTheJob) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -45,11 +45,14 @@ TEST(CrdTest, NamesSubresourcesAndPrinterColumnsAreTheContract) {
   std::vector<std::string> columns;
   for (const json& c : v["additionalPrinterColumns"]) columns.push_back(c["name"]);
   EXPECT_EQ(columns, (std::vector<std::string>{"Phase", "GPUs", "Step", "Loss", "Last-Ckpt", "Age",
-                                               "Reason"}));
+                                               "Reason", "GPU-Reason"}));
   // Issue 47: an InvalidSpec job showed only "Pending 0/0"; -o wide names the reason.
   EXPECT_EQ(v["additionalPrinterColumns"][6]["priority"], 1);
   EXPECT_EQ(v["additionalPrinterColumns"][6]["jsonPath"],
             ".status.conditions[?(@.type==\"Ready\")].reason");
+  // Issue 50: why a job has the GPUs it has (its share, a wait) is a wide column too.
+  EXPECT_EQ(v["additionalPrinterColumns"][7]["priority"], 1);
+  EXPECT_EQ(v["additionalPrinterColumns"][7]["jsonPath"], ".status.gpus.reason");
 }
 
 // Every field with a default in the CRD's engine sections gets the same value from the C++

@@ -101,6 +101,9 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
       {"/elastic/priority", -2000000000,
        "spec.elastic.priority: must be in [-1000000000, 1000000000], got -2000000000"},
       {"/elastic/priority", "high", "spec.elastic.priority: expected"},
+      {"/elastic/priorityClassName", "High_Prio",
+       "spec.elastic.priorityClassName: expected a PriorityClass name (a lowercase DNS "
+       "subdomain), got \"High_Prio\""},
       {"/checkpoint/uri", "ftp://host/ckpt", "spec.checkpoint.uri: expected file:///absolute/dir"},
       {"/checkpoint/uri", "s3://A_Bucket/x", "spec.checkpoint.uri: bucket \"A_Bucket\""},
       {"/checkpoint/credentialsSecret", "Bad_Secret", "spec.checkpoint.credentialsSecret"},
@@ -145,6 +148,23 @@ TEST(TrainingJobSpecTest, EachKindOfInvalidSpecIsRefusedNamingTheField) {
     EXPECT_NE(parsed.status().message().find(c.expect), std::string::npos)
         << c.pointer << " → " << parsed.status().message();
   }
+}
+
+// A job's priority comes from spec.elastic.priority or a PriorityClass's value, never both.
+TEST(TrainingJobSpecTest, APriorityAndAPriorityClassTogetherAreRefusedNamingTheField) {
+  json spec = Example();
+  spec["elastic"]["priorityClassName"] = "research-low";
+  auto parsed = ParseTrainingJobSpec(spec);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+  EXPECT_EQ(parsed->elastic.priority_class_name, "research-low");
+  EXPECT_EQ(parsed->elastic.weight, 1);
+  spec["elastic"]["priority"] = 100;
+  parsed = ParseTrainingJobSpec(spec);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("spec.elastic.priorityClassName: set priority or "
+                                           "priorityClassName, not both (priority 100)"),
+            std::string::npos)
+      << parsed.status().message();
 }
 
 // Issue 47: the operator goes on managing a job whose only fault is a `kubectl scale` to a count it

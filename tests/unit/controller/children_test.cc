@@ -131,6 +131,17 @@ TEST(Children, WorkerPodsRequestGpusPerPodOnTopOfTheUsersResources) {
   EXPECT_EQ(c["image"], "ghcr.io/tidal-dev/tidal-worker:0.1");
 }
 
+// A job that names a PriorityClass (spec.elastic.priorityClassName) gives it to its workers, so
+// that kube-scheduler's preemption ranks them as the sharing ranks the job; one that does not
+// leaves the pods to the cluster's default.
+TEST(Children, WorkerPodsCarryTheJobsPriorityClass) {
+  EXPECT_FALSE(
+      WorkerPod(kJob, Parse(MinimalSpec()), {.slot = 0})["spec"].contains("priorityClassName"));
+  json spec = MinimalSpec();
+  spec["elastic"]["priorityClassName"] = "research-low";
+  EXPECT_EQ(WorkerPod(kJob, Parse(spec), {.slot = 1})["spec"]["priorityClassName"], "research-low");
+}
+
 TEST(Children, TheDefaultCheckpointStoreIsPassedOnlyWhenTheSpecNamesNone) {
   json with_uri = MinimalSpec();
   with_uri["checkpoint"] = {{"uri", "s3://ckpt/job"}, {"credentialsSecret", "ckpt-s3"}};

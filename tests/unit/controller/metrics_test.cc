@@ -30,6 +30,25 @@ OperatorMetrics::JobFigures Job(const std::string& phase, int64_t desired, int64
   return f;
 }
 
+// Issue 50's sharing: each job's share, the cluster's GPUs by state, the give-back times.
+TEST(OperatorMetrics, TheSharingShowsEachJobsShareTheClustersGpusAndGiveBackTimes) {
+  OperatorMetrics m;
+  auto job = Job("Running", 4, 4);
+  job.share_gpus = 2;
+  m.SetJob("ml", "a", job);
+  m.SetClusterGpus(8, 6, 3);
+  m.ObserveGiveBack(1.2);
+  const std::string text = Render(m);
+  EXPECT_TRUE(Has(text, R"(tidal_trainingjob_gpus_share{namespace="ml",trainingjob="a"} 2)"))
+      << text;
+  EXPECT_TRUE(Has(text, R"(tidal_cluster_gpus{state="shared"} 8)")) << text;
+  EXPECT_TRUE(Has(text, R"(tidal_cluster_gpus{state="given"} 6)")) << text;
+  EXPECT_TRUE(Has(text, R"(tidal_cluster_gpus{state="asked_by_others"} 3)")) << text;
+  EXPECT_TRUE(Has(text, "tidal_cluster_give_back_seconds_count 1")) << text;
+  m.ForgetJob("ml", "a");
+  EXPECT_EQ(Render(m).find("tidal_trainingjob_gpus_share{"), std::string::npos);
+}
+
 TEST(OperatorMetrics, JobsAreCountedByPhaseAndTheirSeriesGoWithThem) {
   OperatorMetrics m;
   m.SetJob("ml", "a", Job("Running", 4, 2));

@@ -547,7 +547,8 @@ TEST(Reconcile, ANewJobCreatesItsChildrenAndMinGpusWorkersThenRendezvousAsGenera
 }
 
 // Issue 50: a job whose minimum does not fit its share of the cluster makes no pod (none binds
-// to hold GPUs it cannot use) and says who holds them, once; admitted, it starts at once. A
+// to hold GPUs it cannot use) and says who holds them, once; admitted, it starts once the GPUs
+// of its minimum are idle. A
 // running job whose share drops below what it holds for a stronger claim shrinks without
 // waiting for its cooldown.
 TEST(Reconcile, AJobItsShareDoesNotAdmitWaitsWithNoPodAndARunningOneGivesBackAtOnce) {
@@ -575,6 +576,15 @@ TEST(Reconcile, AJobItsShareDoesNotAdmitWaitsWithNoPodAndARunningOneGivesBackAtO
   admitted.gpus = 4;
   admitted.reason = "share 4 of 4 GPUs (priority 0, weight 1)";
   sim.share_ = admitted;
+  // Admitted while the GPUs are still being handed back (1 idle, minimum 2): still no pod, so
+  // none is bound holding a GPU while the other waits.
+  sim.idle_gpus_ = 1;
+  for (int i = 0; i < 3; ++i) sim.Reconcile();
+  EXPECT_EQ(sim.pods_.size(), 0u);
+  EXPECT_EQ(sim.status().gpus_reason.rfind("waiting for its minGPUs 2 to be idle", 0), 0u)
+      << sim.status().gpus_reason;
+  EXPECT_EQ(sim.CountEvents("WaitingForGpus"), 2);
+  sim.idle_gpus_ = 8;
   sim.Until([&] { return sim.phase() == "Running" && sim.status().current_gpus == 4; });
 
   // Another job's minimum waits for 2 of these: an urgent shrink, inside the hour's cooldown.
