@@ -32,8 +32,19 @@ void ShareIndex::SetJob(const std::string& key, const json* job) {
       const int64_t current = gpus.is_object() && gpus.value("current", json()).is_number_integer()
                                   ? gpus["current"].get<int64_t>()
                                   : 0;
-      // A finished, suspended or deleted job holds nothing and wants nothing.
-      const bool sharing = phase != "Succeeded" && phase != "Failed" && phase != "Suspended" &&
+      // A finished, suspended or deleted job holds nothing and wants nothing; nor does one that
+      // cannot run until its spec is edited (Ready=False: InvalidSpec, ConfigurationError,
+      // StatusUnreadable — refused by the operator, its data phase or its workers).
+      bool runnable = true;
+      if (status.is_object())
+        for (const json& c : status.value("conditions", json::array()))
+          if (c.is_object() && c.value("type", "") == "Ready" && c.value("status", "") == "False") {
+            const std::string reason = c.value("reason", "");
+            runnable = reason != "InvalidSpec" && reason != "ConfigurationError" &&
+                       reason != "StatusUnreadable";
+          }
+      const bool sharing = runnable && phase != "Succeeded" && phase != "Failed" &&
+                           phase != "Suspended" &&
                            (!md.contains("deletionTimestamp") || md["deletionTimestamp"].is_null());
       const int64_t generation = md.value("generation", int64_t{0});
       Job& j = jobs_[key];
