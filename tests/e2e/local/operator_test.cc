@@ -714,12 +714,12 @@ TEST_F(OperatorTest, TheCapacityGateHoldsAJobAtMinAndAPendingScaleUpIsAbandoned)
   Ok({"apply", "-f", (dir_ / "hog.yaml").string()});
   WaitFor(
       {"pod", "hog"}, "{.status.phase}", [](const std::string& p) { return p == "Running"; }, 30s);
-  // A window open all day, in a time zone that is not UTC.
+  // A window open all day, in a time zone that is not UTC (its end, February 31, never comes).
   Ok({"apply", "-f",
       JobYaml("gated", 2000, "",
               "{minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 10,"
               " timeZone: America/New_York, schedule: [{name: all-day, start: \"0 0 * * *\","
-              " end: \"59 23 * * *\", gpus: 4}]}")});
+              " end: \"0 0 31 2 *\", gpus: 4}]}")});
   WaitInt(
       "gated", "{.status.step}", [](int64_t s) { return s >= 3; }, 180s);
   EXPECT_EQ(Int("gated", "{.status.gpus.current}"), 2);
@@ -759,7 +759,7 @@ TEST_F(OperatorTest, TheCapacityGateHoldsAJobAtMinAndAPendingScaleUpIsAbandoned)
 TEST_F(OperatorTest, GpusBookedForOneJobsNewPodsAreNotPlannedForByAnother) {
   const std::string elastic =
       "{minGPUs: 2, maxGPUs: 4, cooldownSeconds: 0, scaleUpTimeoutSeconds: 300,"
-      " schedule: [{name: all-day, start: \"0 0 * * *\", end: \"59 23 * * *\", gpus: 4}]}";
+      " schedule: [{name: all-day, start: \"0 0 * * *\", end: \"0 0 31 2 *\", gpus: 4}]}";
   auto nowhere = [&](const std::string& job) {
     return JobYaml(job, 2000, "", elastic, "nodeSelector: {tidal.dev/pool: none}, ");
   };

@@ -721,13 +721,14 @@ TEST_F(ControllerLoopTest, AnAbandonedScaleUpsDeletedPodsBookNoGpus) {
 // inside w1's hour of cooldown, since a job waits below its minimum — and the two end at equal
 // shares (equal weights), w2 growing into what w1 gave back. No pod of w2 waits bound for GPUs.
 TEST_F(ControllerLoopTest, ANewJobsMinimumIsMetByShrinkingARunningJobAndTheyEndAtEqualShares) {
+  // A window that wants 8 at every minute of the day: its end, February 31, never comes.
   const json all_day = {{"optimization", {{"globalBatchSize", 16}}},
                         {"elastic",
                          {{"minGPUs", 2},
                           {"maxGPUs", 8},
                           {"schedule", json::array({{{"name", "all-day"},
                                                      {"start", "0 0 * * *"},
-                                                     {"end", "59 23 * * *"},
+                                                     {"end", "0 0 31 2 *"},
                                                      {"gpus", 8}}})}}}};
   json w1 = all_day;
   w1["elastic"]["cooldownSeconds"] = 3600;
@@ -765,7 +766,7 @@ TEST_F(ControllerLoopTest, AHigherPriorityPodGetsItsGpusFromAJobAboveItsMinimum)
            {"cooldownSeconds", 3600},
            {"schedule", json::array({{{"name", "all-day"},
                                       {"start", "0 0 * * *"},
-                                      {"end", "59 23 * * *"},
+                                      {"end", "0 0 31 2 *"},
                                       {"gpus", 8}}})}}}});
   ASSERT_TRUE(WaitStatus("train", [](const json& s) {
     return Phase(s) == "Running" && Gpus(s, "current") == 8 && !s.contains("rescale");
@@ -837,7 +838,7 @@ TEST_F(ControllerLoopTest, AJobNamingALowPriorityClassYieldsToAPlainPod) {
            {"priorityClassName", "research-low"},
            {"schedule", json::array({{{"name", "all-day"},
                                       {"start", "0 0 * * *"},
-                                      {"end", "59 23 * * *"},
+                                      {"end", "0 0 31 2 *"},
                                       {"gpus", 8}}})}}}});
   ASSERT_TRUE(WaitStatus("low", [](const json& s) {
     return Phase(s) == "Running" && Gpus(s, "current") == 8 && !s.contains("rescale");
