@@ -33,9 +33,8 @@ std::string Holders(const ShareJob& j, const std::vector<const ShareJob*>& order
       continue;
     out += std::string(listed++ ? ", " : "") + other->key + " " +
            std::to_string(alloc[other->key]) + " (priority " + std::to_string(other->priority) +
-           (alloc[other->key] == other->min_gpus
-                ? ", its minimum"
-                : ", weight " + std::to_string(other->weight)) +
+           (alloc[other->key] == other->min_gpus ? ", its minimum"
+                                                 : ", weight " + std::to_string(other->weight)) +
            ")";
   }
   return out;

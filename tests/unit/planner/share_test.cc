@@ -173,9 +173,10 @@ TEST(ShareGpus, AMinimumThatDoesNotFitWaitsAndASmallerJobAfterItIsAdmitted) {
   EXPECT_EQ(s.at("x/big").gpus, 0);
   EXPECT_NE(s.at("x/big").reason.find("waiting: minGPUs 6, 4 GPUs of 8"), std::string::npos)
       << s.at("x/big").reason;
-  EXPECT_NE(s.at("x/big").reason.find(
-                "(held by x/running 4 (priority 0, its minimum), x/small 4 (priority 0, weight 1))"),
-            std::string::npos)
+  EXPECT_NE(
+      s.at("x/big").reason.find(
+          "(held by x/running 4 (priority 0, its minimum), x/small 4 (priority 0, weight 1))"),
+      std::string::npos)
       << s.at("x/big").reason;
   EXPECT_EQ(s.at("x/running").gpus, 4) << "the minimum it keeps; 8 is no step of 4 above";
   EXPECT_EQ(s.at("x/small").gpus, 4);
